@@ -1,0 +1,258 @@
+package celeriant
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+
+	"github.com/google/uuid"
+)
+
+// Transport-level errors. They are sentinels: match with errors.Is. The client wraps the
+// underlying cause too, so errors.Is(err, context.DeadlineExceeded) also works.
+var (
+	// ErrOutcomeUnknown: a write was sent completely and no answer came back (deadline,
+	// connection reset, EOF, desynchronised connection). It may have been committed.
+	// The client never re-sends it; the caller holds its ClientSeq and retries with
+	// EnforceClientIdempotency (REFERENCE.md section 3.3).
+	ErrOutcomeUnknown = errors.New("celeriant: write outcome unknown")
+	// ErrNotSent: the request did not reach the server as a whole frame (dial failure,
+	// context done before sending, short write, request invalid or too large). It had no
+	// effect and is safe to retry.
+	ErrNotSent = errors.New("celeriant: request not sent")
+	// ErrTransport: a Read or AggregateDetails was sent and failed without an answer.
+	// Reads have no effect and are safe to retry.
+	ErrTransport = errors.New("celeriant: transport failure")
+	// ErrClosed: the client or simulator was closed.
+	ErrClosed = errors.New("celeriant: closed")
+	// ErrProtocol: a frame or message could not be decoded, or broke a rule of
+	// PROTOCOL.md sections 2-4. Decoding errors wrap it.
+	ErrProtocol = errors.New("celeriant: protocol error")
+)
+
+func errProtocolf(format string, args ...any) error {
+	return fmt.Errorf("%w: "+format, append([]any{ErrProtocol}, args...)...)
+}
+
+// Class sentinels: errors.Is(err, ErrConflict) is true for a *ServerError whose code is in
+// the class (PROTOCOL.md section 5).
+var (
+	// ErrConflict is 2003 (optimistic concurrency violation): nothing was appended;
+	// re-read, re-decide, new sequence.
+	ErrConflict = errors.New("celeriant: optimistic concurrency violation")
+	// ErrIdempotencyViolation is 2002: the lowest ClientSeq is <= the committed floor;
+	// the sequence is already used (by this write or a sibling's: check the EventId).
+	ErrIdempotencyViolation = errors.New("celeriant: client idempotency violation")
+	// ErrInflightDuplicate is 2013: the floor is set by a write not yet committed; hold
+	// the sequence and retry later. Never a success.
+	ErrInflightDuplicate = errors.New("celeriant: in-flight duplicate write")
+	// ErrUnavailableVersion is 1000: FromVersion is below the first available version;
+	// see ServerError.MinimumAvailable.
+	ErrUnavailableVersion = errors.New("celeriant: batch index unavailable")
+	// ErrNotFound is 1001 (read), 2005 (write without AllowCreate) or 7001 (details).
+	ErrNotFound = errors.New("celeriant: aggregate not found")
+	// ErrNotLeader is 2011, 3005 or 4006; see ServerError.LeaderAddress.
+	ErrNotLeader = errors.New("celeriant: not leader")
+	// ErrBusy is 11000, 2012, 3006 or 4007: back off and retry.
+	ErrBusy = errors.New("celeriant: server busy")
+)
+
+// Code is a Celeriant error code (PROTOCOL.md section 5). A Code is itself an error, so
+// errors.Is(err, celeriant.CodeWriteOCC) matches a *ServerError carrying that code.
+type Code uint32
+
+// Error codes of PROTOCOL.md section 5 (names follow the server's error_codes.rs).
+const (
+	CodeReadUnavailableVersion        Code = 1000
+	CodeReadAggregateNotExists        Code = 1001
+	CodeReadCacheLoadLockTimeout      Code = 1002
+	CodeReadCacheLoadFileScan         Code = 1003
+	CodeReadFetchDatablocks           Code = 1004
+	CodeReadFetchMetablocks           Code = 1005
+	CodeWriteEmptyEventsList          Code = 2000
+	CodeWriteZeroEventType            Code = 2001
+	CodeWriteClientIdempotency        Code = 2002
+	CodeWriteOCC                      Code = 2003
+	CodeWriteSerialiseDatablocks      Code = 2004
+	CodeWriteAggregateNotExists       Code = 2005
+	CodeWriteRecreateNotAllowed       Code = 2006
+	CodeWriteReplicationError         Code = 2007
+	CodeWriteFsyncError               Code = 2008
+	CodeWriteCacheAggregateClient     Code = 2009
+	CodeWriteAggregateExistsCache     Code = 2010
+	CodeWriteNotLeader                Code = 2011
+	CodeWriteReplicationBackpressure  Code = 2012
+	CodeWriteInflightDuplicate        Code = 2013
+	CodeSchemaValidationFailed        Code = 2022
+	CodeSchemaCompiledCorrupt         Code = 2023
+	CodeSchemaNotLeader               Code = 2027
+	CodeSchemaCoordinationFailed      Code = 2029
+	CodeTrimIndexOutOfRange           Code = 3004
+	CodeTrimNotLeader                 Code = 3005
+	CodeTrimBackpressure              Code = 3006
+	CodeDeleteOCC                     Code = 4002
+	CodeDeleteNotLeader               Code = 4006
+	CodeDeleteBackpressure            Code = 4007
+	CodeExistsError                   Code = 7000
+	CodeExistsAggregateNotFound       Code = 7001
+	CodeExistsError2                  Code = 7002
+	CodeWatchTooManySubscribers       Code = 8005
+	CodeShardRoutingNoKey             Code = 9000
+	CodeShardRoutingMultipleShards    Code = 9001
+	CodeShardRoutingIncompatible      Code = 9002
+	CodeIdentifyInvalidNonce          Code = 10001
+	CodeIdentifyInvalidSignature      Code = 10002
+	CodeIdentifyMismatch              Code = 10003
+	CodeIdentifyRequired              Code = 10004
+	CodeAuthRequired                  Code = 10005
+	CodeAuthInvalidKey                Code = 10006
+	CodeAuthInsufficientPermissions   Code = 10007
+	CodeServerBusy                    Code = 11000
+)
+
+func (c Code) Error() string { return "celeriant: error code " + strconv.FormatUint(uint64(c), 10) }
+
+// class returns the class sentinel of c, or nil.
+func (c Code) class() error {
+	switch c {
+	case CodeWriteOCC:
+		return ErrConflict
+	case CodeWriteClientIdempotency:
+		return ErrIdempotencyViolation
+	case CodeWriteInflightDuplicate:
+		return ErrInflightDuplicate
+	case CodeReadUnavailableVersion:
+		return ErrUnavailableVersion
+	case CodeReadAggregateNotExists, CodeWriteAggregateNotExists, CodeExistsAggregateNotFound:
+		return ErrNotFound
+	case CodeWriteNotLeader, CodeTrimNotLeader, CodeDeleteNotLeader:
+		return ErrNotLeader
+	case CodeServerBusy, CodeWriteReplicationBackpressure, CodeTrimBackpressure, CodeDeleteBackpressure:
+		return ErrBusy
+	}
+	return nil
+}
+
+// ServerError is an ErrorResponse (response type 7, PROTOCOL.md section 4.8). The
+// structured detail the server puts in Message as JSON is parsed leniently into the
+// typed fields; fields the message does not carry stay zero. Match on Code or the class
+// sentinels, never on Message.
+type ServerError struct {
+	CorrelationID uuid.UUID
+	Code          Code
+	// Message is the server's text, usually a small JSON object.
+	Message string
+
+	// 2002 / 2013: the floor and the lowest sequence of the rejected write.
+	LastClientSeq      uint64
+	AttemptedClientSeq uint64
+	// 2003: the version the write expected and the aggregate's current version.
+	ExpectedVersion uint64
+	CurrentVersion  uint64
+	// 1000: the requested version and the first available one (restart the read there).
+	Requested        uint64
+	MinimumAvailable uint64
+	// 2011 / 3005 / 4006: the leader's host:port, "" when the server does not know it.
+	LeaderAddress string
+}
+
+// NewServerError builds the error for code and its server message, parsing the JSON
+// detail fields. The simulator and the client both use it, so in-process and TCP errors
+// are identical.
+func NewServerError(code Code, message string) *ServerError {
+	e := &ServerError{Code: code, Message: message}
+	var f struct {
+		LastClientSeq      *uint64 `json:"last_client_seq"`
+		AttemptedClientSeq *uint64 `json:"attempted_client_seq"`
+		ExpectedVersion    *uint64 `json:"expected_version"`
+		CurrentVersion     *uint64 `json:"current_aggregate_version"`
+		Requested          *uint64 `json:"requested"`
+		MinimumAvailable   *uint64 `json:"minimum_available"`
+		LeaderAddress      *string `json:"leader_address"`
+	}
+	// Lenient: some server messages are not valid JSON; then only Message is set.
+	if json.Unmarshal([]byte(message), &f) == nil {
+		set := func(dst *uint64, src *uint64) {
+			if src != nil {
+				*dst = *src
+			}
+		}
+		set(&e.LastClientSeq, f.LastClientSeq)
+		set(&e.AttemptedClientSeq, f.AttemptedClientSeq)
+		set(&e.ExpectedVersion, f.ExpectedVersion)
+		set(&e.CurrentVersion, f.CurrentVersion)
+		set(&e.Requested, f.Requested)
+		set(&e.MinimumAvailable, f.MinimumAvailable)
+		if f.LeaderAddress != nil {
+			e.LeaderAddress = *f.LeaderAddress
+		}
+	}
+	return e
+}
+
+func (e *ServerError) Error() string {
+	name := ""
+	if c := e.Code.class(); c != nil {
+		name = " (" + c.Error()[len("celeriant: "):] + ")"
+	}
+	return fmt.Sprintf("celeriant: server error %d%s: %s", e.Code, name, e.Message)
+}
+
+// Is reports whether target is e's Code, the class sentinel of e's code, or a
+// *ServerError with the same code.
+func (e *ServerError) Is(target error) bool {
+	switch t := target.(type) {
+	case Code:
+		return t == e.Code
+	case *ServerError:
+		return t.Code == e.Code
+	}
+	c := e.Code.class()
+	return c != nil && c == target
+}
+
+// CodeOf returns the server error code carried by err, or 0.
+func CodeOf(err error) Code {
+	var se *ServerError
+	if errors.As(err, &se) {
+		return se.Code
+	}
+	return 0
+}
+
+// IsConflict reports a 2003 optimistic concurrency violation.
+func IsConflict(err error) bool { return errors.Is(err, ErrConflict) }
+
+// IsIdempotencyViolation reports 2002.
+func IsIdempotencyViolation(err error) bool { return errors.Is(err, ErrIdempotencyViolation) }
+
+// IsInflightDuplicate reports 2013.
+func IsInflightDuplicate(err error) bool { return errors.Is(err, ErrInflightDuplicate) }
+
+// IsNotFound reports 1001, 2005 or 7001.
+func IsNotFound(err error) bool { return errors.Is(err, ErrNotFound) }
+
+// IsNotLeader reports 2011, 3005 or 4006 and returns the leader's address ("" if unknown).
+func IsNotLeader(err error) (leader string, ok bool) {
+	var se *ServerError
+	if errors.As(err, &se) && errors.Is(se, ErrNotLeader) {
+		return se.LeaderAddress, true
+	}
+	return "", false
+}
+
+// IsBusy reports 11000, 2012, 3006 or 4007.
+func IsBusy(err error) bool { return errors.Is(err, ErrBusy) }
+
+// IsUnavailableVersion reports 1000 and returns the minimum available version.
+func IsUnavailableVersion(err error) (minimumAvailable uint64, ok bool) {
+	var se *ServerError
+	if errors.As(err, &se) && se.Code == CodeReadUnavailableVersion {
+		return se.MinimumAvailable, true
+	}
+	return 0, false
+}
+
+// IsOutcomeUnknown reports a write that was sent and got no answer.
+func IsOutcomeUnknown(err error) bool { return errors.Is(err, ErrOutcomeUnknown) }

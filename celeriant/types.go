@@ -1,0 +1,235 @@
+package celeriant
+
+import (
+	"context"
+
+	"github.com/google/uuid"
+)
+
+// EventStore is the part of Celeriant an application needs for idempotent writes:
+// conditional writes, filtered reads and the cheap version probe. It is implemented by
+// the TCP client (*Client) and by the in-process simulator
+// (*celeriantsim.Sim), which return the same error values, so code written against
+// EventStore behaves identically in-process and over the wire.
+//
+// Errors (all matched with errors.Is / errors.As):
+//   - *ServerError for every error code of PROTOCOL.md section 5 (see Code, and the
+//     class sentinels ErrConflict, ErrIdempotencyViolation, ErrInflightDuplicate, ...);
+//   - ErrOutcomeUnknown: a write was sent and no answer came back (timeout, reset, EOF);
+//     it may or may not have been committed. Never returned by Read or AggregateDetails;
+//   - ErrNotSent: nothing was sent (dial failure, context done before sending, request
+//     too large or invalid); the request certainly had no effect;
+//   - ErrTransport: a Read or AggregateDetails failed after it was sent;
+//   - ErrClosed: the store was closed.
+type EventStore interface {
+	// Write appends one batch per aggregate of req, atomically across all of them
+	// (PROTOCOL.md sections 4.3 and 6.1). It is never re-sent by the client.
+	Write(ctx context.Context, req WriteRequest) (WriteResult, error)
+	// Read returns one page of batches of one aggregate (PROTOCOL.md sections 4.5, 4.6,
+	// 6.6). Follow ReadResult.NextVersion, or use ReadAll.
+	Read(ctx context.Context, req ReadRequest) (ReadResult, error)
+	// AggregateDetails returns the version counters of an aggregate (PROTOCOL.md
+	// section 4.7); a missing aggregate gives a *ServerError with code 7001 (ErrNotFound).
+	AggregateDetails(ctx context.Context, key AggregateKey) (AggregateDetails, error)
+}
+
+// AggregateKey identifies one event stream: organisation, aggregate type and aggregate
+// id, each a 128-bit id sent as the 16 UUID bytes in RFC 4122 order (big-endian u128,
+// PROTOCOL.md sections 3.2 and 4.2). Comparable, usable as a map key.
+type AggregateKey struct {
+	Org  uuid.UUID
+	Type uuid.UUID
+	ID   uuid.UUID
+}
+
+// String returns the display form org/type/id.
+func (k AggregateKey) String() string {
+	return k.Org.String() + "/" + k.Type.String() + "/" + k.ID.String()
+}
+
+// Event is one event (the server's DatablockAggregateEvent, PROTOCOL.md section 4.2).
+// In a write the server fills EventSeq and keeps everything else as sent.
+type Event struct {
+	// ClientSeq is the writer's idempotency sequence for (aggregate, client id). Start at
+	// 1: 0 means "no floor" to the server (PROTOCOL.md section 6.4).
+	ClientSeq uint64
+	// EventSeq is assigned by the server, +1 per event within the aggregate, from 1.
+	// Ignored on write (send 0).
+	EventSeq uint64
+	// EventID is the writer's own id for the event, opaque to the server; the account
+	// service puts the idempotency key's UUIDv5 here. uuid.Nil is sent as nil (absent).
+	EventID uuid.UUID
+	// Timestamp is the client-supplied event time, by convention Unix epoch
+	// milliseconds; the server does not validate it.
+	Timestamp uint64
+	// TypeMajor is the event type; it must be non-zero (else code 2001).
+	TypeMajor uint64
+	// TypeMinor is the event type's minor version; free.
+	TypeMinor uint64
+	// Value is the opaque payload (MessagePack bin).
+	Value []byte
+	// IV is nil unless Value is AES-GCM encrypted (12 bytes); when set the server skips
+	// schema validation.
+	IV []byte
+}
+
+// WriteRequest is a write to one or more aggregates (PROTOCOL.md section 4.3). All
+// entries commit atomically as one batch each, or none does.
+type WriteRequest struct {
+	// CorrelationID is echoed by the server. uuid.Nil lets the client pick one (it checks
+	// the echo to detect a desynchronised connection).
+	CorrelationID uuid.UUID
+	// ClientID is the writer's stable identity; the sequence floor is kept per
+	// (aggregate, ClientID). Required.
+	ClientID uuid.UUID
+	// UserID is stored with each batch and filterable on read; uuid.Nil = absent.
+	UserID uuid.UUID
+	// Writes has one entry per aggregate; keys must be distinct and it must not be empty
+	// (an empty map is answered with 9002). Entries on different shards give 9001.
+	Writes []AggregateWrite
+}
+
+// AggregateWrite is the write to one aggregate (SingleAggregateWrite, PROTOCOL.md
+// section 4.3).
+type AggregateWrite struct {
+	Key AggregateKey
+	// Events land as one batch, i.e. one new version. At least one (else 2000).
+	Events []Event
+	// AllowCreate creates the aggregate if it does not exist (else 2005).
+	AllowCreate bool
+	// ExpectedVersion: nil = unconditional; n = commit only if the current version is
+	// exactly n (else 2003); 0 = "must not exist yet". See Version.
+	ExpectedVersion *uint64
+	// EnforceClientIdempotency rejects the write with 2002 (or 2013 while the floor is
+	// in flight) if its lowest ClientSeq is <= the (aggregate, client) floor
+	// (PROTOCOL.md sections 6.2 step 5, 6.4, 6.5). Always true for idempotent writers.
+	EnforceClientIdempotency bool
+}
+
+// Version returns &v, for AggregateWrite.ExpectedVersion and optional filters.
+func Version(v uint64) *uint64 { return &v }
+
+// Uint64 returns &v, for the optional uint64 fields of ReadFilters.
+func Uint64(v uint64) *uint64 { return &v }
+
+// WriteResult is the answer to a successful write (WriteResponse, PROTOCOL.md section 4.4).
+type WriteResult struct {
+	CorrelationID uuid.UUID
+	// Version is the version the write created; the server reports it only when the
+	// request wrote exactly one aggregate, otherwise it is 0 (versions start at 1).
+	Version uint64
+}
+
+// ReadRequest reads one aggregate (PROTOCOL.md section 4.5). The encoded request must fit
+// in 1007 bytes (a fixed-size message): very long EventTypes lists are refused with
+// ErrNotSent.
+type ReadRequest struct {
+	CorrelationID uuid.UUID // uuid.Nil lets the client pick one
+	Key           AggregateKey
+	Filters       ReadFilters
+}
+
+// ReadFilters are the server's 15 read filters, in wire order (PROTOCOL.md section 4.5).
+// Nil pointers and uuid.Nil mean "no filter". Batch-level filters keep or drop whole
+// batches; the event-level ones (client seq, event timestamp, event seq, event types) then
+// drop events, and a batch left empty is omitted.
+type ReadFilters struct {
+	// FromVersion is the inclusive first version. The EventStore implementations send 0
+	// as 1, like the official clients; a version below the first available one (after a
+	// trim) gives code 1000 with the minimum available version. Beyond the tip: empty page.
+	FromVersion uint64
+	// ToVersion is the inclusive last version.
+	ToVersion *uint64
+	// EventTypes keeps only events whose TypeMajor is listed; empty = no filter.
+	EventTypes []uint64
+	// ExcludeClientID drops batches written by this client.
+	ExcludeClientID uuid.UUID
+	// IncludeClientID keeps only batches written by this client.
+	IncludeClientID uuid.UUID
+	// ExcludeUserID drops batches with this user id.
+	ExcludeUserID uuid.UUID
+	// IncludeUserID keeps only batches with this user id (batches without one are dropped).
+	IncludeUserID uuid.UUID
+	// MinServerTimestamp keeps batches with server timestamp >= value (inclusive, epoch ms).
+	MinServerTimestamp *uint64
+	// MaxServerTimestamp keeps batches with server timestamp <= value (epoch ms).
+	MaxServerTimestamp *uint64
+	// MinClientSeq keeps events with ClientSeq >= value.
+	MinClientSeq *uint64
+	// MaxClientSeq keeps events with ClientSeq <= value.
+	MaxClientSeq *uint64
+	// MinEventTimestamp / MaxEventTimestamp bound Event.Timestamp (inclusive).
+	MinEventTimestamp *uint64
+	MaxEventTimestamp *uint64
+	// MinEventSeq / MaxEventSeq bound Event.EventSeq (inclusive).
+	MinEventSeq *uint64
+	MaxEventSeq *uint64
+}
+
+// Batch is one committed write to one aggregate (AggregateEventBatch, PROTOCOL.md
+// section 4.6).
+type Batch struct {
+	// Version is the batch's aggregate version (one batch per write, +1 each).
+	Version uint64
+	// ClientID wrote the whole batch.
+	ClientID uuid.UUID
+	// UserID is uuid.Nil when absent.
+	UserID uuid.UUID
+	// ServerTimestamp is the server's clock when it prepared the batch, epoch ms.
+	ServerTimestamp uint64
+	Events          []Event
+}
+
+// ReadResult is one page of a read (ReadResponse, PROTOCOL.md section 4.6).
+type ReadResult struct {
+	CorrelationID uuid.UUID
+	// Batches in ascending version order.
+	Batches []Batch
+	// NextVersion is 0 when there is nothing more; otherwise the page was cut and the
+	// read continues with FromVersion = NextVersion. Only batches with Version <
+	// NextVersion should be used from this page (PROTOCOL.md section 6.6).
+	NextVersion uint64
+}
+
+// AggregateDetails describes an aggregate (AggregateDetailsResponse, PROTOCOL.md
+// section 4.7).
+type AggregateDetails struct {
+	CorrelationID uuid.UUID
+	// MinVersion is the first readable version (1, or the trim point).
+	MinVersion uint64
+	// MaxVersion is the current version: the value for ExpectedVersion.
+	MaxVersion uint64
+	// MaxEventSeq is the last assigned EventSeq.
+	MaxEventSeq               uint64
+	IsDeleted                 bool
+	AllowRecreate             bool
+	AllowSequenceContinuation bool
+	// LastServerTimestamp of the newest batch, epoch ms.
+	LastServerTimestamp uint64
+	LastClientID        uuid.UUID
+	LastUserID          uuid.UUID // uuid.Nil when absent
+}
+
+// ReadAll reads every page of req from s, following NextVersion (PROTOCOL.md section
+// 6.6), and returns the batches in version order. It stops at the first error.
+func ReadAll(ctx context.Context, s EventStore, req ReadRequest) ([]Batch, error) {
+	var out []Batch
+	for {
+		res, err := s.Read(ctx, req)
+		if err != nil {
+			return out, err
+		}
+		for _, b := range res.Batches {
+			if res.NextVersion == 0 || b.Version < res.NextVersion {
+				out = append(out, b)
+			}
+		}
+		if res.NextVersion == 0 {
+			return out, nil
+		}
+		if res.NextVersion <= req.Filters.FromVersion {
+			return out, errProtocolf("read: next version %d does not advance from %d", res.NextVersion, req.Filters.FromVersion)
+		}
+		req.Filters.FromVersion = res.NextVersion
+	}
+}

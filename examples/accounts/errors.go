@@ -1,0 +1,58 @@
+package accounts
+
+import (
+	"errors"
+	"fmt"
+)
+
+// Error classes returned by the service. Match with errors.Is; the HTTP mapping
+// (REFERENCE.md section 1.3, DESIGN.md section 6) is:
+//
+//	ErrValidation        422 VALIDATION_ERROR
+//	ErrInsufficientFunds 422 INSUFFICIENT_FUNDS (with balanceCents, see *InsufficientFundsError)
+//	ErrConflict          409 CONFLICT (the write loop gave up, or the outcome is unverifiable)
+//	ErrUnavailable       503 (the event store cannot be reached)
+//
+// Anything else is an internal error (500).
+var (
+	ErrValidation        = errors.New("accounts: validation failed")
+	ErrInsufficientFunds = errors.New("accounts: insufficient funds")
+	ErrConflict          = errors.New("accounts: account was modified concurrently")
+	ErrUnavailable       = errors.New("accounts: event store unavailable")
+)
+
+// ValidationError is a request the business rules refuse: a non-positive amount, or a
+// transfer to the same account. Message is safe to show to the caller.
+type ValidationError struct{ Message string }
+
+func (e *ValidationError) Error() string        { return "accounts: " + e.Message }
+func (e *ValidationError) Is(target error) bool { return target == ErrValidation }
+
+// InsufficientFundsError is a withdraw or transfer above the balance of the debited
+// account, decided on the state of the attempt that refused it.
+type InsufficientFundsError struct {
+	BalanceCents   int64 // balance of the debited account, in cents
+	RequestedCents int64 // amount asked for, in cents
+}
+
+func (e *InsufficientFundsError) Error() string {
+	return fmt.Sprintf("accounts: cannot process %s, balance is %s", dollars(e.RequestedCents), dollars(e.BalanceCents))
+}
+func (e *InsufficientFundsError) Is(target error) bool { return target == ErrInsufficientFunds }
+
+// ConflictError is the write loop giving up (REFERENCE.md section 3.3): the retries ran
+// out on 2003/2013/ambiguous outcomes, or a 2002 could not be attributed (Unwritten).
+// Reason is for logs; the caller gets a fixed message and may retry with the same key.
+type ConflictError struct{ Reason string }
+
+func (e *ConflictError) Error() string        { return "accounts: conflict: " + e.Reason }
+func (e *ConflictError) Is(target error) bool { return target == ErrConflict }
+
+// dollars renders cents as $D.CC, as in the reference's message.
+func dollars(c int64) string {
+	sign := ""
+	if c < 0 {
+		sign, c = "-", -c
+	}
+	return fmt.Sprintf("%s$%d.%02d", sign, c/100, c%100)
+}

@@ -1,0 +1,239 @@
+// Package store defines the contract between the idempotency middleware and the
+// backends that remember idempotency keys: the claim with a lease and a fencing
+// token, completion, release and renewal (DESIGN.md section 4).
+//
+// Every backend (store/memory, store/postgres, store/redis, store/tiered) answers
+// each transition in one round trip and passes the same conformance suite,
+// store/storetest.
+//
+// The life of a key:
+//
+//	Claim    -> Claimed(token)                  the caller may run the handler
+//	Complete(token, response)                   the response is kept for the retention
+//	Release(token)                              the key is forgotten; the next claim runs again
+//	Renew(token, lease)                         the holder is still working
+//
+// A claim that is refused answers, in the same call, why: Completed (with the stored
+// record), InFlight (with the remaining lease) or Mismatch (the key was used for a
+// request with another fingerprint). Lease deadlines and retention run on the
+// store's clock, never the application's.
+package store
+
+import (
+	"context"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"net/http"
+	"time"
+)
+
+// Errors returned by stores. Backends wrap them with %w; match with errors.Is.
+var (
+	// ErrLeaseLost is returned by Complete, Release and Renew when the fencing token
+	// no longer owns the key: its lease expired and another claimer took the key
+	// over, the key was released, or the record expired. The caller's work must not
+	// be recorded.
+	ErrLeaseLost = errors.New("idemkey/store: lease lost")
+
+	// ErrCorrupt is returned when a stored record cannot be decoded (written by an
+	// incompatible version, or foreign data under the store's key). The middleware
+	// treats it as a store failure (503), never as a new key.
+	ErrCorrupt = errors.New("idemkey/store: corrupt record")
+
+	// ErrInvalid is returned for arguments a store cannot accept: an empty key, a
+	// non-positive lease or retention, a zero token, a status outside 100-999.
+	ErrInvalid = errors.New("idemkey/store: invalid argument")
+)
+
+// ID names one idempotency key within its scope. Two scopes never share a record.
+type ID struct {
+	// Scope is the principal or tenant that owns the key (authenticated user, API
+	// client). Any bytes; the empty string is a valid scope ("global").
+	Scope string
+	// Key is the Idempotency-Key value as parsed by the middleware. Non-empty,
+	// at most 255 bytes.
+	Key string
+}
+
+// Fingerprint is the SHA-256 digest of the request a key was first used for
+// (see package fingerprint). A key reused with another fingerprint is a Mismatch.
+type Fingerprint [32]byte
+
+// String returns the fingerprint as 64 lowercase hex digits.
+func (f Fingerprint) String() string { return hex.EncodeToString(f[:]) }
+
+// Token is the fencing token a successful claim hands out. Complete, Release and
+// Renew succeed only with the token of the current holder, so a holder whose lease
+// expired and was taken over can no longer write. Tokens are 128 random bits; the
+// zero Token is never issued.
+type Token [16]byte
+
+// NewToken returns a fresh random token. Backends that generate tokens on the
+// server may ignore it.
+func NewToken() Token {
+	var t Token
+	for t.IsZero() {
+		a, b := rand.Uint64(), rand.Uint64()
+		for i := range 8 {
+			t[i] = byte(a >> (8 * i))
+			t[8+i] = byte(b >> (8 * i))
+		}
+	}
+	return t
+}
+
+// IsZero reports whether t is the zero token, which no claim returns.
+func (t Token) IsZero() bool { return t == Token{} }
+
+// String returns the token as 32 lowercase hex digits.
+func (t Token) String() string { return hex.EncodeToString(t[:]) }
+
+// Response is what the middleware asks a store to keep after the handler ran.
+type Response struct {
+	// Status is the HTTP status code, 100-999.
+	Status int
+	// Header holds only the replayable headers (the middleware filters them);
+	// canonical names. May be nil.
+	Header http.Header
+	// Body is the exact response body. Nil or empty when the body was empty or
+	// BodyOmitted is set.
+	Body []byte
+	// BodyOmitted is set when the body was larger than the storage cap: the record
+	// is complete but a replay carries status and headers only.
+	BodyOmitted bool
+}
+
+// Record is a completed idempotency record as a store returns it.
+type Record struct {
+	// Fingerprint of the request that created the record.
+	Fingerprint Fingerprint
+	// Response holds the stored status, headers and body (or the omitted mark).
+	Response
+	// CreatedAt is when the key was first claimed, on the store's clock.
+	CreatedAt time.Time
+	// CompletedAt is when Complete stored the response, on the store's clock.
+	CompletedAt time.Time
+	// ExpiresAt is when the record stops being replayed (CompletedAt + retention),
+	// on the store's clock. After it the key is new again.
+	ExpiresAt time.Time
+}
+
+// ClaimRequest asks a store to claim ID for one execution.
+type ClaimRequest struct {
+	ID
+	// Fingerprint of the request being claimed for.
+	Fingerprint Fingerprint
+	// Lease is how long the claim is exclusive without renewal. Positive; stores
+	// keep millisecond precision.
+	Lease time.Duration
+	// Retention is how long the record (in flight or completed) lives before the
+	// key becomes new again. Positive, and at least Lease.
+	Retention time.Duration
+}
+
+// Outcome is the answer to a claim.
+type Outcome uint8
+
+// The four answers a claim can give; exactly one per call.
+const (
+	// Claimed: the key was new, released, or its previous holder's lease expired
+	// (takeover). The caller holds ClaimResult.Token and must Complete or Release.
+	Claimed Outcome = iota + 1
+	// Completed: the key has a stored response with the same fingerprint;
+	// ClaimResult.Record holds it.
+	Completed
+	// InFlight: another holder's lease is live and the fingerprint matches;
+	// ClaimResult.RetryAfter is the remaining lease.
+	InFlight
+	// Mismatch: the key is held or completed for a request with another
+	// fingerprint. The stored record is left untouched.
+	Mismatch
+)
+
+// String returns the outcome's lowercase name ("claimed", "completed", ...).
+func (o Outcome) String() string {
+	switch o {
+	case Claimed:
+		return "claimed"
+	case Completed:
+		return "completed"
+	case InFlight:
+		return "in_flight"
+	case Mismatch:
+		return "mismatch"
+	}
+	return "unknown"
+}
+
+// ClaimResult is the single answer of Store.Claim.
+type ClaimResult struct {
+	Outcome Outcome
+	// Token is the fencing token; set only for Claimed.
+	Token Token
+	// Takeover is set when Claimed took over a record whose holder's lease had
+	// expired (the handler runs once more).
+	Takeover bool
+	// Record is the stored response; set only for Completed.
+	Record *Record
+	// RetryAfter is the remaining lease of the current holder; set only for
+	// InFlight. Non-negative, millisecond precision.
+	RetryAfter time.Duration
+}
+
+// Store is an idempotency-record backend. Implementations are safe for concurrent
+// use and answer each call in one round trip to their server.
+//
+// Errors other than ErrLeaseLost (connection loss, timeouts, cancellation,
+// ErrCorrupt) mean the store could not answer; the middleware then fails closed
+// with 503.
+type Store interface {
+	// Claim claims req.ID for one execution, or says why not (see Outcome).
+	// An expired lease of an uncompleted record is taken over only when the
+	// fingerprint matches. Records past their retention are treated as absent.
+	Claim(ctx context.Context, req ClaimRequest) (ClaimResult, error)
+
+	// Complete stores resp for id if token still owns it, and keeps the record for
+	// retention from now (store clock). ErrLeaseLost otherwise.
+	Complete(ctx context.Context, id ID, token Token, resp Response, retention time.Duration) error
+
+	// Release forgets id if token still owns it, so the next claim runs the handler
+	// again. ErrLeaseLost otherwise.
+	Release(ctx context.Context, id ID, token Token) error
+
+	// Renew extends the lease of id to lease from now (store clock) if token still
+	// owns it and the record is not completed. ErrLeaseLost otherwise.
+	Renew(ctx context.Context, id ID, token Token, lease time.Duration) error
+}
+
+// Validate checks the arguments every store requires of a claim. Backends call it
+// first and return its error unchanged (it wraps ErrInvalid).
+func (r ClaimRequest) Validate() error {
+	switch {
+	case r.Key == "":
+		return errorf("empty key")
+	case r.Lease <= 0:
+		return errorf("lease must be positive")
+	case r.Retention < r.Lease:
+		return errorf("retention must be at least the lease")
+	}
+	return nil
+}
+
+// ValidateResponse checks a response before a store keeps it (wraps ErrInvalid).
+func ValidateResponse(resp Response, retention time.Duration) error {
+	switch {
+	case resp.Status < 100 || resp.Status > 999:
+		return errorf("status %d outside 100-999", resp.Status)
+	case retention <= 0:
+		return errorf("retention must be positive")
+	case resp.BodyOmitted && len(resp.Body) > 0:
+		return errorf("body given although marked omitted")
+	}
+	return nil
+}
+
+func errorf(format string, args ...any) error {
+	return fmt.Errorf("%w: "+format, append([]any{ErrInvalid}, args...)...)
+}
