@@ -37,9 +37,9 @@ var (
 
 // Account is one entry of the fixed account list served by GET /api/accounts.
 type Account struct {
-	ID           uuid.UUID
-	Name         string
-	SeedBalance  int64 // cents deposited by Seed on an empty stream
+	ID          uuid.UUID
+	Name        string
+	SeedBalance int64 // cents deposited by Seed on an empty stream
 }
 
 // SeededAccounts returns the three accounts the service seeds at startup

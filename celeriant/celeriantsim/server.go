@@ -1,0 +1,183 @@
+package celeriantsim
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/idemkey/idemkey/celeriant"
+)
+
+// ListenAndServe listens on addr (host:port; port 0 picks one) and serves the wire
+// protocol in the background. It returns the listener; Close stops it.
+func (s *Sim) ListenAndServe(addr string) (net.Listener, error) {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, err
+	}
+	go func() { _ = s.Serve(ln) }()
+	return ln, nil
+}
+
+// Serve accepts connections on ln and serves protocol v3 frames (PROTOCOL.md sections
+// 2-4) until ln fails or the Sim is closed: one request at a time per connection,
+// answered in order; a malformed frame, an unknown or unsupported message type (only
+// AggregateDetails, Read and Write are served), protocol version 2, or IdleTimeout without
+// a request closes the connection without an answer, like the server.
+func (s *Sim) Serve(ln net.Listener) error {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		_ = ln.Close()
+		return celeriant.ErrClosed
+	}
+	s.listeners[ln] = struct{}{}
+	s.mu.Unlock()
+	for {
+		c, err := ln.Accept()
+		if err != nil {
+			s.mu.Lock()
+			delete(s.listeners, ln)
+			closed := s.closed
+			s.mu.Unlock()
+			if closed {
+				return celeriant.ErrClosed
+			}
+			return err
+		}
+		s.mu.Lock()
+		if s.closed {
+			s.mu.Unlock()
+			_ = c.Close()
+			return celeriant.ErrClosed
+		}
+		s.conns[c] = struct{}{}
+		s.wg.Add(1)
+		s.mu.Unlock()
+		go s.serveConn(c)
+	}
+}
+
+// Close stops every listener and connection served by Serve, commits the writes held
+// by HoldNextWrite, and refuses further in-process calls with ErrNotSent/ErrClosed.
+func (s *Sim) Close() error {
+	s.mu.Lock()
+	s.closed = true
+	for h := range s.active {
+		h.Commit()
+	}
+	for ln := range s.listeners {
+		_ = ln.Close()
+	}
+	for c := range s.conns {
+		_ = c.Close()
+	}
+	s.mu.Unlock()
+	s.wg.Wait()
+	return nil
+}
+
+// CloseConnections drops every open TCP connection (the listeners keep accepting), as
+// a server restart or network blip would.
+func (s *Sim) CloseConnections() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for c := range s.conns {
+		_ = c.Close()
+	}
+}
+
+func (s *Sim) serveConn(c net.Conn) {
+	defer func() {
+		_ = c.Close()
+		s.mu.Lock()
+		delete(s.conns, c)
+		s.mu.Unlock()
+		s.wg.Done()
+	}()
+	if tc, ok := c.(*net.TCPConn); ok {
+		_ = tc.SetNoDelay(true)
+	}
+	var (
+		buf []byte
+		enc = celeriant.NewEncoder()
+		dec = celeriant.NewDecoder()
+		ctx = context.Background()
+	)
+	check := func(h celeriant.Header) error {
+		if err := h.CheckRequest(s.opts.MaxRequestSize); err != nil {
+			return err
+		}
+		if h.Version != celeriant.ProtocolVersion {
+			return fmt.Errorf("protocol version %d not simulated", h.Version)
+		}
+		if h.Compression != 0 {
+			return errors.New("compressed requests not simulated")
+		}
+		return nil
+	}
+	for {
+		_ = c.SetReadDeadline(time.Now().Add(s.opts.IdleTimeout))
+		h, body, err := celeriant.ReadFrame(c, buf, check)
+		buf = body
+		if err != nil {
+			s.log.Debug("celeriantsim: closing connection", "remote", c.RemoteAddr(), "err", err)
+			return
+		}
+		var frame []byte
+		switch h.Type {
+		case celeriant.ReqWrite:
+			req, err := dec.WriteRequest(body)
+			if err != nil {
+				s.log.Debug("celeriantsim: bad write request", "err", err)
+				return
+			}
+			res, err, lost := s.serveWrite(ctx, &req)
+			if lost {
+				return
+			}
+			frame = answer(enc, err, req.CorrelationID, func() []byte { return enc.WriteResponse(&res) })
+		case celeriant.ReqRead:
+			req, err := dec.ReadRequest(body)
+			if err != nil {
+				s.log.Debug("celeriantsim: bad read request", "err", err)
+				return
+			}
+			_ = s.wait(ctx)
+			res, err := s.serveRead(&req)
+			frame = answer(enc, err, req.CorrelationID, func() []byte { return enc.ReadResponse(&res) })
+		case celeriant.ReqAggregateDetails:
+			corr, key, err := dec.AggregateDetailsRequest(body)
+			if err != nil {
+				s.log.Debug("celeriantsim: bad details request", "err", err)
+				return
+			}
+			_ = s.wait(ctx)
+			d, err := s.serveDetails(corr, key)
+			frame = answer(enc, err, corr, func() []byte { return enc.AggregateDetailsResponse(&d) })
+		default:
+			s.log.Debug("celeriantsim: message type not simulated", "type", h.Type)
+			return
+		}
+		_ = c.SetWriteDeadline(time.Now().Add(s.opts.IdleTimeout))
+		if _, err := c.Write(frame); err != nil {
+			return
+		}
+	}
+}
+
+func answer(enc *celeriant.Encoder, err error, corr uuid.UUID, ok func() []byte) []byte {
+	if err == nil {
+		return ok()
+	}
+	var se *celeriant.ServerError
+	if errors.As(err, &se) {
+		return enc.ErrorResponse(corr, se.Code, se.Message)
+	}
+	// Not reachable: the serve functions only return server errors.
+	return enc.ErrorResponse(corr, celeriant.CodeServerBusy, "{}")
+}

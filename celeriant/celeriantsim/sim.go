@@ -1,0 +1,692 @@
+// Package celeriantsim is an in-memory Celeriant server with the client-visible semantics
+// of PROTOCOL.md section 6, usable in-process (a *Sim is a celeriant.EventStore) or over
+// TCP with the real wire protocol (Serve), plus fault injection for tests.
+//
+// What it reproduces: per-aggregate versions (+1 per write), the write pipeline's check
+// order (routing 9002/9001, then 2000/2001 for every entry, then per aggregate existence
+// 2005, version guard 2003, idempotency 2002/2013), all-or-nothing multi-aggregate
+// writes, the per-(aggregate, client) sequence floor raised by every write (enforced or
+// not), reads that see only committed batches with the 15 filters of section 4.5,
+// paging by NextVersion, soft trim (1000 below the trim point), server timestamps from an
+// injectable clock, and "close the connection without an answer" on malformed input.
+//
+// What it leaves out: delete, watch, list, schemas, Identify, compression, replication
+// roles (inject 2011/2012 with InjectWriteError instead), bincode (protocol version 2).
+//
+// Errors returned in-process are the ones the TCP client decodes: *celeriant.ServerError
+// built with celeriant.NewServerError, celeriant.ErrOutcomeUnknown for a lost answer,
+// celeriant.ErrNotSent for a request refused before sending.
+package celeriantsim
+
+import (
+	"context"
+	"encoding/binary"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"math/bits"
+	"net"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/idemkey/idemkey/celeriant"
+)
+
+// Options configure a Sim. The zero value is a single-shard server with the real clock.
+type Options struct {
+	// Now is the server clock for batch server timestamps (epoch ms); default time.Now.
+	Now func() time.Time
+	// Shards is the shard count for multi-aggregate routing (aggregate id modulo Shards,
+	// PROTOCOL.md section 6.9); default 1, where every multi-aggregate write is allowed.
+	Shards int
+	// PageBatches caps the batches of one read page (the server pages by bytes); 0 means
+	// no cap. A small value makes NextVersion paging testable.
+	PageBatches int
+	// IdleTimeout closes a TCP connection that sends nothing for this long; default 30 s
+	// (the server's --client-connection-timeout-ms).
+	IdleTimeout time.Duration
+	// MaxRequestSize is the request frame body limit; default 16 MiB.
+	MaxRequestSize uint32
+	// Logger receives connection-level events; default discards.
+	Logger *slog.Logger
+}
+
+// Stats counts the requests the simulator received (in-process and over TCP), including
+// those answered with an error or a lost answer.
+type Stats struct {
+	Writes, Reads, Details int
+}
+
+// Sim is the simulated server. All methods are safe for concurrent use.
+type Sim struct {
+	opts Options
+	log  *slog.Logger
+
+	mu        sync.Mutex
+	aggs      map[celeriant.AggregateKey]*aggregate
+	faults    []writeFault
+	readFault []writeFault
+	readLag   int
+	delay     time.Duration
+	holds     []*Hold
+	active    map[*Hold]struct{} // prepared holds not yet committed
+	stats     Stats
+	closed    bool
+	listeners map[net.Listener]struct{}
+	conns     map[net.Conn]struct{}
+	wg        sync.WaitGroup
+}
+
+type aggregate struct {
+	batches    []batch // every prepared batch, ascending version; index i is version i+1
+	minVersion uint64  // first readable version (trim point), 1 when untrimmed
+	floors     map[uuid.UUID]floor
+}
+
+type batch struct {
+	celeriant.Batch
+	committed bool
+}
+
+// floor is the (aggregate, client) sequence floor and the version of the batch that set it.
+type floor struct {
+	seq, version uint64
+}
+
+type writeFault struct {
+	code    celeriant.Code
+	message string
+	lose    bool
+}
+
+// New returns an empty simulator.
+func New(opts Options) *Sim {
+	if opts.Now == nil {
+		opts.Now = time.Now
+	}
+	if opts.Shards <= 0 {
+		opts.Shards = 1
+	}
+	if opts.IdleTimeout <= 0 {
+		opts.IdleTimeout = 30 * time.Second
+	}
+	if opts.MaxRequestSize == 0 {
+		opts.MaxRequestSize = celeriant.DefaultMaxRequestSize
+	}
+	log := opts.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	return &Sim{
+		opts:      opts,
+		log:       log,
+		aggs:      make(map[celeriant.AggregateKey]*aggregate),
+		active:    make(map[*Hold]struct{}),
+		listeners: make(map[net.Listener]struct{}),
+		conns:     make(map[net.Conn]struct{}),
+	}
+}
+
+var _ celeriant.EventStore = (*Sim)(nil)
+
+// ---- fault injection ----
+
+// InjectWriteError makes the next write be answered with code and message without being
+// applied (validation is skipped). An empty message is filled with the JSON detail the
+// server would send, computed from that write (2003: expected and current version;
+// 2002/2013: floor and lowest sequence of the first aggregate; others: "{}"). Several
+// calls queue up, one per write.
+func (s *Sim) InjectWriteError(code celeriant.Code, message string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.faults = append(s.faults, writeFault{code: code, message: message})
+}
+
+// InjectReadError makes the next Read or AggregateDetails be answered with code and
+// message (default "{}"), e.g. 2011 with {"leader_address":"host:port"} or 11000.
+func (s *Sim) InjectReadError(code celeriant.Code, message string) {
+	if message == "" {
+		message = "{}"
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.readFault = append(s.readFault, writeFault{code: code, message: message})
+}
+
+// readFaultLocked pops the next read fault as an error, or returns nil.
+func (s *Sim) readFaultLocked(corr uuid.UUID) error {
+	if len(s.readFault) == 0 {
+		return nil
+	}
+	f := s.readFault[0]
+	s.readFault = s.readFault[1:]
+	e := celeriant.NewServerError(f.code, f.message)
+	e.CorrelationID = corr
+	return e
+}
+
+// ForceConflict makes the next write fail with 2003.
+func (s *Sim) ForceConflict() { s.InjectWriteError(celeriant.CodeWriteOCC, "") }
+
+// ForceInflightDuplicate makes the next write fail with 2013.
+func (s *Sim) ForceInflightDuplicate() {
+	s.InjectWriteError(celeriant.CodeWriteInflightDuplicate, "")
+}
+
+// LoseNextWriteAnswer makes the next write run normally (it commits if valid) and then
+// lose its answer: in-process the caller gets celeriant.ErrOutcomeUnknown, over TCP the
+// connection is closed without a response, which the client reports the same way.
+func (s *Sim) LoseNextWriteAnswer() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.faults = append(s.faults, writeFault{lose: true})
+}
+
+// SetReadLag hides the newest n committed batches of every aggregate from reads and
+// AggregateDetails, like a replica that is n writes behind; 0 turns it off.
+func (s *Sim) SetReadLag(n int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.readLag = max(n, 0)
+}
+
+// SetDelay makes every request wait d before the server processes it. The server
+// processes it even if the caller gave up meanwhile (a write then commits although its
+// caller saw ErrOutcomeUnknown).
+func (s *Sim) SetDelay(d time.Duration) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.delay = d
+}
+
+// Hold is a write kept in flight: validated, versioned and its sequence floor raised, but
+// not committed, so reads do not see it and an enforced write with a sequence at or
+// below its floor gets 2013 (PROTOCOL.md section 6.5).
+type Hold struct {
+	prepared chan struct{}
+	commit   chan struct{}
+	once     sync.Once
+}
+
+// Prepared is closed once the held write has been prepared (or answered with an error).
+func (h *Hold) Prepared() <-chan struct{} { return h.prepared }
+
+// Commit commits the held write; its caller then gets its answer.
+func (h *Hold) Commit() { h.once.Do(func() { close(h.commit) }) }
+
+// HoldNextWrite holds the next write that passes validation in flight until Commit
+// (or until Close, which commits every held write so no goroutine stays blocked).
+func (s *Sim) HoldNextWrite() *Hold {
+	h := &Hold{prepared: make(chan struct{}), commit: make(chan struct{})}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.holds = append(s.holds, h)
+	return h
+}
+
+// Trim soft-trims key: reads from below keepFrom then give 1000 (PROTOCOL.md section
+// 6.7). keepFrom at or below the current minimum is a no-op; beyond the current version
+// it is 3004; a missing aggregate is 1001.
+func (s *Sim) Trim(key celeriant.AggregateKey, keepFrom uint64) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	a := s.aggs[key]
+	if a == nil || len(a.batches) == 0 {
+		return celeriant.NewServerError(celeriant.CodeReadAggregateNotExists, "{}")
+	}
+	if keepFrom <= a.minVersion {
+		return nil
+	}
+	if cur := uint64(len(a.batches)); keepFrom > cur {
+		return celeriant.NewServerError(celeriant.CodeTrimIndexOutOfRange, jsonMsg("requested", keepFrom, "max_aggregate_version", cur))
+	}
+	a.minVersion = keepFrom
+	return nil
+}
+
+// Stats returns the request counters.
+func (s *Sim) Stats() Stats {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.stats
+}
+
+// ---- EventStore ----
+
+// Write implements celeriant.EventStore with the server's write pipeline (PROTOCOL.md
+// sections 6.1-6.5). It applies the same client-side checks as the TCP client first.
+func (s *Sim) Write(ctx context.Context, req celeriant.WriteRequest) (celeriant.WriteResult, error) {
+	if err := celeriant.CheckWrite(&req); err != nil {
+		return celeriant.WriteResult{}, err
+	}
+	if err := s.precheck(ctx, "write"); err != nil {
+		return celeriant.WriteResult{}, err
+	}
+	req = copyWrite(req)
+	type out struct {
+		res  celeriant.WriteResult
+		err  error
+		lost bool
+	}
+	ch := make(chan out, 1)
+	go func() {
+		res, err, lost := s.serveWrite(context.WithoutCancel(ctx), &req)
+		ch <- out{res, err, lost}
+	}()
+	select {
+	case o := <-ch:
+		if o.lost {
+			return celeriant.WriteResult{}, fmt.Errorf("%w: simulated lost answer", celeriant.ErrOutcomeUnknown)
+		}
+		return o.res, o.err
+	case <-ctx.Done():
+		return celeriant.WriteResult{}, fmt.Errorf("%w: write: %w", celeriant.ErrOutcomeUnknown, ctx.Err())
+	}
+}
+
+// Read implements celeriant.EventStore (PROTOCOL.md sections 4.5, 4.6, 6.6). FromVersion
+// 0 is read as 1, as the TCP client sends it.
+func (s *Sim) Read(ctx context.Context, req celeriant.ReadRequest) (celeriant.ReadResult, error) {
+	req, err := celeriant.CheckRead(req)
+	if err != nil {
+		return celeriant.ReadResult{}, err
+	}
+	if err := s.precheck(ctx, "read"); err != nil {
+		return celeriant.ReadResult{}, err
+	}
+	if err := s.wait(ctx); err != nil {
+		return celeriant.ReadResult{}, fmt.Errorf("%w: read: %w", celeriant.ErrTransport, err)
+	}
+	return s.serveRead(&req)
+}
+
+// AggregateDetails implements celeriant.EventStore (PROTOCOL.md section 4.7).
+func (s *Sim) AggregateDetails(ctx context.Context, key celeriant.AggregateKey) (celeriant.AggregateDetails, error) {
+	if err := s.precheck(ctx, "aggregate details"); err != nil {
+		return celeriant.AggregateDetails{}, err
+	}
+	if err := s.wait(ctx); err != nil {
+		return celeriant.AggregateDetails{}, fmt.Errorf("%w: aggregate details: %w", celeriant.ErrTransport, err)
+	}
+	return s.serveDetails(uuid.Nil, key)
+}
+
+func (s *Sim) precheck(ctx context.Context, op string) error {
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("%w: %s: %w", celeriant.ErrNotSent, op, err)
+	}
+	s.mu.Lock()
+	closed := s.closed
+	s.mu.Unlock()
+	if closed {
+		return fmt.Errorf("%w: %w: %s", celeriant.ErrNotSent, celeriant.ErrClosed, op)
+	}
+	return nil
+}
+
+// wait applies the injected delay.
+func (s *Sim) wait(ctx context.Context) error {
+	s.mu.Lock()
+	d := s.delay
+	s.mu.Unlock()
+	if d <= 0 {
+		return nil
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+func copyWrite(req celeriant.WriteRequest) celeriant.WriteRequest {
+	ws := make([]celeriant.AggregateWrite, len(req.Writes))
+	for i, w := range req.Writes {
+		if w.ExpectedVersion != nil {
+			w.ExpectedVersion = celeriant.Version(*w.ExpectedVersion)
+		}
+		w.Events = copyEvents(w.Events)
+		ws[i] = w
+	}
+	req.Writes = ws
+	return req
+}
+
+func copyEvents(evs []celeriant.Event) []celeriant.Event {
+	out := make([]celeriant.Event, len(evs))
+	for i, e := range evs {
+		e.Value = slices.Clone(e.Value)
+		if e.Value == nil {
+			e.Value = []byte{}
+		}
+		e.IV = slices.Clone(e.IV)
+		out[i] = e
+	}
+	return out
+}
+
+// jsonMsg builds the server's JSON detail object with keys in the given order
+// (alternating key, value), as the server formats them (PROTOCOL.md section 4.8).
+func jsonMsg(kv ...any) string {
+	var b strings.Builder
+	b.WriteByte('{')
+	for i := 0; i+1 < len(kv); i += 2 {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		k, _ := json.Marshal(kv[i])
+		v, _ := json.Marshal(kv[i+1])
+		b.Write(k)
+		b.WriteByte(':')
+		b.Write(v)
+	}
+	b.WriteByte('}')
+	return b.String()
+}
+
+func (s *Sim) shard(k celeriant.AggregateKey) uint64 {
+	hi := binary.BigEndian.Uint64(k.ID[:8])
+	lo := binary.BigEndian.Uint64(k.ID[8:])
+	return bits.Rem64(hi%uint64(s.opts.Shards), lo, uint64(s.opts.Shards))
+}
+
+// serveWrite runs one write through the pipeline. lost reports that its answer must be
+// dropped. It may block on an injected delay or a Hold.
+func (s *Sim) serveWrite(ctx context.Context, req *celeriant.WriteRequest) (res celeriant.WriteResult, err error, lost bool) {
+	s.mu.Lock()
+	s.stats.Writes++
+	var fault writeFault
+	if len(s.faults) > 0 {
+		fault, s.faults = s.faults[0], s.faults[1:]
+	}
+	s.mu.Unlock()
+	lost = fault.lose
+	if err := s.wait(ctx); err != nil {
+		return res, err, lost
+	}
+
+	s.mu.Lock()
+	if fault.code != 0 {
+		e := celeriant.NewServerError(fault.code, s.faultMessage(fault, req))
+		e.CorrelationID = req.CorrelationID
+		s.mu.Unlock()
+		return res, e, lost
+	}
+	versions, serr := s.validateAndPrepare(req)
+	if serr != nil {
+		s.mu.Unlock()
+		serr.CorrelationID = req.CorrelationID
+		return res, serr, lost
+	}
+	var hold *Hold
+	if len(s.holds) > 0 {
+		hold, s.holds = s.holds[0], s.holds[1:]
+	}
+	if hold == nil {
+		s.commitLocked(req, versions)
+	} else {
+		s.active[hold] = struct{}{}
+	}
+	s.mu.Unlock()
+	if hold != nil {
+		close(hold.prepared)
+		<-hold.commit
+		s.mu.Lock()
+		delete(s.active, hold)
+		s.commitLocked(req, versions)
+		s.mu.Unlock()
+	}
+	res.CorrelationID = req.CorrelationID
+	if len(req.Writes) == 1 {
+		res.Version = versions[0]
+	}
+	return res, nil, lost
+}
+
+func (s *Sim) faultMessage(f writeFault, req *celeriant.WriteRequest) string {
+	if f.message != "" {
+		return f.message
+	}
+	if len(req.Writes) == 0 {
+		return "{}"
+	}
+	w := req.Writes[0]
+	cur := uint64(0)
+	if a := s.aggs[w.Key]; a != nil {
+		cur = uint64(len(a.batches))
+	}
+	switch f.code {
+	case celeriant.CodeWriteOCC:
+		exp := uint64(0)
+		if w.ExpectedVersion != nil {
+			exp = *w.ExpectedVersion
+		}
+		return jsonMsg("expected_version", exp, "current_aggregate_version", cur)
+	case celeriant.CodeWriteClientIdempotency, celeriant.CodeWriteInflightDuplicate:
+		fl := uint64(0)
+		if a := s.aggs[w.Key]; a != nil {
+			fl = a.floors[req.ClientID].seq
+		}
+		return jsonMsg("last_client_seq", fl, "attempted_client_seq", minSeq(w.Events))
+	}
+	return "{}"
+}
+
+func minSeq(evs []celeriant.Event) uint64 {
+	m := uint64(0)
+	for i, e := range evs {
+		if i == 0 || e.ClientSeq < m {
+			m = e.ClientSeq
+		}
+	}
+	return m
+}
+
+func maxSeq(evs []celeriant.Event) uint64 {
+	m := uint64(0)
+	for _, e := range evs {
+		m = max(m, e.ClientSeq)
+	}
+	return m
+}
+
+// committedLen is the length of the committed prefix (the read cursor).
+func (a *aggregate) committedLen() int {
+	n := 0
+	for n < len(a.batches) && a.batches[n].committed {
+		n++
+	}
+	return n
+}
+
+// validateAndPrepare runs the checks of PROTOCOL.md sections 6.1 and 6.2 and, when all
+// pass, appends the uncommitted batches and raises the floors. Caller holds s.mu.
+func (s *Sim) validateAndPrepare(req *celeriant.WriteRequest) ([]uint64, *celeriant.ServerError) {
+	if len(req.Writes) == 0 {
+		return nil, celeriant.NewServerError(celeriant.CodeShardRoutingIncompatible, jsonMsg("detail", "empty writes", "num_shards", s.opts.Shards))
+	}
+	sh := s.shard(req.Writes[0].Key)
+	for _, w := range req.Writes[1:] {
+		if s.shard(w.Key) != sh {
+			return nil, celeriant.NewServerError(celeriant.CodeShardRoutingMultipleShards, jsonMsg("num_shards", s.opts.Shards))
+		}
+	}
+	for _, w := range req.Writes {
+		if len(w.Events) == 0 {
+			return nil, celeriant.NewServerError(celeriant.CodeWriteEmptyEventsList, "{}")
+		}
+		for _, e := range w.Events {
+			if e.TypeMajor == 0 {
+				return nil, celeriant.NewServerError(celeriant.CodeWriteZeroEventType, jsonMsg("client_seq", e.ClientSeq))
+			}
+		}
+	}
+	for _, w := range req.Writes {
+		a := s.aggs[w.Key]
+		cur := uint64(0)
+		if a != nil {
+			cur = uint64(len(a.batches))
+		}
+		if cur == 0 && !w.AllowCreate {
+			return nil, celeriant.NewServerError(celeriant.CodeWriteAggregateNotExists, "{}")
+		}
+		if w.ExpectedVersion != nil && *w.ExpectedVersion != cur {
+			return nil, celeriant.NewServerError(celeriant.CodeWriteOCC, jsonMsg("expected_version", *w.ExpectedVersion, "current_aggregate_version", cur))
+		}
+		if w.EnforceClientIdempotency && a != nil {
+			f := a.floors[req.ClientID]
+			if lo := minSeq(w.Events); f.seq > 0 && lo <= f.seq {
+				code := celeriant.CodeWriteClientIdempotency
+				if f.version > uint64(a.committedLen()) {
+					code = celeriant.CodeWriteInflightDuplicate
+				}
+				return nil, celeriant.NewServerError(code, jsonMsg("last_client_seq", f.seq, "attempted_client_seq", lo))
+			}
+		}
+	}
+	now := uint64(s.opts.Now().UnixMilli())
+	versions := make([]uint64, len(req.Writes))
+	for i, w := range req.Writes {
+		a := s.aggs[w.Key]
+		if a == nil {
+			a = &aggregate{minVersion: 1, floors: make(map[uuid.UUID]floor)}
+			s.aggs[w.Key] = a
+		}
+		seq := uint64(0)
+		if n := len(a.batches); n > 0 {
+			last := a.batches[n-1].Events
+			seq = last[len(last)-1].EventSeq
+		}
+		for j := range w.Events {
+			seq++
+			w.Events[j].EventSeq = seq
+		}
+		v := uint64(len(a.batches)) + 1
+		a.batches = append(a.batches, batch{Batch: celeriant.Batch{
+			Version: v, ClientID: req.ClientID, UserID: req.UserID, ServerTimestamp: now, Events: w.Events,
+		}})
+		if m := maxSeq(w.Events); m > a.floors[req.ClientID].seq {
+			a.floors[req.ClientID] = floor{seq: m, version: v}
+		}
+		versions[i] = v
+	}
+	return versions, nil
+}
+
+func (s *Sim) commitLocked(req *celeriant.WriteRequest, versions []uint64) {
+	for i, w := range req.Writes {
+		s.aggs[w.Key].batches[versions[i]-1].committed = true
+	}
+}
+
+// visible returns the batches a reader sees: the committed prefix minus the read lag.
+func (s *Sim) visible(a *aggregate) []batch {
+	n := a.committedLen() - s.readLag
+	if n < 0 {
+		n = 0
+	}
+	return a.batches[:n]
+}
+
+func inRange(v uint64, lo, hi *uint64) bool {
+	return (lo == nil || v >= *lo) && (hi == nil || v <= *hi)
+}
+
+func (s *Sim) serveRead(req *celeriant.ReadRequest) (celeriant.ReadResult, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.stats.Reads++
+	if err := s.readFaultLocked(req.CorrelationID); err != nil {
+		return celeriant.ReadResult{}, err
+	}
+	res := celeriant.ReadResult{CorrelationID: req.CorrelationID}
+	fail := func(code celeriant.Code, msg string) (celeriant.ReadResult, error) {
+		e := celeriant.NewServerError(code, msg)
+		e.CorrelationID = req.CorrelationID
+		return celeriant.ReadResult{}, e
+	}
+	a := s.aggs[req.Key]
+	if a == nil {
+		return fail(celeriant.CodeReadAggregateNotExists, "{}")
+	}
+	vis := s.visible(a)
+	if len(vis) == 0 {
+		return fail(celeriant.CodeReadAggregateNotExists, "{}")
+	}
+	f := &req.Filters
+	if f.FromVersion < a.minVersion {
+		return fail(celeriant.CodeReadUnavailableVersion, jsonMsg("requested", f.FromVersion, "minimum_available", a.minVersion))
+	}
+	for i := f.FromVersion - 1; i < uint64(len(vis)); i++ {
+		b := &vis[i].Batch
+		if f.ToVersion != nil && b.Version > *f.ToVersion {
+			break
+		}
+		if s.opts.PageBatches > 0 && len(res.Batches) == s.opts.PageBatches {
+			res.NextVersion = b.Version
+			break
+		}
+		if (f.ExcludeClientID != uuid.Nil && b.ClientID == f.ExcludeClientID) ||
+			(f.IncludeClientID != uuid.Nil && b.ClientID != f.IncludeClientID) ||
+			(f.ExcludeUserID != uuid.Nil && b.UserID == f.ExcludeUserID) ||
+			(f.IncludeUserID != uuid.Nil && b.UserID != f.IncludeUserID) ||
+			!inRange(b.ServerTimestamp, f.MinServerTimestamp, f.MaxServerTimestamp) {
+			continue
+		}
+		var evs []celeriant.Event
+		for _, e := range b.Events {
+			if len(f.EventTypes) > 0 && !slices.Contains(f.EventTypes, e.TypeMajor) {
+				continue
+			}
+			if !inRange(e.ClientSeq, f.MinClientSeq, f.MaxClientSeq) ||
+				!inRange(e.Timestamp, f.MinEventTimestamp, f.MaxEventTimestamp) ||
+				!inRange(e.EventSeq, f.MinEventSeq, f.MaxEventSeq) {
+				continue
+			}
+			evs = append(evs, e)
+		}
+		if len(evs) == 0 {
+			continue
+		}
+		out := *b
+		out.Events = copyEvents(evs)
+		res.Batches = append(res.Batches, out)
+	}
+	return res, nil
+}
+
+func (s *Sim) serveDetails(corr uuid.UUID, key celeriant.AggregateKey) (celeriant.AggregateDetails, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.stats.Details++
+	if err := s.readFaultLocked(corr); err != nil {
+		return celeriant.AggregateDetails{}, err
+	}
+	a := s.aggs[key]
+	var vis []batch
+	if a != nil {
+		vis = s.visible(a)
+	}
+	if len(vis) == 0 {
+		e := celeriant.NewServerError(celeriant.CodeExistsAggregateNotFound, "{}")
+		e.CorrelationID = corr
+		return celeriant.AggregateDetails{}, e
+	}
+	last := vis[len(vis)-1]
+	return celeriant.AggregateDetails{
+		CorrelationID:       corr,
+		MinVersion:          a.minVersion,
+		MaxVersion:          last.Version,
+		MaxEventSeq:         last.Events[len(last.Events)-1].EventSeq,
+		LastServerTimestamp: last.ServerTimestamp,
+		LastClientID:        last.ClientID,
+		LastUserID:          last.UserID,
+	}, nil
+}

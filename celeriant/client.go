@@ -1,0 +1,458 @@
+package celeriant
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/tls"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/google/uuid"
+)
+
+// Config configures a Client. Only Addrs is required.
+type Config struct {
+	// Addrs are node addresses (host:port, client port 10000 by default). Requests go to
+	// the first one until a not-leader answer (2011/3005/4006) names the leader; from
+	// then on they go to the leader.
+	Addrs []string
+	// TLS, when set, wraps every connection in crypto/tls (PROTOCOL.md section 1.2).
+	TLS *tls.Config
+	// MaxConns caps the connections per address (each carries one request at a time,
+	// PROTOCOL.md section 2.3); default 8. A request waits for a free connection.
+	MaxConns int
+	// IdleTimeout drops pooled connections idle this long; default 25 s, below the
+	// server's 30 s idle close (PROTOCOL.md section 2.3). Must be in (0, 30 s).
+	IdleTimeout time.Duration
+	// DialTimeout bounds connecting (and the TLS handshake); default 5 s.
+	DialTimeout time.Duration
+	// RequestTimeout bounds a request whose context has no deadline; default 30 s.
+	RequestTimeout time.Duration
+	// MaxRequestSize caps a request body; default 16 MiB (the server's default limit).
+	MaxRequestSize uint32
+	// MaxResponseSize caps a response body; default 64 MiB.
+	MaxResponseSize uint32
+	// Now is the clock for idle eviction; default time.Now.
+	Now func() time.Time
+	// Dial replaces the TCP dialer (tests, proxies); default net.Dialer.DialContext.
+	Dial func(ctx context.Context, network, addr string) (net.Conn, error)
+	// Logger receives connection-level events at debug level; default discards.
+	Logger *slog.Logger
+}
+
+// Client is a Celeriant client speaking protocol v3 (MessagePack) over TCP with a small
+// connection pool. It implements EventStore and is safe for concurrent use. It never
+// re-sends a write: a write that was sent and got no answer returns ErrOutcomeUnknown.
+// Reads and AggregateDetails are retried once on a fresh connection when a pooled one
+// turns out dead, and once at the leader after a not-leader answer.
+type Client struct {
+	cfg    Config
+	log    *slog.Logger
+	corrHi uint64
+	corrLo atomic.Uint64
+
+	mu     sync.Mutex
+	target string
+	pools  map[string]*pool
+	closed bool
+}
+
+type pool struct {
+	sem  chan struct{}
+	mu   sync.Mutex
+	idle []*conn
+}
+
+type conn struct {
+	nc       net.Conn
+	enc      *Encoder
+	dec      *Decoder
+	buf      []byte
+	lastUsed time.Time
+}
+
+var _ EventStore = (*Client)(nil)
+
+// New returns a Client for cfg. It does not connect; the first request does.
+func New(cfg Config) (*Client, error) {
+	if len(cfg.Addrs) == 0 {
+		return nil, errors.New("celeriant: Config.Addrs is empty")
+	}
+	if cfg.MaxConns <= 0 {
+		cfg.MaxConns = 8
+	}
+	if cfg.IdleTimeout <= 0 {
+		cfg.IdleTimeout = 25 * time.Second
+	}
+	if cfg.IdleTimeout >= 30*time.Second {
+		return nil, fmt.Errorf("celeriant: IdleTimeout %v must be below the server's 30 s idle close", cfg.IdleTimeout)
+	}
+	if cfg.DialTimeout <= 0 {
+		cfg.DialTimeout = 5 * time.Second
+	}
+	if cfg.RequestTimeout <= 0 {
+		cfg.RequestTimeout = 30 * time.Second
+	}
+	if cfg.MaxRequestSize == 0 {
+		cfg.MaxRequestSize = DefaultMaxRequestSize
+	}
+	if cfg.MaxResponseSize == 0 {
+		cfg.MaxResponseSize = DefaultMaxResponseSize
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	if cfg.Dial == nil {
+		d := &net.Dialer{}
+		cfg.Dial = d.DialContext
+	}
+	log := cfg.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	var seed [16]byte
+	_, _ = rand.Read(seed[:])
+	c := &Client{cfg: cfg, log: log, target: cfg.Addrs[0], pools: make(map[string]*pool)}
+	c.corrHi = binary.BigEndian.Uint64(seed[:8])
+	c.corrLo.Store(binary.BigEndian.Uint64(seed[8:]))
+	return c, nil
+}
+
+// Dial returns a Client for addr after checking that it accepts a connection (kept in
+// the pool). The error wraps ErrNotSent when it cannot connect.
+func Dial(ctx context.Context, addr string) (*Client, error) {
+	c, err := New(Config{Addrs: []string{addr}})
+	if err != nil {
+		return nil, err
+	}
+	cn, err := c.dial(ctx, addr)
+	if err != nil {
+		return nil, err
+	}
+	p := c.pool(addr)
+	p.sem <- struct{}{}
+	c.release(p, cn, true)
+	return c, nil
+}
+
+// Close closes idle connections and makes further requests fail with ErrClosed (wrapped
+// with ErrNotSent). Requests in progress finish and their connections are then closed.
+func (c *Client) Close() error {
+	c.mu.Lock()
+	c.closed = true
+	pools := c.pools
+	c.mu.Unlock()
+	for _, p := range pools {
+		p.mu.Lock()
+		for _, cn := range p.idle {
+			_ = cn.nc.Close()
+		}
+		p.idle = nil
+		p.mu.Unlock()
+	}
+	return nil
+}
+
+// Leader returns the address requests currently go to.
+func (c *Client) Leader() string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.target
+}
+
+func (c *Client) pool(addr string) *pool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	p := c.pools[addr]
+	if p == nil {
+		p = &pool{sem: make(chan struct{}, c.cfg.MaxConns)}
+		c.pools[addr] = p
+	}
+	return p
+}
+
+func (c *Client) nextCorrelation() uuid.UUID {
+	var u uuid.UUID
+	binary.BigEndian.PutUint64(u[:8], c.corrHi)
+	binary.BigEndian.PutUint64(u[8:], c.corrLo.Add(1))
+	return u
+}
+
+// Write implements EventStore (PROTOCOL.md sections 4.3, 4.4). One round trip. Errors:
+// *ServerError for a server answer; ErrOutcomeUnknown when the request was sent and no
+// answer came (the write may have committed; it is never re-sent); ErrNotSent otherwise.
+// A not-leader answer re-routes later requests to the named leader but is returned.
+func (c *Client) Write(ctx context.Context, req WriteRequest) (WriteResult, error) {
+	if err := CheckWrite(&req); err != nil {
+		return WriteResult{}, err
+	}
+	if req.CorrelationID == uuid.Nil {
+		req.CorrelationID = c.nextCorrelation()
+	}
+	var res WriteResult
+	err := c.roundTrip(ctx, "write", true, req.CorrelationID, RespWrite,
+		func(e *Encoder) []byte { return e.WriteRequest(&req) },
+		func(d *Decoder, body []byte) (uuid.UUID, error) {
+			var err error
+			res, err = d.WriteResponse(body)
+			return res.CorrelationID, err
+		})
+	return res, err
+}
+
+// Read implements EventStore (PROTOCOL.md sections 4.5, 4.6): one page. FromVersion 0 is
+// sent as 1. Errors: *ServerError (1000 with MinimumAvailable, 1001, ...), ErrNotSent
+// (including a request over 1007 bytes), ErrTransport.
+func (c *Client) Read(ctx context.Context, req ReadRequest) (ReadResult, error) {
+	req, err := CheckRead(req)
+	if err != nil {
+		return ReadResult{}, err
+	}
+	if req.CorrelationID == uuid.Nil {
+		req.CorrelationID = c.nextCorrelation()
+	}
+	var res ReadResult
+	err = c.roundTrip(ctx, "read", false, req.CorrelationID, RespRead,
+		func(e *Encoder) []byte { return e.ReadRequest(&req) },
+		func(d *Decoder, body []byte) (uuid.UUID, error) {
+			var err error
+			res, err = d.ReadResponse(body)
+			return res.CorrelationID, err
+		})
+	return res, err
+}
+
+// AggregateDetails implements EventStore (PROTOCOL.md section 4.7). A missing aggregate
+// is a *ServerError with code 7001 (ErrNotFound).
+func (c *Client) AggregateDetails(ctx context.Context, key AggregateKey) (AggregateDetails, error) {
+	corr := c.nextCorrelation()
+	var res AggregateDetails
+	err := c.roundTrip(ctx, "aggregate details", false, corr, RespAggregateDetails,
+		func(e *Encoder) []byte { return e.AggregateDetailsRequest(corr, key) },
+		func(d *Decoder, body []byte) (uuid.UUID, error) {
+			var err error
+			res, err = d.AggregateDetailsResponse(body)
+			return res.CorrelationID, err
+		})
+	return res, err
+}
+
+// roundTrip sends one request and reads its answer, with the retry rules of Client.
+func (c *Client) roundTrip(ctx context.Context, op string, isWrite bool, corr uuid.UUID, want MessageType,
+	encode func(*Encoder) []byte, decode func(*Decoder, []byte) (uuid.UUID, error)) error {
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, c.cfg.RequestTimeout)
+		defer cancel()
+	}
+	redirected := false
+	for attempt := 0; ; attempt++ {
+		c.mu.Lock()
+		closed, addr := c.closed, c.target
+		c.mu.Unlock()
+		if closed {
+			return fmt.Errorf("%w: %w: %s", ErrNotSent, ErrClosed, op)
+		}
+		err, retry := c.attempt(ctx, addr, op, isWrite, attempt == 0, corr, want, encode, decode)
+		if err == nil {
+			return nil
+		}
+		if leader, ok := IsNotLeader(err); ok && leader != "" && leader != addr {
+			c.mu.Lock()
+			c.target = leader
+			c.mu.Unlock()
+			c.log.Debug("celeriant: following leader", "from", addr, "to", leader)
+			if !isWrite && !redirected {
+				redirected = true
+				continue
+			}
+		}
+		if !retry || attempt > 0 {
+			return err
+		}
+	}
+}
+
+// attempt performs one request on one connection. retry reports a dead pooled
+// connection on a read-only request, worth one more try on a fresh connection.
+func (c *Client) attempt(ctx context.Context, addr, op string, isWrite, mayReuse bool, corr uuid.UUID, want MessageType,
+	encode func(*Encoder) []byte, decode func(*Decoder, []byte) (uuid.UUID, error)) (err error, retry bool) {
+	p := c.pool(addr)
+	select {
+	case p.sem <- struct{}{}:
+	case <-ctx.Done():
+		return fmt.Errorf("%w: %s: waiting for a connection: %w", ErrNotSent, op, ctx.Err()), false
+	}
+	cn, reused := c.idleConn(p, mayReuse)
+	if cn != nil && c.cfg.TLS == nil && !alive(cn.nc) {
+		_ = cn.nc.Close()
+		cn, reused = nil, false
+	}
+	if cn == nil {
+		cn, err = c.dial(ctx, addr)
+		if err != nil {
+			<-p.sem
+			return fmt.Errorf("%s: %w", op, err), false
+		}
+	}
+	healthy := false
+	defer func() { c.release(p, cn, healthy) }()
+
+	frame := encode(cn.enc)
+	if n := len(frame) - HeaderSize; int64(n) > int64(c.cfg.MaxRequestSize) {
+		healthy = true
+		return invalidf("%s: request body of %d bytes over the %d-byte limit", op, n, c.cfg.MaxRequestSize), false
+	}
+	dl, _ := ctx.Deadline()
+	_ = cn.nc.SetDeadline(dl)
+	stop := context.AfterFunc(ctx, func() { _ = cn.nc.SetDeadline(time.Unix(1, 0)) })
+	defer stop()
+
+	n, werr := cn.nc.Write(frame)
+	if werr != nil {
+		if n < len(frame) {
+			return fmt.Errorf("%w: %s: %w", ErrNotSent, op, causeOf(ctx, werr)), false
+		}
+		return c.lost(ctx, op, isWrite, werr), false
+	}
+	h, body, rerr := ReadFrame(cn.nc, cn.buf, func(h Header) error { return h.CheckResponse(c.cfg.MaxResponseSize) })
+	cn.buf = body
+	if rerr != nil {
+		var ne net.Error
+		timeout := errors.As(rerr, &ne) && ne.Timeout()
+		retry = !isWrite && reused && ctx.Err() == nil && !timeout && !errors.Is(rerr, ErrProtocol)
+		return c.lost(ctx, op, isWrite, rerr), retry
+	}
+	if h.Compression != 0 {
+		return c.lost(ctx, op, isWrite, errProtocolf("compressed response without Identify")), false
+	}
+	var got uuid.UUID
+	switch h.Type {
+	case RespError:
+		se, derr := cn.dec.ErrorResponse(body)
+		if derr != nil {
+			return c.lost(ctx, op, isWrite, derr), false
+		}
+		// Accept an error without the echo (uuid.Nil): a connection-layer error path
+		// may not know the request's correlation id.
+		if se.CorrelationID != corr && se.CorrelationID != uuid.Nil {
+			return c.lost(ctx, op, isWrite, errProtocolf("correlation id %s in answer to %s", se.CorrelationID, corr)), false
+		}
+		healthy = true
+		return se, false
+	case want:
+		got, err = decode(cn.dec, body)
+		if err != nil {
+			return c.lost(ctx, op, isWrite, err), false
+		}
+	default:
+		return c.lost(ctx, op, isWrite, errProtocolf("response type %d to a %s", h.Type, op)), false
+	}
+	if got != corr {
+		return c.lost(ctx, op, isWrite, errProtocolf("correlation id %s in answer to %s", got, corr)), false
+	}
+	healthy = true
+	return nil, false
+}
+
+// alive reports whether a pooled plaintext connection is still open: a read with an
+// expired deadline must time out (EOF means the server closed it, bytes mean desync).
+func alive(nc net.Conn) bool {
+	_ = nc.SetReadDeadline(time.Unix(1, 0))
+	var b [1]byte
+	n, err := nc.Read(b[:])
+	if n > 0 {
+		return false
+	}
+	var ne net.Error
+	return errors.As(err, &ne) && ne.Timeout()
+}
+
+// causeOf names the context as the cause of an i/o error it provoked. Connection
+// deadlines come only from the context, so an i/o timeout is its deadline even when the
+// socket noticed before the context's own timer fired.
+func causeOf(ctx context.Context, err error) error {
+	if ctx.Err() != nil {
+		return fmt.Errorf("%w (%v)", ctx.Err(), err)
+	}
+	var ne net.Error
+	if errors.As(err, &ne) && ne.Timeout() {
+		return fmt.Errorf("%w (%v)", context.DeadlineExceeded, err)
+	}
+	return err
+}
+
+// lost is the error for a request that was sent completely and got no usable answer.
+func (c *Client) lost(ctx context.Context, op string, isWrite bool, err error) error {
+	if isWrite {
+		return fmt.Errorf("%w: %s: %w", ErrOutcomeUnknown, op, causeOf(ctx, err))
+	}
+	return fmt.Errorf("%w: %s: %w", ErrTransport, op, causeOf(ctx, err))
+}
+
+// idleConn pops the most recently used idle connection younger than IdleTimeout,
+// closing the stale ones.
+func (c *Client) idleConn(p *pool, mayReuse bool) (*conn, bool) {
+	if !mayReuse {
+		return nil, false
+	}
+	now := c.cfg.Now()
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for len(p.idle) > 0 {
+		cn := p.idle[len(p.idle)-1]
+		p.idle = p.idle[:len(p.idle)-1]
+		if now.Sub(cn.lastUsed) < c.cfg.IdleTimeout {
+			return cn, true
+		}
+		_ = cn.nc.Close()
+	}
+	return nil, false
+}
+
+func (c *Client) dial(ctx context.Context, addr string) (*conn, error) {
+	dctx, cancel := context.WithTimeout(ctx, c.cfg.DialTimeout)
+	defer cancel()
+	nc, err := c.cfg.Dial(dctx, "tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("%w: dial %s: %w", ErrNotSent, addr, err)
+	}
+	if tc, ok := nc.(*net.TCPConn); ok {
+		_ = tc.SetNoDelay(true)
+	}
+	if c.cfg.TLS != nil {
+		tc := tls.Client(nc, c.cfg.TLS)
+		if err := tc.HandshakeContext(dctx); err != nil {
+			_ = nc.Close()
+			return nil, fmt.Errorf("%w: tls handshake with %s: %w", ErrNotSent, addr, err)
+		}
+		nc = tc
+	}
+	return &conn{nc: nc, enc: NewEncoder(), dec: NewDecoder()}, nil
+}
+
+// release returns cn to p's idle list when healthy (else closes it) and frees its slot.
+func (c *Client) release(p *pool, cn *conn, healthy bool) {
+	c.mu.Lock()
+	closed := c.closed
+	c.mu.Unlock()
+	if healthy && !closed {
+		_ = cn.nc.SetDeadline(time.Time{})
+		cn.lastUsed = c.cfg.Now()
+		if cap(cn.buf) > 1<<20 {
+			cn.buf = nil // do not keep a large page's buffer in the pool
+		}
+		p.mu.Lock()
+		p.idle = append(p.idle, cn)
+		p.mu.Unlock()
+	} else {
+		_ = cn.nc.Close()
+	}
+	<-p.sem
+}

@@ -1,0 +1,989 @@
+package celeriant
+
+import (
+	"bytes"
+	"encoding/binary"
+	"fmt"
+	"io"
+
+	"github.com/google/uuid"
+	"github.com/vmihailenco/msgpack/v5"
+)
+
+// Frame constants (PROTOCOL.md sections 2.1 and 2.2).
+const (
+	// HeaderSize is the size of the frame header: version, message type, compressed and
+	// uncompressed body length (u32 little-endian each) and the compression byte.
+	HeaderSize = 17
+	// ProtocolVersion is the body codec this package speaks: 3 = MessagePack.
+	ProtocolVersion = 3
+	// MaxFixedBody is the largest body of a fixed-size message (1024 - 17 bytes);
+	// fixed-size messages are also never compressed.
+	MaxFixedBody = 1007
+	// DefaultMaxRequestSize is the server's default --max-request-size (16 MiB).
+	DefaultMaxRequestSize = 16 << 20
+	// DefaultMaxResponseSize is the server's default --max-response-size (64 MiB).
+	DefaultMaxResponseSize = 64 << 20
+)
+
+// MessageType is the frame header's message type (PROTOCOL.md section 4.1). Request and
+// response ids overlap: request 6 is Watch, response 6 is ProtocolError.
+type MessageType uint32
+
+// Request message types.
+const (
+	ReqAggregateDetails MessageType = 1
+	ReqRead             MessageType = 2
+	ReqWrite            MessageType = 3
+	ReqTrimStart        MessageType = 4
+	ReqDelete           MessageType = 5
+	ReqWatch            MessageType = 6
+	ReqListOrgs         MessageType = 7
+	ReqListTypes        MessageType = 8
+	ReqListAggregates   MessageType = 9
+	ReqRegisterSchema   MessageType = 10
+	ReqIdentify         MessageType = 14
+)
+
+// Response message types.
+const (
+	RespAggregateDetails MessageType = 1
+	RespRead             MessageType = 2
+	RespWrite            MessageType = 3
+	RespTrimStart        MessageType = 4
+	RespDelete           MessageType = 5
+	RespProtocolError    MessageType = 6
+	RespError            MessageType = 7
+	RespWatch            MessageType = 8
+	RespListOrgs         MessageType = 9
+	RespListTypes        MessageType = 10
+	RespListAggregates   MessageType = 11
+	RespRegisterSchema   MessageType = 12
+	RespIdentify         MessageType = 16
+)
+
+// Header is a decoded frame header (PROTOCOL.md section 2.1).
+type Header struct {
+	Version            uint32
+	Type               MessageType
+	CompressedLength   uint32 // body bytes on the wire
+	UncompressedLength uint32 // body bytes after decompression
+	Compression        uint8  // 0 none, 1 zstd with the cluster dictionary
+}
+
+// AppendHeader appends the 17 header bytes of h to dst.
+func AppendHeader(dst []byte, h Header) []byte {
+	dst = binary.LittleEndian.AppendUint32(dst, h.Version)
+	dst = binary.LittleEndian.AppendUint32(dst, uint32(h.Type))
+	dst = binary.LittleEndian.AppendUint32(dst, h.CompressedLength)
+	dst = binary.LittleEndian.AppendUint32(dst, h.UncompressedLength)
+	return append(dst, h.Compression)
+}
+
+// ParseHeader decodes the first 17 bytes of b. It checks the layout only; use
+// CheckRequest or CheckResponse for the server's rules.
+func ParseHeader(b []byte) (Header, error) {
+	if len(b) < HeaderSize {
+		return Header{}, errProtocolf("frame header: %d bytes, want %d", len(b), HeaderSize)
+	}
+	return Header{
+		Version:            binary.LittleEndian.Uint32(b[0:4]),
+		Type:               MessageType(binary.LittleEndian.Uint32(b[4:8])),
+		CompressedLength:   binary.LittleEndian.Uint32(b[8:12]),
+		UncompressedLength: binary.LittleEndian.Uint32(b[12:16]),
+		Compression:        b[16],
+	}, nil
+}
+
+func (h Header) checkCommon(maxSize uint32) error {
+	if h.Version != 2 && h.Version != 3 {
+		return errProtocolf("frame header: version %d (want 2 or 3)", h.Version)
+	}
+	if h.Compression > 1 {
+		return errProtocolf("frame header: compression %d (want 0 or 1)", h.Compression)
+	}
+	if h.CompressedLength > maxSize || h.UncompressedLength > maxSize {
+		return errProtocolf("frame header: body length %d/%d over the limit %d", h.CompressedLength, h.UncompressedLength, maxSize)
+	}
+	if h.Compression == 0 && h.CompressedLength != h.UncompressedLength {
+		return errProtocolf("frame header: uncompressed body with lengths %d != %d", h.CompressedLength, h.UncompressedLength)
+	}
+	return nil
+}
+
+func (h Header) checkFixed(fixed bool) error {
+	if fixed && (h.Compression != 0 || h.UncompressedLength > MaxFixedBody) {
+		return errProtocolf("frame header: fixed-size message type %d with %d bytes, compression %d (limit %d, uncompressed)", h.Type, h.UncompressedLength, h.Compression, MaxFixedBody)
+	}
+	return nil
+}
+
+// CheckRequest applies the server's header rules to a request (PROTOCOL.md sections
+// 2.1-2.2): version 2 or 3, compression 0 or 1, both lengths <= maxSize and equal when
+// uncompressed, a known request type, fixed-size types uncompressed and <= 1007 bytes.
+func (h Header) CheckRequest(maxSize uint32) error {
+	if err := h.checkCommon(maxSize); err != nil {
+		return err
+	}
+	switch h.Type {
+	case ReqWrite, ReqRegisterSchema:
+		return nil
+	case ReqAggregateDetails, ReqRead, ReqTrimStart, ReqDelete, ReqWatch, ReqListOrgs, ReqListTypes, ReqListAggregates, ReqIdentify:
+		return h.checkFixed(true)
+	}
+	return errProtocolf("frame header: unknown request type %d", h.Type)
+}
+
+// CheckResponse applies the same rules to a response (fixed-size: AggregateDetails,
+// Write, TrimStart, Delete, ProtocolError, Error, RegisterSchema).
+func (h Header) CheckResponse(maxSize uint32) error {
+	if err := h.checkCommon(maxSize); err != nil {
+		return err
+	}
+	switch h.Type {
+	case RespRead, RespWatch, RespListOrgs, RespListTypes, RespListAggregates, RespIdentify:
+		return nil
+	case RespAggregateDetails, RespWrite, RespTrimStart, RespDelete, RespProtocolError, RespError, RespRegisterSchema:
+		return h.checkFixed(true)
+	}
+	return errProtocolf("frame header: unknown response type %d", h.Type)
+}
+
+// ReadFrame reads one frame from r: the header, check(header), then the body into buf
+// (grown as needed). The body aliases buf. A compressed body is returned as is
+// (Header.Compression says so); this package never asks for compression.
+func ReadFrame(r io.Reader, buf []byte, check func(Header) error) (Header, []byte, error) {
+	var hb [HeaderSize]byte
+	if _, err := io.ReadFull(r, hb[:]); err != nil {
+		return Header{}, buf, err
+	}
+	h, _ := ParseHeader(hb[:])
+	if err := check(h); err != nil {
+		return h, buf, err
+	}
+	n := int(h.CompressedLength)
+	if cap(buf) < n {
+		buf = make([]byte, n)
+	}
+	buf = buf[:n]
+	if _, err := io.ReadFull(r, buf); err != nil {
+		if err == io.EOF {
+			err = io.ErrUnexpectedEOF
+		}
+		return h, buf, err
+	}
+	return h, buf, nil
+}
+
+// Encoder builds whole frames (header and MessagePack body, PROTOCOL.md sections 2-4)
+// with the minimal integer widths rmp-serde produces. It reuses one buffer: the returned
+// frame is valid until the next call. Not safe for concurrent use.
+type Encoder struct {
+	buf bytes.Buffer
+	enc *msgpack.Encoder
+}
+
+// NewEncoder returns an Encoder.
+func NewEncoder() *Encoder {
+	e := &Encoder{}
+	e.enc = msgpack.NewEncoder(&e.buf)
+	return e
+}
+
+var zeroHeader [HeaderSize]byte
+
+func (e *Encoder) begin() { e.buf.Reset(); e.buf.Write(zeroHeader[:]) }
+
+func (e *Encoder) finish(t MessageType) []byte {
+	b := e.buf.Bytes()
+	n := uint32(len(b) - HeaderSize)
+	AppendHeader(b[:0], Header{Version: ProtocolVersion, Type: t, CompressedLength: n, UncompressedLength: n})
+	return b
+}
+
+// Writes into a bytes.Buffer cannot fail, so the msgpack errors are dropped below.
+
+func (e *Encoder) arr(n int)   { _ = e.enc.EncodeArrayLen(n) }
+func (e *Encoder) u(v uint64)  { _ = e.enc.EncodeUint(v) }
+func (e *Encoder) nil_()       { _ = e.enc.EncodeNil() }
+func (e *Encoder) bool(v bool) { _ = e.enc.EncodeBool(v) }
+
+func (e *Encoder) bin(v []byte) {
+	_ = e.enc.EncodeBytesLen(len(v))
+	e.buf.Write(v)
+}
+
+// id writes a u128 as bin8 of 16 big-endian bytes (the UUID bytes as they are).
+func (e *Encoder) id(v uuid.UUID) { e.bin(v[:]) }
+
+func (e *Encoder) optID(v uuid.UUID) {
+	if v == uuid.Nil {
+		e.nil_()
+		return
+	}
+	e.id(v)
+}
+
+func (e *Encoder) optU(p *uint64) {
+	if p == nil {
+		e.nil_()
+		return
+	}
+	e.u(*p)
+}
+
+func (e *Encoder) key(k AggregateKey) {
+	e.arr(3)
+	e.id(k.Org)
+	e.id(k.Type)
+	e.id(k.ID)
+}
+
+func (e *Encoder) event(ev *Event) {
+	e.arr(8)
+	e.u(ev.ClientSeq)
+	e.u(ev.EventSeq)
+	e.optID(ev.EventID)
+	e.u(ev.Timestamp)
+	e.u(ev.TypeMajor)
+	e.u(ev.TypeMinor)
+	e.bin(ev.Value)
+	if ev.IV == nil {
+		e.nil_()
+	} else {
+		e.bin(ev.IV)
+	}
+}
+
+// WriteRequest encodes a Write request frame (type 3, PROTOCOL.md section 4.3). The
+// writes map is written in the order of req.Writes.
+func (e *Encoder) WriteRequest(req *WriteRequest) []byte {
+	e.begin()
+	e.arr(4)
+	e.optID(req.CorrelationID)
+	e.id(req.ClientID)
+	e.optID(req.UserID)
+	_ = e.enc.EncodeMapLen(len(req.Writes))
+	for i := range req.Writes {
+		w := &req.Writes[i]
+		e.key(w.Key)
+		e.arr(4)
+		e.arr(len(w.Events))
+		for j := range w.Events {
+			e.event(&w.Events[j])
+		}
+		e.bool(w.AllowCreate)
+		e.optU(w.ExpectedVersion)
+		e.bool(w.EnforceClientIdempotency)
+	}
+	return e.finish(ReqWrite)
+}
+
+// ReadRequest encodes a Read request frame (type 2, PROTOCOL.md section 4.5). FromVersion
+// is sent as given (no clamping at this level). The caller checks the 1007-byte limit.
+func (e *Encoder) ReadRequest(req *ReadRequest) []byte {
+	e.begin()
+	e.arr(3)
+	e.optID(req.CorrelationID)
+	e.key(req.Key)
+	f := &req.Filters
+	e.arr(15)
+	e.u(f.FromVersion)
+	e.optU(f.ToVersion)
+	if len(f.EventTypes) == 0 {
+		e.nil_()
+	} else {
+		e.arr(len(f.EventTypes))
+		for _, t := range f.EventTypes {
+			e.u(t)
+		}
+	}
+	e.optID(f.ExcludeClientID)
+	e.optID(f.IncludeClientID)
+	e.optID(f.ExcludeUserID)
+	e.optID(f.IncludeUserID)
+	e.optU(f.MinServerTimestamp)
+	e.optU(f.MaxServerTimestamp)
+	e.optU(f.MinClientSeq)
+	e.optU(f.MaxClientSeq)
+	e.optU(f.MinEventTimestamp)
+	e.optU(f.MaxEventTimestamp)
+	e.optU(f.MinEventSeq)
+	e.optU(f.MaxEventSeq)
+	return e.finish(ReqRead)
+}
+
+// AggregateDetailsRequest encodes an AggregateDetails request frame (type 1, section 4.7).
+func (e *Encoder) AggregateDetailsRequest(correlationID uuid.UUID, key AggregateKey) []byte {
+	e.begin()
+	e.arr(2)
+	e.optID(correlationID)
+	e.key(key)
+	return e.finish(ReqAggregateDetails)
+}
+
+// WriteResponse encodes a WriteResponse frame (type 3, section 4.4); Version 0 is nil.
+func (e *Encoder) WriteResponse(res *WriteResult) []byte {
+	e.begin()
+	e.arr(2)
+	e.optID(res.CorrelationID)
+	if res.Version == 0 {
+		e.nil_()
+	} else {
+		e.u(res.Version)
+	}
+	return e.finish(RespWrite)
+}
+
+// ReadResponse encodes a ReadResponse frame (type 2, section 4.6); NextVersion 0 is nil.
+func (e *Encoder) ReadResponse(res *ReadResult) []byte {
+	e.begin()
+	e.arr(3)
+	e.optID(res.CorrelationID)
+	e.arr(len(res.Batches))
+	for i := range res.Batches {
+		b := &res.Batches[i]
+		e.arr(5)
+		e.u(b.Version)
+		e.id(b.ClientID)
+		e.optID(b.UserID)
+		e.u(b.ServerTimestamp)
+		e.arr(len(b.Events))
+		for j := range b.Events {
+			e.event(&b.Events[j])
+		}
+	}
+	if res.NextVersion == 0 {
+		e.nil_()
+	} else {
+		e.u(res.NextVersion)
+	}
+	return e.finish(RespRead)
+}
+
+// AggregateDetailsResponse encodes an AggregateDetailsResponse frame (type 1, section 4.7).
+func (e *Encoder) AggregateDetailsResponse(d *AggregateDetails) []byte {
+	e.begin()
+	e.arr(10)
+	e.optID(d.CorrelationID)
+	e.u(d.MinVersion)
+	e.u(d.MaxVersion)
+	e.u(d.MaxEventSeq)
+	e.bool(d.IsDeleted)
+	e.bool(d.AllowRecreate)
+	e.bool(d.AllowSequenceContinuation)
+	e.u(d.LastServerTimestamp)
+	e.id(d.LastClientID)
+	e.optID(d.LastUserID)
+	return e.finish(RespAggregateDetails)
+}
+
+// ErrorResponse encodes an ErrorResponse frame (type 7, section 4.8).
+func (e *Encoder) ErrorResponse(correlationID uuid.UUID, code Code, message string) []byte {
+	e.begin()
+	e.arr(3)
+	e.optID(correlationID)
+	e.u(uint64(code))
+	_ = e.enc.EncodeString(message)
+	return e.finish(RespError)
+}
+
+// Decoder decodes message bodies (PROTOCOL.md sections 3.2 and 4). Integers may use any
+// width whose value fits (negative values are refused); ids must be bin8 of 16 bytes or
+// an integer up to 64 bits; bin16/bin32 ids are refused, like the server. Request
+// decoders are as strict as the server about array lengths (an event may have 7 or 8
+// elements); response decoders accept and skip extra trailing elements. Every error
+// wraps ErrProtocol. Not safe for concurrent use.
+type Decoder struct {
+	r bytes.Reader
+	d *msgpack.Decoder
+	// arena is a private copy of the body being decoded; bin values are capped
+	// sub-slices of it (one allocation per message instead of one per event).
+	arena []byte
+}
+
+// NewDecoder returns a Decoder.
+func NewDecoder() *Decoder {
+	x := &Decoder{}
+	x.d = msgpack.NewDecoder(&x.r)
+	return x
+}
+
+// reset starts decoding body. The msgpack decoder reads x.r directly (bytes.Reader is a
+// ByteScanner, so it adds no buffer), which lets id and bin read x.r themselves.
+func (x *Decoder) reset(body []byte, withArena bool) {
+	x.arena = nil
+	if withArena {
+		x.arena = bytes.Clone(body)
+		body = x.arena
+	}
+	x.r.Reset(body)
+	x.d.Reset(&x.r)
+}
+
+func wrapDecode(what string, err error) error {
+	if err == nil {
+		return nil
+	}
+	return fmt.Errorf("%w: decode %s: %w", ErrProtocol, what, err)
+}
+
+// arr reads an array header and checks min <= n <= max (max < 0: no maximum). It returns
+// the number of extra elements the caller must skip.
+// arrayLen reads an array header; nil gives -1.
+func (x *Decoder) arrayLen() (int, error) {
+	c, err := x.r.ReadByte()
+	if err != nil {
+		return 0, io.ErrUnexpectedEOF
+	}
+	switch {
+	case c >= 0x90 && c <= 0x9f:
+		return int(c & 0x0f), nil
+	case c == 0xdc:
+		v, err := x.be(2)
+		return int(v), err
+	case c == 0xdd:
+		v, err := x.be(4)
+		return int(v), err
+	case c == 0xc0:
+		return -1, nil
+	}
+	return 0, fmt.Errorf("code %#x where an array is required", c)
+}
+
+func (x *Decoder) arr(min, max int) (n int, err error) {
+	n, err = x.arrayLen()
+	if err != nil {
+		return 0, err
+	}
+	if n < min || (max >= 0 && n > max) {
+		return 0, fmt.Errorf("array of %d elements, want %d..%d", n, min, max)
+	}
+	return n, nil
+}
+
+// list reads the header of a variable-length array and bounds it by the unread bytes.
+func (x *Decoder) list() (int, error) {
+	n, err := x.arrayLen()
+	if err != nil {
+		return 0, err
+	}
+	if n < 0 {
+		return 0, fmt.Errorf("nil where an array is required")
+	}
+	if n > x.r.Len() {
+		return 0, fmt.Errorf("array of %d elements in %d bytes", n, x.r.Len())
+	}
+	return n, nil
+}
+
+func (x *Decoder) skip(n int) error {
+	for ; n > 0; n-- {
+		if err := x.d.Skip(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// The hot scalar paths below read x.r directly (concrete calls, no interface dispatch);
+// the msgpack decoder keeps no read-ahead, so both can share the reader.
+
+func (x *Decoder) peek() (byte, error) {
+	c, err := x.r.ReadByte()
+	if err != nil {
+		return 0, io.ErrUnexpectedEOF
+	}
+	_ = x.r.UnreadByte()
+	return c, nil
+}
+
+func (x *Decoder) isNil() (bool, error) {
+	c, err := x.peek()
+	if err != nil {
+		return false, err
+	}
+	if c == 0xc0 {
+		_, _ = x.r.ReadByte()
+		return true, nil
+	}
+	return false, nil
+}
+
+// be reads an n-byte big-endian unsigned value (n <= 8).
+func (x *Decoder) be(n int) (uint64, error) {
+	var b [8]byte
+	if m, _ := x.r.Read(b[8-n:]); m != n {
+		return 0, io.ErrUnexpectedEOF
+	}
+	return binary.BigEndian.Uint64(b[:]), nil
+}
+
+// u reads any MessagePack integer whose value is not negative.
+func (x *Decoder) u() (uint64, error) {
+	c, err := x.r.ReadByte()
+	if err != nil {
+		return 0, io.ErrUnexpectedEOF
+	}
+	switch {
+	case c <= 0x7f:
+		return uint64(c), nil
+	case c >= 0xcc && c <= 0xcf: // uint8..uint64
+		return x.be(1 << (c - 0xcc))
+	case c >= 0xd0 && c <= 0xd3: // int8..int64
+		n := 1 << (c - 0xd0)
+		v, err := x.be(n)
+		if err != nil {
+			return 0, err
+		}
+		if v>>(8*n-1)&1 == 1 {
+			return 0, fmt.Errorf("negative integer where unsigned is required")
+		}
+		return v, nil
+	case c >= 0xe0:
+		return 0, fmt.Errorf("negative integer where unsigned is required")
+	}
+	return 0, fmt.Errorf("code %#x where an unsigned integer is required", c)
+}
+
+func (x *Decoder) optU() (*uint64, error) {
+	if n, err := x.isNil(); n || err != nil {
+		return nil, err
+	}
+	v, err := x.u()
+	if err != nil {
+		return nil, err
+	}
+	return &v, nil
+}
+
+func (x *Decoder) bool() (bool, error) {
+	c, err := x.r.ReadByte()
+	if err != nil {
+		return false, io.ErrUnexpectedEOF
+	}
+	switch c {
+	case 0xc2:
+		return false, nil
+	case 0xc3:
+		return true, nil
+	}
+	return false, fmt.Errorf("code %#x where a bool is required", c)
+}
+
+func (x *Decoder) id() (uuid.UUID, error) {
+	var u uuid.UUID
+	c, err := x.peek()
+	if err != nil {
+		return u, err
+	}
+	if c == 0xc4 {
+		_, _ = x.r.ReadByte()
+		n, err := x.be(1)
+		if err != nil {
+			return u, err
+		}
+		if n != 16 {
+			return u, fmt.Errorf("128-bit id of %d bytes, want 16", n)
+		}
+		if m, _ := x.r.Read(u[:]); m != 16 { // concrete call: u stays on the stack
+			return u, io.ErrUnexpectedEOF
+		}
+		return u, nil
+	}
+	v, err := x.u()
+	if err != nil {
+		return u, fmt.Errorf("128-bit id: %w", err)
+	}
+	binary.BigEndian.PutUint64(u[8:], v)
+	return u, nil
+}
+
+func (x *Decoder) optID() (uuid.UUID, error) {
+	if n, err := x.isNil(); n || err != nil {
+		return uuid.Nil, err
+	}
+	return x.id()
+}
+
+func (x *Decoder) bin() ([]byte, error) {
+	c, err := x.peek()
+	if err != nil {
+		return nil, err
+	}
+	if c != 0xc4 && c != 0xc5 && c != 0xc6 {
+		return nil, fmt.Errorf("code %#x where bin is required", c)
+	}
+	_, _ = x.r.ReadByte()
+	v, err := x.be(1 << (c - 0xc4)) // bin8/16/32: 1, 2 or 4 length bytes
+	if err != nil {
+		return nil, err
+	}
+	n := int(v)
+	if n > x.r.Len() {
+		return nil, fmt.Errorf("bin of %d bytes in %d", n, x.r.Len())
+	}
+	if x.arena != nil {
+		off := len(x.arena) - x.r.Len()
+		_, _ = x.r.Seek(int64(n), io.SeekCurrent)
+		return x.arena[off : off+n : off+n], nil
+	}
+	b := make([]byte, n)
+	_, _ = x.r.Read(b)
+	return b, nil
+}
+
+func (x *Decoder) key() (k AggregateKey, err error) {
+	if _, err = x.arr(3, 3); err != nil {
+		return k, err
+	}
+	if k.Org, err = x.id(); err != nil {
+		return k, err
+	}
+	if k.Type, err = x.id(); err != nil {
+		return k, err
+	}
+	k.ID, err = x.id()
+	return k, err
+}
+
+func (x *Decoder) event(ev *Event, strict bool) (err error) {
+	max := 8
+	if !strict {
+		max = -1
+	}
+	n, err := x.arr(7, max)
+	if err != nil {
+		return err
+	}
+	if ev.ClientSeq, err = x.u(); err != nil {
+		return err
+	}
+	if ev.EventSeq, err = x.u(); err != nil {
+		return err
+	}
+	if ev.EventID, err = x.optID(); err != nil {
+		return err
+	}
+	if ev.Timestamp, err = x.u(); err != nil {
+		return err
+	}
+	if ev.TypeMajor, err = x.u(); err != nil {
+		return err
+	}
+	if ev.TypeMinor, err = x.u(); err != nil {
+		return err
+	}
+	if ev.Value, err = x.bin(); err != nil {
+		return err
+	}
+	ev.IV = nil
+	if n >= 8 {
+		isNil, err := x.isNil()
+		if err != nil {
+			return err
+		}
+		if !isNil {
+			if ev.IV, err = x.bin(); err != nil {
+				return err
+			}
+		}
+	}
+	return x.skip(n - 8)
+}
+
+func (x *Decoder) events(strict bool) ([]Event, error) {
+	n, err := x.list()
+	if err != nil {
+		return nil, err
+	}
+	evs := make([]Event, n)
+	for i := range evs {
+		if err := x.event(&evs[i], strict); err != nil {
+			return nil, err
+		}
+	}
+	return evs, nil
+}
+
+// WriteRequest decodes a Write request body. Duplicate aggregate keys collapse, the
+// last entry winning, as in the server's HashMap.
+func (x *Decoder) WriteRequest(body []byte) (req WriteRequest, err error) {
+	x.reset(body, true)
+	err = func() error {
+		if _, err := x.arr(4, 4); err != nil {
+			return err
+		}
+		if req.CorrelationID, err = x.optID(); err != nil {
+			return err
+		}
+		if req.ClientID, err = x.id(); err != nil {
+			return err
+		}
+		if req.UserID, err = x.optID(); err != nil {
+			return err
+		}
+		n, err := x.d.DecodeMapLen()
+		if err != nil {
+			return err
+		}
+		if n < 0 || n > x.r.Len() {
+			return fmt.Errorf("writes map of %d entries", n)
+		}
+		req.Writes = make([]AggregateWrite, 0, n)
+		for i := 0; i < n; i++ {
+			var w AggregateWrite
+			if w.Key, err = x.key(); err != nil {
+				return err
+			}
+			if _, err := x.arr(4, 4); err != nil {
+				return err
+			}
+			if w.Events, err = x.events(true); err != nil {
+				return err
+			}
+			if w.AllowCreate, err = x.bool(); err != nil {
+				return err
+			}
+			if w.ExpectedVersion, err = x.optU(); err != nil {
+				return err
+			}
+			if w.EnforceClientIdempotency, err = x.bool(); err != nil {
+				return err
+			}
+			replaced := false
+			for j := range req.Writes {
+				if req.Writes[j].Key == w.Key {
+					req.Writes[j], replaced = w, true
+				}
+			}
+			if !replaced {
+				req.Writes = append(req.Writes, w)
+			}
+		}
+		return nil
+	}()
+	return req, wrapDecode("write request", err)
+}
+
+// ReadRequest decodes a Read request body.
+func (x *Decoder) ReadRequest(body []byte) (req ReadRequest, err error) {
+	x.reset(body, false)
+	err = func() error {
+		if _, err := x.arr(3, 3); err != nil {
+			return err
+		}
+		if req.CorrelationID, err = x.optID(); err != nil {
+			return err
+		}
+		if req.Key, err = x.key(); err != nil {
+			return err
+		}
+		if _, err := x.arr(15, 15); err != nil {
+			return err
+		}
+		f := &req.Filters
+		if f.FromVersion, err = x.u(); err != nil {
+			return err
+		}
+		if f.ToVersion, err = x.optU(); err != nil {
+			return err
+		}
+		if isNil, err := x.isNil(); err != nil {
+			return err
+		} else if !isNil {
+			n, err := x.list()
+			if err != nil {
+				return err
+			}
+			f.EventTypes = make([]uint64, n)
+			for i := range f.EventTypes {
+				if f.EventTypes[i], err = x.u(); err != nil {
+					return err
+				}
+			}
+		}
+		for _, p := range []*uuid.UUID{&f.ExcludeClientID, &f.IncludeClientID, &f.ExcludeUserID, &f.IncludeUserID} {
+			if *p, err = x.optID(); err != nil {
+				return err
+			}
+		}
+		for _, p := range []**uint64{&f.MinServerTimestamp, &f.MaxServerTimestamp, &f.MinClientSeq, &f.MaxClientSeq,
+			&f.MinEventTimestamp, &f.MaxEventTimestamp, &f.MinEventSeq, &f.MaxEventSeq} {
+			if *p, err = x.optU(); err != nil {
+				return err
+			}
+		}
+		return nil
+	}()
+	return req, wrapDecode("read request", err)
+}
+
+// AggregateDetailsRequest decodes an AggregateDetails request body.
+func (x *Decoder) AggregateDetailsRequest(body []byte) (correlationID uuid.UUID, key AggregateKey, err error) {
+	x.reset(body, false)
+	err = func() error {
+		if _, err := x.arr(2, 2); err != nil {
+			return err
+		}
+		if correlationID, err = x.optID(); err != nil {
+			return err
+		}
+		key, err = x.key()
+		return err
+	}()
+	return correlationID, key, wrapDecode("aggregate details request", err)
+}
+
+// WriteResponse decodes a WriteResponse body (a nil version becomes 0).
+func (x *Decoder) WriteResponse(body []byte) (res WriteResult, err error) {
+	x.reset(body, false)
+	err = func() error {
+		n, err := x.arr(2, -1)
+		if err != nil {
+			return err
+		}
+		if res.CorrelationID, err = x.optID(); err != nil {
+			return err
+		}
+		v, err := x.optU()
+		if err != nil {
+			return err
+		}
+		if v != nil {
+			res.Version = *v
+		}
+		return x.skip(n - 2)
+	}()
+	return res, wrapDecode("write response", err)
+}
+
+// ReadResponse decodes a ReadResponse body (a nil next version becomes 0).
+func (x *Decoder) ReadResponse(body []byte) (res ReadResult, err error) {
+	x.reset(body, true)
+	err = func() error {
+		n, err := x.arr(3, -1)
+		if err != nil {
+			return err
+		}
+		if res.CorrelationID, err = x.optID(); err != nil {
+			return err
+		}
+		nb, err := x.list()
+		if err != nil {
+			return err
+		}
+		res.Batches = make([]Batch, nb)
+		for i := range res.Batches {
+			b := &res.Batches[i]
+			m, err := x.arr(5, -1)
+			if err != nil {
+				return err
+			}
+			if b.Version, err = x.u(); err != nil {
+				return err
+			}
+			if b.ClientID, err = x.id(); err != nil {
+				return err
+			}
+			if b.UserID, err = x.optID(); err != nil {
+				return err
+			}
+			if b.ServerTimestamp, err = x.u(); err != nil {
+				return err
+			}
+			if b.Events, err = x.events(false); err != nil {
+				return err
+			}
+			if err := x.skip(m - 5); err != nil {
+				return err
+			}
+		}
+		v, err := x.optU()
+		if err != nil {
+			return err
+		}
+		if v != nil {
+			res.NextVersion = *v
+		}
+		return x.skip(n - 3)
+	}()
+	return res, wrapDecode("read response", err)
+}
+
+// AggregateDetailsResponse decodes an AggregateDetailsResponse body.
+func (x *Decoder) AggregateDetailsResponse(body []byte) (d AggregateDetails, err error) {
+	x.reset(body, false)
+	err = func() error {
+		n, err := x.arr(10, -1)
+		if err != nil {
+			return err
+		}
+		if d.CorrelationID, err = x.optID(); err != nil {
+			return err
+		}
+		for _, p := range []*uint64{&d.MinVersion, &d.MaxVersion, &d.MaxEventSeq} {
+			if *p, err = x.u(); err != nil {
+				return err
+			}
+		}
+		for _, p := range []*bool{&d.IsDeleted, &d.AllowRecreate, &d.AllowSequenceContinuation} {
+			if *p, err = x.bool(); err != nil {
+				return err
+			}
+		}
+		if d.LastServerTimestamp, err = x.u(); err != nil {
+			return err
+		}
+		if d.LastClientID, err = x.id(); err != nil {
+			return err
+		}
+		if d.LastUserID, err = x.optID(); err != nil {
+			return err
+		}
+		return x.skip(n - 10)
+	}()
+	return d, wrapDecode("aggregate details response", err)
+}
+
+// ErrorResponse decodes an ErrorResponse body into a *ServerError.
+func (x *Decoder) ErrorResponse(body []byte) (*ServerError, error) {
+	x.reset(body, false)
+	var (
+		corr uuid.UUID
+		code uint64
+		msg  string
+	)
+	err := func() (err error) {
+		n, err := x.arr(3, -1)
+		if err != nil {
+			return err
+		}
+		if corr, err = x.optID(); err != nil {
+			return err
+		}
+		if code, err = x.u(); err != nil {
+			return err
+		}
+		if code > 0xffffffff {
+			return fmt.Errorf("error code %d over u32", code)
+		}
+		c, err := x.d.PeekCode()
+		if err != nil {
+			return err
+		}
+		if !(c >= 0xa0 && c <= 0xbf) && c != 0xd9 && c != 0xda && c != 0xdb {
+			return fmt.Errorf("code %#x where str is required", c)
+		}
+		if msg, err = x.d.DecodeString(); err != nil {
+			return err
+		}
+		return x.skip(n - 3)
+	}()
+	if err != nil {
+		return nil, wrapDecode("error response", err)
+	}
+	se := NewServerError(Code(code), msg)
+	se.CorrelationID = corr
+	return se, nil
+}

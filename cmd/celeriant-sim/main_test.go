@@ -1,0 +1,59 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"io"
+	"strings"
+	"testing"
+
+	"github.com/google/uuid"
+
+	"github.com/idemkey/idemkey/celeriant"
+)
+
+func TestRunServesTheProtocol(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	pr, pw := io.Pipe()
+	env := map[string]string{"ADDR": "127.0.0.1:0", "PAGE_BATCHES": "1"}
+	done := make(chan error, 1)
+	go func() { done <- run(ctx, pw, func(k string) string { return env[k] }) }()
+
+	line, err := bufio.NewReader(pr).ReadString('\n')
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr, ok := strings.CutPrefix(strings.TrimSpace(line), "listening on ")
+	if !ok {
+		t.Fatalf("first line %q", line)
+	}
+	c, err := celeriant.Dial(ctx, addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	key := celeriant.AggregateKey{Org: uuid.New(), Type: uuid.New(), ID: uuid.New()}
+	for seq := uint64(1); seq <= 2; seq++ {
+		_, err := c.Write(ctx, celeriant.WriteRequest{ClientID: uuid.New(), Writes: []celeriant.AggregateWrite{{
+			Key: key, Events: []celeriant.Event{{ClientSeq: seq, TypeMajor: 1, Value: []byte("x")}}, AllowCreate: true,
+		}}})
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	res, err := c.Read(ctx, celeriant.ReadRequest{Key: key})
+	if err != nil || len(res.Batches) != 1 || res.NextVersion != 2 {
+		t.Fatalf("PAGE_BATCHES=1: %+v %v", res, err)
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestRunRejectsBadEnv(t *testing.T) {
+	env := map[string]string{"ADDR": "127.0.0.1:0", "SHARDS": "two"}
+	if err := run(context.Background(), io.Discard, func(k string) string { return env[k] }); err == nil {
+		t.Fatal("SHARDS=two accepted")
+	}
+}

@@ -1,0 +1,248 @@
+package accounts
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"log/slog"
+	"os"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemkey/idemkey/celeriant"
+	"github.com/idemkey/idemkey/celeriant/celeriantsim"
+)
+
+// fakeClock is a settable clock shared by the simulator (server timestamps) and the memory
+// projections (index lifetimes).
+type fakeClock struct {
+	mu sync.Mutex
+	t  time.Time
+}
+
+func newFakeClock() *fakeClock {
+	return &fakeClock{t: time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC)}
+}
+
+func (c *fakeClock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.t
+}
+
+func (c *fakeClock) Advance(d time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.t = c.t.Add(d)
+}
+
+// sleepRecorder replaces the backoff sleep: it records the durations and returns at once.
+type sleepRecorder struct {
+	mu     sync.Mutex
+	sleeps []time.Duration
+}
+
+func (r *sleepRecorder) Sleep(ctx context.Context, d time.Duration) error {
+	r.mu.Lock()
+	r.sleeps = append(r.sleeps, d)
+	r.mu.Unlock()
+	return ctx.Err()
+}
+
+func (r *sleepRecorder) Sleeps() []time.Duration {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]time.Duration(nil), r.sleeps...)
+}
+
+// hookStore wraps an event store and runs hooks around writes and reads, so tests can
+// place another replica's write exactly between a catch-up and a write.
+type hookStore struct {
+	celeriant.EventStore
+	mu          sync.Mutex
+	writes      int
+	beforeWrite func(n int) // n counts this store's writes from 1
+	afterWrite  func(n int, err error)
+	read        func(req celeriant.ReadRequest) (celeriant.ReadResult, error, bool)
+}
+
+func (h *hookStore) Write(ctx context.Context, req celeriant.WriteRequest) (celeriant.WriteResult, error) {
+	h.mu.Lock()
+	h.writes++
+	n, before, after := h.writes, h.beforeWrite, h.afterWrite
+	h.mu.Unlock()
+	if before != nil {
+		before(n)
+	}
+	res, err := h.EventStore.Write(ctx, req)
+	if after != nil {
+		after(n, err)
+	}
+	return res, err
+}
+
+func (h *hookStore) Read(ctx context.Context, req celeriant.ReadRequest) (celeriant.ReadResult, error) {
+	h.mu.Lock()
+	read := h.read
+	h.mu.Unlock()
+	if read != nil {
+		if res, err, ok := read(req); ok {
+			return res, err
+		}
+	}
+	return h.EventStore.Read(ctx, req)
+}
+
+// pgPool returns a pool on DATABASE_URL, skipping (or failing under CI=true) when unset.
+func pgPool(t testing.TB) *pgxpool.Pool {
+	t.Helper()
+	url := os.Getenv("DATABASE_URL")
+	if url == "" {
+		if os.Getenv("CI") == "true" {
+			t.Fatal("DATABASE_URL is not set and CI=true: the Postgres projection tests must run")
+		}
+		t.Skip("DATABASE_URL not set: skipping the Postgres projection tests")
+	}
+	pool, err := pgxpool.New(context.Background(), url)
+	if err != nil {
+		t.Fatalf("pgxpool.New: %v", err)
+	}
+	t.Cleanup(pool.Close)
+	return pool
+}
+
+func randomPrefix() string {
+	var b [4]byte
+	_, _ = rand.Read(b[:])
+	return "acct_t" + hex.EncodeToString(b[:]) + "_"
+}
+
+// newPGProjections returns a factory of Postgres projections sharing fresh tables.
+func newPGProjections(t testing.TB) func(t testing.TB, clock *fakeClock, window time.Duration) Projection {
+	t.Helper()
+	pool := pgPool(t)
+	prefix := randomPrefix()
+	first, err := NewPostgresProjection(pool, WithTablePrefix(prefix))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := first.Migrate(context.Background()); err != nil {
+		t.Fatalf("Migrate: %v", err)
+	}
+	t.Cleanup(func() {
+		b, r, m := first.Tables()
+		_, err := pool.Exec(context.Background(), fmt.Sprintf("DROP TABLE IF EXISTS %s, %s, %s", b, r, m))
+		if err != nil {
+			t.Errorf("dropping test tables: %v", err)
+		}
+	})
+	return func(t testing.TB, _ *fakeClock, window time.Duration) Projection {
+		p, err := NewPostgresProjection(pool, WithTablePrefix(prefix), WithPostgresWindow(window))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+}
+
+// forEachKind runs f once per projection backend.
+func forEachKind(t *testing.T, f func(t *testing.T, mk func(t *testing.T, clock *fakeClock, window time.Duration) Projection)) {
+	t.Run("memory", func(t *testing.T) {
+		f(t, func(t *testing.T, clock *fakeClock, window time.Duration) Projection {
+			return NewMemoryProjection(WithMemoryClock(clock.Now), WithMemoryWindow(window))
+		})
+	})
+	t.Run("postgres", func(t *testing.T) {
+		mk := newPGProjections(t)
+		f(t, func(t *testing.T, c *fakeClock, w time.Duration) Projection { return mk(t, c, w) })
+	})
+}
+
+// env is a test fixture: one simulated log and its clock.
+type env struct {
+	t     *testing.T
+	clock *fakeClock
+	sim   *celeriantsim.Sim
+	mk    func(t *testing.T, clock *fakeClock, window time.Duration) Projection
+}
+
+func newEnv(t *testing.T, mk func(t *testing.T, clock *fakeClock, window time.Duration) Projection) *env {
+	clock := newFakeClock()
+	return &env{t: t, clock: clock, sim: celeriantsim.New(celeriantsim.Options{Now: clock.Now, PageBatches: 3}), mk: mk}
+}
+
+// pod is one replica: a service with its own projection (shared state for Postgres).
+type pod struct {
+	*Service
+	proj   Projection
+	store  *hookStore
+	sleeps *sleepRecorder
+}
+
+func (e *env) pod(window time.Duration, opts ...Option) *pod {
+	e.t.Helper()
+	p := &pod{proj: e.mk(e.t, e.clock, window), store: &hookStore{EventStore: e.sim}, sleeps: &sleepRecorder{}}
+	all := append([]Option{WithSleep(p.sleeps.Sleep), WithLogger(slog.New(slog.DiscardHandler))}, opts...)
+	svc, err := New(p.store, p.proj, all...)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	p.Service = svc
+	return p
+}
+
+// events returns every event of acct's stream, read from the log itself.
+func (e *env) events(acct uuid.UUID) []celeriant.Event {
+	e.t.Helper()
+	batches, err := celeriant.ReadAll(context.Background(), e.sim, celeriant.ReadRequest{Key: Key(acct), Filters: celeriant.ReadFilters{FromVersion: 1}})
+	if minAvail, ok := celeriant.IsUnavailableVersion(err); ok { // trimmed: what is left
+		batches, err = celeriant.ReadAll(context.Background(), e.sim, celeriant.ReadRequest{Key: Key(acct), Filters: celeriant.ReadFilters{FromVersion: minAvail}})
+	}
+	if celeriant.IsNotFound(err) {
+		return nil
+	}
+	if err != nil {
+		e.t.Fatalf("reading the log of %s: %v", acct, err)
+	}
+	var out []celeriant.Event
+	for _, b := range batches {
+		out = append(out, b.Events...)
+	}
+	return out
+}
+
+// countID counts the events of acct carrying eventID.
+func (e *env) countID(acct, eventID uuid.UUID) int {
+	n := 0
+	for _, ev := range e.events(acct) {
+		if ev.EventID == eventID {
+			n++
+		}
+	}
+	return n
+}
+
+// foreignWrite appends an event of another client id (an Unknown type, which folds as
+// zero) to acct, unconditionally.
+func (e *env) foreignWrite(acct uuid.UUID) {
+	e.t.Helper()
+	_, err := e.sim.Write(context.Background(), celeriant.WriteRequest{
+		ClientID: uuid.MustParse("0badc0de-0000-4000-8000-000000000001"),
+		Writes: []celeriant.AggregateWrite{{Key: Key(acct), AllowCreate: true,
+			Events: []celeriant.Event{{ClientSeq: 1, TypeMajor: 99, Value: []byte("{}")}}}},
+	})
+	if err != nil {
+		e.t.Fatalf("foreign write: %v", err)
+	}
+}
+
+func acctID(name string) uuid.UUID { return uuid.NewSHA1(ReferenceNamespace, []byte(name)) }
+
+func eid(label string, n int) uuid.UUID {
+	return uuid.NewSHA1(ReferenceNamespace, []byte(fmt.Sprintf("%s-req-%d", label, n)))
+}

@@ -1,0 +1,122 @@
+package main
+
+import (
+	"bytes"
+	"fmt"
+	"net/http"
+	"strconv"
+	"sync/atomic"
+	"time"
+)
+
+// Limits that keep the fixture from being turned against its host.
+const (
+	maxSlow  = time.Minute
+	maxLarge = 64 << 20
+)
+
+// fixture is the conformance app of shared/conformance/README.md: every POST adds
+// one to a process-wide counter, and /reset forgets the counter and every key.
+type fixture struct {
+	count atomic.Int64
+	// generation is bumped by /reset and prefixes every scope, so all keys stored
+	// before a reset are forgotten whatever the store.
+	generation atomic.Uint64
+}
+
+// routes returns the routes that sit behind the idempotency middleware.
+func (f *fixture) routes() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST /echo", f.echo)
+	mux.HandleFunc("POST /status/{code}", f.status)
+	mux.HandleFunc("POST /slow", f.slow)
+	mux.HandleFunc("POST /large", f.large)
+	mux.HandleFunc("GET /counter", f.counter)
+	return mux
+}
+
+func (f *fixture) echo(w http.ResponseWriter, r *http.Request) {
+	var body bytes.Buffer
+	if _, err := body.ReadFrom(r.Body); err != nil {
+		http.Error(w, "reading body: "+err.Error(), http.StatusBadRequest)
+		return
+	}
+	f.count.Add(1)
+	ct := r.Header.Get("Content-Type")
+	if ct == "" {
+		ct = "application/octet-stream"
+	}
+	w.Header().Set("Content-Type", ct)
+	w.WriteHeader(http.StatusCreated)
+	w.Write(body.Bytes())
+}
+
+func (f *fixture) status(w http.ResponseWriter, r *http.Request) {
+	code, err := strconv.Atoi(r.PathValue("code"))
+	if err != nil || code < 200 || code > 599 {
+		http.Error(w, "status must be a number from 200 to 599", http.StatusBadRequest)
+		return
+	}
+	f.count.Add(1)
+	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	w.WriteHeader(code)
+	fmt.Fprintf(w, "status:%d", code)
+}
+
+func (f *fixture) slow(w http.ResponseWriter, r *http.Request) {
+	ms, err := strconv.Atoi(r.URL.Query().Get("ms"))
+	if err != nil || ms < 0 || time.Duration(ms)*time.Millisecond > maxSlow {
+		http.Error(w, "ms must be a number of milliseconds from 0 to 60000", http.StatusBadRequest)
+		return
+	}
+	f.count.Add(1)
+	t := time.NewTimer(time.Duration(ms) * time.Millisecond)
+	defer t.Stop()
+	select {
+	case <-t.C:
+	case <-r.Context().Done():
+		return
+	}
+	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	fmt.Fprintf(w, "slept:%d", ms)
+}
+
+func (f *fixture) large(w http.ResponseWriter, r *http.Request) {
+	n, err := strconv.Atoi(r.URL.Query().Get("bytes"))
+	if err != nil || n < 0 || n > maxLarge {
+		http.Error(w, fmt.Sprintf("bytes must be a number from 0 to %d", maxLarge), http.StatusBadRequest)
+		return
+	}
+	f.count.Add(1)
+	w.Header().Set("Content-Type", "application/octet-stream")
+	w.Header().Set("Content-Length", strconv.Itoa(n))
+	chunk := bytes.Repeat([]byte{'x'}, min(n, 32<<10))
+	for n > 0 {
+		k := min(n, len(chunk))
+		if _, err := w.Write(chunk[:k]); err != nil {
+			return
+		}
+		n -= k
+	}
+}
+
+func (f *fixture) counter(w http.ResponseWriter, r *http.Request) {
+	w.Header().Set("Content-Type", "application/json")
+	fmt.Fprintf(w, `{"count": %d}`, f.count.Load())
+}
+
+func (f *fixture) reset(w http.ResponseWriter, r *http.Request) {
+	f.generation.Add(1)
+	f.count.Store(0)
+	w.WriteHeader(http.StatusNoContent)
+}
+
+// scope is the idempotency scope: the reset generation and the X-Client-ID header
+// (a stand-in for an authenticated principal), "anonymous" when absent.
+func (f *fixture) scope(r *http.Request) string {
+	client := r.Header.Get("X-Client-ID")
+	if client == "" {
+		client = "anonymous"
+	}
+	return strconv.FormatUint(f.generation.Load(), 10) + "/" + client
+}

@@ -1,0 +1,159 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"runtime"
+	"encoding/json"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/idemkey/idemkey/examples/internal/storeenv"
+	"github.com/idemkey/idemkey/store/memory"
+)
+
+// The behaviours the conformance vectors check, in the project's own words, run
+// in-process against the fixture with the memory store.
+
+type fixtureClient struct {
+	t *testing.T
+	h http.Handler
+}
+
+func newFixture(t *testing.T, replayHeader string) *fixtureClient {
+	t.Helper()
+	cfg, err := loadConfig(func(k string) string {
+		if k == "IDEM_REPLAY_HEADER" {
+			return replayHeader
+		}
+		return ""
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := &storeenv.Store{Store: memory.New(), Name: "memory", Close: func() {}}
+	h, err := newHandler(cfg, st, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &fixtureClient{t: t, h: h}
+}
+
+func (c *fixtureClient) do(method, path, key, body string) *httptest.ResponseRecorder {
+	req := httptest.NewRequest(method, path, strings.NewReader(body))
+	req.Header.Set("Content-Type", "text/plain")
+	if key != "" {
+		req.Header.Set("Idempotency-Key", key)
+	}
+	rec := httptest.NewRecorder()
+	c.h.ServeHTTP(rec, req)
+	return rec
+}
+
+func (c *fixtureClient) count() int {
+	rec := c.do("GET", "/counter", "", "")
+	var v struct{ Count int }
+	if err := json.Unmarshal(rec.Body.Bytes(), &v); err != nil {
+		c.t.Fatalf("counter: %v %q", err, rec.Body)
+	}
+	return v.Count
+}
+
+func isProblem(rec *httptest.ResponseRecorder) bool {
+	return strings.HasPrefix(rec.Header().Get("Content-Type"), "application/problem+json")
+}
+
+func TestFixtureBehaviours(t *testing.T) {
+	t.Run("fresh key executes once and echoes", func(t *testing.T) {
+		c := newFixture(t, "")
+		rec := c.do("POST", "/echo", "k1", "hello")
+		if rec.Code != 201 || rec.Body.String() != "hello" || c.count() != 1 {
+			t.Fatalf("got %d %q count %d", rec.Code, rec.Body, c.count())
+		}
+	})
+	t.Run("key on GET is ignored", func(t *testing.T) {
+		c := newFixture(t, "")
+		c.do("GET", "/counter", "g", "")
+		c.do("POST", "/echo", "p", "x")
+		rec := c.do("GET", "/counter", "g", "")
+		if !strings.Contains(rec.Body.String(), `"count": 1`) {
+			t.Fatalf("second GET replayed or miscounted: %q", rec.Body)
+		}
+	})
+	t.Run("missing key is a 400 problem and runs nothing", func(t *testing.T) {
+		c := newFixture(t, "")
+		rec := c.do("POST", "/echo", "", "no key")
+		if rec.Code != 400 || !isProblem(rec) || c.count() != 0 {
+			t.Fatalf("got %d %q count %d", rec.Code, rec.Header().Get("Content-Type"), c.count())
+		}
+	})
+	t.Run("other payload is a 422 problem and does not poison", func(t *testing.T) {
+		c := newFixture(t, "")
+		first := c.do("POST", "/echo", "m", "payload-a")
+		changed := c.do("POST", "/echo", "m", "payload-b")
+		again := c.do("POST", "/echo", "m", "payload-a")
+		if changed.Code != 422 || !isProblem(changed) {
+			t.Fatalf("changed payload: %d %q", changed.Code, changed.Header().Get("Content-Type"))
+		}
+		if again.Code != 201 || !bytes.Equal(again.Body.Bytes(), first.Body.Bytes()) || c.count() != 1 {
+			t.Fatalf("corrected retry: %d %q count %d", again.Code, again.Body, c.count())
+		}
+	})
+	t.Run("quoted sf-string key deduplicates", func(t *testing.T) {
+		c := newFixture(t, "")
+		c.do("POST", "/echo", `"quoted-1"`, "q")
+		rec := c.do("POST", "/echo", `"quoted-1"`, "q")
+		if rec.Code != 201 || rec.Body.String() != "q" || c.count() != 1 {
+			t.Fatalf("got %d %q count %d", rec.Code, rec.Body, c.count())
+		}
+	})
+	t.Run("stored 4xx replays with the marker", func(t *testing.T) {
+		c := newFixture(t, "Idempotency-Replayed")
+		first := c.do("POST", "/status/404", "s", "s")
+		retry := c.do("POST", "/status/404", "s", "s")
+		if first.Header().Get("Idempotency-Replayed") != "" {
+			t.Fatal("original marked as a replay")
+		}
+		if retry.Code != 404 || retry.Body.String() != "status:404" || retry.Header().Get("Idempotency-Replayed") != "true" || c.count() != 1 {
+			t.Fatalf("retry: %d %q %v count %d", retry.Code, retry.Body, retry.Header(), c.count())
+		}
+	})
+	t.Run("body over the cap replays empty and marked omitted", func(t *testing.T) {
+		c := newFixture(t, "Idempotency-Replayed")
+		first := c.do("POST", "/large?bytes=1048577", "l", "l")
+		retry := c.do("POST", "/large?bytes=1048577", "l", "l")
+		if first.Body.Len() != 1048577 {
+			t.Fatalf("original streamed %d bytes", first.Body.Len())
+		}
+		if retry.Code != 200 || retry.Body.Len() != 0 || retry.Header().Get("Idempotency-Replay") != "omitted" || c.count() != 1 {
+			t.Fatalf("retry: %d %d bytes %v count %d", retry.Code, retry.Body.Len(), retry.Header(), c.count())
+		}
+	})
+	t.Run("duplicate during the original is a 409 problem", func(t *testing.T) {
+		c := newFixture(t, "")
+		ctx, cancel := context.WithCancel(context.Background())
+		var wg sync.WaitGroup
+		wg.Go(func() {
+			req := httptest.NewRequestWithContext(ctx, "POST", "/slow?ms=60000", strings.NewReader("slow"))
+			req.Header.Set("Idempotency-Key", "c")
+			c.h.ServeHTTP(httptest.NewRecorder(), req)
+		})
+		for c.count() == 0 { // the counter moves once the original holds the claim
+			runtime.Gosched()
+		}
+		dup := c.do("POST", "/slow?ms=60000", "c", "slow")
+		cancel()
+		wg.Wait()
+		if dup.Code != 409 || !isProblem(dup) || dup.Header().Get("Retry-After") == "" {
+			t.Fatalf("duplicate: %d %v", dup.Code, dup.Header())
+		}
+		if c.count() != 1 {
+			t.Fatalf("handler ran %d times", c.count())
+		}
+	})
+}

@@ -1,0 +1,144 @@
+// Command conformance serves the fixture app of shared/conformance/README.md
+// behind the idempotency middleware, so a peer's conformance vectors (the IETF
+// draft-ietf-httpapi-idempotency-key-header) can drive it over HTTP.
+//
+//	go run ./examples/conformance
+//
+// Environment (DESIGN.md section 6):
+//
+//	ADDR                listen address, default 127.0.0.1:8080
+//	IDEM_STORE          memory (default), postgres, redis or tiered
+//	DATABASE_URL        Postgres, for postgres and tiered
+//	REDIS_URL           Redis, for redis and tiered
+//	IDEM_LEASE          lease of a claim, Go duration, default 10s
+//	IDEM_RETENTION      how long responses are replayed, default 24h
+//	IDEM_REPLAY_HEADER  header marking a replay, default Idempotent-Replayed
+//
+// The scope of a key is the X-Client-ID header ("anonymous" when absent). Once the
+// listener accepts connections the server prints "listening on http://ADDR"; it
+// shuts down gracefully on SIGINT or SIGTERM.
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/idemkey/idemkey/examples/internal/storeenv"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	logger := slog.New(slog.NewTextHandler(os.Stderr, nil))
+	if err := run(ctx, os.Getenv, os.Stdout, logger); err != nil {
+		logger.Error("conformance fixture stopped", "err", err)
+		os.Exit(1)
+	}
+}
+
+// config is the environment the fixture runs with.
+type config struct {
+	addr         string
+	lease        time.Duration
+	retention    time.Duration
+	replayHeader string
+}
+
+func loadConfig(getenv func(string) string) (config, error) {
+	c := config{addr: "127.0.0.1:8080", lease: 10 * time.Second, retention: 24 * time.Hour, replayHeader: getenv("IDEM_REPLAY_HEADER")}
+	if v := getenv("ADDR"); v != "" {
+		c.addr = v
+	}
+	for _, d := range []struct {
+		name string
+		dst  *time.Duration
+	}{{"IDEM_LEASE", &c.lease}, {"IDEM_RETENTION", &c.retention}} {
+		v := getenv(d.name)
+		if v == "" {
+			continue
+		}
+		parsed, err := time.ParseDuration(v)
+		if err != nil || parsed <= 0 {
+			return c, fmt.Errorf("%s=%q: want a positive Go duration such as 10s", d.name, v)
+		}
+		*d.dst = parsed
+	}
+	if c.retention < c.lease {
+		return c, fmt.Errorf("IDEM_RETENTION (%v) must be at least IDEM_LEASE (%v)", c.retention, c.lease)
+	}
+	return c, nil
+}
+
+// run serves until ctx is done, then drains in-flight requests.
+func run(ctx context.Context, getenv func(string) string, stdout io.Writer, logger *slog.Logger) error {
+	cfg, err := loadConfig(getenv)
+	if err != nil {
+		return err
+	}
+	st, err := storeenv.Open(ctx, getenv)
+	if err != nil {
+		return err
+	}
+	defer st.Close()
+
+	handler, err := newHandler(cfg, st, logger)
+	if err != nil {
+		return err
+	}
+	ln, err := net.Listen("tcp", cfg.addr)
+	if err != nil {
+		return err
+	}
+	srv := &http.Server{
+		Handler:           handler,
+		ReadHeaderTimeout: 5 * time.Second,
+		IdleTimeout:       2 * time.Minute,
+		ErrorLog:          slog.NewLogLogger(logger.Handler(), slog.LevelWarn),
+	}
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(ln) }()
+	fmt.Fprintf(stdout, "listening on http://%s\n", ln.Addr())
+	logger.Info("conformance fixture up", "addr", ln.Addr().String(), "store", st.Name)
+
+	select {
+	case err := <-served:
+		return err
+	case <-ctx.Done():
+	}
+	shutdownCtx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := srv.Shutdown(shutdownCtx); err != nil {
+		return fmt.Errorf("graceful shutdown: %w", err)
+	}
+	if err := <-served; !errors.Is(err, http.ErrServerClosed) {
+		return err
+	}
+	return nil
+}
+
+// newHandler mounts the fixture: /reset and /healthz outside the middleware,
+// everything else behind it.
+func newHandler(cfg config, st *storeenv.Store, logger *slog.Logger) (http.Handler, error) {
+	f := &fixture{}
+	protected, err := protect(cfg, st, f, logger)
+	if err != nil {
+		return nil, err
+	}
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST /reset", f.reset)
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		io.WriteString(w, "ok\n")
+	})
+	mux.Handle("/", protected)
+	return mux, nil
+}

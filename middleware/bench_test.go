@@ -1,0 +1,175 @@
+package middleware
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"net/http"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/idemkey/idemkey/fingerprint"
+	"github.com/idemkey/idemkey/store"
+	"github.com/idemkey/idemkey/store/memory"
+)
+
+// benchBody is a 1 KiB JSON request body.
+var benchBody = func() []byte {
+	b := []byte(`{"fromAccountId":"acc-1","toAccountId":"acc-2","amountCents":1234,"memo":"`)
+	b = append(b, strings.Repeat("m", 1024-len(b)-2)...)
+	return append(b, `"}`...)
+}()
+
+var benchResponse = []byte(`{"balanceCents":98766,"aggregateVersion":42}`)
+
+// benchHandler reads the body and answers a small JSON document.
+var benchHandler = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	io.Copy(io.Discard, r.Body)
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(http.StatusCreated)
+	w.Write(benchResponse)
+})
+
+// discardWriter is a ResponseWriter that keeps nothing but its header map.
+type discardWriter struct {
+	h    http.Header
+	code int
+}
+
+func (d *discardWriter) Header() http.Header         { return d.h }
+func (d *discardWriter) WriteHeader(code int)        { d.code = code }
+func (d *discardWriter) Write(p []byte) (int, error) { return len(p), nil }
+func (d *discardWriter) reset()                      { clear(d.h); d.code = 0 }
+
+type benchReq struct {
+	r    *http.Request
+	body bytes.Reader
+}
+
+func (b *benchReq) Read(p []byte) (int, error)         { return b.body.Read(p) }
+func (b *benchReq) WriteTo(w io.Writer) (int64, error) { return b.body.WriteTo(w) }
+func (b *benchReq) Close() error                       { return nil }
+
+func newBenchReq() *benchReq {
+	b := &benchReq{}
+	r, _ := http.NewRequest("POST", "http://svc/api/transfers", nil)
+	r.Header.Set("Content-Type", "application/json")
+	r.Header.Set("Idempotency-Key", "k")
+	r.Header.Set("X-Client-ID", "tenant-1")
+	r.ContentLength = int64(len(benchBody))
+	r.Body = b
+	b.r = r
+	return b
+}
+
+// next readies the request for one more round with key.
+func (b *benchReq) next(key string) *http.Request {
+	b.body.Reset(benchBody)
+	b.r.Header["Idempotency-Key"][0] = key
+	return b.r
+}
+
+func newBenchMiddleware(b *testing.B, st store.Store) *Middleware {
+	m, err := New(st, ScopeFromHeader("X-Client-ID", "anonymous"), WithLogger(discardLogger()))
+	if err != nil {
+		b.Fatal(err)
+	}
+	return m
+}
+
+func BenchmarkMiddleware(b *testing.B) {
+	b.Run("bare", func(b *testing.B) {
+		br, w := newBenchReq(), &discardWriter{h: http.Header{}}
+		b.ReportAllocs()
+		for b.Loop() {
+			w.reset()
+			benchHandler.ServeHTTP(w, br.next("k"))
+		}
+		if w.code != http.StatusCreated {
+			b.Fatal(w.code)
+		}
+	})
+	b.Run("first", func(b *testing.B) {
+		// Steady state: records expire as new ones arrive, so the store holds
+		// about liveKeys records (its clock advances retention/liveKeys per request)
+		// and a key comes back only after its record expired.
+		const liveKeys = 4096
+		now := &fakeNow{t: time.Unix(1_700_000_000, 0)}
+		h := newBenchMiddleware(b, memory.New(memory.WithClock(now.now))).Handler(benchHandler)
+		br, w := newBenchReq(), &discardWriter{h: http.Header{}}
+		keys := make([]string, 2*liveKeys)
+		for i := range keys {
+			keys[i] = "key-" + strconv.Itoa(i)
+		}
+		b.ReportAllocs()
+		i := 0
+		for b.Loop() {
+			now.add(DefaultRetention / liveKeys)
+			w.reset()
+			h.ServeHTTP(w, br.next(keys[i%len(keys)]))
+			i++
+		}
+		if w.code != http.StatusCreated || w.h.Get(DefaultReplayedHeader) != "" {
+			b.Fatal(w.code)
+		}
+	})
+	b.Run("replay", func(b *testing.B) {
+		h := newBenchMiddleware(b, memory.New()).Handler(benchHandler)
+		br, w := newBenchReq(), &discardWriter{h: http.Header{}}
+		h.ServeHTTP(w, br.next("k"))
+		b.ReportAllocs()
+		for b.Loop() {
+			w.reset()
+			h.ServeHTTP(w, br.next("k"))
+		}
+		if w.code != http.StatusCreated || w.h.Get(DefaultReplayedHeader) != "true" {
+			b.Fatal(w.code)
+		}
+	})
+	b.Run("inflight", func(b *testing.B) {
+		st := memory.New()
+		fp, _ := fingerprint.Sum(fingerprint.Request{Method: "POST", Route: "/api/transfers", Body: benchBody}, fingerprint.Options{})
+		if _, err := st.Claim(context.Background(), store.ClaimRequest{ID: store.ID{Scope: "tenant-1", Key: "k"},
+			Fingerprint: fp, Lease: time.Hour, Retention: 2 * time.Hour}); err != nil {
+			b.Fatal(err)
+		}
+		h := newBenchMiddleware(b, st).Handler(benchHandler)
+		br, w := newBenchReq(), &discardWriter{h: http.Header{}}
+		b.ReportAllocs()
+		for b.Loop() {
+			w.reset()
+			h.ServeHTTP(w, br.next("k"))
+		}
+		if w.code != http.StatusConflict {
+			b.Fatal(w.code)
+		}
+	})
+}
+
+// nullStore claims every key and forgets everything: it isolates the
+// middleware's own cost from a store's.
+type nullStore struct{}
+
+func (nullStore) Claim(context.Context, store.ClaimRequest) (store.ClaimResult, error) {
+	return store.ClaimResult{Outcome: store.Claimed, Token: store.Token{1}}, nil
+}
+func (nullStore) Complete(context.Context, store.ID, store.Token, store.Response, time.Duration) error {
+	return nil
+}
+func (nullStore) Release(context.Context, store.ID, store.Token) error              { return nil }
+func (nullStore) Renew(context.Context, store.ID, store.Token, time.Duration) error { return nil }
+
+func BenchmarkMiddlewareNullStore(b *testing.B) {
+	h := newBenchMiddleware(b, nullStore{}).Handler(benchHandler)
+	br, w := newBenchReq(), &discardWriter{h: http.Header{}}
+	b.ReportAllocs()
+	for b.Loop() {
+		w.reset()
+		h.ServeHTTP(w, br.next("k"))
+	}
+	if w.code != http.StatusCreated {
+		b.Fatal(w.code)
+	}
+}

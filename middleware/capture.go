@@ -1,0 +1,186 @@
+package middleware
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"log/slog"
+	"net"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/idemkey/idemkey/store"
+)
+
+// maxPooledBuffer bounds the capacity of the buffers kept in the pool (bytes).
+const maxPooledBuffer = 64 << 10
+
+// call is the state of one claimed execution; pooled. It is the
+// http.ResponseWriter the handler sees: writes go to the live writer first and
+// are copied once into body until the storage cap is passed.
+type call struct {
+	m     *Middleware
+	w     http.ResponseWriter
+	id    store.ID
+	token store.Token
+	ctx   detachedCtx
+
+	// Response capture.
+	wroteHeader bool
+	status      int
+	hijacked    bool
+	omitted     bool
+	body        []byte
+	header      http.Header // replayable headers, snapshot when the status was committed
+	pre         []string    // header names present before the handler ran
+
+	// Request body, read once.
+	reqBuf  []byte
+	reqBody requestBody
+
+	// Lease renewal.
+	mu      sync.Mutex
+	stopped bool
+	timer   Timer
+	renewFn func()
+}
+
+// detachedCtx keeps the request context's values but not its cancellation, so
+// Complete and Release still reach the store when the client has gone.
+type detachedCtx struct{ parent context.Context }
+
+func (d *detachedCtx) Deadline() (time.Time, bool) { return time.Time{}, false }
+func (d *detachedCtx) Done() <-chan struct{}       { return nil }
+func (d *detachedCtx) Err() error                  { return nil }
+func (d *detachedCtx) Value(k any) any             { return d.parent.Value(k) }
+
+func (c *call) start(w http.ResponseWriter, ctx context.Context, id store.ID, token store.Token) {
+	c.w, c.id, c.token, c.ctx.parent = w, id, token, ctx
+	c.mu.Lock()
+	c.stopped = false
+	if c.timer == nil {
+		c.timer = c.m.clock.AfterFunc(c.m.lease/3, c.renewFn)
+	} else {
+		c.timer.Reset(c.m.lease / 3)
+	}
+	c.mu.Unlock()
+}
+
+// renew runs on the clock's goroutine every third of the lease until stopped.
+func (c *call) renew() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.stopped {
+		return
+	}
+	err := c.m.store.Renew(&c.ctx, c.id, c.token, c.m.lease)
+	switch {
+	case errors.Is(err, store.ErrLeaseLost):
+		c.m.logger.LogAttrs(context.Background(), slog.LevelWarn,
+			"idempotency lease lost while the handler runs; its response will not be stored",
+			slog.String("scope", c.id.Scope), slog.String("key", c.id.Key))
+		return // nothing left to renew
+	case err != nil:
+		c.m.logger.LogAttrs(context.Background(), slog.LevelWarn, "idempotency lease renewal failed; retrying",
+			slog.String("scope", c.id.Scope), slog.String("key", c.id.Key), slog.Any("error", err))
+	}
+	c.timer.Reset(c.m.lease / 3)
+}
+
+// stopRenewal stops the renewals and waits for one in progress. It reports
+// whether c may be reused: false when a renewal had fired but not yet run, since
+// it will still look at c.
+func (c *call) stopRenewal() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.stopped = true
+	return c.timer.Stop()
+}
+
+// reset readies c for the pool.
+func (c *call) reset() {
+	c.w, c.id, c.token, c.ctx.parent = nil, store.ID{}, store.Token{}, nil
+	c.wroteHeader, c.status, c.hijacked, c.omitted = false, 0, false, false
+	if cap(c.body) > maxPooledBuffer {
+		c.body = nil
+	}
+	c.body = c.body[:0]
+	clear(c.header)
+	clear(c.pre)
+	c.pre = c.pre[:0]
+	if cap(c.reqBuf) > maxPooledBuffer {
+		c.reqBuf = nil
+	}
+	c.reqBuf = c.reqBuf[:0]
+	c.reqBody.Reset(nil)
+}
+
+// commit records the final status and snapshots the replayable headers, as the
+// live response commits them.
+func (c *call) commit(code int) {
+	c.wroteHeader, c.status = true, code
+	h := c.w.Header()
+	for k, v := range h {
+		if c.m.replayable(k, h, c.pre) {
+			c.header[k] = v
+		}
+	}
+}
+
+// Header returns the live response's header map.
+func (c *call) Header() http.Header { return c.w.Header() }
+
+// WriteHeader passes code on; the first final (non-1xx) status is the one stored.
+func (c *call) WriteHeader(code int) {
+	if c.wroteHeader || (code >= 100 && code < 200 && code != http.StatusSwitchingProtocols) {
+		c.w.WriteHeader(code)
+		return
+	}
+	c.w.WriteHeader(code) // may panic on an invalid code: then nothing is recorded
+	c.commit(code)
+}
+
+// Write passes p to the live response and copies it into the capture buffer
+// until the storage cap is passed; past it the record keeps no body.
+func (c *call) Write(p []byte) (int, error) {
+	if !c.wroteHeader {
+		c.commit(http.StatusOK)
+	}
+	n, err := c.w.Write(p)
+	if !c.omitted {
+		if len(c.body)+n > c.m.maxStoredBody {
+			c.omitted = true
+			c.body = c.body[:0]
+		} else {
+			c.body = append(c.body, p[:n]...)
+		}
+	}
+	return n, err
+}
+
+// Flush flushes the live response (http.Flusher).
+func (c *call) Flush() { _ = c.FlushError() }
+
+// FlushError flushes the live response and reports failure; http.ResponseController
+// uses it.
+func (c *call) FlushError() error {
+	if !c.wroteHeader {
+		c.commit(http.StatusOK)
+	}
+	return http.NewResponseController(c.w).Flush()
+}
+
+// Hijack hands the connection over (http.Hijacker); the claim is then released,
+// as the response is not known.
+func (c *call) Hijack() (net.Conn, *bufio.ReadWriter, error) {
+	conn, rw, err := http.NewResponseController(c.w).Hijack()
+	if err == nil {
+		c.hijacked = true
+	}
+	return conn, rw, err
+}
+
+// Unwrap returns the live ResponseWriter, so http.ResponseController reaches its
+// deadlines and full-duplex controls.
+func (c *call) Unwrap() http.ResponseWriter { return c.w }

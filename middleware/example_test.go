@@ -1,0 +1,53 @@
+package middleware_test
+
+import (
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+
+	"github.com/idemkey/idemkey/middleware"
+	"github.com/idemkey/idemkey/store/memory"
+)
+
+// The middleware in front of a payment handler, with the in-memory store. The
+// retry of a request gets the original answer, marked as a replay; the handler
+// runs once. The handler reads the scope and key (to derive an event ID, say).
+func Example() {
+	charges := 0
+	pay := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		id, _ := middleware.KeyFromContext(r.Context())
+		charges++
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusCreated)
+		fmt.Fprintf(w, `{"charge":%d,"scope":%q,"key":%q}`, charges, id.Scope, id.Key)
+	})
+
+	m, err := middleware.New(memory.New(), middleware.ScopeFromHeader("X-Client-ID", "anonymous"),
+		middleware.WithReplayedHeader("Idempotency-Replayed"))
+	if err != nil {
+		panic(err)
+	}
+	mux := http.NewServeMux()
+	mux.Handle("POST /payments", m.Handler(pay))
+
+	send := func(key, body string) {
+		r := httptest.NewRequest("POST", "/payments", strings.NewReader(body))
+		r.Header.Set("Idempotency-Key", key)
+		r.Header.Set("X-Client-ID", "alice")
+		w := httptest.NewRecorder()
+		mux.ServeHTTP(w, r)
+		b, _ := io.ReadAll(w.Body)
+		fmt.Println(w.Code, w.Header().Get("Idempotency-Replayed"), strings.TrimSpace(string(b)))
+	}
+	send(`"order-1"`, `{"amountCents":500}`) // first execution
+	send(`"order-1"`, `{"amountCents":500}`) // retry: replayed
+	send(`"order-1"`, `{"amountCents":900}`) // same key, other payload: 422
+	fmt.Println("charges:", charges)
+	// Output:
+	// 201  {"charge":1,"scope":"alice","key":"order-1"}
+	// 201 true {"charge":1,"scope":"alice","key":"order-1"}
+	// 422  {"type":"urn:idemkey:problem:key_reused_with_different_payload","title":"Idempotency key reused","status":422,"detail":"This idempotency key was already used for a different request (method, route, query or body); use a new key.","code":"key_reused_with_different_payload"}
+	// charges: 1
+}

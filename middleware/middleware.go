@@ -1,0 +1,501 @@
+// Package middleware makes HTTP write endpoints safe to retry: the
+// Idempotency-Key middleware for net/http (IETF draft
+// draft-ietf-httpapi-idempotency-key-header-07; DESIGN.md section 3).
+//
+// For a protected request (POST and PATCH by default) the middleware parses the
+// key, fingerprints the request (package fingerprint), and claims (scope, key)
+// in a store.Store with a lease. Then, one row of the decision table applies:
+//
+//	method not protected                      pass through, key ignored
+//	key missing, required (default)           400 idempotency_key_missing
+//	key missing, optional                     pass through, nothing stored
+//	key invalid or several header lines       400 idempotency_key_invalid
+//	request body over the limit (1 MiB)       413 request_too_large
+//	new key, or expired lease (takeover)      run the handler once, store the response
+//	same key and fingerprint, completed       replay status, headers, exact body bytes
+//	                                          + "Idempotent-Replayed: true"
+//	same key and fingerprint, lease live      409 request_in_flight, Retry-After
+//	same key, other fingerprint               422 key_reused_with_different_payload
+//	handler answers 5xx/408/409/425/429,      release the claim; the live response
+//	  panics (re-panicked) or hijacks           passes through
+//	response body over the cap (1 MiB)        streamed untouched, stored with body
+//	                                          omitted; replay adds
+//	                                          "Idempotency-Replay: omitted"
+//	store error                               503 store_unavailable, Retry-After
+//	                                          (or run unprotected with WithFailOpen)
+//	completion refused (lease taken over)     logged with slog; nothing overwritten
+//
+// Errors are RFC 9457 application/problem+json with type, title, status, detail
+// and a stable code member (see the Code constants).
+//
+// The handler reads the scope and key with KeyFromContext; the account service
+// derives its event IDs from them, so a write stays idempotent even when a lease
+// expires under a slow handler.
+//
+// # Adapters
+//
+// Middleware.Handler has the shape func(http.Handler) http.Handler, so other
+// routers reuse the core unchanged; for echo v4:
+//
+//	e.Use(echo.WrapMiddleware(m.Handler))
+//
+// # Bodies and buffers
+//
+// The request body is read once (at most the fingerprint limit), hashed, and
+// handed to the handler as the same bytes; the response body is copied once into
+// the capture buffer while it streams to the client. Both buffers are pooled:
+// the handler must not use the request body or the ResponseWriter after it
+// returns (as net/http requires), and Store.Complete must copy the Body and
+// Header it keeps, since they are reused once it returns (store/memory copies).
+package middleware
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"net/textproto"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/idemkey/idemkey/fingerprint"
+	"github.com/idemkey/idemkey/store"
+)
+
+// ScopeFunc returns the scope of a request: the authenticated principal or
+// tenant that owns its keys. Two scopes never see each other's records. Any
+// string; "" is the global scope.
+type ScopeFunc func(r *http.Request) string
+
+// GlobalScope puts every key in one scope: clients share a key space. Choose it
+// explicitly, only when keys are unguessable and clients trust each other.
+func GlobalScope(*http.Request) string { return "" }
+
+// ScopeFromHeader returns a ScopeFunc that reads the request header name, and
+// returns fallback when it is absent or empty. Only use it behind something that
+// authenticates that header (a gateway), or for tests and examples.
+func ScopeFromHeader(name, fallback string) ScopeFunc {
+	name = textproto.CanonicalMIMEHeaderKey(name)
+	return func(r *http.Request) string {
+		if v := r.Header[name]; len(v) > 0 && v[0] != "" {
+			return v[0]
+		}
+		return fallback
+	}
+}
+
+type ctxKey struct{}
+
+// keyCtx carries the request's store.ID; one allocation per request.
+type keyCtx struct {
+	context.Context
+	id store.ID
+}
+
+func (c *keyCtx) Value(k any) any {
+	if k == (ctxKey{}) {
+		return c
+	}
+	return c.Context.Value(k)
+}
+
+// KeyFromContext returns the scope and idempotency key of the request whose
+// context ctx is (or derives from), as the middleware parsed them. ok is false
+// when the request passed through unprotected without a key.
+func KeyFromContext(ctx context.Context) (id store.ID, ok bool) {
+	if c, ok := ctx.Value(ctxKey{}).(*keyCtx); ok {
+		return c.id, true
+	}
+	return store.ID{}, false
+}
+
+// Middleware is the idempotency middleware; build it with New. Safe for
+// concurrent use.
+type Middleware struct {
+	config
+	store    store.Store
+	scope    ScopeFunc
+	deny     map[string]struct{}
+	allow    map[string]struct{}
+	problems prerendered
+	// Header values shared by all responses, never modified in place.
+	trueVal, omitVal []string
+	problemHeaders   []string
+	pool             sync.Pool
+}
+
+// New returns a middleware claiming keys in s, scoped by scope. Both are
+// required: a global scope must be chosen explicitly (GlobalScope). It fails on a
+// nil store or scope, a non-positive lease, a retention shorter than the lease,
+// negative body limits or empty header names.
+func New(s store.Store, scope ScopeFunc, opts ...Option) (*Middleware, error) {
+	if s == nil {
+		return nil, errors.New("idemkey/middleware: nil store")
+	}
+	if scope == nil {
+		return nil, errors.New("idemkey/middleware: nil scope function (use GlobalScope to share one key space)")
+	}
+	m := &Middleware{config: defaultConfig(), store: s, scope: scope}
+	for _, o := range opts {
+		o(&m.config)
+	}
+	switch {
+	case m.lease <= 0:
+		return nil, fmt.Errorf("idemkey/middleware: lease %v must be positive", m.lease)
+	case m.retention < m.lease:
+		return nil, fmt.Errorf("idemkey/middleware: retention %v shorter than the lease %v", m.retention, m.lease)
+	case m.maxRequestBody < 0 || m.maxStoredBody < 0:
+		return nil, errors.New("idemkey/middleware: negative body limit")
+	case m.keyHeader == "" || m.replayedHeader == "" || m.omittedHeader == "":
+		return nil, errors.New("idemkey/middleware: empty header name")
+	case m.route == nil || m.release == nil || m.clock == nil:
+		return nil, errors.New("idemkey/middleware: nil route, release policy or clock")
+	}
+	if m.logger == nil {
+		m.logger = slog.Default()
+	}
+	m.deny = make(map[string]struct{})
+	for _, h := range append(append(append([]string{}, DefaultDenyHeaders...), m.config.deny...), m.replayedHeader, m.omittedHeader) {
+		m.deny[textproto.CanonicalMIMEHeaderKey(h)] = struct{}{}
+	}
+	if m.config.allow != nil {
+		m.allow = make(map[string]struct{})
+		for _, h := range m.config.allow {
+			m.allow[textproto.CanonicalMIMEHeaderKey(h)] = struct{}{}
+		}
+	}
+	m.problems = newPrerendered()
+	m.trueVal, m.omitVal = []string{"true"}, []string{"omitted"}
+	m.problemHeaders = []string{ProblemContentType, "no-store", "nosniff"}
+	m.pool.New = func() any {
+		c := &call{m: m, header: make(http.Header)}
+		c.renewFn = c.renew
+		return c
+	}
+	return m, nil
+}
+
+// Handler returns next protected by the middleware. Its shape,
+// func(http.Handler) http.Handler, fits net/http chains and echo.WrapMiddleware.
+func (m *Middleware) Handler(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { m.serve(w, r, next) })
+}
+
+func (m *Middleware) protected(method string) bool {
+	for _, p := range m.methods {
+		if p == method {
+			return true
+		}
+	}
+	return false
+}
+
+func (m *Middleware) observe(ctx context.Context, e Event) {
+	if m.observer != nil {
+		m.observer.Observe(ctx, e)
+	}
+}
+
+func (m *Middleware) since(t time.Time) time.Duration {
+	if m.observer == nil {
+		return 0
+	}
+	return time.Since(t)
+}
+
+func (m *Middleware) now() time.Time {
+	if m.observer == nil {
+		return time.Time{}
+	}
+	return time.Now()
+}
+
+func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Handler) {
+	ctx := r.Context()
+	if !m.protected(r.Method) {
+		next.ServeHTTP(w, r)
+		m.observe(ctx, Event{Decision: PassThrough})
+		return
+	}
+	values := r.Header[m.keyHeader]
+	if len(values) == 0 {
+		if !m.required {
+			next.ServeHTTP(w, r)
+			m.observe(ctx, Event{Decision: NoKey})
+			return
+		}
+		m.writeProblem(w, http.StatusBadRequest, m.problems.missing, 0)
+		m.observe(ctx, Event{Decision: KeyMissing, Status: http.StatusBadRequest})
+		return
+	}
+	var key string
+	var err error
+	if len(values) > 1 {
+		err = keyError("sent in several header lines")
+	} else {
+		key, err = ParseKey(values[0])
+	}
+	if err != nil {
+		m.writeProblem(w, http.StatusBadRequest, problem{Title: "Invalid Idempotency-Key header",
+			Status: http.StatusBadRequest, Code: CodeKeyInvalid,
+			Detail: "The " + m.keyHeader + " header must be one Structured Field string of 1 to 255 printable ASCII characters: " +
+				strings.TrimPrefix(err.Error(), "idemkey/middleware: invalid idempotency key: ") + "."}.render(), 0)
+		m.observe(ctx, Event{Decision: KeyInvalid, Status: http.StatusBadRequest})
+		return
+	}
+	id := store.ID{Scope: m.scope(r), Key: key}
+
+	c := m.pool.Get().(*call)
+	pooled := false
+	defer func() {
+		if pooled {
+			c.reset()
+			m.pool.Put(c)
+		}
+	}()
+
+	body, err := fingerprint.ReadBody(r.Body, r.ContentLength, m.maxRequestBody, c.reqBuf)
+	c.reqBuf = body[:0]
+	if err != nil {
+		pooled = true
+		if errors.Is(err, fingerprint.ErrBodyTooLarge) {
+			m.writeProblem(w, http.StatusRequestEntityTooLarge, problem{Title: "Request body too large",
+				Status: http.StatusRequestEntityTooLarge, Code: CodeRequestTooLarge,
+				Detail: fmt.Sprintf("The request body is larger than %d bytes, the most this operation fingerprints.", m.maxRequestBody)}.render(), 0)
+			m.observe(ctx, Event{Decision: BodyTooLarge, ID: id, Status: http.StatusRequestEntityTooLarge})
+			return
+		}
+		m.writeProblem(w, http.StatusBadRequest, problem{Title: "Request body unreadable",
+			Status: http.StatusBadRequest, Code: CodeBodyUnreadable,
+			Detail: "The request body could not be read completely."}.render(), 0)
+		m.observe(ctx, Event{Decision: BodyUnreadable, ID: id, Status: http.StatusBadRequest, Err: err})
+		return
+	}
+	fpReq := fingerprint.Request{Method: r.Method, Route: m.route(r), RawQuery: r.URL.RawQuery, Body: body}
+	fp, err := fingerprint.Sum(fpReq, fingerprint.Options{CanonicalJSON: m.canonicalJSON})
+	if err != nil { // invalid JSON: the handler judges the body; fingerprint its raw bytes
+		fp, _ = fingerprint.Sum(fpReq, fingerprint.Options{})
+	}
+
+	t0 := m.now()
+	res, err := m.store.Claim(ctx, store.ClaimRequest{ID: id, Fingerprint: fp, Lease: m.lease, Retention: m.retention})
+	latency := m.since(t0)
+	if err == nil && (res.Outcome < store.Claimed || res.Outcome > store.Mismatch ||
+		res.Outcome == store.Completed && res.Record == nil || res.Outcome == store.Claimed && res.Token.IsZero()) {
+		err = fmt.Errorf("idemkey/middleware: store answered an invalid claim result (outcome %v)", res.Outcome)
+	}
+	if err != nil {
+		if m.failOpen {
+			m.logger.LogAttrs(ctx, slog.LevelWarn, "idempotency store failed; running the handler unprotected (fail open)",
+				slog.String("scope", id.Scope), slog.String("key", id.Key), slog.Any("error", err))
+			pooled = true
+			sw := &statusWriter{ResponseWriter: w}
+			next.ServeHTTP(sw, c.handlerRequest(r, id, body))
+			m.observe(ctx, Event{Decision: FailOpen, ID: id, Status: sw.status(), StoreLatency: latency, Err: err})
+			return
+		}
+		m.logger.LogAttrs(ctx, slog.LevelError, "idempotency store failed; answering 503",
+			slog.String("scope", id.Scope), slog.String("key", id.Key), slog.Any("error", err))
+		pooled = true
+		m.writeProblem(w, http.StatusServiceUnavailable, m.problems.storeDown, m.storeRetryAfter)
+		m.observe(ctx, Event{Decision: StoreError, ID: id, Status: http.StatusServiceUnavailable, StoreLatency: latency, Err: err})
+		return
+	}
+	switch res.Outcome {
+	case store.Completed:
+		pooled = true
+		m.replay(w, res.Record)
+		m.observe(ctx, Event{Decision: Replayed, ID: id, Status: res.Record.Status, StoreLatency: latency})
+	case store.InFlight:
+		pooled = true
+		m.writeProblem(w, http.StatusConflict, m.problems.inFlight, max(res.RetryAfter, 1))
+		m.observe(ctx, Event{Decision: InFlight, ID: id, Status: http.StatusConflict, StoreLatency: latency})
+	case store.Mismatch:
+		pooled = true
+		m.writeProblem(w, http.StatusUnprocessableEntity, m.problems.mismatch, 0)
+		m.observe(ctx, Event{Decision: Mismatch, ID: id, Status: http.StatusUnprocessableEntity, StoreLatency: latency})
+	case store.Claimed:
+		pooled = m.execute(c, w, c.handlerRequest(r, id, body), next, id, res, latency)
+	}
+}
+
+// handlerRequest returns the request the handler sees: the key in its context
+// (KeyFromContext) and, as its body, the bytes the middleware read.
+func (c *call) handlerRequest(r *http.Request, id store.ID, body []byte) *http.Request {
+	r = r.WithContext(&keyCtx{Context: r.Context(), id: id})
+	c.reqBody.Reset(body)
+	r.Body = &c.reqBody
+	return r
+}
+
+// replay writes a stored response: status, stored headers, the replay mark, the
+// exact body bytes.
+func (m *Middleware) replay(w http.ResponseWriter, rec *store.Record) {
+	h := w.Header()
+	for k, v := range rec.Header {
+		h[k] = v
+	}
+	h[m.replayedHeader] = m.trueVal
+	if rec.BodyOmitted {
+		h[m.omittedHeader] = m.omitVal
+	}
+	w.WriteHeader(rec.Status)
+	if len(rec.Body) > 0 {
+		w.Write(rec.Body)
+	}
+}
+
+// execute runs the handler under the claim, then completes or releases it. It
+// reports whether c may go back to the pool.
+func (m *Middleware) execute(c *call, w http.ResponseWriter, r *http.Request, next http.Handler,
+	id store.ID, res store.ClaimResult, latency time.Duration) (reusable bool) {
+	c.start(w, r.Context(), id, res.Token)
+	for k := range w.Header() {
+		c.pre = append(c.pre, k) // set by outer middleware: not the handler's to replay
+	}
+	ev := Event{ID: id, Takeover: res.Takeover}
+	returned := false
+	defer func() {
+		if returned {
+			return
+		}
+		// The handler panicked (or called runtime.Goexit): release, then re-panic.
+		p := recover()
+		c.stopRenewal()
+		ev.Decision = Released
+		ev.Status = c.status
+		t0 := m.now()
+		if err := m.store.Release(&c.ctx, id, c.token); err != nil {
+			m.logRelease(c, err)
+			ev.Err = err
+		}
+		ev.StoreLatency = latency + m.since(t0)
+		m.observe(r.Context(), ev)
+		if p != nil {
+			panic(p)
+		}
+	}()
+	next.ServeHTTP(c, r)
+	returned = true
+	reusable = c.stopRenewal()
+
+	if !c.wroteHeader {
+		c.commit(http.StatusOK) // net/http sends 200 for a handler that wrote nothing
+	}
+	ev.Status = c.status
+	t0 := m.now()
+	var err error
+	if c.hijacked || c.status == http.StatusSwitchingProtocols || m.release(c.status) {
+		if c.hijacked {
+			ev.Status = 0
+		}
+		ev.Decision = Released
+		if err = m.store.Release(&c.ctx, id, c.token); err != nil {
+			m.logRelease(c, err)
+		}
+	} else {
+		ev.Decision = Executed
+		resp := store.Response{Status: c.status, Header: c.header, Body: c.body, BodyOmitted: c.omitted}
+		if c.omitted {
+			resp.Body = nil
+		}
+		if len(resp.Header) == 0 {
+			resp.Header = nil
+		}
+		if err = m.store.Complete(&c.ctx, id, c.token, resp, m.retention); err != nil {
+			if errors.Is(err, store.ErrLeaseLost) {
+				ev.Decision = LeaseLost
+				m.logger.LogAttrs(r.Context(), slog.LevelWarn,
+					"idempotency lease lost before completion; the response was not stored (another request took the key over)",
+					slog.String("scope", id.Scope), slog.String("key", id.Key), slog.Int("status", c.status))
+			} else {
+				m.logger.LogAttrs(r.Context(), slog.LevelError, "idempotency store failed to complete; the key stays claimed until its lease expires",
+					slog.String("scope", id.Scope), slog.String("key", id.Key), slog.Any("error", err))
+			}
+		}
+	}
+	ev.Err = err
+	ev.StoreLatency = latency + m.since(t0)
+	m.observe(r.Context(), ev)
+	return reusable
+}
+
+func (m *Middleware) logRelease(c *call, err error) {
+	level := slog.LevelError
+	if errors.Is(err, store.ErrLeaseLost) {
+		level = slog.LevelWarn
+	}
+	m.logger.LogAttrs(context.Background(), level, "idempotency claim release failed",
+		slog.String("scope", c.id.Scope), slog.String("key", c.id.Key), slog.Any("error", err))
+}
+
+// replayable reports whether the response header k may be stored for replay.
+func (m *Middleware) replayable(k string, h http.Header, pre []string) bool {
+	if _, deny := m.deny[k]; deny {
+		return false
+	}
+	if m.allow != nil {
+		_, ok := m.allow[k]
+		return ok
+	}
+	if hasPrefixFold(k, "Ratelimit") || hasPrefixFold(k, "X-Ratelimit") || hasPrefixFold(k, "X-Rate-Limit") ||
+		strings.HasPrefix(k, http.TrailerPrefix) {
+		return false
+	}
+	for _, p := range pre {
+		if p == k {
+			return false
+		}
+	}
+	for _, v := range h["Connection"] { // headers named by Connection are hop-by-hop
+		for f := range strings.SplitSeq(v, ",") {
+			if strings.EqualFold(strings.TrimSpace(f), k) {
+				return false
+			}
+		}
+	}
+	return true
+}
+
+func hasPrefixFold(s, prefix string) bool {
+	return len(s) >= len(prefix) && strings.EqualFold(s[:len(prefix)], prefix)
+}
+
+// statusWriter remembers the status of an unprotected (fail-open) response.
+type statusWriter struct {
+	http.ResponseWriter
+	code int
+}
+
+func (s *statusWriter) WriteHeader(code int) {
+	if s.code == 0 && code >= 200 {
+		s.code = code
+	}
+	s.ResponseWriter.WriteHeader(code)
+}
+
+func (s *statusWriter) Write(p []byte) (int, error) {
+	if s.code == 0 {
+		s.code = http.StatusOK
+	}
+	return s.ResponseWriter.Write(p)
+}
+
+func (s *statusWriter) Unwrap() http.ResponseWriter { return s.ResponseWriter }
+
+func (s *statusWriter) Flush() { http.NewResponseController(s.ResponseWriter).Flush() }
+
+func (s *statusWriter) status() int {
+	if s.code == 0 {
+		return http.StatusOK
+	}
+	return s.code
+}
+
+// requestBody is the handler's request body: the bytes the middleware read.
+type requestBody struct{ bytes.Reader }
+
+func (*requestBody) Close() error { return nil }

@@ -1,0 +1,972 @@
+package middleware
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/idemkey/idemkey/fingerprint"
+	"github.com/idemkey/idemkey/store"
+	"github.com/idemkey/idemkey/store/memory"
+)
+
+func TestNewRequiresStoreAndScope(t *testing.T) {
+	st := memory.New()
+	tests := []struct {
+		name  string
+		st    store.Store
+		scope ScopeFunc
+		opts  []Option
+	}{
+		{"nil store", nil, GlobalScope, nil},
+		{"nil scope", st, nil, nil},
+		{"zero lease", st, GlobalScope, []Option{WithLease(0)}},
+		{"retention below lease", st, GlobalScope, []Option{WithLease(time.Minute), WithRetention(time.Second)}},
+		{"negative body limit", st, GlobalScope, []Option{WithMaxStoredBody(-1)}},
+		{"empty header name", st, GlobalScope, []Option{WithKeyHeader("")}},
+		{"nil release policy", st, GlobalScope, []Option{WithReleasePolicy(nil)}},
+	}
+	for _, tt := range tests {
+		if m, err := New(tt.st, tt.scope, tt.opts...); err == nil || m != nil {
+			t.Errorf("%s: New succeeded", tt.name)
+		}
+	}
+	if _, err := New(st, GlobalScope); err != nil {
+		t.Fatalf("defaults: %v", err)
+	}
+}
+
+// Row: method not protected -> pass through, key ignored.
+func TestUnprotectedMethodPassesThrough(t *testing.T) {
+	e := newEnv(t, echoHandler)
+	for range 2 {
+		for _, method := range []string{"GET", "PUT", "DELETE"} {
+			w := e.do(req(method, "/x", "k1", "same"))
+			if w.Code != http.StatusCreated || w.Header().Get(DefaultReplayedHeader) != "" {
+				t.Fatalf("%s: %d %v", method, w.Code, w.Header())
+			}
+			if e.lastEvent().Decision != PassThrough {
+				t.Fatalf("decision %v", e.lastEvent().Decision)
+			}
+		}
+	}
+	if e.calls.Load() != 6 || e.mem.Len() != 0 {
+		t.Fatalf("calls %d, records %d", e.calls.Load(), e.mem.Len())
+	}
+}
+
+func TestWithMethods(t *testing.T) {
+	e := newEnv(t, echoHandler, WithMethods("PUT"))
+	e.do(req("PUT", "/x", "k", "a"))
+	if w := e.do(req("PUT", "/x", "k", "a")); w.Header().Get(DefaultReplayedHeader) != "true" {
+		t.Fatal("PUT not protected")
+	}
+	e.do(req("POST", "/x", "k", "a"))
+	if e.calls.Load() != 2 {
+		t.Fatalf("calls %d, want 2 (POST unprotected now)", e.calls.Load())
+	}
+}
+
+// Row: key missing where required -> 400.
+func TestKeyMissingRequired(t *testing.T) {
+	e := newEnv(t, echoHandler)
+	for _, method := range []string{"POST", "PATCH"} {
+		w := e.do(req(method, "/x", "", "body"))
+		checkProblem(t, w, http.StatusBadRequest, CodeKeyMissing)
+	}
+	if e.calls.Load() != 0 || e.lastEvent().Decision != KeyMissing {
+		t.Fatalf("calls %d, decision %v", e.calls.Load(), e.lastEvent().Decision)
+	}
+}
+
+// Row: key missing where optional -> pass through, nothing stored.
+func TestKeyMissingOptional(t *testing.T) {
+	e := newEnv(t, func(w http.ResponseWriter, r *http.Request) {
+		if _, ok := KeyFromContext(r.Context()); ok {
+			t.Error("key in context without a key")
+		}
+		echoHandler(w, r)
+	}, WithKeyRequired(false))
+	for range 2 {
+		if w := e.do(req("POST", "/x", "", "body")); w.Code != http.StatusCreated || w.Body.String() != "body" {
+			t.Fatalf("%d %q", w.Code, w.Body)
+		}
+	}
+	if e.calls.Load() != 2 || e.mem.Len() != 0 || e.lastEvent().Decision != NoKey {
+		t.Fatalf("calls %d, records %d", e.calls.Load(), e.mem.Len())
+	}
+}
+
+// Row: invalid key -> 400.
+func TestKeyInvalid(t *testing.T) {
+	e := newEnv(t, echoHandler)
+	long := strings.Repeat("k", 256)
+	for _, tt := range []struct {
+		name   string
+		values []string
+	}{
+		{"empty", []string{""}},
+		{"empty string item", []string{`""`}},
+		{"over 255 bytes", []string{long}},
+		{"over 255 bytes quoted", []string{`"` + long + `"`}},
+		{"control character", []string{"ab\x01c"}},
+		{"tab inside", []string{`"a` + "\t" + `b"`}},
+		{"non-ASCII", []string{"clé"}},
+		{"unterminated string", []string{`"abc`}},
+		{"bad escape", []string{`"a\nb"`}},
+		{"two keys in one line", []string{`"a", "b"`}},
+		{"space inside token", []string{"a b"}},
+		{"several header lines", []string{"a", "a"}},
+		{"inner list", []string{`("a")`}},
+	} {
+		r := req("POST", "/x", "", "b")
+		r.Header["Idempotency-Key"] = tt.values
+		w := e.do(r)
+		if w.Code != http.StatusBadRequest {
+			t.Errorf("%s: status %d", tt.name, w.Code)
+			continue
+		}
+		checkProblem(t, w, http.StatusBadRequest, CodeKeyInvalid)
+	}
+	if e.calls.Load() != 0 || e.lastEvent().Decision != KeyInvalid {
+		t.Fatalf("handler ran %d times", e.calls.Load())
+	}
+}
+
+func TestParseKey(t *testing.T) {
+	valid := []struct{ in, want string }{
+		{`"8e03978e-40d5-43e8-bc93-6894a57f9324"`, "8e03978e-40d5-43e8-bc93-6894a57f9324"},
+		{`8e03978e-40d5-43e8-bc93-6894a57f9324`, "8e03978e-40d5-43e8-bc93-6894a57f9324"},
+		{` "with space" `, "with space"},
+		{`"esc\"aped\\"`, `esc"aped\`},
+		{`"k";exp=1;x`, "k"},
+		{`tok:en/1;a="b"`, "tok:en/1"},
+		{`"` + strings.Repeat("a", 255) + `"`, strings.Repeat("a", 255)},
+	}
+	for _, tt := range valid {
+		got, err := ParseKey(tt.in)
+		if err != nil || got != tt.want {
+			t.Errorf("ParseKey(%q) = %q, %v; want %q", tt.in, got, err, tt.want)
+		}
+	}
+	for _, in := range []string{"", " ", `""`, `"a`, `"a"b`, `a,b`, `"a";`, `"a";X=1`, `"a";x=`, "\x7f", `"é"`, strings.Repeat("a", 256)} {
+		if _, err := ParseKey(in); !errors.Is(err, ErrInvalidKey) {
+			t.Errorf("ParseKey(%q) error %v, want ErrInvalidKey", in, err)
+		}
+	}
+}
+
+func FuzzParseKey(f *testing.F) {
+	for _, s := range []string{`"abc"`, "abc", `"a\"b"`, `"k";p=?1`, `"x`, "", "\x00", `"a";b=:AAA=:`} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, in string) {
+		k, err := ParseKey(in)
+		if err != nil {
+			if !errors.Is(err, ErrInvalidKey) {
+				t.Fatalf("error %v does not wrap ErrInvalidKey", err)
+			}
+			return
+		}
+		if k == "" || len(k) > MaxKeyLen {
+			t.Fatalf("accepted key of %d bytes", len(k))
+		}
+		for i := 0; i < len(k); i++ {
+			if k[i] < 0x20 || k[i] > 0x7e {
+				t.Fatalf("accepted byte %#x", k[i])
+			}
+		}
+		// The quoted form of an accepted key names the same key.
+		q := `"` + strings.NewReplacer(`\`, `\\`, `"`, `\"`).Replace(k) + `"`
+		if k2, err := ParseKey(q); err != nil || k2 != k {
+			t.Fatalf("quoted %q -> %q, %v", q, k2, err)
+		}
+	})
+}
+
+func TestQuotedAndBareKeyAreOneKey(t *testing.T) {
+	e := newEnv(t, echoHandler)
+	e.do(req("POST", "/x", `"quoted-key-1"`, "q"))
+	w := e.do(req("POST", "/x", "quoted-key-1", "q"))
+	if w.Header().Get(DefaultReplayedHeader) != "true" || e.calls.Load() != 1 {
+		t.Fatalf("bare form not replayed: calls %d", e.calls.Load())
+	}
+}
+
+func TestKeyHeaderConfigurable(t *testing.T) {
+	e := newEnv(t, echoHandler, WithKeyHeader("x-request-key"))
+	r := req("POST", "/x", "", "a", "X-Request-Key", "k")
+	e.do(r)
+	w := e.do(req("POST", "/x", "", "a", "X-Request-Key", "k"))
+	if w.Header().Get(DefaultReplayedHeader) != "true" {
+		t.Fatal("custom key header not used")
+	}
+	checkProblem(t, e.do(req("POST", "/x", "k", "a")), http.StatusBadRequest, CodeKeyMissing)
+}
+
+// Row: body larger than the fingerprint limit -> 413.
+func TestBodyTooLarge(t *testing.T) {
+	e := newEnv(t, echoHandler, WithMaxRequestBody(10))
+	w := e.do(req("POST", "/x", "k", "0123456789A"))
+	checkProblem(t, w, http.StatusRequestEntityTooLarge, CodeRequestTooLarge)
+	r := req("POST", "/x", "k2", "0123456789A")
+	r.ContentLength = -1 // unknown length: found while reading
+	checkProblem(t, e.do(r), http.StatusRequestEntityTooLarge, CodeRequestTooLarge)
+	if e.calls.Load() != 0 || e.mem.Len() != 0 || e.lastEvent().Decision != BodyTooLarge {
+		t.Fatalf("calls %d records %d", e.calls.Load(), e.mem.Len())
+	}
+	if w := e.do(req("POST", "/x", "k", "0123456789")); w.Code != http.StatusCreated || w.Body.String() != "0123456789" {
+		t.Fatalf("body at the limit: %d %q", w.Code, w.Body)
+	}
+}
+
+func TestBodyUnreadable(t *testing.T) {
+	e := newEnv(t, echoHandler)
+	r := httptest.NewRequest("POST", "/x", io.MultiReader(strings.NewReader("part"), errReader{}))
+	r.Header.Set("Idempotency-Key", "k")
+	checkProblem(t, e.do(r), http.StatusBadRequest, CodeBodyUnreadable)
+	if e.calls.Load() != 0 {
+		t.Fatal("handler ran")
+	}
+}
+
+type errReader struct{}
+
+func (errReader) Read([]byte) (int, error) { return 0, errors.New("connection reset") }
+
+// Row: new key -> claim, run once, store; the handler sees the exact body and the key.
+func TestNewKeyRunsOnceWithBodyAndContext(t *testing.T) {
+	body := "{\"a\": 1}\x00\xff binary"
+	e := newEnv(t, func(w http.ResponseWriter, r *http.Request) {
+		id, ok := KeyFromContext(r.Context())
+		if !ok || id != (store.ID{Scope: "tenant-7", Key: "k-new"}) {
+			t.Errorf("KeyFromContext = %+v, %v", id, ok)
+		}
+		echoHandler(w, r)
+	})
+	w := e.do(req("POST", "/x", "k-new", body, "X-Client-ID", "tenant-7"))
+	if w.Code != http.StatusCreated || w.Body.String() != body {
+		t.Fatalf("%d %q", w.Code, w.Body)
+	}
+	if w.Header().Get(DefaultReplayedHeader) != "" {
+		t.Fatal("original marked as replay")
+	}
+	ev := e.lastEvent()
+	if ev.Decision != Executed || ev.Status != 201 || ev.ID.Key != "k-new" || ev.Takeover {
+		t.Fatalf("event %+v", ev)
+	}
+	if e.st.completes.Load() != 1 {
+		t.Fatal("not completed")
+	}
+}
+
+// Row: same key, same fingerprint, completed -> replay.
+func TestReplay(t *testing.T) {
+	body := bytes.Repeat([]byte{0, 1, 2, 0xff}, 300)
+	e := newEnv(t, func(w http.ResponseWriter, r *http.Request) {
+		h := w.Header()
+		h.Set("Content-Type", "application/octet-stream")
+		h.Set("Location", "/payments/1")
+		h.Set("ETag", `"v1"`)
+		h.Set("X-App", "mine")
+		h.Add("Link", "<a>")
+		h.Add("Link", "<b>")
+		h.Set("Set-Cookie", "s=1")
+		h.Set("Date", "Mon, 01 Jan 2024 00:00:00 GMT")
+		h.Set("X-RateLimit-Remaining", "9")
+		h.Set("RateLimit-Policy", "10;w=1")
+		h.Set("Retry-After", "5")
+		h.Set("Content-Length", strconv.Itoa(len(body)))
+		h.Set("Connection", "X-Hop")
+		h.Set("X-Hop", "1")
+		w.WriteHeader(http.StatusAccepted)
+		w.Write(body[:100])
+		w.Write(body[100:])
+		h.Set("X-After-Commit", "not on the wire") // not sent, not replayed
+	})
+	outer := func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("X-Request-Id", r.Header.Get("X-Request-Id")) // set by outer middleware
+		e.h.ServeHTTP(w, r)
+	}
+	first := httptest.NewRecorder()
+	outer(first, req("POST", "/pay", "k", "req", "X-Request-Id", "r1"))
+	w := httptest.NewRecorder()
+	outer(w, req("POST", "/pay", "k", "req", "X-Request-Id", "r2"))
+	if e.calls.Load() != 1 {
+		t.Fatalf("handler ran %d times", e.calls.Load())
+	}
+	if w.Code != http.StatusAccepted || !bytes.Equal(w.Body.Bytes(), body) || !bytes.Equal(first.Body.Bytes(), body) {
+		t.Fatalf("replay %d, %d bytes", w.Code, w.Body.Len())
+	}
+	h := w.Header()
+	for k, want := range map[string]string{
+		"Content-Type": "application/octet-stream", "Location": "/payments/1", "Etag": `"v1"`, "X-App": "mine",
+		DefaultReplayedHeader: "true", "X-Request-Id": "r2",
+	} {
+		if got := h.Get(k); got != want {
+			t.Errorf("%s = %q, want %q", k, got, want)
+		}
+	}
+	if got := h.Values("Link"); len(got) != 2 || got[0] != "<a>" || got[1] != "<b>" {
+		t.Errorf("Link = %q", got)
+	}
+	for _, k := range []string{"Set-Cookie", "Date", "X-Ratelimit-Remaining", "Ratelimit-Policy", "Retry-After",
+		"Content-Length", "Connection", "X-Hop", "X-After-Commit", DefaultOmittedHeader} {
+		if v, ok := h[k]; ok {
+			t.Errorf("%s replayed: %q", k, v)
+		}
+	}
+	if ev := e.lastEvent(); ev.Decision != Replayed || ev.Status != http.StatusAccepted {
+		t.Fatalf("event %+v", ev)
+	}
+}
+
+func TestReplayHeaderAllowAndDenyLists(t *testing.T) {
+	handler := func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/plain")
+		w.Header().Set("X-App", "a")
+		w.Header().Set("X-Secret", "s")
+		w.Header().Set("Set-Cookie", "c=1")
+		w.Write([]byte("ok"))
+	}
+	e := newEnv(t, handler, WithReplayHeaders("Content-Type", "set-cookie"))
+	e.do(req("POST", "/x", "k", ""))
+	h := e.do(req("POST", "/x", "k", "")).Header()
+	if h.Get("Content-Type") != "text/plain" || h.Get("X-App") != "" || h.Get("Set-Cookie") != "" {
+		t.Fatalf("allow list: %v", h)
+	}
+	e = newEnv(t, handler, WithDenyHeaders("x-secret"))
+	e.do(req("POST", "/x", "k", ""))
+	h = e.do(req("POST", "/x", "k", "")).Header()
+	if h.Get("X-App") != "a" || h.Get("X-Secret") != "" {
+		t.Fatalf("deny list: %v", h)
+	}
+}
+
+func TestReplayedHeaderConfigurable(t *testing.T) {
+	e := newEnv(t, echoHandler, WithReplayedHeader("Idempotency-Replayed"))
+	first := e.do(req("POST", "/echo", "k", "r"))
+	w := e.do(req("POST", "/echo", "k", "r"))
+	if first.Header().Get("Idempotency-Replayed") != "" || w.Header().Get("Idempotency-Replayed") != "true" ||
+		w.Header().Get(DefaultReplayedHeader) != "" {
+		t.Fatalf("first %v, replay %v", first.Header(), w.Header())
+	}
+}
+
+// Row: same key, same fingerprint, lease live -> 409 with Retry-After.
+func TestInFlight409(t *testing.T) {
+	entered, release := make(chan struct{}), make(chan struct{})
+	e := newEnv(t, func(w http.ResponseWriter, r *http.Request) {
+		entered <- struct{}{}
+		<-release
+		w.Write([]byte("done"))
+	}, WithLease(10*time.Second))
+	done := make(chan *httptest.ResponseRecorder)
+	go func() { done <- e.do(req("POST", "/slow", "k", "s")) }()
+	<-entered
+	for _, tt := range []struct {
+		advance time.Duration
+		want    string
+	}{
+		{0, "10"},                      // full lease left
+		{8500 * time.Millisecond, "2"}, // 1.5s left: rounded up
+		{1400 * time.Millisecond, "1"}, // 0.1s left: at least 1
+	} {
+		e.now.add(tt.advance)
+		w := e.do(req("POST", "/slow", "k", "s"))
+		checkProblem(t, w, http.StatusConflict, CodeInFlight)
+		if got := w.Header().Get("Retry-After"); got != tt.want {
+			t.Errorf("after +%v: Retry-After %q, want %q", tt.advance, got, tt.want)
+		}
+		if e.lastEvent().Decision != InFlight {
+			t.Fatal(e.lastEvent())
+		}
+	}
+	close(release)
+	if w := <-done; w.Body.String() != "done" {
+		t.Fatal(w.Body)
+	}
+	if e.calls.Load() != 1 {
+		t.Fatalf("calls %d", e.calls.Load())
+	}
+}
+
+func TestRetryAfterSeconds(t *testing.T) {
+	for d, want := range map[time.Duration]int64{0: 1, time.Millisecond: 1, time.Second: 1, 1001 * time.Millisecond: 2, 10 * time.Second: 10} {
+		if got := retryAfterSeconds(d); got != want {
+			t.Errorf("retryAfterSeconds(%v) = %d, want %d", d, got, want)
+		}
+	}
+}
+
+// Row: same key, different fingerprint -> 422; the record is untouched.
+func TestMismatch422(t *testing.T) {
+	e := newEnv(t, echoHandler)
+	e.do(req("POST", "/a?x=1", "k", "payload-a"))
+	for _, r := range []*http.Request{
+		req("POST", "/a?x=1", "k", "payload-b"),  // body
+		req("POST", "/b?x=1", "k", "payload-a"),  // route
+		req("POST", "/a?x=2", "k", "payload-a"),  // query
+		req("PATCH", "/a?x=1", "k", "payload-a"), // method
+	} {
+		checkProblem(t, e.do(r), http.StatusUnprocessableEntity, CodeMismatch)
+		if e.lastEvent().Decision != Mismatch {
+			t.Fatal(e.lastEvent())
+		}
+	}
+	w := e.do(req("POST", "/a?x=1", "k", "payload-a"))
+	if w.Body.String() != "payload-a" || w.Header().Get(DefaultReplayedHeader) != "true" || e.calls.Load() != 1 {
+		t.Fatalf("original not replayed after mismatches: %q calls %d", w.Body, e.calls.Load())
+	}
+}
+
+func TestMismatchAgainstInFlight(t *testing.T) {
+	entered, release := make(chan struct{}), make(chan struct{})
+	e := newEnv(t, func(w http.ResponseWriter, r *http.Request) {
+		entered <- struct{}{}
+		<-release
+	})
+	go e.do(req("POST", "/x", "k", "a"))
+	<-entered
+	checkProblem(t, e.do(req("POST", "/x", "k", "b")), http.StatusUnprocessableEntity, CodeMismatch)
+	close(release)
+}
+
+func TestCanonicalJSONOption(t *testing.T) {
+	e := newEnv(t, func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		if !json_valid(b) {
+			w.WriteHeader(http.StatusBadRequest)
+			return
+		}
+		w.Write(b)
+	}, WithCanonicalJSON(true))
+	first := e.do(req("POST", "/j", "k", `{"a":1,"b":[1,2]}`))
+	w := e.do(req("POST", "/j", "k", "{ \"b\": [1,2],\n \"a\": 1 }"))
+	if w.Header().Get(DefaultReplayedHeader) != "true" || w.Body.String() != first.Body.String() {
+		t.Fatalf("reordered JSON not replayed: %d %q", w.Code, w.Body)
+	}
+	checkProblem(t, e.do(req("POST", "/j", "k", `{"a":1,"b":[2,1]}`)), http.StatusUnprocessableEntity, CodeMismatch)
+	// Invalid JSON is fingerprinted raw: the handler's 400 is stored and replayed.
+	if w := e.do(req("POST", "/j", "bad", `{"a":`)); w.Code != http.StatusBadRequest {
+		t.Fatalf("invalid JSON: %d", w.Code)
+	}
+	if w := e.do(req("POST", "/j", "bad", `{"a":`)); w.Code != http.StatusBadRequest || w.Header().Get(DefaultReplayedHeader) != "true" {
+		t.Fatalf("invalid JSON retry: %d", w.Code)
+	}
+	checkProblem(t, e.do(req("POST", "/j", "bad", `{"a": `)), http.StatusUnprocessableEntity, CodeMismatch)
+}
+
+func json_valid(b []byte) bool {
+	_, err := fingerprint.AppendCanonicalJSON(nil, b)
+	return err == nil
+}
+
+// claimAsDeadHolder claims the key as a holder that will never finish.
+func (e *env) claimAsDeadHolder(method, path, body, key string) store.Token {
+	e.t.Helper()
+	fp, err := fingerprint.Sum(fingerprint.Request{Method: method, Route: path, Body: []byte(body)}, fingerprint.Options{})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	res, err := e.mem.Claim(context.Background(), store.ClaimRequest{
+		ID: store.ID{Scope: "anonymous", Key: key}, Fingerprint: fp, Lease: DefaultLease, Retention: DefaultRetention})
+	if err != nil || res.Outcome != store.Claimed {
+		e.t.Fatalf("claim: %+v %v", res, err)
+	}
+	return res.Token
+}
+
+// Row: same key, lease expired -> takeover, run once more; the stale holder's
+// completion is refused.
+func TestTakeoverAfterLeaseExpiry(t *testing.T) {
+	e := newEnv(t, echoHandler)
+	stale := e.claimAsDeadHolder("POST", "/x", "b", "k")
+	checkProblem(t, e.do(req("POST", "/x", "k", "b")), http.StatusConflict, CodeInFlight)
+	e.now.add(DefaultLease + time.Millisecond)
+	w := e.do(req("POST", "/x", "k", "b"))
+	if w.Code != http.StatusCreated || e.calls.Load() != 1 {
+		t.Fatalf("takeover: %d calls %d", w.Code, e.calls.Load())
+	}
+	if ev := e.lastEvent(); ev.Decision != Executed || !ev.Takeover {
+		t.Fatalf("event %+v", ev)
+	}
+	id := store.ID{Scope: "anonymous", Key: "k"}
+	if err := e.mem.Complete(context.Background(), id, stale, store.Response{Status: 500}, time.Hour); !errors.Is(err, store.ErrLeaseLost) {
+		t.Fatalf("stale complete: %v", err)
+	}
+	if w := e.do(req("POST", "/x", "k", "b")); w.Code != http.StatusCreated || w.Header().Get(DefaultReplayedHeader) != "true" {
+		t.Fatalf("replay after takeover: %d", w.Code)
+	}
+}
+
+// Row: a stale holder completes after its lease was taken over -> refused, logged,
+// the new holder's result is the one replayed.
+func TestStaleHolderCompletionRefused(t *testing.T) {
+	var logs bytes.Buffer
+	var mu sync.Mutex
+	entered, release := make(chan struct{}), make(chan struct{})
+	var n int
+	e := newEnv(t, func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		n++
+		first := n == 1
+		mu.Unlock()
+		if first {
+			entered <- struct{}{}
+			<-release
+			w.Write([]byte("stale"))
+			return
+		}
+		w.Write([]byte("fresh"))
+	}, WithLogger(slog.New(slog.NewTextHandler(&syncWriter{w: &logs, mu: &mu}, nil))))
+	done := make(chan *httptest.ResponseRecorder)
+	go func() { done <- e.do(req("POST", "/x", "k", "b")) }()
+	<-entered
+	e.now.add(DefaultLease + time.Second)
+	if w := e.do(req("POST", "/x", "k", "b")); w.Body.String() != "fresh" {
+		t.Fatalf("takeover answered %q", w.Body)
+	}
+	close(release)
+	if w := <-done; w.Body.String() != "stale" {
+		t.Fatalf("stale holder's live response %q", w.Body)
+	}
+	if ev := e.lastEvent(); ev.Decision != LeaseLost || !errors.Is(ev.Err, store.ErrLeaseLost) {
+		t.Fatalf("event %+v", ev)
+	}
+	mu.Lock()
+	logged := logs.String()
+	mu.Unlock()
+	if !strings.Contains(logged, "lease lost") {
+		t.Fatalf("not logged: %q", logged)
+	}
+	if w := e.do(req("POST", "/x", "k", "b")); w.Body.String() != "fresh" {
+		t.Fatalf("replayed %q, want the new holder's", w.Body)
+	}
+}
+
+type syncWriter struct {
+	w  io.Writer
+	mu *sync.Mutex
+}
+
+func (s *syncWriter) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.w.Write(p)
+}
+
+// Rows: release on 5xx, 408, 409, 425, 429; store 2xx, 3xx, other 4xx.
+func TestReleaseAndStorePolicy(t *testing.T) {
+	for _, tt := range []struct {
+		status  int
+		release bool
+	}{
+		{200, false}, {201, false}, {204, false}, {302, false}, {400, false}, {404, false}, {410, false}, {422, false},
+		{408, true}, {409, true}, {425, true}, {429, true}, {500, true}, {502, true}, {503, true}, {599, true},
+	} {
+		t.Run(strconv.Itoa(tt.status), func(t *testing.T) {
+			e := newEnv(t, func(w http.ResponseWriter, r *http.Request) {
+				w.WriteHeader(tt.status)
+				fmt.Fprintf(w, "status:%d", tt.status)
+			})
+			first := e.do(req("POST", "/s", "k", "b"))
+			w := e.do(req("POST", "/s", "k", "b"))
+			if first.Code != tt.status || w.Code != tt.status {
+				t.Fatalf("codes %d %d", first.Code, w.Code)
+			}
+			wantCalls, wantDecision := int32(1), Replayed
+			if tt.release {
+				wantCalls, wantDecision = 2, Released
+			}
+			if e.calls.Load() != wantCalls || e.lastEvent().Decision != wantDecision {
+				t.Fatalf("calls %d, decision %v", e.calls.Load(), e.lastEvent().Decision)
+			}
+			wantBody := first.Body.String()
+			if tt.status == 204 {
+				wantBody = "" // the live response carried no body (ErrBodyNotAllowed)
+			}
+			if !tt.release && w.Body.String() != wantBody {
+				t.Fatalf("replayed body %q", w.Body)
+			}
+		})
+	}
+}
+
+func TestReleasePolicyOption(t *testing.T) {
+	e := newEnv(t, func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(404) },
+		WithReleasePolicy(func(status int) bool { return status == 404 }))
+	e.do(req("POST", "/s", "k", "b"))
+	e.do(req("POST", "/s", "k", "b"))
+	if e.calls.Load() != 2 {
+		t.Fatalf("calls %d", e.calls.Load())
+	}
+}
+
+// Row: the handler panics -> release, then re-panic.
+func TestPanicReleasesAndRepanics(t *testing.T) {
+	boom := true
+	e := newEnv(t, func(w http.ResponseWriter, r *http.Request) {
+		if boom {
+			panic("boom")
+		}
+		w.Write([]byte("ok"))
+	})
+	func() {
+		defer func() {
+			if p := recover(); p != "boom" {
+				t.Fatalf("recovered %v", p)
+			}
+		}()
+		e.do(req("POST", "/p", "k", "b"))
+	}()
+	if e.st.releases.Load() != 1 || e.lastEvent().Decision != Released {
+		t.Fatalf("releases %d, event %+v", e.st.releases.Load(), e.lastEvent())
+	}
+	if n, _ := e.clk.armed(); n != 0 {
+		t.Fatal("renewal still scheduled after panic")
+	}
+	boom = false
+	if w := e.do(req("POST", "/p", "k", "b")); w.Body.String() != "ok" || e.calls.Load() != 2 {
+		t.Fatalf("retry after panic: %q calls %d", w.Body, e.calls.Load())
+	}
+}
+
+func TestHandlerWritingNothingStores200(t *testing.T) {
+	e := newEnv(t, func(w http.ResponseWriter, r *http.Request) {})
+	e.do(req("POST", "/n", "k", ""))
+	w := e.do(req("POST", "/n", "k", ""))
+	if w.Code != 200 || w.Body.Len() != 0 || w.Header().Get(DefaultReplayedHeader) != "true" || e.calls.Load() != 1 {
+		t.Fatalf("%d %q", w.Code, w.Body)
+	}
+}
+
+func TestInformationalStatusNotStored(t *testing.T) {
+	e := newEnv(t, func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Link", "</style.css>; rel=preload")
+		w.WriteHeader(http.StatusEarlyHints)
+		w.WriteHeader(http.StatusCreated)
+		w.Write([]byte("made"))
+	})
+	srv := httptest.NewServer(e.h) // a real server: the recorder takes 103 as final
+	defer srv.Close()
+	for range 2 {
+		r, _ := http.NewRequest("POST", srv.URL+"/i", nil)
+		r.Header.Set("Idempotency-Key", "k")
+		resp, err := srv.Client().Do(r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusCreated || string(b) != "made" {
+			t.Fatalf("%d %q", resp.StatusCode, b)
+		}
+	}
+	if e.calls.Load() != 1 {
+		t.Fatalf("calls %d", e.calls.Load())
+	}
+}
+
+// Row: response body over the storage cap -> streamed untouched, stored omitted.
+func TestResponseOverCapStoredOmitted(t *testing.T) {
+	const limit = 1 << 20
+	big := bytes.Repeat([]byte("x"), limit+1)
+	e := newEnv(t, func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/octet-stream")
+		for off := 0; off < len(big); off += 4096 {
+			w.Write(big[off:min(off+4096, len(big))])
+		}
+	})
+	first := e.do(req("POST", "/large", "k", "l"))
+	if first.Body.Len() != limit+1 || first.Header().Get(DefaultOmittedHeader) != "" {
+		t.Fatalf("live body %d bytes", first.Body.Len())
+	}
+	w := e.do(req("POST", "/large", "k", "l"))
+	if w.Code != 200 || w.Body.Len() != 0 || w.Header().Get(DefaultReplayedHeader) != "true" ||
+		w.Header().Get(DefaultOmittedHeader) != "omitted" || w.Header().Get("Content-Type") != "application/octet-stream" {
+		t.Fatalf("replay %d, %d bytes, %v", w.Code, w.Body.Len(), w.Header())
+	}
+	if e.calls.Load() != 1 {
+		t.Fatal("ran twice")
+	}
+	// Exactly at the cap the body is kept.
+	e2 := newEnv(t, func(w http.ResponseWriter, r *http.Request) { w.Write(big[:limit]) })
+	e2.do(req("POST", "/large", "k", "l"))
+	if w := e2.do(req("POST", "/large", "k", "l")); w.Body.Len() != limit || w.Header().Get(DefaultOmittedHeader) != "" {
+		t.Fatalf("at the cap: %d bytes", w.Body.Len())
+	}
+}
+
+func TestStorageCapOption(t *testing.T) {
+	e := newEnv(t, func(w http.ResponseWriter, r *http.Request) { w.Write([]byte("12345")) }, WithMaxStoredBody(4))
+	e.do(req("POST", "/c", "k", ""))
+	if w := e.do(req("POST", "/c", "k", "")); w.Body.Len() != 0 || w.Header().Get(DefaultOmittedHeader) != "omitted" {
+		t.Fatalf("%q", w.Body)
+	}
+}
+
+// Row: store unreachable -> 503 with Retry-After (fail closed).
+func TestStoreErrorFailsClosed(t *testing.T) {
+	e := newEnv(t, echoHandler, WithStoreRetryAfter(2500*time.Millisecond))
+	e.st.claimErr = errors.New("connection refused")
+	w := e.do(req("POST", "/x", "k", "b"))
+	checkProblem(t, w, http.StatusServiceUnavailable, CodeStoreUnavailable)
+	if w.Header().Get("Retry-After") != "3" || e.calls.Load() != 0 {
+		t.Fatalf("Retry-After %q calls %d", w.Header().Get("Retry-After"), e.calls.Load())
+	}
+	if ev := e.lastEvent(); ev.Decision != StoreError || ev.Err == nil {
+		t.Fatalf("event %+v", ev)
+	}
+	e.st.claimErr = fmt.Errorf("decode: %w", store.ErrCorrupt)
+	checkProblem(t, e.do(req("POST", "/x", "k", "b")), http.StatusServiceUnavailable, CodeStoreUnavailable)
+}
+
+func TestStoreErrorFailOpen(t *testing.T) {
+	e := newEnv(t, func(w http.ResponseWriter, r *http.Request) {
+		if id, ok := KeyFromContext(r.Context()); !ok || id.Key != "k" {
+			t.Error("key missing in fail-open context")
+		}
+		echoHandler(w, r)
+	}, WithFailOpen(true))
+	e.st.claimErr = errors.New("timeout")
+	if w := e.do(req("POST", "/x", "k", "b")); w.Code != http.StatusCreated || w.Body.String() != "b" {
+		t.Fatalf("%d %q", w.Code, w.Body)
+	}
+	if ev := e.lastEvent(); ev.Decision != FailOpen || ev.Status != http.StatusCreated {
+		t.Fatalf("event %+v", ev)
+	}
+}
+
+func TestCompleteErrorIsLoggedNotFatal(t *testing.T) {
+	e := newEnv(t, echoHandler)
+	e.st.completeErr = errors.New("write timeout")
+	if w := e.do(req("POST", "/x", "k", "b")); w.Code != http.StatusCreated {
+		t.Fatal(w.Code)
+	}
+	if ev := e.lastEvent(); ev.Decision != Executed || ev.Err == nil {
+		t.Fatalf("event %+v", ev)
+	}
+}
+
+// Lease renewal: scheduled at a third of the lease, repeated, stopped on return.
+func TestLeaseRenewal(t *testing.T) {
+	entered, release := make(chan struct{}), make(chan struct{})
+	e := newEnv(t, func(w http.ResponseWriter, r *http.Request) {
+		entered <- struct{}{}
+		<-release
+		w.Write([]byte("late"))
+	}, WithLease(9*time.Second))
+	done := make(chan *httptest.ResponseRecorder)
+	go func() { done <- e.do(req("POST", "/x", "k", "b")) }()
+	<-entered
+	if n, d := e.clk.armed(); n != 1 || d != 3*time.Second {
+		t.Fatalf("armed %d timers of %v, want 1 of 3s", n, d)
+	}
+	for i := range 3 {
+		e.now.add(3 * time.Second)
+		if e.clk.fire() != 1 {
+			t.Fatal("renewal not re-armed")
+		}
+		if got := e.st.renews.Load(); got != int32(i+1) {
+			t.Fatalf("renews %d", got)
+		}
+	}
+	// 9s have passed: without renewal the lease would have expired.
+	checkProblem(t, e.do(req("POST", "/x", "k", "b")), http.StatusConflict, CodeInFlight)
+	close(release)
+	if w := <-done; w.Body.String() != "late" {
+		t.Fatal(w.Body)
+	}
+	if n, _ := e.clk.armed(); n != 0 {
+		t.Fatal("renewal still armed after the handler returned")
+	}
+	if e.clk.fire() != 0 || e.st.renews.Load() != 3 {
+		t.Fatal("renewed after return")
+	}
+	if w := e.do(req("POST", "/x", "k", "b")); w.Body.String() != "late" {
+		t.Fatal("not stored")
+	}
+}
+
+func TestRenewalStopsOnLeaseLost(t *testing.T) {
+	entered, release := make(chan struct{}), make(chan struct{})
+	e := newEnv(t, func(w http.ResponseWriter, r *http.Request) {
+		if _, ok := KeyFromContext(r.Context()); ok && e_first(r) {
+			entered <- struct{}{}
+			<-release
+		}
+	})
+	go e.do(req("POST", "/x", "k", "first"))
+	<-entered
+	// Another process takes the key over after the lease expires.
+	e.now.add(DefaultLease + time.Second)
+	fp, _ := fingerprint.Sum(fingerprint.Request{Method: "POST", Route: "/x", Body: []byte("first")}, fingerprint.Options{})
+	res, err := e.mem.Claim(context.Background(), store.ClaimRequest{ID: store.ID{Scope: "anonymous", Key: "k"},
+		Fingerprint: fp, Lease: DefaultLease, Retention: DefaultRetention})
+	if err != nil || !res.Takeover {
+		t.Fatalf("takeover %+v %v", res, err)
+	}
+	e.clk.fire()
+	if n, _ := e.clk.armed(); n != 0 {
+		t.Fatal("renewal continues after ErrLeaseLost")
+	}
+	close(release)
+}
+
+func e_first(r *http.Request) bool {
+	b, _ := io.ReadAll(r.Body)
+	return string(b) == "first"
+}
+
+// The capture keeps Flusher and ResponseController features for the live response.
+func TestFlushAndResponseController(t *testing.T) {
+	flushed := make(chan struct{})
+	e := newEnv(t, func(w http.ResponseWriter, r *http.Request) {
+		if _, ok := w.(http.Flusher); !ok {
+			t.Error("not a Flusher")
+		}
+		rc := http.NewResponseController(w)
+		if err := rc.SetWriteDeadline(time.Now().Add(time.Minute)); err != nil {
+			t.Errorf("SetWriteDeadline: %v", err)
+		}
+		w.Write([]byte("part1;"))
+		if err := rc.Flush(); err != nil {
+			t.Errorf("Flush: %v", err)
+		}
+		<-flushed
+		w.Write([]byte("part2"))
+	})
+	srv := httptest.NewServer(e.h)
+	defer srv.Close()
+	post := func() (*http.Response, error) {
+		r, _ := http.NewRequest("POST", srv.URL+"/f", strings.NewReader("b"))
+		r.Header.Set("Idempotency-Key", "k")
+		return srv.Client().Do(r)
+	}
+	resp, err := post()
+	if err != nil {
+		t.Fatal(err)
+	}
+	buf := make([]byte, 6)
+	if _, err := io.ReadFull(resp.Body, buf); err != nil || string(buf) != "part1;" {
+		t.Fatalf("flushed part: %q %v", buf, err) // arrives before the handler returns
+	}
+	close(flushed)
+	rest, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if string(rest) != "part2" {
+		t.Fatalf("rest %q", rest)
+	}
+	resp, err = post()
+	if err != nil {
+		t.Fatal(err)
+	}
+	all, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if string(all) != "part1;part2" || resp.Header.Get(DefaultReplayedHeader) != "true" {
+		t.Fatalf("replay %q %v", all, resp.Header)
+	}
+}
+
+func TestHijackReleases(t *testing.T) {
+	e := newEnv(t, func(w http.ResponseWriter, r *http.Request) {
+		conn, _, err := http.NewResponseController(w).Hijack()
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		conn.Write([]byte("HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nhi"))
+		conn.Close()
+	})
+	srv := httptest.NewServer(e.h)
+	defer srv.Close()
+	for range 2 {
+		r, _ := http.NewRequest("POST", srv.URL+"/h", strings.NewReader("b"))
+		r.Header.Set("Idempotency-Key", "k")
+		resp, err := srv.Client().Do(r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+	}
+	if e.calls.Load() != 2 || e.lastEvent().Decision != Released {
+		t.Fatalf("calls %d, event %+v", e.calls.Load(), e.lastEvent())
+	}
+}
+
+func TestScopes(t *testing.T) {
+	e := newEnv(t, echoHandler)
+	e.do(req("POST", "/x", "k", "b", "X-Client-ID", "alice"))
+	w := e.do(req("POST", "/x", "k", "other body", "X-Client-ID", "bob"))
+	if w.Code != http.StatusCreated || w.Body.String() != "other body" || e.calls.Load() != 2 {
+		t.Fatalf("scopes not isolated: %d %q", w.Code, w.Body)
+	}
+	// No header: the fallback scope.
+	e.do(req("POST", "/x", "k", "c"))
+	if id := e.lastEvent().ID; id.Scope != "anonymous" {
+		t.Fatalf("scope %q", id.Scope)
+	}
+	if s := GlobalScope(req("POST", "/", "", "", "X-Client-ID", "a")); s != "" {
+		t.Fatalf("GlobalScope = %q", s)
+	}
+}
+
+func TestObserverOncePerRequest(t *testing.T) {
+	e := newEnv(t, echoHandler)
+	reqs := []*http.Request{
+		req("GET", "/x", "", ""), req("POST", "/x", "", ""), req("POST", "/x", "k", "a"),
+		req("POST", "/x", "k", "a"), req("POST", "/x", "k", "b"),
+	}
+	want := []Decision{PassThrough, KeyMissing, Executed, Replayed, Mismatch}
+	for i, r := range reqs {
+		e.do(r)
+		if e.eventCount() != i+1 || e.lastEvent().Decision != want[i] {
+			t.Fatalf("request %d: %d events, last %v want %v", i, e.eventCount(), e.lastEvent().Decision, want[i])
+		}
+	}
+	if e.lastEvent().StoreLatency <= 0 {
+		t.Fatal("store latency not measured")
+	}
+	if Replayed.String() != "replayed" || Decision(0).String() != "unknown" {
+		t.Fatal("decision names")
+	}
+}
+
+// The conformance fixture's concurrent storm: many identical requests at once run
+// the handler once; every other answer is a replay or a 409.
+func TestConcurrentDuplicates(t *testing.T) {
+	e := newEnv(t, echoHandler)
+	var wg sync.WaitGroup
+	codes := make(chan int, 64)
+	for range 64 {
+		wg.Go(func() {
+			w := e.do(req("POST", "/x", "storm", "b"))
+			if w.Code == http.StatusCreated && w.Body.String() != "b" {
+				t.Error("wrong body")
+			}
+			codes <- w.Code
+		})
+	}
+	wg.Wait()
+	close(codes)
+	for c := range codes {
+		if c != http.StatusCreated && c != http.StatusConflict {
+			t.Fatalf("status %d", c)
+		}
+	}
+	if e.calls.Load() != 1 {
+		t.Fatalf("handler ran %d times", e.calls.Load())
+	}
+}

@@ -1,0 +1,94 @@
+package middleware
+
+import (
+	"context"
+	"time"
+
+	"github.com/idemkey/idemkey/store"
+)
+
+// Decision is what the middleware did with one request.
+type Decision uint8
+
+// The decisions, one per request. Their String names are stable (metric labels).
+const (
+	// PassThrough: the method is not protected; the key was ignored.
+	PassThrough Decision = iota + 1
+	// NoKey: no key on a middleware where it is optional; ran unprotected.
+	NoKey
+	// KeyMissing: no key where it is required; 400 idempotency_key_missing.
+	KeyMissing
+	// KeyInvalid: the key is malformed; 400 idempotency_key_invalid.
+	KeyInvalid
+	// BodyTooLarge: the request body is over the limit; 413 request_too_large.
+	BodyTooLarge
+	// BodyUnreadable: reading the request body failed; 400 request_body_unreadable.
+	BodyUnreadable
+	// Executed: the claim was won, the handler ran and its response was stored.
+	Executed
+	// Released: the handler ran and the claim was released (release policy,
+	// panic or hijack), so the next retry runs it again.
+	Released
+	// LeaseLost: the handler ran but its lease had been taken over; its response
+	// was sent to this client but not stored.
+	LeaseLost
+	// Replayed: a completed record was replayed; the handler did not run.
+	Replayed
+	// InFlight: another request holds the key; 409 request_in_flight.
+	InFlight
+	// Mismatch: the key was used for another request; 422
+	// key_reused_with_different_payload.
+	Mismatch
+	// StoreError: the store failed; 503 store_unavailable (fail closed).
+	StoreError
+	// FailOpen: the store failed and the handler ran unprotected (WithFailOpen).
+	FailOpen
+)
+
+var decisionNames = [...]string{
+	PassThrough: "pass_through", NoKey: "no_key", KeyMissing: "key_missing", KeyInvalid: "key_invalid",
+	BodyTooLarge: "body_too_large", BodyUnreadable: "body_unreadable", Executed: "executed",
+	Released: "released", LeaseLost: "lease_lost", Replayed: "replayed", InFlight: "in_flight",
+	Mismatch: "mismatch", StoreError: "store_error", FailOpen: "fail_open",
+}
+
+// String returns the decision's stable snake_case name, e.g. "replayed".
+func (d Decision) String() string {
+	if int(d) < len(decisionNames) && decisionNames[d] != "" {
+		return decisionNames[d]
+	}
+	return "unknown"
+}
+
+// Event describes one request for an Observer.
+type Event struct {
+	// Decision is what the middleware did.
+	Decision Decision
+	// ID is the scope and key; zero for PassThrough, NoKey, KeyMissing, KeyInvalid.
+	ID store.ID
+	// Status is the status sent to the client (0 if the handler hijacked the
+	// connection, 200 if it wrote nothing).
+	Status int
+	// Takeover is set when the claim took over an expired lease.
+	Takeover bool
+	// StoreLatency is the time spent in store calls on the request's path (claim,
+	// then complete or release); renewals are not counted.
+	StoreLatency time.Duration
+	// Err is the store error behind StoreError, FailOpen or a failed completion;
+	// nil otherwise.
+	Err error
+}
+
+// Observer is told about every request the middleware sees, once, after the
+// response is finished (before a handler's panic is re-raised). Attach
+// Prometheus or OpenTelemetry here; the core imports neither. Observe must be
+// safe for concurrent use and should be fast: it runs on the request's goroutine.
+type Observer interface {
+	Observe(ctx context.Context, e Event)
+}
+
+// ObserverFunc adapts a function to Observer.
+type ObserverFunc func(ctx context.Context, e Event)
+
+// Observe calls f.
+func (f ObserverFunc) Observe(ctx context.Context, e Event) { f(ctx, e) }

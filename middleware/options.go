@@ -1,0 +1,211 @@
+package middleware
+
+import (
+	"log/slog"
+	"net/http"
+	"net/textproto"
+	"time"
+)
+
+// Defaults of the options.
+const (
+	// DefaultKeyHeader is the request header carrying the key (IETF draft section 2).
+	DefaultKeyHeader = "Idempotency-Key"
+	// DefaultReplayedHeader marks a replayed response with the value "true".
+	DefaultReplayedHeader = "Idempotent-Replayed"
+	// DefaultOmittedHeader is set to "omitted" on a replay whose body was over the
+	// storage cap.
+	DefaultOmittedHeader = "Idempotency-Replay"
+	// DefaultLease is how long a claim is exclusive without renewal.
+	DefaultLease = 10 * time.Second
+	// DefaultRetention is how long a record is kept and replayed.
+	DefaultRetention = 24 * time.Hour
+	// DefaultMaxRequestBody is the fingerprint limit in bytes (1 MiB); a larger
+	// request body is answered 413.
+	DefaultMaxRequestBody int64 = 1 << 20
+	// DefaultMaxStoredBody is the storage cap in bytes (1 MiB); a larger response
+	// streams through and is stored with its body omitted.
+	DefaultMaxStoredBody = 1 << 20
+	// DefaultStoreRetryAfter is the Retry-After of a 503 when the store fails.
+	DefaultStoreRetryAfter = time.Second
+)
+
+// DefaultDenyHeaders are never stored for replay, whatever the allow list says:
+// cookies, Date, Content-Length (recomputed for the replayed body), the hop-by-hop
+// headers of RFC 9110 section 7.6.1, Retry-After and Age (relative to the
+// original moment). Headers starting with RateLimit, X-RateLimit or X-Rate-Limit
+// (rate-limit state of the original moment), trailers, the replay marker headers
+// and the headers named by a Connection header are also never replayed.
+var DefaultDenyHeaders = []string{
+	"Set-Cookie", "Set-Cookie2", "Date", "Content-Length",
+	"Connection", "Keep-Alive", "Proxy-Connection", "Transfer-Encoding", "Te", "Trailer", "Upgrade",
+	"Proxy-Authenticate", "Proxy-Authorization", "Retry-After", "Age",
+}
+
+// Option configures a Middleware.
+type Option func(*config)
+
+type config struct {
+	keyHeader       string
+	methods         []string
+	required        bool
+	lease           time.Duration
+	retention       time.Duration
+	maxRequestBody  int64
+	maxStoredBody   int
+	canonicalJSON   bool
+	route           func(*http.Request) string
+	replayedHeader  string
+	omittedHeader   string
+	allow           []string
+	deny            []string
+	release         func(status int) bool
+	failOpen        bool
+	storeRetryAfter time.Duration
+	observer        Observer
+	logger          *slog.Logger
+	clock           Clock
+}
+
+func defaultConfig() config {
+	return config{
+		keyHeader:       DefaultKeyHeader,
+		methods:         []string{http.MethodPost, http.MethodPatch},
+		required:        true,
+		lease:           DefaultLease,
+		retention:       DefaultRetention,
+		maxRequestBody:  DefaultMaxRequestBody,
+		maxStoredBody:   DefaultMaxStoredBody,
+		route:           func(r *http.Request) string { return r.URL.Path },
+		replayedHeader:  DefaultReplayedHeader,
+		omittedHeader:   DefaultOmittedHeader,
+		release:         DefaultReleasePolicy,
+		storeRetryAfter: DefaultStoreRetryAfter,
+		clock:           realClock{},
+	}
+}
+
+// DefaultReleasePolicy releases the claim (the next retry runs the handler again)
+// for 5xx, 408 Request Timeout, 409 Conflict, 425 Too Early and 429 Too Many
+// Requests: answers that say "try again" rather than "this is the result".
+// Everything else is stored and replayed (DESIGN.md section 3).
+func DefaultReleasePolicy(status int) bool {
+	switch status {
+	case http.StatusRequestTimeout, http.StatusConflict, http.StatusTooEarly, http.StatusTooManyRequests:
+		return true
+	}
+	return status >= 500
+}
+
+// WithKeyHeader sets the request header that carries the key (default
+// "Idempotency-Key").
+func WithKeyHeader(name string) Option {
+	return func(c *config) { c.keyHeader = textproto.CanonicalMIMEHeaderKey(name) }
+}
+
+// WithMethods sets the protected methods (default POST and PATCH). Requests with
+// other methods pass through and their key is ignored (IETF draft section 1).
+func WithMethods(methods ...string) Option {
+	return func(c *config) { c.methods = append([]string(nil), methods...) }
+}
+
+// WithKeyRequired says whether a protected request without a key is refused with
+// 400 idempotency_key_missing (true, the default) or passes through unprotected.
+func WithKeyRequired(required bool) Option { return func(c *config) { c.required = required } }
+
+// WithLease sets the claim lease (default 10s; positive, at most the retention).
+// The lease is renewed every third of it while the handler runs.
+func WithLease(d time.Duration) Option { return func(c *config) { c.lease = d } }
+
+// WithRetention sets how long a record is kept and replayed (default 24h).
+func WithRetention(d time.Duration) Option { return func(c *config) { c.retention = d } }
+
+// WithMaxRequestBody sets the request body limit of the fingerprint in bytes
+// (default 1 MiB); a larger body is answered 413 request_too_large.
+func WithMaxRequestBody(n int64) Option { return func(c *config) { c.maxRequestBody = n } }
+
+// WithMaxStoredBody sets the storage cap in bytes (default 1 MiB). A response body
+// over it streams to the client untouched and is stored with BodyOmitted.
+func WithMaxStoredBody(n int) Option { return func(c *config) { c.maxStoredBody = n } }
+
+// WithCanonicalJSON fingerprints bodies as canonical JSON (see
+// fingerprint.AppendCanonicalJSON) instead of raw bytes. A body that is not valid
+// JSON is fingerprinted by its raw bytes: the middleware is not a JSON validator,
+// the handler answers the client's mistake (its 4xx is stored and replayed).
+// Use one middleware instance per route group to choose per route.
+func WithCanonicalJSON(on bool) Option { return func(c *config) { c.canonicalJSON = on } }
+
+// WithRoute sets how the route is named in the fingerprint (default: the URL
+// path, so /accounts/1/deposit and /accounts/2/deposit never share a key).
+func WithRoute(f func(*http.Request) string) Option { return func(c *config) { c.route = f } }
+
+// WithReplayedHeader sets the header that marks a replay with "true" (default
+// "Idempotent-Replayed"; the conformance profile uses "Idempotency-Replayed").
+func WithReplayedHeader(name string) Option {
+	return func(c *config) { c.replayedHeader = textproto.CanonicalMIMEHeaderKey(name) }
+}
+
+// WithOmittedHeader sets the header set to "omitted" on a replay whose body was
+// not stored (default "Idempotency-Replay").
+func WithOmittedHeader(name string) Option {
+	return func(c *config) { c.omittedHeader = textproto.CanonicalMIMEHeaderKey(name) }
+}
+
+// WithReplayHeaders switches to an allow list: only these response headers are
+// stored and replayed (the deny list still applies). Without it every header the
+// handler set is replayed except the denied ones; headers already present on the
+// ResponseWriter before the handler ran (set by outer middleware, e.g. a request
+// ID) are never stored.
+func WithReplayHeaders(names ...string) Option {
+	return func(c *config) { c.allow = append([]string{}, names...) }
+}
+
+// WithDenyHeaders adds response headers that are never replayed, to
+// DefaultDenyHeaders.
+func WithDenyHeaders(names ...string) Option {
+	return func(c *config) { c.deny = append(c.deny, names...) }
+}
+
+// WithReleasePolicy sets which handler statuses release the claim instead of
+// storing the response (default DefaultReleasePolicy). A panicking or hijacking
+// handler always releases.
+func WithReleasePolicy(release func(status int) bool) Option {
+	return func(c *config) { c.release = release }
+}
+
+// WithFailOpen runs the handler unprotected when the store cannot answer a claim,
+// instead of the default 503 store_unavailable (fail closed). The key is still in
+// the request context, so an idempotent write downstream still deduplicates.
+func WithFailOpen(on bool) Option { return func(c *config) { c.failOpen = on } }
+
+// WithStoreRetryAfter sets the Retry-After of the 503 answered when the store
+// fails (default 1s; whole seconds, rounded up, at least 1).
+func WithStoreRetryAfter(d time.Duration) Option { return func(c *config) { c.storeRetryAfter = d } }
+
+// WithObserver sets the observer called once per request (default none).
+func WithObserver(o Observer) Option { return func(c *config) { c.observer = o } }
+
+// WithLogger sets the logger (default slog.Default()).
+func WithLogger(l *slog.Logger) Option { return func(c *config) { c.logger = l } }
+
+// WithClock replaces the clock that schedules lease renewal (default the real
+// one). Tests use it to fire renewals without sleeping.
+func WithClock(clk Clock) Option { return func(c *config) { c.clock = clk } }
+
+// Clock schedules lease renewals.
+type Clock interface {
+	// AfterFunc calls f in its own goroutine after d, like time.AfterFunc.
+	AfterFunc(d time.Duration, f func()) Timer
+}
+
+// Timer is a scheduled call, like *time.Timer.
+type Timer interface {
+	// Stop cancels the call; false if it already ran or started.
+	Stop() bool
+	// Reset schedules the call again after d.
+	Reset(d time.Duration) bool
+}
+
+type realClock struct{}
+
+func (realClock) AfterFunc(d time.Duration, f func()) Timer { return time.AfterFunc(d, f) }

@@ -1,0 +1,95 @@
+package middleware
+
+import (
+	"encoding/json"
+	"net/http"
+	"strconv"
+	"time"
+)
+
+// ProblemTypePrefix starts the RFC 9457 "type" URI of every problem the
+// middleware answers; the code follows it, e.g.
+// "urn:idemkey:problem:request_in_flight".
+const ProblemTypePrefix = "urn:idemkey:problem:"
+
+// Problem codes: the stable "code" member of the problem details (RFC 9457
+// section 3.2 extension member) and the last part of their "type".
+const (
+	// CodeKeyMissing: 400, a protected request without the key header where the
+	// key is required (IETF draft section 2.7).
+	CodeKeyMissing = "idempotency_key_missing"
+	// CodeKeyInvalid: 400, the key is empty, over 255 bytes, not a Structured
+	// Field string or token, or sent in several header lines.
+	CodeKeyInvalid = "idempotency_key_invalid"
+	// CodeBodyUnreadable: 400, the request body could not be read.
+	CodeBodyUnreadable = "request_body_unreadable"
+	// CodeRequestTooLarge: 413, the request body is over the fingerprint limit.
+	CodeRequestTooLarge = "request_too_large"
+	// CodeInFlight: 409, a request with the same key and payload is being
+	// processed; Retry-After says when to retry (IETF draft section 2.7).
+	CodeInFlight = "request_in_flight"
+	// CodeMismatch: 422, the key was already used with another payload, method or
+	// route (IETF draft section 2.7).
+	CodeMismatch = "key_reused_with_different_payload"
+	// CodeStoreUnavailable: 503, the idempotency store could not answer; retry
+	// after Retry-After.
+	CodeStoreUnavailable = "store_unavailable"
+)
+
+// ProblemContentType is the media type of every error the middleware answers
+// (RFC 9457 section 3).
+const ProblemContentType = "application/problem+json"
+
+type problem struct {
+	Type   string `json:"type"`
+	Title  string `json:"title"`
+	Status int    `json:"status"`
+	Detail string `json:"detail"`
+	Code   string `json:"code"`
+}
+
+// render returns the problem's JSON body.
+func (p problem) render() []byte {
+	p.Type = ProblemTypePrefix + p.Code
+	b, _ := json.Marshal(p) // strings and an int: cannot fail
+	return append(b, '\n')
+}
+
+// prerendered holds the bodies of the problems without a variable detail.
+type prerendered struct {
+	missing, inFlight, mismatch, storeDown []byte
+}
+
+func newPrerendered() prerendered {
+	return prerendered{
+		missing: problem{Title: "Idempotency-Key header missing", Status: http.StatusBadRequest, Code: CodeKeyMissing,
+			Detail: "This operation requires an Idempotency-Key header; send one and retry."}.render(),
+		inFlight: problem{Title: "Request in flight", Status: http.StatusConflict, Code: CodeInFlight,
+			Detail: "A request with this idempotency key is still being processed; retry after the Retry-After delay."}.render(),
+		mismatch: problem{Title: "Idempotency key reused", Status: http.StatusUnprocessableEntity, Code: CodeMismatch,
+			Detail: "This idempotency key was already used for a different request (method, route, query or body); use a new key."}.render(),
+		storeDown: problem{Title: "Idempotency store unavailable", Status: http.StatusServiceUnavailable, Code: CodeStoreUnavailable,
+			Detail: "The request could not be checked for duplicates and was not processed; retry after the Retry-After delay."}.render(),
+	}
+}
+
+// writeProblem answers status with body, a prerendered problem; retryAfter > 0
+// adds Retry-After in whole seconds.
+func (m *Middleware) writeProblem(w http.ResponseWriter, status int, body []byte, retryAfter time.Duration) {
+	h := w.Header()
+	// Shared, never modified in place; capacity-limited so an append copies.
+	h["Content-Type"] = m.problemHeaders[0:1:1]
+	h["Cache-Control"] = m.problemHeaders[1:2:2]
+	h["X-Content-Type-Options"] = m.problemHeaders[2:3:3]
+	if retryAfter > 0 {
+		h["Retry-After"] = []string{strconv.FormatInt(retryAfterSeconds(retryAfter), 10)}
+	}
+	w.WriteHeader(status)
+	w.Write(body)
+}
+
+// retryAfterSeconds rounds d up to whole seconds, at least 1.
+func retryAfterSeconds(d time.Duration) int64 {
+	s := int64((d + time.Second - 1) / time.Second)
+	return max(s, 1)
+}

@@ -1,0 +1,85 @@
+// Package postgres is the authoritative idempotency store on PostgreSQL (pgx/v5):
+// every transition of the store contract (package store, DESIGN.md section 4) is
+// one SQL statement and one round trip, and lease deadlines and retention run on
+// the server's clock (now()), never the application's.
+//
+// # Use
+//
+//	pool, err := pgxpool.New(ctx, os.Getenv("DATABASE_URL"))
+//	st, err := postgres.New(pool, postgres.WithTable("idemkey_records"))
+//	err = st.Migrate(ctx)                        // once at startup; idempotent
+//	stop := st.StartSweeper(ctx, time.Minute)    // optional: delete expired rows
+//	defer stop()
+//
+// New accepts any Querier (Exec and QueryRow): *pgxpool.Pool, *pgx.Conn or a
+// pgx.Tx the caller owns. Statements go through pgx's statement cache (prepared once
+// per connection); there are no explicit transactions on the hot path.
+//
+// # Table
+//
+// Migrate creates (names configurable with WithTable and WithSchema; every name is
+// quoted with pgx.Identifier):
+//
+//	idemkey_records
+//	  scope        bytea       NOT NULL   principal or tenant (any bytes)
+//	  key          bytea       NOT NULL   Idempotency-Key (any bytes)
+//	  fingerprint  bytea       NOT NULL   SHA-256 of the request, 32 bytes
+//	  token        bytea       NOT NULL   fencing token of the current holder, 16 bytes
+//	  lease_until  timestamptz            lease deadline; NULL once completed
+//	  status       smallint               HTTP status; NULL while in flight
+//	  headers      bytea                  replayable headers, encoding below; NULL if none
+//	  body         bytea                  exact body bytes; NULL if empty or omitted
+//	  body_omitted boolean     NOT NULL   body was over the middleware's cap
+//	  created_at   timestamptz NOT NULL   first claim (kept by a takeover)
+//	  completed_at timestamptz            NULL while in flight
+//	  expires_at   timestamptz NOT NULL   retention deadline; the key is new again after it
+//	  PRIMARY KEY (scope, key)
+//	idemkey_records_expires_at_idx ON (expires_at)   for Sweep
+//	idemkey_records_migrations (version, applied_at) Migrate's bookkeeping
+//
+// Scope and key are bytea, not text, because they may hold any bytes and Postgres
+// text refuses NUL; an ID longer than MaxIDBytes in total is refused with
+// store.ErrInvalid. The SQL lives in the embedded files migrations/NNNN_*.sql;
+// MigrationSQL returns it rendered for the configured names, for users of their
+// own migration tool.
+//
+// Headers are stored in a compact binary form: a format byte (1), then uvarint
+// counts and lengths: number of names; per name its length and bytes, number of
+// values, and each value's length and bytes. A row that does not decode (unknown
+// format, truncated data, a status outside 100-999, a body over WithMaxBody, a body
+// next to the omitted mark) makes Claim return store.ErrCorrupt, never a panic.
+//
+// # Claim in one statement
+//
+// Claim runs one statement: a CTE reads the key's row, and only when there is
+// none or it may be taken does an INSERT ... ON CONFLICT (scope, key) DO UPDATE
+// ... WHERE run, re-checking the takeover on the newest row version:
+//
+//   - no row: insert with a lease of now()+lease and retention now()+retention;
+//   - a row past its retention: replaced, whatever its fingerprint (a new key);
+//   - an uncompleted row whose lease expired, same fingerprint: taken over with a
+//     new token (ClaimResult.Takeover);
+//   - otherwise the row is returned as read, and Claim answers Mismatch (other
+//     fingerprint), Completed (with the record) or InFlight (with the remaining
+//     lease, computed by the server, rounded up to the millisecond).
+//
+// Replays, in-flight duplicates and mismatches are therefore plain reads: they
+// lock nothing and write no WAL (an ON CONFLICT DO UPDATE whose WHERE fails still
+// locks the row).
+//
+// Under READ COMMITTED, when a concurrent claim commits the same key after this
+// statement's snapshot, the INSERT sees the conflict but the read in the same
+// statement cannot see the row, so the statement returns nothing (DESIGN.md
+// section 4). Claim detects it (and the related case of a stale snapshot row) and
+// re-runs the statement, so every call ends with a definite answer or an error.
+//
+// # Errors and failures
+//
+// Complete, Release and Renew are one token-guarded UPDATE or DELETE each; zero
+// rows means store.ErrLeaseLost. Every other error (connection loss, pool
+// exhaustion, statement timeout, cancellation) is the driver's error wrapped, which
+// the middleware answers with 503. pgxpool waits for a free connection until the
+// context is done, so give requests a deadline for exhaustion to surface. A claim whose answer is lost (cancelled context,
+// dropped connection) may have been committed; it then blocks its key only until
+// its lease expires, after which the same request takes it over.
+package postgres

@@ -1,0 +1,159 @@
+package postgres
+
+import (
+	"encoding/binary"
+	"fmt"
+	"net/http"
+
+	"github.com/idemkey/idemkey/store"
+)
+
+// headerFormat is the first byte of an encoded header set, so a later version can
+// change the layout and still read (or cleanly refuse) old rows.
+const headerFormat = 1
+
+// encodeHeader returns the compact binary form of h kept in the headers column,
+// or nil (SQL NULL) when h has no values:
+//
+//	format byte (1)
+//	uvarint   number of names
+//	per name: uvarint len, name bytes, uvarint number of values,
+//	          per value: uvarint len, value bytes
+//
+// Names are written as given (the middleware passes canonical names). Map order is
+// not significant, so two encodings of the same set may differ byte for byte.
+func encodeHeader(h http.Header) []byte {
+	n, size := 0, 1+binary.MaxVarintLen64
+	for name, vals := range h {
+		if len(vals) == 0 {
+			continue
+		}
+		n++
+		size += 2*binary.MaxVarintLen64 + len(name)
+		for _, v := range vals {
+			size += binary.MaxVarintLen64 + len(v)
+		}
+	}
+	if n == 0 {
+		return nil
+	}
+	b := make([]byte, 0, size)
+	b = append(b, headerFormat)
+	b = binary.AppendUvarint(b, uint64(n))
+	for name, vals := range h {
+		if len(vals) == 0 {
+			continue
+		}
+		b = binary.AppendUvarint(b, uint64(len(name)))
+		b = append(b, name...)
+		b = binary.AppendUvarint(b, uint64(len(vals)))
+		for _, v := range vals {
+			b = binary.AppendUvarint(b, uint64(len(v)))
+			b = append(b, v...)
+		}
+	}
+	return b
+}
+
+// decodeHeader parses the output of encodeHeader. nil gives a nil Header. Any
+// malformed input (unknown format, truncated, trailing bytes, counts larger than
+// the input could hold) wraps store.ErrCorrupt; it never panics.
+func decodeHeader(b []byte) (http.Header, error) {
+	if len(b) == 0 {
+		return nil, nil
+	}
+	if b[0] != headerFormat {
+		return nil, fmt.Errorf("%w: headers: unknown format %d", store.ErrCorrupt, b[0])
+	}
+	// One string holds every name and value; the header strings share its memory.
+	all := string(b)
+	d := headerDecoder{s: all, pos: 1}
+	n := d.count()
+	h := make(http.Header, n)
+	for range n {
+		name := d.str()
+		m := d.count()
+		if d.err != nil {
+			break
+		}
+		vals := make([]string, m)
+		for j := range vals {
+			vals[j] = d.str()
+		}
+		switch {
+		case d.err != nil:
+		case name == "":
+			d.fail("empty header name")
+		case m == 0:
+			d.fail("header name without values")
+		}
+		if d.err != nil {
+			break
+		}
+		h[name] = vals
+	}
+	if d.err == nil && d.pos != len(all) {
+		d.fail("trailing bytes")
+	}
+	if d.err != nil {
+		return nil, d.err
+	}
+	return h, nil
+}
+
+type headerDecoder struct {
+	s   string
+	pos int
+	err error
+}
+
+func (d *headerDecoder) fail(what string) {
+	if d.err == nil {
+		d.err = fmt.Errorf("%w: headers: %s at byte %d", store.ErrCorrupt, what, d.pos)
+	}
+}
+
+func (d *headerDecoder) uvarint() uint64 {
+	if d.err != nil {
+		return 0
+	}
+	var v uint64
+	for shift := uint(0); shift < 64; shift += 7 {
+		if d.pos >= len(d.s) {
+			d.fail("truncated length")
+			return 0
+		}
+		c := d.s[d.pos]
+		d.pos++
+		v |= uint64(c&0x7f) << shift
+		if c < 0x80 {
+			return v
+		}
+	}
+	d.fail("length overflows")
+	return 0
+}
+
+// count reads a number of items, each of which takes at least one more byte.
+func (d *headerDecoder) count() int {
+	v := d.uvarint()
+	if v > uint64(len(d.s)-d.pos) {
+		d.fail("count larger than the data")
+		return 0
+	}
+	return int(v)
+}
+
+func (d *headerDecoder) str() string {
+	v := d.uvarint()
+	if d.err != nil {
+		return ""
+	}
+	if v > uint64(len(d.s)-d.pos) {
+		d.fail("string longer than the data")
+		return ""
+	}
+	s := d.s[d.pos : d.pos+int(v)]
+	d.pos += int(v)
+	return s
+}

@@ -1,0 +1,83 @@
+package postgres
+
+import (
+	"errors"
+	"net/http"
+	"reflect"
+	"strings"
+	"testing"
+
+	"github.com/idemkey/idemkey/store"
+)
+
+func TestHeaderRoundTrip(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		in   http.Header
+		want http.Header
+	}{
+		{"nil", nil, nil},
+		{"empty", http.Header{}, nil},
+		{"only empty values", http.Header{"X-Empty": {}}, nil},
+		{"one", http.Header{"Content-Type": {"application/json"}}, http.Header{"Content-Type": {"application/json"}}},
+		{"several values and empty value", http.Header{"Link": {"<a>", "", "<b>"}, "Etag": {`"x"`}},
+			http.Header{"Link": {"<a>", "", "<b>"}, "Etag": {`"x"`}}},
+		{"binary and long", http.Header{"X-Bin": {"\x00\xff\n", strings.Repeat("v", 300)}},
+			http.Header{"X-Bin": {"\x00\xff\n", strings.Repeat("v", 300)}}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			b := encodeHeader(tc.in)
+			if tc.want == nil && b != nil {
+				t.Fatalf("encode gave %d bytes, want nil (SQL NULL)", len(b))
+			}
+			got, err := decodeHeader(b)
+			if err != nil {
+				t.Fatalf("decode: %v", err)
+			}
+			if !reflect.DeepEqual(got, tc.want) {
+				t.Fatalf("round trip: %q, want %q", got, tc.want)
+			}
+		})
+	}
+}
+
+func TestHeaderCorrupt(t *testing.T) {
+	good := encodeHeader(http.Header{"Content-Type": {"text/plain"}})
+	for _, tc := range []struct {
+		name string
+		in   []byte
+	}{
+		{"unknown format", append([]byte{2}, good[1:]...)},
+		{"truncated", good[:len(good)-1]},
+		{"trailing bytes", append(append([]byte{}, good...), 0)},
+		{"huge count", []byte{1, 0xff, 0xff, 0xff, 0xff, 0x0f}},
+		{"overlong varint", []byte{1, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x01}},
+		{"string past end", []byte{1, 1, 50, 'a'}},
+		{"empty name", []byte{1, 1, 0, 1, 1, 'v'}},
+		{"format byte only with no count", []byte{1}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h, err := decodeHeader(tc.in)
+			if !errors.Is(err, store.ErrCorrupt) {
+				t.Fatalf("decode(%x) = %v, %v; want ErrCorrupt", tc.in, h, err)
+			}
+		})
+	}
+}
+
+func FuzzDecodeHeader(f *testing.F) {
+	f.Add(encodeHeader(http.Header{"A": {"1", "2"}, "B": {""}}))
+	f.Add([]byte{1, 0})
+	f.Fuzz(func(t *testing.T, b []byte) {
+		h, err := decodeHeader(b)
+		if err != nil {
+			if !errors.Is(err, store.ErrCorrupt) {
+				t.Fatalf("error %v does not wrap ErrCorrupt", err)
+			}
+			return
+		}
+		if again, err := decodeHeader(encodeHeader(h)); err != nil || len(again) != len(h) {
+			t.Fatalf("re-encoding %q: %q, %v", h, again, err)
+		}
+	})
+}

@@ -1,0 +1,575 @@
+package postgres
+
+import (
+	"context"
+	"embed"
+	"errors"
+	"fmt"
+	"io/fs"
+	"log/slog"
+	"path"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgtype"
+
+	"github.com/idemkey/idemkey/store"
+)
+
+// Querier is the part of pgx the store uses. *pgxpool.Pool, *pgx.Conn and pgx.Tx
+// satisfy it; the caller owns it (pool size, timeouts, TLS, tracing) and closes it.
+//
+// Statements are sent with the querier's default exec mode: with pgx's default
+// (QueryExecModeCacheStatement) each statement is prepared once per connection and
+// then costs one round trip. Behind a transaction-pooling proxy configure the pool
+// with QueryExecModeExec or QueryExecModeDescribeExec instead.
+type Querier interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+// Defaults of the options.
+const (
+	// DefaultTable is the records table's name when WithTable is not given.
+	DefaultTable = "idemkey_records"
+	// DefaultSweepBatch is the number of rows one sweep statement deletes at most.
+	DefaultSweepBatch = 1000
+	// MaxIDBytes bounds len(Scope)+len(Key) of an ID, well below the size Postgres
+	// accepts in a btree index entry (about 2.7 kB); longer IDs get store.ErrInvalid.
+	MaxIDBytes = 2048
+	// maxTableName leaves room for the "_expires_at_idx" and "_migrations" suffixes
+	// within Postgres's 63-byte identifiers.
+	maxTableName = 48
+	// claimAttempts bounds how often Claim re-runs its statement when a concurrent
+	// transaction committed the key after the statement's snapshot (DESIGN.md section 4).
+	claimAttempts = 5
+)
+
+// Store is the Postgres idempotency store. It is safe for concurrent use; build it
+// with New and create its table with Migrate (or the SQL of MigrationSQL).
+type Store struct {
+	db         Querier
+	schema     string // unquoted, "" = search_path
+	table      string // unquoted
+	qualified  string // quoted, schema-qualified table name
+	sweepBatch int
+	maxBody    int
+	logger     *slog.Logger
+
+	claimSQL, completeSQL, releaseSQL, renewSQL, sweepSQL string
+
+	// claimRetries counts claim statements re-run because of the READ COMMITTED
+	// hazard (observed by tests).
+	claimRetries atomic.Int64
+}
+
+var _ store.Store = (*Store)(nil)
+
+// Option configures a Store.
+type Option func(*Store)
+
+// WithTable sets the records table's name (default DefaultTable), so several
+// applications can share a database. At most 48 bytes, no NUL; quoted with
+// pgx.Identifier, so any other characters are safe. Migrate also creates
+// "<name>_migrations" (schema versions) and the index "<name>_expires_at_idx".
+func WithTable(name string) Option { return func(s *Store) { s.table = name } }
+
+// WithSchema puts the tables in the named Postgres schema, which Migrate creates if
+// needed. Default: unqualified names, resolved through the connection's search_path.
+func WithSchema(name string) Option { return func(s *Store) { s.schema = name } }
+
+// WithSweepBatch sets how many rows one sweep statement deletes at most (default
+// DefaultSweepBatch). Smaller batches hold row locks for less time.
+func WithSweepBatch(n int) Option { return func(s *Store) { s.sweepBatch = n } }
+
+// WithMaxBody caps the response bodies the store keeps, in bytes: Complete refuses a
+// longer body with store.ErrInvalid, and a stored body over the cap (written by a
+// build with a larger cap) is reported as store.ErrCorrupt. 0 (the default) means no
+// cap beyond Postgres's own 1 GB per value.
+func WithMaxBody(n int) Option { return func(s *Store) { s.maxBody = n } }
+
+// WithLogger sets the logger of the background sweeper (default slog.Default()).
+func WithLogger(l *slog.Logger) Option { return func(s *Store) { s.logger = l } }
+
+// New returns a store that keeps its records in db. It does not touch the database;
+// call Migrate once at startup. Errors wrap store.ErrInvalid (bad table or schema
+// name, non-positive batch, negative body cap).
+func New(db Querier, opts ...Option) (*Store, error) {
+	if db == nil {
+		return nil, fmt.Errorf("%w: postgres: nil Querier", store.ErrInvalid)
+	}
+	s := &Store{db: db, table: DefaultTable, sweepBatch: DefaultSweepBatch}
+	for _, o := range opts {
+		o(s)
+	}
+	switch {
+	case s.table == "" || len(s.table) > maxTableName || strings.IndexByte(s.table, 0) >= 0:
+		return nil, fmt.Errorf("%w: postgres: table name %q must be 1-%d bytes without NUL", store.ErrInvalid, s.table, maxTableName)
+	case len(s.schema) > 63 || strings.IndexByte(s.schema, 0) >= 0:
+		return nil, fmt.Errorf("%w: postgres: schema name %q must be at most 63 bytes without NUL", store.ErrInvalid, s.schema)
+	case s.sweepBatch <= 0:
+		return nil, fmt.Errorf("%w: postgres: sweep batch %d must be positive", store.ErrInvalid, s.sweepBatch)
+	case s.maxBody < 0:
+		return nil, fmt.Errorf("%w: postgres: body cap %d must not be negative", store.ErrInvalid, s.maxBody)
+	}
+	s.qualified = s.ident(s.table)
+	t := s.qualified
+	s.claimSQL = fmt.Sprintf(claimSQL, t)
+	s.completeSQL = fmt.Sprintf(completeSQL, t)
+	s.releaseSQL = fmt.Sprintf(releaseSQL, t)
+	s.renewSQL = fmt.Sprintf(renewSQL, t)
+	s.sweepSQL = fmt.Sprintf(sweepSQL, t)
+	return s, nil
+}
+
+// ident returns name quoted and qualified with the store's schema, if any.
+func (s *Store) ident(name string) string {
+	if s.schema == "" {
+		return pgx.Identifier{name}.Sanitize()
+	}
+	return pgx.Identifier{s.schema, name}.Sanitize()
+}
+
+// Table returns the quoted, schema-qualified name of the records table, for
+// operators' queries.
+func (s *Store) Table() string { return s.qualified }
+
+// The statements, one per transition; %[1]s is the quoted table name. Durations are
+// whole milliseconds ($n::bigint) and deadlines are computed from the server's now().
+const (
+	// claimSQL reads the key's row first (existing); only when there is none, or it
+	// may be taken (past its retention, any fingerprint; or uncompleted with an
+	// expired lease, same fingerprint), does it try the INSERT ... ON CONFLICT DO
+	// UPDATE, whose WHERE re-checks the takeover on the newest row version. So a
+	// replay, an in-flight duplicate or a mismatch is a plain read: no row lock, no
+	// transaction id, no WAL. A takeover keeps created_at, which tells it apart
+	// from a fresh insert in RETURNING. The last column, stale, flags an answer
+	// taken from a snapshot row that the conflict check found superseded.
+	claimSQL = `WITH existing AS (
+    SELECT fingerprint, status, headers, body, body_omitted, created_at, completed_at, expires_at, lease_until,
+           expires_at <= now() OR (status IS NULL AND lease_until <= now() AND fingerprint = $3) AS takeable
+    FROM %[1]s
+    WHERE scope = $1 AND key = $2
+), claimed AS (
+    INSERT INTO %[1]s AS r (scope, key, fingerprint, token, lease_until, created_at, expires_at)
+    SELECT $1::bytea, $2::bytea, $3::bytea, $4::bytea, now() + $5::bigint * interval '1 millisecond', now(),
+           now() + $6::bigint * interval '1 millisecond'
+    WHERE NOT EXISTS (SELECT FROM existing WHERE takeable IS NOT TRUE)
+    ON CONFLICT (scope, key) DO UPDATE SET
+        fingerprint  = excluded.fingerprint,
+        token        = excluded.token,
+        lease_until  = excluded.lease_until,
+        status       = NULL,
+        headers      = NULL,
+        body         = NULL,
+        body_omitted = false,
+        created_at   = CASE WHEN r.expires_at <= now() THEN excluded.created_at ELSE r.created_at END,
+        completed_at = NULL,
+        expires_at   = excluded.expires_at
+    WHERE r.expires_at <= now()
+       OR (r.status IS NULL AND r.lease_until <= now() AND r.fingerprint = excluded.fingerprint)
+    RETURNING r.created_at < now() AS takeover
+)
+SELECT true, takeover, true, NULL::smallint, NULL::bytea, NULL::bytea, false,
+       NULL::timestamptz, NULL::timestamptz, NULL::timestamptz, NULL::bigint, false
+FROM claimed
+UNION ALL
+SELECT false, false, fingerprint = $3, status,
+       CASE WHEN fingerprint = $3 THEN headers END,
+       CASE WHEN fingerprint = $3 THEN body END,
+       body_omitted, created_at, completed_at, expires_at,
+       ceil(extract(epoch FROM lease_until - now()) * 1000)::bigint,
+       coalesce(takeable, false)
+FROM existing
+WHERE NOT EXISTS (SELECT FROM claimed)`
+
+	holderGuard = `scope = $1 AND key = $2 AND token = $3 AND status IS NULL AND expires_at > now()`
+
+	completeSQL = `UPDATE %[1]s SET status = $4, headers = $5, body = $6, body_omitted = $7,
+    lease_until = NULL, completed_at = now(), expires_at = now() + $8::bigint * interval '1 millisecond'
+WHERE ` + holderGuard
+
+	releaseSQL = `DELETE FROM %[1]s WHERE ` + holderGuard
+
+	renewSQL = `UPDATE %[1]s SET lease_until = now() + $4::bigint * interval '1 millisecond',
+    expires_at = greatest(expires_at, now() + $4::bigint * interval '1 millisecond')
+WHERE ` + holderGuard
+
+	// sweepSQL deletes one batch of expired rows by primary key, skipping rows a
+	// claim holds locked; the outer condition re-checks the row deleted.
+	sweepSQL = `DELETE FROM %[1]s WHERE (scope, key) IN (
+    SELECT scope, key FROM %[1]s WHERE expires_at <= now()
+    ORDER BY expires_at LIMIT $1 FOR UPDATE SKIP LOCKED)
+AND expires_at <= now()`
+)
+
+// Claim implements store.Store in one statement (see the package doc). When a
+// concurrent claim of the same key commits after the statement's snapshot, the
+// statement can return no row (or a row the conflict check has already seen
+// superseded); Claim then re-runs it, at most 5 times in all, so the answer is
+// always definite. Errors: store.ErrInvalid for bad arguments (including an ID over
+// MaxIDBytes), store.ErrCorrupt for undecodable rows, otherwise the driver's error
+// (connection, timeout, cancellation) wrapped.
+func (s *Store) Claim(ctx context.Context, req store.ClaimRequest) (store.ClaimResult, error) {
+	if err := req.Validate(); err != nil {
+		return store.ClaimResult{}, err
+	}
+	if err := checkID(req.ID); err != nil {
+		return store.ClaimResult{}, err
+	}
+	tok := store.NewToken()
+	scope, key, fp := bytesOf(req.Scope), bytesOf(req.Key), req.Fingerprint[:]
+	lease, retention := millis(req.Lease), millis(req.Retention)
+	for attempt := range claimAttempts {
+		if attempt > 0 {
+			s.claimRetries.Add(1)
+		}
+		var r claimRow
+		err := s.db.QueryRow(ctx, s.claimSQL, scope, key, fp, tok[:], lease, retention).Scan(
+			&r.claimed, &r.takeover, &r.sameFP, &r.status, &r.headers, &r.body, &r.omitted,
+			&r.created, &r.completed, &r.expires, &r.retryMS, &r.stale)
+		switch {
+		case errors.Is(err, pgx.ErrNoRows):
+			continue // the key was committed after our snapshot: look again
+		case err != nil:
+			return store.ClaimResult{}, fmt.Errorf("idemkey/postgres: claim: %w", err)
+		case r.stale:
+			continue // our snapshot's row was already replaced: look again
+		}
+		return s.decide(&r, req, tok)
+	}
+	return store.ClaimResult{}, fmt.Errorf("idemkey/postgres: claim: no definite answer after %d attempts under contention", claimAttempts)
+}
+
+type claimRow struct {
+	claimed, takeover, sameFP bool
+	status                    pgtype.Int2
+	headers, body             []byte
+	omitted                   bool
+	created, completed        pgtype.Timestamptz
+	expires                   pgtype.Timestamptz
+	retryMS                   pgtype.Int8
+	stale                     bool
+}
+
+func (s *Store) decide(r *claimRow, req store.ClaimRequest, tok store.Token) (store.ClaimResult, error) {
+	switch {
+	case r.claimed:
+		return store.ClaimResult{Outcome: store.Claimed, Token: tok, Takeover: r.takeover}, nil
+	case !r.sameFP:
+		return store.ClaimResult{Outcome: store.Mismatch}, nil
+	case !r.status.Valid:
+		if !r.retryMS.Valid {
+			return store.ClaimResult{}, fmt.Errorf("%w: in-flight record without a lease deadline", store.ErrCorrupt)
+		}
+		return store.ClaimResult{Outcome: store.InFlight, RetryAfter: time.Duration(max(r.retryMS.Int64, 0)) * time.Millisecond}, nil
+	}
+	rec, err := s.record(r, req.Fingerprint)
+	if err != nil {
+		return store.ClaimResult{}, err
+	}
+	return store.ClaimResult{Outcome: store.Completed, Record: rec}, nil
+}
+
+// record checks and decodes a completed row.
+func (s *Store) record(r *claimRow, fp store.Fingerprint) (*store.Record, error) {
+	switch st := r.status.Int16; {
+	case st < 100 || st > 999:
+		return nil, fmt.Errorf("%w: status %d outside 100-999", store.ErrCorrupt, st)
+	case !r.created.Valid || !r.completed.Valid || !r.expires.Valid:
+		return nil, fmt.Errorf("%w: completed record without its timestamps", store.ErrCorrupt)
+	case r.omitted && len(r.body) > 0:
+		return nil, fmt.Errorf("%w: body stored although marked omitted", store.ErrCorrupt)
+	case s.maxBody > 0 && len(r.body) > s.maxBody:
+		return nil, fmt.Errorf("%w: stored body of %d bytes over the cap of %d", store.ErrCorrupt, len(r.body), s.maxBody)
+	}
+	h, err := decodeHeader(r.headers)
+	if err != nil {
+		return nil, err
+	}
+	return &store.Record{
+		Fingerprint: fp,
+		Response:    store.Response{Status: int(r.status.Int16), Header: h, Body: r.body, BodyOmitted: r.omitted},
+		CreatedAt:   r.created.Time,
+		CompletedAt: r.completed.Time,
+		ExpiresAt:   r.expires.Time,
+	}, nil
+}
+
+// Complete implements store.Store in one statement, guarded by the token: the
+// record must be held by token, uncompleted and within its retention, otherwise
+// store.ErrLeaseLost. Headers are kept in the binary encoding of the package doc.
+func (s *Store) Complete(ctx context.Context, id store.ID, token store.Token, resp store.Response, retention time.Duration) error {
+	if err := store.ValidateResponse(resp, retention); err != nil {
+		return err
+	}
+	if err := checkHolder(id, token); err != nil {
+		return err
+	}
+	if s.maxBody > 0 && len(resp.Body) > s.maxBody {
+		return fmt.Errorf("%w: body of %d bytes over the cap of %d", store.ErrInvalid, len(resp.Body), s.maxBody)
+	}
+	var body []byte
+	if len(resp.Body) > 0 {
+		body = resp.Body
+	}
+	tag, err := s.db.Exec(ctx, s.completeSQL, bytesOf(id.Scope), bytesOf(id.Key), token[:],
+		int16(resp.Status), encodeHeader(resp.Header), body, resp.BodyOmitted, millis(retention))
+	return holderResult("complete", tag, err)
+}
+
+// Release implements store.Store in one statement: it deletes the record if token
+// holds it uncompleted, otherwise store.ErrLeaseLost.
+func (s *Store) Release(ctx context.Context, id store.ID, token store.Token) error {
+	if err := checkHolder(id, token); err != nil {
+		return err
+	}
+	tag, err := s.db.Exec(ctx, s.releaseSQL, bytesOf(id.Scope), bytesOf(id.Key), token[:])
+	return holderResult("release", tag, err)
+}
+
+// Renew implements store.Store in one statement: the lease becomes lease from the
+// server's now() (the retention is stretched if the lease would outlive it), if
+// token holds the record uncompleted; otherwise store.ErrLeaseLost.
+func (s *Store) Renew(ctx context.Context, id store.ID, token store.Token, lease time.Duration) error {
+	if lease <= 0 {
+		return fmt.Errorf("%w: lease must be positive", store.ErrInvalid)
+	}
+	if err := checkHolder(id, token); err != nil {
+		return err
+	}
+	tag, err := s.db.Exec(ctx, s.renewSQL, bytesOf(id.Scope), bytesOf(id.Key), token[:], millis(lease))
+	return holderResult("renew", tag, err)
+}
+
+func holderResult(op string, tag pgconn.CommandTag, err error) error {
+	if err != nil {
+		return fmt.Errorf("idemkey/postgres: %s: %w", op, err)
+	}
+	if tag.RowsAffected() == 0 {
+		return fmt.Errorf("idemkey/postgres: %s: %w", op, store.ErrLeaseLost)
+	}
+	return nil
+}
+
+func checkID(id store.ID) error {
+	if n := len(id.Scope) + len(id.Key); n > MaxIDBytes {
+		return fmt.Errorf("%w: scope and key are %d bytes, over %d", store.ErrInvalid, n, MaxIDBytes)
+	}
+	return nil
+}
+
+func checkHolder(id store.ID, token store.Token) error {
+	switch {
+	case id.Key == "":
+		return fmt.Errorf("%w: empty key", store.ErrInvalid)
+	case token.IsZero():
+		return fmt.Errorf("%w: zero token", store.ErrInvalid)
+	}
+	return checkID(id)
+}
+
+// bytesOf returns s as a non-nil byte slice (nil would be sent as SQL NULL).
+func bytesOf(s string) []byte {
+	if s == "" {
+		return []byte{}
+	}
+	return []byte(s)
+}
+
+// millis rounds d up to whole milliseconds, so a positive duration never becomes 0.
+func millis(d time.Duration) int64 {
+	return int64((d + time.Millisecond - 1) / time.Millisecond)
+}
+
+// Sweep deletes records past their retention, at most limit of them (limit <= 0:
+// all), in statements of at most the sweep batch size (WithSweepBatch), each its own
+// short transaction that skips rows locked by a concurrent claim. It returns how
+// many rows it deleted. Claim already treats expired records as absent, so sweeping
+// only reclaims space; run it from a cron job or StartSweeper.
+func (s *Store) Sweep(ctx context.Context, limit int) (int64, error) {
+	var total int64
+	for limit <= 0 || total < int64(limit) {
+		n := int64(s.sweepBatch)
+		if limit > 0 {
+			n = min(n, int64(limit)-total)
+		}
+		tag, err := s.db.Exec(ctx, s.sweepSQL, n)
+		if err != nil {
+			return total, fmt.Errorf("idemkey/postgres: sweep: %w", err)
+		}
+		total += tag.RowsAffected()
+		if tag.RowsAffected() < n {
+			break
+		}
+	}
+	return total, nil
+}
+
+// StartSweeper runs Sweep(ctx, 0) every interval (1 minute if interval <= 0) in a
+// goroutine until ctx is done or stop is called; stop waits for the goroutine to
+// end. Failures are logged (WithLogger) and retried at the next tick.
+func (s *Store) StartSweeper(ctx context.Context, interval time.Duration) (stop func()) {
+	if interval <= 0 {
+		interval = time.Minute
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		tick := time.NewTicker(interval)
+		defer tick.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-tick.C:
+			}
+			n, err := s.Sweep(ctx, 0)
+			switch {
+			case err != nil && ctx.Err() == nil:
+				s.log().WarnContext(ctx, "idemkey/postgres: sweep failed", "table", s.qualified, "deleted", n, "err", err)
+			case n > 0:
+				s.log().DebugContext(ctx, "idemkey/postgres: swept expired records", "table", s.qualified, "deleted", n)
+			}
+		}
+	}()
+	return func() { cancel(); <-done }
+}
+
+func (s *Store) log() *slog.Logger {
+	if s.logger != nil {
+		return s.logger
+	}
+	return slog.Default()
+}
+
+// SchemaVersion is the newest schema version this build's Migrate installs.
+const SchemaVersion = 1
+
+//go:embed migrations/*.sql
+var migrationFiles embed.FS
+
+type migration struct {
+	version int
+	name    string
+	sql     string // with {{table}} and {{expires_index}} placeholders
+}
+
+// migrations returns the embedded migrations in version order. Files are named
+// NNNN_description.sql.
+func migrations() ([]migration, error) {
+	entries, err := fs.ReadDir(migrationFiles, "migrations")
+	if err != nil {
+		return nil, err
+	}
+	var ms []migration
+	for _, e := range entries { // ReadDir sorts by name
+		v, err := strconv.Atoi(strings.SplitN(e.Name(), "_", 2)[0])
+		if err != nil {
+			return nil, fmt.Errorf("migration file %q: %w", e.Name(), err)
+		}
+		b, err := fs.ReadFile(migrationFiles, path.Join("migrations", e.Name()))
+		if err != nil {
+			return nil, err
+		}
+		ms = append(ms, migration{version: v, name: e.Name(), sql: string(b)})
+	}
+	return ms, nil
+}
+
+func (s *Store) render(sql string) string {
+	return strings.NewReplacer(
+		"{{table}}", s.qualified,
+		"{{expires_index}}", pgx.Identifier{s.table + "_expires_at_idx"}.Sanitize(),
+	).Replace(sql)
+}
+
+// MigrationSQL returns the SQL that Migrate applies, rendered for the store's table
+// and schema names, for users who run their own migration tool. It does not
+// include Migrate's bookkeeping table. Every statement is idempotent.
+func (s *Store) MigrationSQL() string {
+	ms, err := migrations()
+	if err != nil {
+		return "-- " + err.Error()
+	}
+	var b strings.Builder
+	if s.schema != "" {
+		fmt.Fprintf(&b, "CREATE SCHEMA IF NOT EXISTS %s;\n", pgx.Identifier{s.schema}.Sanitize())
+	}
+	for _, m := range ms {
+		fmt.Fprintf(&b, "-- %s\n%s", m.name, s.render(m.sql))
+	}
+	return b.String()
+}
+
+type beginner interface {
+	Begin(ctx context.Context) (pgx.Tx, error)
+}
+
+// Migrate brings the store's schema to SchemaVersion: it creates the schema (if one
+// is configured), the bookkeeping table "<table>_migrations" (version, applied_at)
+// and applies the embedded migrations not yet recorded there. It is idempotent and
+// safe to run from several processes at once: when the Querier can Begin (a pool,
+// a connection, a transaction) everything runs in one transaction serialised by an
+// advisory lock on the table name; otherwise the statements run one by one (each
+// is idempotent on its own). A database at a newer version is left as it is.
+func (s *Store) Migrate(ctx context.Context) (err error) {
+	ms, err := migrations()
+	if err != nil {
+		return fmt.Errorf("idemkey/postgres: migrate: %w", err)
+	}
+	q := s.db
+	var tx pgx.Tx
+	if b, ok := s.db.(beginner); ok {
+		if tx, err = b.Begin(ctx); err != nil {
+			return fmt.Errorf("idemkey/postgres: migrate: %w", err)
+		}
+		defer func() {
+			if err != nil {
+				_ = tx.Rollback(context.WithoutCancel(ctx))
+			}
+		}()
+		q = tx
+		if _, err = tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtextextended($1, 0))`, "idemkey:"+s.qualified); err != nil {
+			return fmt.Errorf("idemkey/postgres: migrate: lock: %w", err)
+		}
+	}
+	if s.schema != "" {
+		if _, err = q.Exec(ctx, "CREATE SCHEMA IF NOT EXISTS "+pgx.Identifier{s.schema}.Sanitize()); err != nil {
+			return fmt.Errorf("idemkey/postgres: migrate: create schema: %w", err)
+		}
+	}
+	versions := s.ident(s.table + "_migrations")
+	if _, err = q.Exec(ctx, `CREATE TABLE IF NOT EXISTS `+versions+` (
+    version    integer     PRIMARY KEY,
+    applied_at timestamptz NOT NULL DEFAULT now()
+)`); err != nil {
+		return fmt.Errorf("idemkey/postgres: migrate: versions table: %w", err)
+	}
+	var current int
+	if err = q.QueryRow(ctx, `SELECT coalesce(max(version), 0) FROM `+versions).Scan(&current); err != nil {
+		return fmt.Errorf("idemkey/postgres: migrate: read version: %w", err)
+	}
+	for _, m := range ms {
+		if m.version <= current {
+			continue
+		}
+		if _, err = q.Exec(ctx, s.render(m.sql)); err != nil { // no arguments: simple protocol, several statements
+			return fmt.Errorf("idemkey/postgres: migrate: %s: %w", m.name, err)
+		}
+		if _, err = q.Exec(ctx, `INSERT INTO `+versions+` (version) VALUES ($1) ON CONFLICT DO NOTHING`, m.version); err != nil {
+			return fmt.Errorf("idemkey/postgres: migrate: record %s: %w", m.name, err)
+		}
+	}
+	if tx != nil {
+		if err = tx.Commit(ctx); err != nil {
+			return fmt.Errorf("idemkey/postgres: migrate: commit: %w", err)
+		}
+	}
+	return nil
+}

@@ -1,0 +1,228 @@
+package redis
+
+import (
+	"encoding/binary"
+	"fmt"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/idemkey/idemkey/store"
+)
+
+// keyFor returns the Redis key of id:
+//
+//	<prefix>{<len(scope) in decimal>:<scope><key>}
+//
+// The length prefix makes the layout injective for arbitrary bytes (the scope ends
+// where its length says, the key runs to the final brace). The braces are the Cluster
+// hash tag: Redis hashes the bytes from the first "{" to the first "}" after it, a
+// deterministic function of the key name that is never empty here (it starts with a
+// digit), so all keys of one (scope, key) share a slot. A "}" inside scope or key only
+// shortens the tag; a "{" inside the prefix makes the prefix's tag win, which stays
+// correct (every script touches a single key) but puts every record in one slot.
+func keyFor(prefix string, id store.ID) string {
+	var n [20]byte
+	ls := strconv.AppendInt(n[:0], int64(len(id.Scope)), 10)
+	var b strings.Builder
+	b.Grow(len(prefix) + len(ls) + len(id.Scope) + len(id.Key) + 3)
+	b.WriteString(prefix)
+	b.WriteByte('{')
+	b.Write(ls)
+	b.WriteByte(':')
+	b.WriteString(id.Scope)
+	b.WriteString(id.Key)
+	b.WriteByte('}')
+	return b.String()
+}
+
+// encodeHeader encodes h compactly: uvarint(#names), then per name uvarint(len) name
+// uvarint(#values) and per value uvarint(len) value. Nil or empty h encodes to nothing.
+func encodeHeader(h http.Header) []byte {
+	if len(h) == 0 {
+		return nil
+	}
+	size := binary.MaxVarintLen32
+	for name, vs := range h {
+		size += 2*binary.MaxVarintLen32 + len(name)
+		for _, v := range vs {
+			size += binary.MaxVarintLen32 + len(v)
+		}
+	}
+	b := make([]byte, 0, size)
+	b = binary.AppendUvarint(b, uint64(len(h)))
+	for name, vs := range h {
+		b = binary.AppendUvarint(b, uint64(len(name)))
+		b = append(b, name...)
+		b = binary.AppendUvarint(b, uint64(len(vs)))
+		for _, v := range vs {
+			b = binary.AppendUvarint(b, uint64(len(v)))
+			b = append(b, v...)
+		}
+	}
+	return b
+}
+
+// decodeHeader reverses encodeHeader; malformed input wraps store.ErrCorrupt.
+func decodeHeader(s string) (http.Header, error) {
+	if s == "" {
+		return nil, nil
+	}
+	d := decoder{s: s}
+	n := d.uvarint()
+	if n > uint64(len(s)) {
+		return nil, corrupt("header count")
+	}
+	h := make(http.Header, n)
+	for range n {
+		name := d.str()
+		nv := d.uvarint()
+		if d.err || nv > uint64(len(s)) {
+			return nil, corrupt("header")
+		}
+		vs := make([]string, nv)
+		for i := range vs {
+			vs[i] = d.str()
+		}
+		if d.err {
+			return nil, corrupt("header value")
+		}
+		h[name] = vs
+	}
+	if d.err || len(d.s) != 0 {
+		return nil, corrupt("header")
+	}
+	return h, nil
+}
+
+type decoder struct {
+	s   string
+	err bool
+}
+
+func (d *decoder) uvarint() uint64 {
+	if d.err {
+		return 0
+	}
+	var x uint64
+	for i := 0; i < len(d.s) && i < binary.MaxVarintLen64; i++ {
+		c := d.s[i]
+		x |= uint64(c&0x7f) << (7 * i)
+		if c < 0x80 {
+			d.s = d.s[i+1:]
+			return x
+		}
+	}
+	d.err = true
+	return 0
+}
+
+func (d *decoder) str() string {
+	n := d.uvarint()
+	if d.err || n > uint64(len(d.s)) {
+		d.err = true
+		return ""
+	}
+	v := d.s[:n]
+	d.s = d.s[n:]
+	return v
+}
+
+func corrupt(what string) error {
+	return fmt.Errorf("%w: redis: bad %s", store.ErrCorrupt, what)
+}
+
+// reply is a script's reply: an array whose first element is the result code.
+type reply []any
+
+func asReply(v any) (reply, int64, error) {
+	a, ok := v.([]any)
+	if !ok || len(a) == 0 {
+		return nil, 0, corrupt("script reply")
+	}
+	code, ok := a[0].(int64)
+	if !ok {
+		return nil, 0, corrupt("script reply code")
+	}
+	if code == -1 {
+		return nil, 0, fmt.Errorf("%w: redis: foreign data under the record key", store.ErrCorrupt)
+	}
+	return a, code, nil
+}
+
+func (r reply) str(i int) (string, bool) {
+	if i >= len(r) {
+		return "", false
+	}
+	switch v := r[i].(type) {
+	case string:
+		return v, true
+	case nil:
+		return "", true
+	}
+	return "", false
+}
+
+func (r reply) int(i int) (int64, bool) {
+	if i >= len(r) {
+		return 0, false
+	}
+	v, ok := r[i].(int64)
+	return v, ok
+}
+
+// record decodes {2, ca, cd, ex, s, h, b, o} into a Record with fingerprint fp.
+func (r reply) record(fp store.Fingerprint) (*store.Record, error) {
+	var f [7]string
+	for i := range f {
+		s, ok := r.str(i + 1)
+		if !ok {
+			return nil, corrupt("completed record")
+		}
+		f[i] = s
+	}
+	var ms [3]int64
+	for i := range ms {
+		v, err := strconv.ParseInt(f[i], 10, 64)
+		if err != nil {
+			return nil, corrupt("timestamp")
+		}
+		ms[i] = v
+	}
+	status, err := strconv.Atoi(f[3])
+	if err != nil || status < 100 || status > 999 {
+		return nil, corrupt("status")
+	}
+	h, err := decodeHeader(f[4])
+	if err != nil {
+		return nil, err
+	}
+	rec := &store.Record{
+		Fingerprint: fp,
+		Response: store.Response{
+			Status:      status,
+			Header:      h,
+			BodyOmitted: f[6] == "1",
+		},
+		CreatedAt:   time.UnixMilli(ms[0]),
+		CompletedAt: time.UnixMilli(ms[1]),
+		ExpiresAt:   time.UnixMilli(ms[2]),
+	}
+	if f[5] != "" {
+		rec.Body = []byte(f[5])
+	}
+	if rec.BodyOmitted && len(rec.Body) > 0 {
+		return nil, corrupt("omitted body")
+	}
+	return rec, nil
+}
+
+// millis converts d to whole milliseconds, at least 1 for any positive d.
+func millis(d time.Duration) int64 {
+	ms := d.Milliseconds()
+	if ms == 0 && d > 0 {
+		ms = 1
+	}
+	return ms
+}

@@ -1,0 +1,44 @@
+// Package redis is the Redis backend of the idempotency store (store.Store), on
+// github.com/redis/go-redis/v9. It takes a redis.UniversalClient, so a single node,
+// Sentinel and Cluster all work.
+//
+// # Transitions
+//
+// Claim, Complete, Release and Renew are each one Lua script call (EVALSHA, falling
+// back to EVAL when the server answers NOSCRIPT). The fencing token is checked inside
+// the script; a refused Claim returns the stored record or the remaining lease from
+// the same call. Leases and retention run on the Redis server's clock: the scripts
+// read TIME and set the key's TTL with PEXPIRE, never the application's clock.
+//
+// # Key layout
+//
+// One (scope, key) is one Redis hash:
+//
+//	<prefix>{<len(scope) in decimal>:<scope><key>}
+//
+// for example idemkey:{6:tenantorder-42} for scope "tenant" and key "order-42". The
+// decimal length makes the layout injective for arbitrary bytes in scope and key. The
+// braces are the Cluster hash tag, so every key of one (scope, key) lives in one slot
+// and each script is legal on Cluster. The prefix (WithPrefix, default "idemkey:")
+// separates applications sharing a server; it should not contain "{". The hash fields
+// are documented in scripts.go: the format version, the state, the 32-byte
+// fingerprint and 16-byte token as raw bytes, millisecond times, the status, the
+// headers in a compact length-prefixed binary form and the body as is (no base64).
+// Anything else under a record key (another type, another version, a malformed field)
+// answers store.ErrCorrupt; the store never panics on it and never takes it as a new
+// key.
+//
+// # Server configuration and limits
+//
+// Every record key carries a TTL, so only maxmemory-policy noeviction keeps the
+// guarantee: under any allkeys-* or volatile-* policy Redis may evict an in-flight or
+// completed record under memory pressure, and the next retry runs the handler again.
+// (With store/tiered, Redis is a cache and eviction is harmless.)
+//
+// Redis replication is asynchronous. A failover that promotes a replica which had
+// not received the latest writes loses acknowledged claims and completions: a retry
+// then runs the handler again. The Redis-only store is therefore best effort across
+// failovers (WAIT or AOF with appendfsync always narrow the window but do not close
+// it); when a lost write must never cause a second execution, use store/tiered, where
+// Postgres decides and Redis only answers what it holds.
+package redis

@@ -1,0 +1,253 @@
+package redis
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"time"
+
+	goredis "github.com/redis/go-redis/v9"
+
+	"github.com/idemkey/idemkey/store"
+)
+
+// DefaultPrefix is the key prefix used when WithPrefix is not given.
+const DefaultPrefix = "idemkey:"
+
+// Store is a store.Store on Redis. Create it with New; it is safe for concurrent use.
+type Store struct {
+	client goredis.UniversalClient
+	prefix string
+}
+
+var _ store.Store = (*Store)(nil)
+
+// Option configures a Store.
+type Option func(*Store)
+
+// WithPrefix sets the prefix of every key the store writes (default DefaultPrefix).
+// Use one prefix per application or tenant database; tests use a random one. The
+// prefix should not contain "{" (see the key layout in the package doc).
+func WithPrefix(prefix string) Option {
+	return func(s *Store) { s.prefix = prefix }
+}
+
+// New returns a Store on client, which may be a single node (*redis.Client), a
+// Sentinel failover client or a *redis.ClusterClient. New does no I/O; scripts are
+// loaded on first use (EVALSHA, falling back to EVAL on NOSCRIPT).
+func New(client goredis.UniversalClient, opts ...Option) *Store {
+	s := &Store{client: client, prefix: DefaultPrefix}
+	for _, o := range opts {
+		o(s)
+	}
+	return s
+}
+
+// Key returns the Redis key holding id's record (layout in the package doc). Useful
+// for inspection and tests.
+func (s *Store) Key(id store.ID) string { return keyFor(s.prefix, id) }
+
+// Claim implements store.Store with one script call. A refused claim carries the
+// stored record (Completed) or the remaining lease (InFlight) from the same call.
+// Errors: store.ErrInvalid for bad arguments, store.ErrCorrupt for foreign data under
+// the key, otherwise the client's error (connection, timeout, cancellation).
+func (s *Store) Claim(ctx context.Context, req store.ClaimRequest) (store.ClaimResult, error) {
+	if err := req.Validate(); err != nil {
+		return store.ClaimResult{}, err
+	}
+	tok := store.NewToken()
+	v, err := claimScript.Run(ctx, s.client, []string{keyFor(s.prefix, req.ID)},
+		req.Fingerprint[:], tok[:], millis(req.Lease), millis(req.Retention)).Result()
+	if err != nil {
+		return store.ClaimResult{}, fmt.Errorf("idemkey/store/redis: claim: %w", err)
+	}
+	return claimResult(v, req.Fingerprint, tok)
+}
+
+func claimResult(v any, fp store.Fingerprint, tok store.Token) (store.ClaimResult, error) {
+	r, code, err := asReply(v)
+	if err != nil {
+		return store.ClaimResult{}, err
+	}
+	switch code {
+	case 1:
+		takeover, ok := r.int(1)
+		if !ok {
+			return store.ClaimResult{}, corrupt("claim reply")
+		}
+		return store.ClaimResult{Outcome: store.Claimed, Token: tok, Takeover: takeover == 1}, nil
+	case 2:
+		rec, err := r.record(fp)
+		if err != nil {
+			return store.ClaimResult{}, err
+		}
+		return store.ClaimResult{Outcome: store.Completed, Record: rec}, nil
+	case 3:
+		ms, ok := r.int(1)
+		if !ok || ms < 0 {
+			return store.ClaimResult{}, corrupt("remaining lease")
+		}
+		return store.ClaimResult{Outcome: store.InFlight, RetryAfter: time.Duration(ms) * time.Millisecond}, nil
+	case 4:
+		return store.ClaimResult{Outcome: store.Mismatch}, nil
+	}
+	return store.ClaimResult{}, corrupt("claim reply code")
+}
+
+// Complete implements store.Store with one script call: the record becomes completed
+// and its key expires retention from now on the Redis clock. store.ErrLeaseLost when
+// token no longer holds id, including when the record is already completed.
+func (s *Store) Complete(ctx context.Context, id store.ID, token store.Token, resp store.Response, retention time.Duration) error {
+	if err := checkID(id, token); err != nil {
+		return err
+	}
+	if err := store.ValidateResponse(resp, retention); err != nil {
+		return err
+	}
+	omitted := ""
+	if resp.BodyOmitted {
+		omitted = "1"
+	}
+	body := resp.Body
+	if body == nil {
+		body = []byte{}
+	}
+	head := encodeHeader(resp.Header)
+	if head == nil {
+		head = []byte{}
+	}
+	return s.fenced(ctx, "complete", completeScript, id,
+		token[:], millis(retention), strconv.Itoa(resp.Status), head, body, omitted)
+}
+
+// Release implements store.Store with one script call: the in-flight record is
+// deleted. store.ErrLeaseLost when token no longer holds id (including a completed
+// record).
+func (s *Store) Release(ctx context.Context, id store.ID, token store.Token) error {
+	if err := checkID(id, token); err != nil {
+		return err
+	}
+	return s.fenced(ctx, "release", releaseScript, id, token[:])
+}
+
+// Renew implements store.Store with one script call: the lease deadline becomes now
+// + lease on the Redis clock, and the key's TTL is raised to cover it.
+// store.ErrLeaseLost when token no longer holds id or the record is completed.
+func (s *Store) Renew(ctx context.Context, id store.ID, token store.Token, lease time.Duration) error {
+	if err := checkID(id, token); err != nil {
+		return err
+	}
+	if lease <= 0 {
+		return fmt.Errorf("%w: lease must be positive", store.ErrInvalid)
+	}
+	return s.fenced(ctx, "renew", renewScript, id, token[:], millis(lease))
+}
+
+func (s *Store) fenced(ctx context.Context, op string, sc *goredis.Script, id store.ID, args ...any) error {
+	v, err := sc.Run(ctx, s.client, []string{keyFor(s.prefix, id)}, args...).Result()
+	if err != nil {
+		return fmt.Errorf("idemkey/store/redis: %s: %w", op, err)
+	}
+	_, code, err := asReply(v)
+	if err != nil {
+		return err
+	}
+	switch code {
+	case 1:
+		return nil
+	case 0:
+		return fmt.Errorf("idemkey/store/redis: %s: %w", op, store.ErrLeaseLost)
+	}
+	return corrupt(op + " reply code")
+}
+
+func checkID(id store.ID, token store.Token) error {
+	switch {
+	case id.Key == "":
+		return fmt.Errorf("%w: empty key", store.ErrInvalid)
+	case token.IsZero():
+		return fmt.Errorf("%w: zero token", store.ErrInvalid)
+	}
+	return nil
+}
+
+// The operations below are the fast-path primitives of store/tiered, where Redis is a
+// cache in front of an authoritative store. Each is one script call.
+
+// Peek reads id's record without changing it and answers what Redis alone can answer
+// for a request with fingerprint fp: Completed (with the record), InFlight (a live
+// lease, same fingerprint) or Mismatch (completed for another fingerprint). ok is
+// false when Redis cannot decide: no record, an expired lease, or an in-flight record
+// of another fingerprint. Errors as for Claim.
+func (s *Store) Peek(ctx context.Context, id store.ID, fp store.Fingerprint) (res store.ClaimResult, ok bool, err error) {
+	if id.Key == "" {
+		return res, false, fmt.Errorf("%w: empty key", store.ErrInvalid)
+	}
+	v, err := peekScript.Run(ctx, s.client, []string{keyFor(s.prefix, id)}, fp[:]).Result()
+	if err != nil {
+		return res, false, fmt.Errorf("idemkey/store/redis: peek: %w", err)
+	}
+	r, code, err := asReply(v)
+	if err != nil {
+		return res, false, err
+	}
+	if code == 0 {
+		return res, false, nil
+	}
+	if code == 1 {
+		return res, false, corrupt("peek reply code")
+	}
+	res, err = claimResult([]any(r), fp, store.Token{})
+	return res, err == nil, err
+}
+
+// Mark overwrites id's key with an in-flight marker held by token (the token the
+// authoritative store issued) whose key expires with lease on the Redis clock.
+// Complete, Release and Renew with the same token then act on the marker.
+func (s *Store) Mark(ctx context.Context, id store.ID, fp store.Fingerprint, token store.Token, lease time.Duration) error {
+	if err := checkID(id, token); err != nil {
+		return err
+	}
+	if lease <= 0 {
+		return fmt.Errorf("%w: lease must be positive", store.ErrInvalid)
+	}
+	err := markScript.Run(ctx, s.client, []string{keyFor(s.prefix, id)}, fp[:], token[:], millis(lease)).Err()
+	if err != nil {
+		return fmt.Errorf("idemkey/store/redis: mark: %w", err)
+	}
+	return nil
+}
+
+// Fill overwrites id's key with the completed record rec (as the authoritative store
+// returned it) and lets the key expire after ttl on the Redis clock. Record times are
+// kept as given (the authoritative store's clock), at millisecond precision.
+func (s *Store) Fill(ctx context.Context, id store.ID, rec *store.Record, ttl time.Duration) error {
+	switch {
+	case id.Key == "":
+		return fmt.Errorf("%w: empty key", store.ErrInvalid)
+	case rec == nil:
+		return fmt.Errorf("%w: nil record", store.ErrInvalid)
+	}
+	if err := store.ValidateResponse(rec.Response, ttl); err != nil {
+		return err
+	}
+	omitted := ""
+	if rec.BodyOmitted {
+		omitted = "1"
+	}
+	body := rec.Body
+	if body == nil {
+		body = []byte{}
+	}
+	head := encodeHeader(rec.Header)
+	if head == nil {
+		head = []byte{}
+	}
+	err := fillScript.Run(ctx, s.client, []string{keyFor(s.prefix, id)},
+		rec.Fingerprint[:], rec.CreatedAt.UnixMilli(), rec.CompletedAt.UnixMilli(), rec.ExpiresAt.UnixMilli(),
+		millis(ttl), strconv.Itoa(rec.Status), head, body, omitted).Err()
+	if err != nil {
+		return fmt.Errorf("idemkey/store/redis: fill: %w", err)
+	}
+	return nil
+}

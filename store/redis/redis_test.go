@@ -1,0 +1,301 @@
+package redis_test
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	goredis "github.com/redis/go-redis/v9"
+
+	"github.com/idemkey/idemkey/store"
+	"github.com/idemkey/idemkey/store/redis"
+	"github.com/idemkey/idemkey/store/redis/redistest"
+	"github.com/idemkey/idemkey/store/storetest"
+)
+
+func TestConformance(t *testing.T) {
+	c := redistest.Shared(t)
+	storetest.Run(t, func(t *testing.T) storetest.Subject {
+		return storetest.Subject{Store: redis.New(c, redis.WithPrefix(redistest.Prefix(t, c)))}
+	})
+}
+
+// TestConformanceCluster proves the Cluster claim: the whole suite against a real
+// three-master Redis Cluster started on free local ports.
+func TestConformanceCluster(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a three-node Redis Cluster")
+	}
+	c := redistest.StartCluster(t)
+	storetest.Run(t, func(t *testing.T) storetest.Subject {
+		return storetest.Subject{Store: redis.New(c, redis.WithPrefix(redistest.Prefix(t, c)))}
+	})
+	// The suite's keys really were spread over the masters.
+	var used atomic.Int32
+	_ = c.ForEachMaster(t.Context(), func(ctx context.Context, n *goredis.Client) error {
+		if strings.Contains(n.Info(ctx, "commandstats").Val(), "cmdstat_evalsha") {
+			used.Add(1)
+		}
+		return nil
+	})
+	if used.Load() < 2 {
+		t.Errorf("scripts ran on %d masters, want the keys spread over at least 2", used.Load())
+	}
+}
+
+var (
+	fpA = store.Fingerprint{1}
+	fpB = store.Fingerprint{2}
+)
+
+func claimReq(id store.ID, fp store.Fingerprint) store.ClaimRequest {
+	return store.ClaimRequest{ID: id, Fingerprint: fp, Lease: time.Second, Retention: time.Minute}
+}
+
+func TestKeyLayoutInjective(t *testing.T) {
+	s := redis.New(nil, redis.WithPrefix("p:"))
+	ids := []store.ID{
+		{Scope: "", Key: "ab"}, {Scope: "a", Key: "b"}, {Scope: "ab", Key: ""},
+		{Scope: "1:a", Key: "b"}, {Scope: "1", Key: ":ab"}, {Scope: "a}", Key: "{b"},
+		{Scope: "a\x00", Key: "b"}, {Scope: "a", Key: "\x00b"}, {Scope: "10", Key: "x"},
+	}
+	seen := map[string]store.ID{}
+	for _, id := range ids {
+		k := s.Key(id)
+		if prev, ok := seen[k]; ok {
+			t.Errorf("%+v and %+v share key %q", prev, id, k)
+		}
+		seen[k] = id
+	}
+	if got, want := s.Key(store.ID{Scope: "tenant", Key: "order-42"}), "p:{6:tenantorder-42}"; got != want {
+		t.Errorf("Key = %q, want %q (the documented layout)", got, want)
+	}
+}
+
+// TestHashSlot checks with the server that a key's slot is the slot of its tag.
+func TestHashSlot(t *testing.T) {
+	c := redistest.StartCluster(t)
+	s := redis.New(c, redis.WithPrefix("p:"))
+	for _, id := range []store.ID{{Scope: "tenant", Key: "order-42"}, {Scope: "a}b", Key: "c"}, {Scope: "", Key: "{x}"}} {
+		key := s.Key(id)
+		tag := key[strings.IndexByte(key, '{')+1:]
+		tag = tag[:strings.IndexByte(tag, '}')]
+		got := c.ClusterKeySlot(t.Context(), key).Val()
+		want := c.ClusterKeySlot(t.Context(), "{"+tag+"}other").Val()
+		if got != want {
+			t.Errorf("%q: slot %d, tag %q slot %d", key, got, tag, want)
+		}
+	}
+}
+
+func TestCorruptRecord(t *testing.T) {
+	c := redistest.Shared(t)
+	ctx := t.Context()
+	tok := store.NewToken()
+	tests := []struct {
+		name  string
+		setup func(key string)
+	}{
+		{"string", func(k string) { c.Set(ctx, k, "garbage", time.Minute) }},
+		{"list", func(k string) { c.RPush(ctx, k, "x") }},
+		{"hash without version", func(k string) { c.HSet(ctx, k, "foo", "bar") }},
+		{"future version", func(k string) { c.HSet(ctx, k, "v", "2", "st", "c", "fp", string(fpA[:])) }},
+		{"unknown state", func(k string) { c.HSet(ctx, k, "v", "1", "st", "x", "fp", string(fpA[:]), "tok", string(tok[:])) }},
+		{"bad lease", func(k string) { c.HSet(ctx, k, "v", "1", "st", "p", "fp", string(fpA[:]), "le", "soon") }},
+		{"bad status", func(k string) {
+			c.HSet(ctx, k, "v", "1", "st", "c", "fp", string(fpA[:]), "ca", "1", "cd", "2", "ex", "3", "s", "ok")
+		}},
+		{"bad timestamp", func(k string) {
+			c.HSet(ctx, k, "v", "1", "st", "c", "fp", string(fpA[:]), "ca", "x", "cd", "2", "ex", "3", "s", "200")
+		}},
+		{"bad header", func(k string) {
+			c.HSet(ctx, k, "v", "1", "st", "c", "fp", string(fpA[:]), "ca", "1", "cd", "2", "ex", "3", "s", "200", "h", "\x05\xff")
+		}},
+		{"omitted with body", func(k string) {
+			c.HSet(ctx, k, "v", "1", "st", "c", "fp", string(fpA[:]), "ca", "1", "cd", "2", "ex", "3", "s", "200", "b", "x", "o", "1")
+		}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			s := redis.New(c, redis.WithPrefix(redistest.Prefix(t, c)))
+			id := store.ID{Scope: "s", Key: "k"}
+			key := s.Key(id)
+			tc.setup(key)
+			c.Expire(ctx, key, time.Minute)
+			before := c.Dump(ctx, key).Val()
+			_, err := s.Claim(ctx, claimReq(id, fpA))
+			if !errors.Is(err, store.ErrCorrupt) {
+				t.Errorf("Claim: %v, want ErrCorrupt", err)
+			}
+			if _, _, err := s.Peek(ctx, id, fpA); !errors.Is(err, store.ErrCorrupt) {
+				t.Errorf("Peek: %v, want ErrCorrupt", err)
+			}
+			if after := c.Dump(ctx, key).Val(); after != before {
+				t.Error("a refused claim changed the foreign data")
+			}
+		})
+	}
+	// Fenced transitions on foreign data of another type are errors too, never a panic.
+	s := redis.New(c, redis.WithPrefix(redistest.Prefix(t, c)))
+	id := store.ID{Scope: "s", Key: "k"}
+	c.Set(ctx, s.Key(id), "garbage", time.Minute)
+	if err := s.Complete(ctx, id, tok, store.Response{Status: 200}, time.Minute); !errors.Is(err, store.ErrCorrupt) {
+		t.Errorf("Complete: %v, want ErrCorrupt", err)
+	}
+	if err := s.Release(ctx, id, tok); !errors.Is(err, store.ErrCorrupt) {
+		t.Errorf("Release: %v, want ErrCorrupt", err)
+	}
+	if err := s.Renew(ctx, id, tok, time.Second); !errors.Is(err, store.ErrCorrupt) {
+		t.Errorf("Renew: %v, want ErrCorrupt", err)
+	}
+}
+
+// TestRecordLayout pins the documented encoding: raw fingerprint, token and body
+// bytes (no base64), TTLs on the server clock.
+func TestRecordLayout(t *testing.T) {
+	c := redistest.Shared(t)
+	ctx := t.Context()
+	s := redis.New(c, redis.WithPrefix(redistest.Prefix(t, c)))
+	id := store.ID{Scope: "tenant", Key: "k"}
+	res, err := s.Claim(ctx, claimReq(id, fpA))
+	if err != nil || res.Outcome != store.Claimed {
+		t.Fatalf("Claim: %+v %v", res, err)
+	}
+	key := s.Key(id)
+	if ttl := c.PTTL(ctx, key).Val(); ttl <= 59*time.Second || ttl > time.Minute {
+		t.Errorf("in-flight TTL %v, want the retention (1m)", ttl)
+	}
+	h := c.HGetAll(ctx, key).Val()
+	if h["st"] != "p" || h["fp"] != string(fpA[:]) || h["tok"] != string(res.Token[:]) || h["v"] != "1" {
+		t.Errorf("pending record %q", h)
+	}
+	body := []byte{0, 1, 2, 0xff, 0xfe}
+	resp := store.Response{Status: 201, Header: http.Header{"Location": {"/x"}}, Body: body}
+	if err := s.Complete(ctx, id, res.Token, resp, 2*time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	h = c.HGetAll(ctx, key).Val()
+	if h["st"] != "c" || h["b"] != string(body) || h["s"] != "201" {
+		t.Errorf("completed record %q", h)
+	}
+	if _, ok := h["le"]; ok {
+		t.Error("completed record kept its lease")
+	}
+	if ttl := c.PTTL(ctx, key).Val(); ttl <= 119*time.Second || ttl > 2*time.Minute {
+		t.Errorf("completed TTL %v, want the retention (2m)", ttl)
+	}
+}
+
+// TestRenewRaisesTTL: renewing past the claim's retention keeps the key alive for
+// the new lease.
+func TestRenewRaisesTTL(t *testing.T) {
+	c := redistest.Shared(t)
+	ctx := t.Context()
+	s := redis.New(c, redis.WithPrefix(redistest.Prefix(t, c)))
+	id := store.ID{Scope: "tenant", Key: "k"}
+	r := store.ClaimRequest{ID: id, Fingerprint: fpA, Lease: time.Second, Retention: 2 * time.Second}
+	res, err := s.Claim(ctx, r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Renew(ctx, id, res.Token, time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	if ttl := c.PTTL(ctx, s.Key(id)).Val(); ttl < 59*time.Second {
+		t.Errorf("TTL after a 1m renew is %v: the record would vanish under its holder", ttl)
+	}
+}
+
+// TestNoScriptFallback: after SCRIPT FLUSH the store still answers (EVAL fallback).
+func TestNoScriptFallback(t *testing.T) {
+	srv := redistest.StartServer(t)
+	c := goredis.NewClient(&goredis.Options{Addr: srv.Addr})
+	t.Cleanup(func() { _ = c.Close() })
+	ctx := t.Context()
+	s := redis.New(c)
+	id := store.ID{Scope: "tenant", Key: "k"}
+	if _, err := s.Claim(ctx, claimReq(id, fpA)); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.ScriptFlush(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	res, err := s.Claim(ctx, claimReq(id, fpA))
+	if err != nil || res.Outcome != store.InFlight {
+		t.Fatalf("after SCRIPT FLUSH: %+v %v, want in flight", res, err)
+	}
+}
+
+// countHook counts commands sent through a go-redis client.
+type countHook struct{ n atomic.Int64 }
+
+func (h *countHook) DialHook(next goredis.DialHook) goredis.DialHook { return next }
+func (h *countHook) ProcessHook(next goredis.ProcessHook) goredis.ProcessHook {
+	return func(ctx context.Context, cmd goredis.Cmder) error {
+		h.n.Add(1)
+		return next(ctx, cmd)
+	}
+}
+func (h *countHook) ProcessPipelineHook(next goredis.ProcessPipelineHook) goredis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []goredis.Cmder) error {
+		h.n.Add(int64(len(cmds)))
+		return next(ctx, cmds)
+	}
+}
+
+// TestOneRoundTripPerTransition counts commands: each transition, including a
+// refused claim that returns the record, is exactly one.
+func TestOneRoundTripPerTransition(t *testing.T) {
+	shared := redistest.Shared(t)
+	c := goredis.NewClient(shared.Options())
+	t.Cleanup(func() { _ = c.Close() })
+	hook := &countHook{}
+	c.AddHook(hook)
+	ctx := t.Context()
+	s := redis.New(c, redis.WithPrefix(redistest.Prefix(t, shared)))
+	warm := store.ID{Scope: "warm", Key: "k"} // load every script once
+	r, _ := s.Claim(ctx, claimReq(warm, fpA))
+	_ = s.Renew(ctx, warm, r.Token, time.Second)
+	_ = s.Complete(ctx, warm, r.Token, store.Response{Status: 200}, time.Minute)
+	_ = s.Release(ctx, warm, r.Token)
+
+	id := store.ID{Scope: "tenant", Key: "k"}
+	var tok store.Token
+	steps := []struct {
+		name string
+		do   func() error
+	}{
+		{"claim", func() error { r, err := s.Claim(ctx, claimReq(id, fpA)); tok = r.Token; return err }},
+		{"in flight", func() error { _, err := s.Claim(ctx, claimReq(id, fpA)); return err }},
+		{"renew", func() error { return s.Renew(ctx, id, tok, time.Second) }},
+		{"complete", func() error {
+			return s.Complete(ctx, id, tok, store.Response{Status: 200, Body: []byte("x")}, time.Minute)
+		}},
+		{"replay", func() error {
+			r, err := s.Claim(ctx, claimReq(id, fpA))
+			if err == nil && (r.Outcome != store.Completed || string(r.Record.Body) != "x") {
+				t.Errorf("replay: %+v", r)
+			}
+			return err
+		}},
+		{"release refused", func() error {
+			if err := s.Release(ctx, id, tok); !errors.Is(err, store.ErrLeaseLost) {
+				t.Errorf("release: %v", err)
+			}
+			return nil
+		}},
+	}
+	for _, st := range steps {
+		before := hook.n.Load()
+		if err := st.do(); err != nil {
+			t.Fatalf("%s: %v", st.name, err)
+		}
+		if n := hook.n.Load() - before; n != 1 {
+			t.Errorf("%s: %d round trips, want 1", st.name, n)
+		}
+	}
+}

@@ -1,0 +1,207 @@
+package tiered_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	goredis "github.com/redis/go-redis/v9"
+
+	"github.com/idemkey/idemkey/store"
+	"github.com/idemkey/idemkey/store/memory"
+	"github.com/idemkey/idemkey/store/postgres"
+)
+
+// postgresBackstop returns a migrated Postgres store in a schema of its own,
+// dropped at cleanup. ok is false (after t.Skip unless required) without DATABASE_URL.
+func postgresBackstop(t testing.TB, pool *pgxpool.Pool) *postgres.Store {
+	t.Helper()
+	schema := "idemkey_tiered_" + store.NewToken().String()[:12]
+	s, err := postgres.New(pool, postgres.WithSchema(schema))
+	if err != nil {
+		t.Fatalf("postgres.New: %v", err)
+	}
+	if err := s.Migrate(t.Context()); err != nil {
+		t.Fatalf("Migrate: %v", err)
+	}
+	t.Cleanup(func() {
+		if _, err := pool.Exec(context.Background(), "DROP SCHEMA IF EXISTS "+pgx.Identifier{schema}.Sanitize()+" CASCADE"); err != nil {
+			t.Errorf("drop schema %s: %v", schema, err)
+		}
+	})
+	return s
+}
+
+// pgPool connects to DATABASE_URL; skips without it (fails when CI=true).
+func pgPool(t testing.TB) *pgxpool.Pool {
+	t.Helper()
+	url := os.Getenv("DATABASE_URL")
+	if url == "" {
+		if os.Getenv("CI") == "true" {
+			t.Fatal("DATABASE_URL is not set (required when CI=true)")
+		}
+		t.Skip("DATABASE_URL not set; skipping tests against Postgres")
+	}
+	pool, err := pgxpool.New(context.Background(), url)
+	if err != nil {
+		t.Fatalf("DATABASE_URL: %v", err)
+	}
+	t.Cleanup(pool.Close)
+	return pool
+}
+
+// anyBackstop is Postgres when DATABASE_URL is set, else the memory store: the fault
+// tests are about Redis and run either way.
+func anyBackstop(t testing.TB) store.Store {
+	t.Helper()
+	if os.Getenv("DATABASE_URL") == "" && os.Getenv("CI") != "true" {
+		t.Log("DATABASE_URL not set: memory store as the backstop")
+		return memory.New()
+	}
+	return postgresBackstop(t, pgPool(t))
+}
+
+var errDown = errors.New("backstop down (injected)")
+
+// probe wraps a backstop: counts its calls and can be switched down.
+type probe struct {
+	store.Store
+	calls atomic.Int64
+	down  atomic.Bool
+}
+
+func (p *probe) Claim(ctx context.Context, req store.ClaimRequest) (store.ClaimResult, error) {
+	p.calls.Add(1)
+	if p.down.Load() {
+		return store.ClaimResult{}, errDown
+	}
+	return p.Store.Claim(ctx, req)
+}
+
+func (p *probe) Complete(ctx context.Context, id store.ID, tok store.Token, resp store.Response, ret time.Duration) error {
+	p.calls.Add(1)
+	if p.down.Load() {
+		return errDown
+	}
+	return p.Store.Complete(ctx, id, tok, resp, ret)
+}
+
+func (p *probe) Release(ctx context.Context, id store.ID, tok store.Token) error {
+	p.calls.Add(1)
+	if p.down.Load() {
+		return errDown
+	}
+	return p.Store.Release(ctx, id, tok)
+}
+
+func (p *probe) Renew(ctx context.Context, id store.ID, tok store.Token, lease time.Duration) error {
+	p.calls.Add(1)
+	if p.down.Load() {
+		return errDown
+	}
+	return p.Store.Renew(ctx, id, tok, lease)
+}
+
+// countHook counts commands sent through a go-redis client.
+type countHook struct{ n atomic.Int64 }
+
+func (h *countHook) DialHook(next goredis.DialHook) goredis.DialHook { return next }
+func (h *countHook) ProcessHook(next goredis.ProcessHook) goredis.ProcessHook {
+	return func(ctx context.Context, cmd goredis.Cmder) error {
+		h.n.Add(1)
+		return next(ctx, cmd)
+	}
+}
+func (h *countHook) ProcessPipelineHook(next goredis.ProcessPipelineHook) goredis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []goredis.Cmder) error {
+		h.n.Add(int64(len(cmds)))
+		return next(ctx, cmds)
+	}
+}
+
+// faultClient is a client for a private server that fails fast when it is down.
+func faultClient(t testing.TB, addr string) *goredis.Client {
+	t.Helper()
+	c := goredis.NewClient(&goredis.Options{
+		Addr:                  addr,
+		ContextTimeoutEnabled: true,
+		DialTimeout:           50 * time.Millisecond,
+		MaxRetries:            -1,
+	})
+	t.Cleanup(func() { _ = c.Close() })
+	return c
+}
+
+func fingerprint(s string) store.Fingerprint {
+	var f store.Fingerprint
+	copy(f[:], s)
+	return f
+}
+
+// app simulates the middleware in front of a handler: claim, run once, complete;
+// replay when completed; wait and retry when in flight.
+type app struct {
+	s       store.Store
+	lease   time.Duration
+	runs    map[string]*atomic.Int64 // executions per key, preallocated
+	replays atomic.Int64
+}
+
+func newApp(s store.Store, lease time.Duration, keys []string) *app {
+	a := &app{s: s, lease: lease, runs: make(map[string]*atomic.Int64, len(keys))}
+	for _, k := range keys {
+		a.runs[k] = new(atomic.Int64)
+	}
+	return a
+}
+
+// do performs one request for key until it is executed or replayed; it returns the
+// first store error (the middleware's 503).
+func (a *app) do(ctx context.Context, key string) error {
+	id := store.ID{Scope: "tenant", Key: key}
+	req := store.ClaimRequest{ID: id, Fingerprint: fingerprint(key), Lease: a.lease, Retention: time.Minute}
+	for {
+		res, err := a.s.Claim(ctx, req)
+		if err != nil {
+			return err
+		}
+		switch res.Outcome {
+		case store.Claimed:
+			a.runs[key].Add(1)
+			return a.s.Complete(ctx, id, res.Token, store.Response{Status: 201, Body: []byte("done:" + key)}, time.Minute)
+		case store.Completed:
+			if got := string(res.Record.Body); got != "done:"+key {
+				return fmt.Errorf("%w: replay of %s carries %q", errWrong, key, got)
+			}
+			a.replays.Add(1)
+			return nil
+		case store.InFlight:
+			select {
+			case <-ctx.Done():
+				return ctx.Err()
+			case <-time.After(max(res.RetryAfter/4, time.Millisecond)):
+			}
+		default:
+			return fmt.Errorf("%w: %s answered %v", errWrong, key, res.Outcome)
+		}
+	}
+}
+
+var errWrong = errors.New("wrong answer")
+
+// quietLogger drops go-redis's connection-pool logs, which the fault tests provoke
+// on purpose.
+type quietLogger struct{}
+
+func (quietLogger) Printf(context.Context, string, ...any) {}
+
+func TestMain(m *testing.M) {
+	goredis.SetLogger(quietLogger{})
+	os.Exit(m.Run())
+}

@@ -1,0 +1,308 @@
+// Package tiered is an idempotency store (store.Store) made of a Redis fast path in
+// front of an authoritative backstop, normally store/postgres (DESIGN.md section 4,
+// "Tiered"). Redis answers what it holds; the backstop decides everything else.
+//
+//   - Claim asks Redis first (one script, store/redis Peek). A completed record with
+//     the request's fingerprint is replayed, a completed record of another
+//     fingerprint is a Mismatch, and a live in-flight marker with the same
+//     fingerprint is InFlight: one Redis round trip, no backstop call.
+//   - Anything else goes to the backstop's Claim, and only a backstop claim lets the
+//     handler run: a record missing from Redis is never taken as new. A backstop
+//     claim writes an in-flight marker to Redis (expiring with the lease); a
+//     backstop replay backfills Redis with the record.
+//   - Complete writes the backstop first (token-fenced there), then completes the
+//     Redis marker with the remaining retention. Release and Renew go to the
+//     backstop, which decides, then (when it agreed) to Redis, token-checked and
+//     best effort.
+//   - Every Redis call has a short timeout (WithTimeout, default 50 ms). A Redis
+//     error or timeout degrades that call to the backstop alone; it is counted
+//     (Stats) and reported to the observer (WithObserver). After an error the fast
+//     path is skipped for a cooldown (WithCooldown, default 500 ms) and then tried
+//     again, so it resumes by itself when Redis is back. Backstop errors are the
+//     store's errors (the middleware answers 503).
+//
+// What Redis can get wrong is bounded and never causes a second execution or a
+// wrong replay: completed records reach Redis only after the backstop accepted
+// them, and completed records never change. A marker whose Release or Complete did
+// not reach Redis (it was down) answers InFlight until its lease runs out. Redis
+// eviction, flushes and failovers only cost fast-path hits.
+//
+// Give the go-redis client ContextTimeoutEnabled: true, so the timeout also bounds
+// socket reads; without it a hung (not dead) Redis blocks a call up to the client's
+// ReadTimeout.
+package tiered
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync/atomic"
+	"time"
+
+	"github.com/idemkey/idemkey/store"
+	"github.com/idemkey/idemkey/store/redis"
+)
+
+// Defaults of the options.
+const (
+	DefaultTimeout  = 50 * time.Millisecond
+	DefaultCooldown = 500 * time.Millisecond
+)
+
+// Store is the tiered store. Build it with New; it is safe for concurrent use.
+type Store struct {
+	fast     *redis.Store
+	backstop store.Store
+	timeout  time.Duration
+	cooldown time.Duration
+	observe  func(Event)
+
+	downUntil atomic.Int64 // monotonic nanoseconds since start; fast path skipped before it
+	start     time.Time
+	stats     counters
+}
+
+var _ store.Store = (*Store)(nil)
+
+// Option configures a Store.
+type Option func(*Store)
+
+// WithTimeout bounds every Redis call (default DefaultTimeout). Non-positive
+// values keep the default.
+func WithTimeout(d time.Duration) Option {
+	return func(s *Store) {
+		if d > 0 {
+			s.timeout = d
+		}
+	}
+}
+
+// WithCooldown sets how long the fast path is skipped after a Redis error (default
+// DefaultCooldown); 0 retries Redis on every call.
+func WithCooldown(d time.Duration) Option {
+	return func(s *Store) { s.cooldown = max(d, 0) }
+}
+
+// WithObserver registers f, called synchronously for every fast-path event (see
+// Event). It must be fast and must not block; metrics hooks count here.
+func WithObserver(f func(Event)) Option { return func(s *Store) { s.observe = f } }
+
+// New returns a tiered store: fast answers what it holds, backstop (the
+// authoritative store, e.g. *postgres.Store) decides. New does no I/O.
+func New(fast *redis.Store, backstop store.Store, opts ...Option) *Store {
+	s := &Store{fast: fast, backstop: backstop, timeout: DefaultTimeout, cooldown: DefaultCooldown, start: time.Now()}
+	for _, o := range opts {
+		o(s)
+	}
+	return s
+}
+
+// EventKind classifies fast-path events.
+type EventKind uint8
+
+const (
+	// FastAnswer: Redis answered the claim (replay, in flight or mismatch); the
+	// backstop was not asked.
+	FastAnswer EventKind = iota + 1
+	// FastMiss: Redis could not answer the claim; the backstop decided.
+	FastMiss
+	// FastError: a Redis call failed or timed out (Event.Err); the operation went
+	// on with the backstop alone.
+	FastError
+	// FastSkipped: the fast path was skipped, cooling down after an error.
+	FastSkipped
+	// Backfill: a record the backstop replayed was copied into Redis.
+	Backfill
+)
+
+// String returns the kind's name ("fast_answer", ...), usable as a metrics label.
+func (k EventKind) String() string {
+	switch k {
+	case FastAnswer:
+		return "fast_answer"
+	case FastMiss:
+		return "fast_miss"
+	case FastError:
+		return "fast_error"
+	case FastSkipped:
+		return "fast_skipped"
+	case Backfill:
+		return "backfill"
+	}
+	return "unknown"
+}
+
+// Event is one fast-path event.
+type Event struct {
+	// Op is the Redis operation: "peek", "mark", "fill", "complete", "release", "renew".
+	Op   string
+	Kind EventKind
+	// Err is the Redis error for FastError (a timeout is context.DeadlineExceeded).
+	Err error
+}
+
+// Stats are the store's counters since New.
+type Stats struct {
+	FastAnswers, FastMisses, FastErrors, FastSkipped, Backfills int64
+}
+
+type counters struct {
+	answers, misses, errors, skipped, backfills atomic.Int64
+}
+
+// Stats returns the counters.
+func (s *Store) Stats() Stats {
+	return Stats{
+		FastAnswers: s.stats.answers.Load(),
+		FastMisses:  s.stats.misses.Load(),
+		FastErrors:  s.stats.errors.Load(),
+		FastSkipped: s.stats.skipped.Load(),
+		Backfills:   s.stats.backfills.Load(),
+	}
+}
+
+func (s *Store) event(op string, kind EventKind, err error) {
+	switch kind {
+	case FastAnswer:
+		s.stats.answers.Add(1)
+	case FastMiss:
+		s.stats.misses.Add(1)
+	case FastError:
+		s.stats.errors.Add(1)
+		// A corrupt or refused record is one key's problem, not Redis being down.
+		if s.cooldown > 0 && !errors.Is(err, store.ErrCorrupt) && !errors.Is(err, store.ErrInvalid) {
+			s.downUntil.Store(int64(time.Since(s.start) + s.cooldown))
+		}
+	case FastSkipped:
+		s.stats.skipped.Add(1)
+	case Backfill:
+		s.stats.backfills.Add(1)
+	}
+	if s.observe != nil {
+		s.observe(Event{Op: op, Kind: kind, Err: err})
+	}
+}
+
+// fastUp reports whether the fast path may be used now, counting a skip otherwise.
+func (s *Store) fastUp(op string) bool {
+	if until := s.downUntil.Load(); until != 0 && int64(time.Since(s.start)) < until {
+		s.event(op, FastSkipped, nil)
+		return false
+	}
+	return true
+}
+
+// fastCall runs f against Redis with the timeout, unless cooling down. It reports
+// f's error (nil when skipped: callers treat "skipped" like "no answer"), and
+// whether f ran.
+func (s *Store) fastCall(ctx context.Context, op string, f func(ctx context.Context) error) (ran bool, err error) {
+	if !s.fastUp(op) {
+		return false, nil
+	}
+	fctx, cancel := context.WithTimeout(ctx, s.timeout)
+	err = f(fctx)
+	cancel()
+	if err != nil && !errors.Is(err, store.ErrLeaseLost) {
+		if ctx.Err() == nil { // the caller's own cancellation is not Redis's fault
+			s.event(op, FastError, err)
+		}
+	}
+	return true, err
+}
+
+// Claim implements store.Store: Redis first, then the backstop (see the package
+// doc). Errors are the backstop's (wrapped), or store.ErrInvalid.
+func (s *Store) Claim(ctx context.Context, req store.ClaimRequest) (store.ClaimResult, error) {
+	if err := req.Validate(); err != nil {
+		return store.ClaimResult{}, err
+	}
+	var (
+		res    store.ClaimResult
+		answer bool
+	)
+	ran, err := s.fastCall(ctx, "peek", func(ctx context.Context) (err error) {
+		res, answer, err = s.fast.Peek(ctx, req.ID, req.Fingerprint)
+		return err
+	})
+	if ran && err == nil {
+		if answer {
+			s.event("peek", FastAnswer, nil)
+			return res, nil
+		}
+		s.event("peek", FastMiss, nil)
+	}
+
+	res, err = s.backstop.Claim(ctx, req)
+	if err != nil {
+		return store.ClaimResult{}, fmt.Errorf("idemkey/store/tiered: backstop claim: %w", err)
+	}
+	switch res.Outcome {
+	case store.Claimed:
+		_, _ = s.fastCall(ctx, "mark", func(ctx context.Context) error {
+			return s.fast.Mark(ctx, req.ID, req.Fingerprint, res.Token, req.Lease)
+		})
+	case store.Completed:
+		s.backfill(ctx, req.ID, res.Record)
+	}
+	return res, nil
+}
+
+// backfill copies a record the backstop replayed into Redis for the rest of its
+// retention (measured on this process's clock against the record's ExpiresAt).
+func (s *Store) backfill(ctx context.Context, id store.ID, rec *store.Record) {
+	if rec == nil {
+		return
+	}
+	ttl := time.Until(rec.ExpiresAt)
+	if full := rec.ExpiresAt.Sub(rec.CompletedAt); ttl > full {
+		ttl = full // a fast local clock must not extend the retention
+	}
+	if ttl < time.Millisecond {
+		return
+	}
+	ran, err := s.fastCall(ctx, "fill", func(ctx context.Context) error { return s.fast.Fill(ctx, id, rec, ttl) })
+	if ran && err == nil {
+		s.event("fill", Backfill, nil)
+	}
+}
+
+// Complete implements store.Store: the backstop stores resp (token-fenced) and
+// decides; then the Redis marker becomes the completed record for the remaining
+// retention. The result is the backstop's: nil, store.ErrLeaseLost or its error.
+func (s *Store) Complete(ctx context.Context, id store.ID, token store.Token, resp store.Response, retention time.Duration) error {
+	begun := time.Now()
+	if err := s.backstop.Complete(ctx, id, token, resp, retention); err != nil {
+		// On ErrLeaseLost Redis is left alone: a marker of token, if any, expires
+		// with the lease the backstop already saw expire (or the holder released).
+		return fmt.Errorf("idemkey/store/tiered: backstop complete: %w", err)
+	}
+	// The backstop's retention started after begun: caching for retention minus the
+	// time spent keeps the Redis copy from outliving the backstop's record.
+	if rest := retention - time.Since(begun); rest >= time.Millisecond {
+		_, _ = s.fastCall(ctx, "complete", func(ctx context.Context) error {
+			return s.fast.Complete(ctx, id, token, resp, rest)
+		})
+	}
+	return nil
+}
+
+// Release implements store.Store: the backstop forgets id if token holds it and
+// decides the result; then the Redis marker of token is dropped.
+func (s *Store) Release(ctx context.Context, id store.ID, token store.Token) error {
+	if err := s.backstop.Release(ctx, id, token); err != nil {
+		return fmt.Errorf("idemkey/store/tiered: backstop release: %w", err)
+	}
+	// Without this the marker would answer InFlight until its lease ran out.
+	_, _ = s.fastCall(ctx, "release", func(ctx context.Context) error { return s.fast.Release(ctx, id, token) })
+	return nil
+}
+
+// Renew implements store.Store: the backstop extends the lease and decides; the
+// Redis marker of token follows.
+func (s *Store) Renew(ctx context.Context, id store.ID, token store.Token, lease time.Duration) error {
+	if err := s.backstop.Renew(ctx, id, token, lease); err != nil {
+		return fmt.Errorf("idemkey/store/tiered: backstop renew: %w", err)
+	}
+	_, _ = s.fastCall(ctx, "renew", func(ctx context.Context) error { return s.fast.Renew(ctx, id, token, lease) })
+	return nil
+}
