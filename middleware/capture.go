@@ -121,8 +121,9 @@ func (c *call) reset() {
 func (c *call) commit(code int) {
 	c.wroteHeader, c.status = true, code
 	h := c.w.Header()
+	connection := h["Connection"]
 	for k, v := range h {
-		if c.m.replayable(k, h, c.pre) {
+		if c.m.replayable(k, connection, c.pre) {
 			c.header[k] = v
 		}
 	}

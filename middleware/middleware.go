@@ -433,7 +433,7 @@ func (m *Middleware) logRelease(c *call, err error) {
 }
 
 // replayable reports whether the response header k may be stored for replay.
-func (m *Middleware) replayable(k string, h http.Header, pre []string) bool {
+func (m *Middleware) replayable(k string, connection, pre []string) bool {
 	if _, deny := m.deny[k]; deny {
 		return false
 	}
@@ -450,7 +450,7 @@ func (m *Middleware) replayable(k string, h http.Header, pre []string) bool {
 			return false
 		}
 	}
-	for _, v := range h["Connection"] { // headers named by Connection are hop-by-hop
+	for _, v := range connection { // headers named by Connection are hop-by-hop
 		for f := range strings.SplitSeq(v, ",") {
 			if strings.EqualFold(strings.TrimSpace(f), k) {
 				return false

@@ -3,12 +3,12 @@ package main
 import (
 	"bytes"
 	"context"
-	"runtime"
 	"encoding/json"
 	"io"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"runtime"
 	"strings"
 	"sync"
 	"testing"

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -14,6 +15,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 )
 
 // The vector format of shared/conformance/README.md.
@@ -99,7 +102,7 @@ func TestVectors(t *testing.T) {
 				{"profile", map[string]string{"IDEM_REPLAY_HEADER": "Idempotency-Replayed"}, []string{"core", "profile"}},
 			} {
 				t.Run(profile.name, func(t *testing.T) {
-					env := storeEnv(name)
+					env := storeEnv(t, name)
 					for k, v := range profile.env {
 						env[k] = v
 					}
@@ -307,10 +310,32 @@ func availableStores(t *testing.T) []string {
 	return names
 }
 
-func storeEnv(name string) map[string]string {
-	return map[string]string{
-		"IDEM_STORE":   name,
-		"DATABASE_URL": os.Getenv("DATABASE_URL"),
-		"REDIS_URL":    os.Getenv("REDIS_URL"),
+// storeEnv is the environment of a fixture on store name, in a namespace of its
+// own (table, Redis prefix) that is dropped when the test ends.
+func storeEnv(t *testing.T, name string) map[string]string {
+	ns := fmt.Sprintf("conf_%d_%d", os.Getpid(), time.Now().UnixNano())
+	env := map[string]string{
+		"IDEM_STORE":        name,
+		"DATABASE_URL":      os.Getenv("DATABASE_URL"),
+		"REDIS_URL":         os.Getenv("REDIS_URL"),
+		"IDEM_TABLE":        ns,
+		"IDEM_REDIS_PREFIX": ns + ":",
+	}
+	if name == "postgres" || name == "tiered" {
+		t.Cleanup(func() { dropTable(t, ns) })
+	}
+	return env
+}
+
+func dropTable(t *testing.T, table string) {
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, os.Getenv("DATABASE_URL"))
+	if err != nil {
+		t.Errorf("dropping %s: %v", table, err)
+		return
+	}
+	defer conn.Close(ctx)
+	if _, err := conn.Exec(ctx, "DROP TABLE IF EXISTS "+pgx.Identifier{table}.Sanitize()); err != nil {
+		t.Errorf("dropping %s: %v", table, err)
 	}
 }

@@ -28,7 +28,7 @@ func TestFaultRedisRestart(t *testing.T) {
 	srv := redistest.StartServer(t)
 	c := faultClient(t, srv.Addr)
 	back := &probe{Store: anyBackstop(t)}
-	s := tiered.New(redis.New(c), back, tiered.WithCooldown(20*time.Millisecond))
+	s := tiered.New(redis.New(c), back, tiered.WithCooldown(20*time.Millisecond), tiered.WithTimeout(testTimeout))
 	ctx := t.Context()
 
 	const nKeys, workers = 300, 8
@@ -138,7 +138,7 @@ func TestFaultRedisFlushed(t *testing.T) {
 	c := faultClient(t, srv.Addr)
 	back := &probe{Store: anyBackstop(t)}
 	fast := redis.New(c)
-	s := tiered.New(fast, back)
+	s := tiered.New(fast, back, tiered.WithTimeout(testTimeout))
 	ctx := t.Context()
 	a := newApp(s, 5*time.Second, []string{"k"})
 	if err := a.do(ctx, "k"); err != nil || a.runs["k"].Load() != 1 {
@@ -160,7 +160,7 @@ func TestFaultRedisFlushed(t *testing.T) {
 	id := store.ID{Scope: "tenant", Key: "k"}
 	res, ok, err := fast.Peek(ctx, id, fingerprint("k"))
 	if err != nil || !ok || res.Outcome != store.Completed || string(res.Record.Body) != "done:k" {
-		t.Fatalf("Redis not refilled: %+v %v %v", res, ok, err)
+		t.Fatalf("Redis not refilled: %+v %v %v; stats %+v", res, ok, err, s.Stats())
 	}
 	if ttl := c.PTTL(ctx, fast.Key(id)).Val(); ttl <= 0 || ttl > time.Minute {
 		t.Errorf("refilled TTL %v, want the remaining retention (<= 1m)", ttl)
@@ -184,7 +184,7 @@ func TestFaultStaleHolder(t *testing.T) {
 	c := faultClient(t, srv.Addr)
 	backstop := anyBackstop(t)
 	fast := redis.New(c)
-	s := tiered.New(fast, backstop)
+	s := tiered.New(fast, backstop, tiered.WithTimeout(testTimeout))
 	ctx := t.Context()
 	id := store.ID{Scope: "tenant", Key: "k"}
 	const lease = 100 * time.Millisecond
@@ -235,13 +235,25 @@ func TestFaultRedisHung(t *testing.T) {
 	srv := redistest.StartServer(t)
 	c := faultClient(t, srv.Addr)
 	back := &probe{Store: anyBackstop(t)}
-	const timeout = 30 * time.Millisecond
-	s := tiered.New(redis.New(c), back, tiered.WithTimeout(timeout), tiered.WithCooldown(200*time.Millisecond))
+	const timeout = 100 * time.Millisecond
+	var (
+		errMu    sync.Mutex
+		fastErrs []error
+	)
+	s := tiered.New(redis.New(c), back, tiered.WithTimeout(timeout), tiered.WithCooldown(200*time.Millisecond),
+		tiered.WithObserver(func(e tiered.Event) {
+			if e.Kind == tiered.FastError {
+				errMu.Lock()
+				fastErrs = append(fastErrs, e.Err)
+				errMu.Unlock()
+			}
+		}))
 	ctx := t.Context()
 	a := newApp(s, 5*time.Second, []string{"a", "b", "c"})
 	if err := a.do(ctx, "a"); err != nil { // connect and load the scripts
 		t.Fatal(err)
 	}
+	st0 := s.Stats()
 	pid := srv.Pid()
 	if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
 		t.Fatal(err)
@@ -256,9 +268,14 @@ func TestFaultRedisHung(t *testing.T) {
 		t.Errorf("request with Redis hung took %v, want about the %v timeout", d, timeout)
 	}
 	st := s.Stats()
-	if st.FastErrors != 1 || st.FastSkipped == 0 {
-		t.Errorf("stats %+v: want 1 timeout, then skips", st)
+	if st.FastErrors-st0.FastErrors != 1 || st.FastSkipped-st0.FastSkipped == 0 {
+		t.Errorf("stats %+v (before %+v): want 1 timeout, then skips", st, st0)
 	}
+	errMu.Lock()
+	if len(fastErrs) == 0 || !errors.Is(fastErrs[len(fastErrs)-1], tiered.ErrFastTimeout) {
+		t.Errorf("fast errors %v, want a timeout last", fastErrs)
+	}
+	errMu.Unlock()
 	if err := syscall.Kill(pid, syscall.SIGCONT); err != nil {
 		t.Fatal(err)
 	}

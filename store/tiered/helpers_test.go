@@ -67,6 +67,11 @@ func anyBackstop(t testing.TB) store.Store {
 	return postgresBackstop(t, pgPool(t))
 }
 
+// testTimeout replaces the 50 ms default Redis timeout in tests that are not about
+// timeouts: on a loaded CI machine a healthy Redis can take longer, and a fast-path
+// timeout there would only be a spurious fallback.
+const testTimeout = time.Second
+
 var errDown = errors.New("backstop down (injected)")
 
 // probe wraps a backstop: counts its calls and can be switched down.

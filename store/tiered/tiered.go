@@ -49,6 +49,10 @@ const (
 	DefaultCooldown = 500 * time.Millisecond
 )
 
+// ErrFastTimeout marks a fast-path error caused by the Redis timeout (WithTimeout)
+// in Event.Err; the store itself never returns it.
+var ErrFastTimeout = errors.New("idemkey/store/tiered: redis timeout")
+
 // Store is the tiered store. Build it with New; it is safe for concurrent use.
 type Store struct {
 	fast     *redis.Store
@@ -137,7 +141,7 @@ type Event struct {
 	// Op is the Redis operation: "peek", "mark", "fill", "complete", "release", "renew".
 	Op   string
 	Kind EventKind
-	// Err is the Redis error for FastError (a timeout is context.DeadlineExceeded).
+	// Err is the Redis error for FastError; a timeout wraps ErrFastTimeout.
 	Err error
 }
 
@@ -201,9 +205,13 @@ func (s *Store) fastCall(ctx context.Context, op string, f func(ctx context.Cont
 	}
 	fctx, cancel := context.WithTimeout(ctx, s.timeout)
 	err = f(fctx)
+	timedOut := fctx.Err() != nil
 	cancel()
 	if err != nil && !errors.Is(err, store.ErrLeaseLost) {
 		if ctx.Err() == nil { // the caller's own cancellation is not Redis's fault
+			if timedOut {
+				err = fmt.Errorf("%w (%v): %w", ErrFastTimeout, s.timeout, err)
+			}
 			s.event(op, FastError, err)
 		}
 	}

@@ -22,7 +22,7 @@ func TestConformancePostgres(t *testing.T) {
 	pool := pgPool(t)
 	storetest.Run(t, func(t *testing.T) storetest.Subject {
 		fast := redis.New(c, redis.WithPrefix(redistest.Prefix(t, c)))
-		return storetest.Subject{Store: tiered.New(fast, postgresBackstop(t, pool))}
+		return storetest.Subject{Store: tiered.New(fast, postgresBackstop(t, pool), tiered.WithTimeout(testTimeout))}
 	})
 }
 
@@ -32,7 +32,7 @@ func TestConformanceMemory(t *testing.T) {
 	c := redistest.Shared(t)
 	storetest.Run(t, func(t *testing.T) storetest.Subject {
 		fast := redis.New(c, redis.WithPrefix(redistest.Prefix(t, c)))
-		return storetest.Subject{Store: tiered.New(fast, memory.New())}
+		return storetest.Subject{Store: tiered.New(fast, memory.New(), tiered.WithTimeout(testTimeout))}
 	})
 }
 
@@ -46,7 +46,7 @@ func TestRoundTrips(t *testing.T) {
 	c.AddHook(hook)
 	back := &probe{Store: anyBackstop(t)}
 	fast := redis.New(c, redis.WithPrefix(redistest.Prefix(t, shared)))
-	s := tiered.New(fast, back)
+	s := tiered.New(fast, back, tiered.WithTimeout(testTimeout))
 	ctx := t.Context()
 
 	warm := store.ID{Scope: "warm", Key: "k"} // load every script once
@@ -119,7 +119,7 @@ func TestMissingMarkerIsNotNew(t *testing.T) {
 	c := redistest.Shared(t)
 	back := &probe{Store: memory.New()}
 	fast := redis.New(c, redis.WithPrefix(redistest.Prefix(t, c)))
-	s := tiered.New(fast, back)
+	s := tiered.New(fast, back, tiered.WithTimeout(testTimeout))
 	ctx := t.Context()
 	id := store.ID{Scope: "tenant", Key: "k"}
 	req := store.ClaimRequest{ID: id, Fingerprint: fingerprint("a"), Lease: time.Minute, Retention: time.Hour}
@@ -142,7 +142,7 @@ func TestCorruptCacheFallsBack(t *testing.T) {
 	c := redistest.Shared(t)
 	var events []tiered.Event
 	fast := redis.New(c, redis.WithPrefix(redistest.Prefix(t, c)))
-	s := tiered.New(fast, memory.New(), tiered.WithObserver(func(e tiered.Event) { events = append(events, e) }))
+	s := tiered.New(fast, memory.New(), tiered.WithTimeout(testTimeout), tiered.WithObserver(func(e tiered.Event) { events = append(events, e) }))
 	ctx := t.Context()
 	id := store.ID{Scope: "tenant", Key: "k"}
 	c.Set(ctx, fast.Key(id), "garbage", time.Minute)
