@@ -183,7 +183,9 @@ type ClaimResult struct {
 }
 
 // Store is an idempotency-record backend. Implementations are safe for concurrent
-// use and answer each call in one round trip to their server.
+// use and answer each call in one round trip to their server. A Record a store
+// returns is read-only for the caller and is never changed by the store after it
+// is returned.
 //
 // Errors other than ErrLeaseLost (connection loss, timeouts, cancellation,
 // ErrCorrupt) mean the store could not answer; the middleware then fails closed
@@ -195,7 +197,8 @@ type Store interface {
 	Claim(ctx context.Context, req ClaimRequest) (ClaimResult, error)
 
 	// Complete stores resp for id if token still owns it, and keeps the record for
-	// retention from now (store clock). ErrLeaseLost otherwise.
+	// retention from now (store clock). ErrLeaseLost otherwise. The caller may reuse
+	// resp.Body and resp.Header once Complete returns: a store copies what it keeps.
 	Complete(ctx context.Context, id ID, token Token, resp Response, retention time.Duration) error
 
 	// Release forgets id if token still owns it, so the next claim runs the handler

@@ -34,6 +34,7 @@
 // guarantee: under any allkeys-* or volatile-* policy Redis may evict an in-flight or
 // completed record under memory pressure, and the next retry runs the handler again.
 // (With store/tiered, Redis is a cache and eviction is harmless.)
+// CheckEvictionPolicy reads the setting at startup.
 //
 // Redis replication is asynchronous. A failover that promotes a replica which had
 // not received the latest writes loses acknowledged claims and completions: a retry
@@ -41,4 +42,13 @@
 // failovers (WAIT or AOF with appendfsync always narrow the window but do not close
 // it); when a lost write must never cause a second execution, use store/tiered, where
 // Postgres decides and Redis only answers what it holds.
+//
+// # Fast path for store/tiered
+//
+// Peek, Mark and Fill are the extra operations store/tiered uses when Redis is a
+// cache in front of an authoritative store: Peek answers, without writing, what Redis
+// alone may answer (a completed record, a live lease of the same request); Mark writes
+// an in-flight marker carrying the authoritative store's token and expiring with the
+// lease; Fill copies a completed record in. Complete, Release and Renew act on a
+// marker exactly as on a record this store claimed. Each is one script call.
 package redis

@@ -2,6 +2,7 @@ package redis
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strconv"
 	"time"
@@ -248,6 +249,27 @@ func (s *Store) Fill(ctx context.Context, id store.ID, rec *store.Record, ttl ti
 		millis(ttl), strconv.Itoa(rec.Status), head, body, omitted).Err()
 	if err != nil {
 		return fmt.Errorf("idemkey/store/redis: fill: %w", err)
+	}
+	return nil
+}
+
+// ErrEvictionPolicy is returned by CheckEvictionPolicy when the server may evict
+// record keys.
+var ErrEvictionPolicy = errors.New("idemkey/store/redis: maxmemory-policy is not noeviction")
+
+// CheckEvictionPolicy reads the server's maxmemory-policy (CONFIG GET; on Cluster,
+// of the node the client picks) and returns an error wrapping ErrEvictionPolicy
+// unless it is noeviction, the only policy under which Redis never drops a record
+// (every record key has a TTL, so volatile-* policies evict them too). Call it at
+// startup and log or refuse; managed services that disable CONFIG answer with the
+// client's error instead. Not needed when the store only serves store/tiered.
+func (s *Store) CheckEvictionPolicy(ctx context.Context) error {
+	m, err := s.client.ConfigGet(ctx, "maxmemory-policy").Result()
+	if err != nil {
+		return fmt.Errorf("idemkey/store/redis: config get maxmemory-policy: %w", err)
+	}
+	if p := m["maxmemory-policy"]; p != "noeviction" {
+		return fmt.Errorf("%w: %q", ErrEvictionPolicy, p)
 	}
 	return nil
 }

@@ -299,3 +299,18 @@ func TestOneRoundTripPerTransition(t *testing.T) {
 		}
 	}
 }
+
+func TestCheckEvictionPolicy(t *testing.T) {
+	for _, tc := range []struct {
+		policy string
+		ok     bool
+	}{{"noeviction", true}, {"volatile-lru", false}, {"allkeys-lru", false}} {
+		srv := redistest.StartServer(t, "--maxmemory-policy", tc.policy)
+		c := goredis.NewClient(&goredis.Options{Addr: srv.Addr})
+		err := redis.New(c).CheckEvictionPolicy(t.Context())
+		_ = c.Close()
+		if tc.ok != (err == nil) || (!tc.ok && !errors.Is(err, redis.ErrEvictionPolicy)) {
+			t.Errorf("%s: %v", tc.policy, err)
+		}
+	}
+}

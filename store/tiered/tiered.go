@@ -17,9 +17,10 @@
 //   - Every Redis call has a short timeout (WithTimeout, default 50 ms). A Redis
 //     error or timeout degrades that call to the backstop alone; it is counted
 //     (Stats) and reported to the observer (WithObserver). After an error the fast
-//     path is skipped for a cooldown (WithCooldown, default 500 ms) and then tried
-//     again, so it resumes by itself when Redis is back. Backstop errors are the
-//     store's errors (the middleware answers 503).
+//     path (peeks, markers, backfills, renewals) is skipped for a cooldown
+//     (WithCooldown, default 500 ms) and then tried again, so it resumes by itself
+//     when Redis is back. Backstop errors are the store's errors (the middleware
+//     answers 503).
 //
 // What Redis can get wrong is bounded and never causes a second execution or a
 // wrong replay: completed records reach Redis only after the backstop accepted
@@ -113,7 +114,8 @@ const (
 	// FastError: a Redis call failed or timed out (Event.Err); the operation went
 	// on with the backstop alone.
 	FastError
-	// FastSkipped: the fast path was skipped, cooling down after an error.
+	// FastSkipped: a fast-path read or marker write was skipped, cooling down
+	// after an error.
 	FastSkipped
 	// Backfill: a record the backstop replayed was copied into Redis.
 	Backfill
@@ -199,8 +201,13 @@ func (s *Store) fastUp(op string) bool {
 // fastCall runs f against Redis with the timeout, unless cooling down. It reports
 // f's error (nil when skipped: callers treat "skipped" like "no answer"), and
 // whether f ran.
+//
+// Completing and dropping a marker are attempted even while cooling down: skipping
+// them would leave a marker answering InFlight for the rest of its lease although
+// the backstop has moved on. (Redis being down makes them fail fast; only a hung
+// Redis costs them the timeout.)
 func (s *Store) fastCall(ctx context.Context, op string, f func(ctx context.Context) error) (ran bool, err error) {
-	if !s.fastUp(op) {
+	if op != "complete" && op != "release" && !s.fastUp(op) {
 		return false, nil
 	}
 	fctx, cancel := context.WithTimeout(ctx, s.timeout)
