@@ -146,7 +146,10 @@ func Dial(ctx context.Context, addr string) (*Client, error) {
 func (c *Client) Close() error {
 	c.mu.Lock()
 	c.closed = true
-	pools := c.pools
+	pools := make([]*pool, 0, len(c.pools)) // a copy: pool() may add to the map meanwhile
+	for _, p := range c.pools {
+		pools = append(pools, p)
+	}
 	c.mu.Unlock()
 	for _, p := range pools {
 		p.mu.Lock()
@@ -289,6 +292,13 @@ func (c *Client) attempt(ctx context.Context, addr, op string, isWrite, mayReuse
 	case <-ctx.Done():
 		return fmt.Errorf("%w: %s: waiting for a connection: %w", ErrNotSent, op, ctx.Err()), false
 	}
+	c.mu.Lock()
+	closed := c.closed
+	c.mu.Unlock()
+	if closed { // Close ran while this request waited for a connection
+		<-p.sem
+		return fmt.Errorf("%w: %w: %s", ErrNotSent, ErrClosed, op), false
+	}
 	cn, reused := c.idleConn(p, mayReuse)
 	if cn != nil && c.cfg.TLS == nil && !alive(cn.nc) {
 		_ = cn.nc.Close()
@@ -312,7 +322,13 @@ func (c *Client) attempt(ctx context.Context, addr, op string, isWrite, mayReuse
 	dl, _ := ctx.Deadline()
 	_ = cn.nc.SetDeadline(dl)
 	stop := context.AfterFunc(ctx, func() { _ = cn.nc.SetDeadline(time.Unix(1, 0)) })
-	defer stop()
+	defer func() {
+		// Too late to stop: the deadline may be set after release, on a connection the
+		// next request already uses. Drop it instead of pooling it.
+		if !stop() {
+			healthy = false
+		}
+	}()
 
 	n, werr := cn.nc.Write(frame)
 	if werr != nil {
@@ -321,7 +337,12 @@ func (c *Client) attempt(ctx context.Context, addr, op string, isWrite, mayReuse
 		}
 		return c.lost(ctx, op, isWrite, werr), false
 	}
-	h, body, rerr := ReadFrame(cn.nc, cn.buf, func(h Header) error { return h.CheckResponse(c.cfg.MaxResponseSize) })
+	h, body, rerr := ReadFrame(cn.nc, cn.buf, func(h Header) error {
+		if h.Version != ProtocolVersion { // the server answers in the request's version
+			return errProtocolf("frame header: response version %d to a version %d request", h.Version, ProtocolVersion)
+		}
+		return h.CheckResponse(c.cfg.MaxResponseSize)
+	})
 	cn.buf = body
 	if rerr != nil {
 		var ne net.Error
@@ -438,20 +459,27 @@ func (c *Client) dial(ctx context.Context, addr string) (*conn, error) {
 }
 
 // release returns cn to p's idle list when healthy (else closes it) and frees its slot.
+// It reads c.closed under p.mu, which Close also takes after setting closed, so a
+// connection is never pooled after Close has emptied the idle list.
 func (c *Client) release(p *pool, cn *conn, healthy bool) {
-	c.mu.Lock()
-	closed := c.closed
-	c.mu.Unlock()
-	if healthy && !closed {
+	pooled := false
+	if healthy {
 		_ = cn.nc.SetDeadline(time.Time{})
 		cn.lastUsed = c.cfg.Now()
 		if cap(cn.buf) > 1<<20 {
 			cn.buf = nil // do not keep a large page's buffer in the pool
 		}
 		p.mu.Lock()
-		p.idle = append(p.idle, cn)
+		c.mu.Lock()
+		closed := c.closed
+		c.mu.Unlock()
+		if !closed {
+			p.idle = append(p.idle, cn)
+			pooled = true
+		}
 		p.mu.Unlock()
-	} else {
+	}
+	if !pooled {
 		_ = cn.nc.Close()
 	}
 	<-p.sem

@@ -68,8 +68,8 @@ type Event struct {
 	TypeMinor uint64
 	// Value is the opaque payload (MessagePack bin).
 	Value []byte
-	// IV is nil unless Value is AES-GCM encrypted (12 bytes); when set the server skips
-	// schema validation.
+	// IV is nil unless Value is AES-GCM encrypted: then exactly 12 bytes (another length
+	// is refused with ErrInvalidRequest). When set the server skips schema validation.
 	IV []byte
 }
 

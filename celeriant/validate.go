@@ -16,12 +16,21 @@ func invalidf(format string, args ...any) error {
 }
 
 // CheckWrite applies the client-side rules every EventStore applies before sending a
-// write: a non-nil ClientID and distinct aggregate keys (the wire form is a map). Rules
-// the server itself enforces (empty Writes 9002, empty events 2000, type 0 2001) are
-// left to the server so their codes reach the caller.
+// write: a non-nil ClientID, distinct aggregate keys (the wire form is a map) and an IV
+// that is absent or 12 bytes (the server cannot decode another length and would drop the
+// connection without an answer, PROTOCOL.md sections 2.3 and 4.2). Rules the server
+// itself enforces (empty Writes 9002, empty events 2000, type 0 2001) are left to the
+// server so their codes reach the caller.
 func CheckWrite(req *WriteRequest) error {
 	if req.ClientID == uuid.Nil {
 		return invalidf("write: ClientID is required")
+	}
+	for i := range req.Writes {
+		for j, ev := range req.Writes[i].Events {
+			if n := len(ev.IV); n != 0 && n != ivSize {
+				return invalidf("write: aggregate %s event %d: IV of %d bytes, want %d or none", req.Writes[i].Key, j, n, ivSize)
+			}
+		}
 	}
 	for i := range req.Writes {
 		for j := i + 1; j < len(req.Writes); j++ {

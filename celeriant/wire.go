@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"io"
+	"slices"
 
 	"github.com/google/uuid"
 	"github.com/vmihailenco/msgpack/v5"
@@ -161,18 +162,37 @@ func ReadFrame(r io.Reader, buf []byte, check func(Header) error) (Header, []byt
 	if err := check(h); err != nil {
 		return h, buf, err
 	}
-	n := int(h.CompressedLength)
-	if cap(buf) < n {
-		buf = make([]byte, n)
+	buf, err := readBody(r, buf, int(h.CompressedLength))
+	if err == io.EOF {
+		err = io.ErrUnexpectedEOF
 	}
-	buf = buf[:n]
-	if _, err := io.ReadFull(r, buf); err != nil {
-		if err == io.EOF {
-			err = io.ErrUnexpectedEOF
+	return h, buf, err
+}
+
+// readStep is the first step of readBody: memory for a body grows with the bytes that
+// actually arrive, so a peer that declares 16 MiB and sends nothing costs 64 KiB, not
+// 16 MiB per connection.
+const readStep = 64 << 10
+
+// readBody reads n bytes into buf (reused when it is large enough), growing it in
+// doubling steps.
+func readBody(r io.Reader, buf []byte, n int) ([]byte, error) {
+	if cap(buf) >= n {
+		buf = buf[:n]
+		_, err := io.ReadFull(r, buf)
+		return buf, err
+	}
+	buf = buf[:0]
+	for len(buf) < n {
+		step := min(n-len(buf), max(readStep, len(buf)))
+		buf = slices.Grow(buf, step)
+		m, err := io.ReadFull(r, buf[len(buf):len(buf)+step])
+		buf = buf[:len(buf)+m]
+		if err != nil {
+			return buf, err
 		}
-		return h, buf, err
 	}
-	return h, buf, nil
+	return buf, nil
 }
 
 // Encoder builds whole frames (header and MessagePack body, PROTOCOL.md sections 2-4)
@@ -248,7 +268,7 @@ func (e *Encoder) event(ev *Event) {
 	e.u(ev.TypeMajor)
 	e.u(ev.TypeMinor)
 	e.bin(ev.Value)
-	if ev.IV == nil {
+	if len(ev.IV) == 0 {
 		e.nil_()
 	} else {
 		e.bin(ev.IV)
@@ -462,8 +482,23 @@ func (x *Decoder) arr(min, max int) (n int, err error) {
 	return n, nil
 }
 
-// list reads the header of a variable-length array and bounds it by the unread bytes.
-func (x *Decoder) list() (int, error) {
+// Smallest encodings of the list elements, used to refuse element counts the unread
+// bytes cannot hold: a 7-element event of one-byte fields and an empty bin (9 bytes), a
+// batch with an integer client id and no events (6), a writes map entry with integer
+// ids and no events (9).
+const (
+	ivSize       = 12 // AES-GCM nonce, Event.IV
+	minEventSize = 9
+	minBatchSize = 6
+	minEntrySize = 9
+	// maxPrealloc caps the elements allocated ahead of decoding them: memory then
+	// follows the elements actually decoded, not a peer's declared count.
+	maxPrealloc = 1024
+)
+
+// list reads the header of a variable-length array of elements of at least minSize
+// bytes each and bounds the count by the unread bytes.
+func (x *Decoder) list(minSize int) (int, error) {
 	n, err := x.arrayLen()
 	if err != nil {
 		return 0, err
@@ -471,17 +506,72 @@ func (x *Decoder) list() (int, error) {
 	if n < 0 {
 		return 0, fmt.Errorf("nil where an array is required")
 	}
-	if n > x.r.Len() {
+	if n > x.r.Len()/minSize {
 		return 0, fmt.Errorf("array of %d elements in %d bytes", n, x.r.Len())
 	}
 	return n, nil
 }
 
+// skip skips n values. It is iterative (a peer may nest arrays millions deep; the
+// msgpack package's recursive Skip would overflow the stack, a fatal error) and checks
+// every declared length against the unread bytes.
 func (x *Decoder) skip(n int) error {
-	for ; n > 0; n-- {
-		if err := x.d.Skip(); err != nil {
+	pending := uint64(max(n, 0))
+	for pending > 0 {
+		if pending > uint64(x.r.Len()) { // every value takes at least one byte
+			return io.ErrUnexpectedEOF
+		}
+		pending--
+		c, _ := x.r.ReadByte()
+		var (
+			data uint64 // payload bytes to skip
+			err  error
+		)
+		switch {
+		case c <= 0x7f || c >= 0xe0 || c == 0xc0 || c == 0xc2 || c == 0xc3: // fixint, nil, bool
+		case c <= 0x8f: // fixmap
+			pending += 2 * uint64(c&0x0f)
+		case c <= 0x9f: // fixarray
+			pending += uint64(c & 0x0f)
+		case c <= 0xbf: // fixstr
+			data = uint64(c & 0x1f)
+		case c == 0xc4 || c == 0xd9: // bin8, str8
+			data, err = x.be(1)
+		case c == 0xc5 || c == 0xda: // bin16, str16
+			data, err = x.be(2)
+		case c == 0xc6 || c == 0xdb: // bin32, str32
+			data, err = x.be(4)
+		case c >= 0xc7 && c <= 0xc9: // ext8/16/32: length, then a type byte
+			data, err = x.be(1 << (c - 0xc7))
+			data++
+		case c == 0xca:
+			data = 4
+		case c == 0xcb:
+			data = 8
+		case c >= 0xcc && c <= 0xcf:
+			data = 1 << (c - 0xcc)
+		case c >= 0xd0 && c <= 0xd3:
+			data = 1 << (c - 0xd0)
+		case c >= 0xd4 && c <= 0xd8: // fixext 1..16 and a type byte
+			data = 1 + 1<<(c-0xd4)
+		case c == 0xdc || c == 0xdd: // array16/32
+			var m uint64
+			m, err = x.be(2 << (c - 0xdc))
+			pending += m
+		case c == 0xde || c == 0xdf: // map16/32
+			var m uint64
+			m, err = x.be(2 << (c - 0xde))
+			pending += 2 * m
+		default:
+			return fmt.Errorf("code %#x is not MessagePack", c)
+		}
+		if err != nil {
 			return err
 		}
+		if data > uint64(x.r.Len()) {
+			return io.ErrUnexpectedEOF
+		}
+		_, _ = x.r.Seek(int64(data), io.SeekCurrent)
 	}
 	return nil
 }
@@ -687,19 +777,24 @@ func (x *Decoder) event(ev *Event, strict bool) (err error) {
 			if ev.IV, err = x.bin(); err != nil {
 				return err
 			}
+			// The server reads the iv as Option<[u8; 12]> and refuses other lengths.
+			if strict && len(ev.IV) != ivSize {
+				return fmt.Errorf("iv of %d bytes, want %d", len(ev.IV), ivSize)
+			}
 		}
 	}
 	return x.skip(n - 8)
 }
 
 func (x *Decoder) events(strict bool) ([]Event, error) {
-	n, err := x.list()
+	n, err := x.list(minEventSize)
 	if err != nil {
 		return nil, err
 	}
-	evs := make([]Event, n)
-	for i := range evs {
-		if err := x.event(&evs[i], strict); err != nil {
+	evs := make([]Event, 0, min(n, maxPrealloc))
+	for range n {
+		evs = append(evs, Event{})
+		if err := x.event(&evs[len(evs)-1], strict); err != nil {
 			return nil, err
 		}
 	}
@@ -727,10 +822,16 @@ func (x *Decoder) WriteRequest(body []byte) (req WriteRequest, err error) {
 		if err != nil {
 			return err
 		}
-		if n < 0 || n > x.r.Len() {
-			return fmt.Errorf("writes map of %d entries", n)
+		if n < 0 || n > x.r.Len()/minEntrySize {
+			return fmt.Errorf("writes map of %d entries in %d bytes", n, x.r.Len())
 		}
-		req.Writes = make([]AggregateWrite, 0, n)
+		req.Writes = make([]AggregateWrite, 0, min(n, maxPrealloc))
+		// Duplicate keys are found with an index past a few entries: a linear scan per
+		// entry would let one 16 MiB request cost hours of CPU.
+		var index map[AggregateKey]int
+		if n > 8 {
+			index = make(map[AggregateKey]int, min(n, maxPrealloc))
+		}
 		for i := 0; i < n; i++ {
 			var w AggregateWrite
 			if w.Key, err = x.key(); err != nil {
@@ -751,15 +852,21 @@ func (x *Decoder) WriteRequest(body []byte) (req WriteRequest, err error) {
 			if w.EnforceClientIdempotency, err = x.bool(); err != nil {
 				return err
 			}
-			replaced := false
-			for j := range req.Writes {
-				if req.Writes[j].Key == w.Key {
-					req.Writes[j], replaced = w, true
-				}
+			j, dup := -1, false
+			if index != nil {
+				j, dup = index[w.Key]
+			} else {
+				j = slices.IndexFunc(req.Writes, func(o AggregateWrite) bool { return o.Key == w.Key })
+				dup = j >= 0
 			}
-			if !replaced {
-				req.Writes = append(req.Writes, w)
+			if dup {
+				req.Writes[j] = w
+				continue
 			}
+			if index != nil {
+				index[w.Key] = len(req.Writes)
+			}
+			req.Writes = append(req.Writes, w)
 		}
 		return nil
 	}()
@@ -792,7 +899,7 @@ func (x *Decoder) ReadRequest(body []byte) (req ReadRequest, err error) {
 		if isNil, err := x.isNil(); err != nil {
 			return err
 		} else if !isNil {
-			n, err := x.list()
+			n, err := x.list(1)
 			if err != nil {
 				return err
 			}
@@ -869,13 +976,14 @@ func (x *Decoder) ReadResponse(body []byte) (res ReadResult, err error) {
 		if res.CorrelationID, err = x.optID(); err != nil {
 			return err
 		}
-		nb, err := x.list()
+		nb, err := x.list(minBatchSize)
 		if err != nil {
 			return err
 		}
-		res.Batches = make([]Batch, nb)
-		for i := range res.Batches {
-			b := &res.Batches[i]
+		res.Batches = make([]Batch, 0, min(nb, maxPrealloc))
+		for range nb {
+			res.Batches = append(res.Batches, Batch{})
+			b := &res.Batches[len(res.Batches)-1]
 			m, err := x.arr(5, -1)
 			if err != nil {
 				return err

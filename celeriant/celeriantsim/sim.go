@@ -426,7 +426,7 @@ func (s *Sim) serveWrite(ctx context.Context, req *celeriant.WriteRequest) (res 
 		return res, serr, lost
 	}
 	var hold *Hold
-	if len(s.holds) > 0 {
+	if len(s.holds) > 0 && !s.closed { // after Close nothing would commit the hold
 		hold, s.holds = s.holds[0], s.holds[1:]
 	}
 	if hold == nil {

@@ -11,14 +11,15 @@ import (
 //	ErrValidation        422 VALIDATION_ERROR
 //	ErrInsufficientFunds 422 INSUFFICIENT_FUNDS (with balanceCents, see *InsufficientFundsError)
 //	ErrConflict          409 CONFLICT (the write loop gave up, or the outcome is unverifiable)
-//	ErrUnavailable       503 (the event store cannot be reached)
+//	ErrUnavailable       503 (the event store, or the Postgres projection's database,
+//	                     cannot be reached)
 //
 // Anything else is an internal error (500).
 var (
 	ErrValidation        = errors.New("accounts: validation failed")
 	ErrInsufficientFunds = errors.New("accounts: insufficient funds")
 	ErrConflict          = errors.New("accounts: account was modified concurrently")
-	ErrUnavailable       = errors.New("accounts: event store unavailable")
+	ErrUnavailable       = errors.New("accounts: event store or projection unavailable")
 )
 
 // ValidationError is a request the business rules refuse: a non-positive amount, or a

@@ -6,7 +6,9 @@ import (
 	"embed"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
+	"net"
 	"slices"
 	"strconv"
 	"strings"
@@ -14,8 +16,10 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/jackc/puddle/v2"
 
 	"github.com/idemkey/idemkey/celeriant"
 )
@@ -210,13 +214,34 @@ func (p *PostgresProjection) Migrate(ctx context.Context) error {
 	return nil
 }
 
+// pgFailure marks err with ErrUnavailable (503) when it says the projection's database
+// cannot be reached or dropped the connection: a failed connect, a network error or
+// timeout, a closed connection or pool, or a server error of class 08 (connection
+// exception), 57P01-57P03 (shutdown, cannot connect now) or 53300 (too many
+// connections). Anything else (a missing table, a constraint) stays an internal error.
+func pgFailure(err error) error {
+	var connect *pgconn.ConnectError
+	var netErr net.Error
+	var pgErr *pgconn.PgError
+	switch {
+	case errors.As(err, &connect), errors.As(err, &netErr), pgconn.Timeout(err), pgconn.SafeToRetry(err),
+		errors.Is(err, pgconn.ErrConnClosed), errors.Is(err, puddle.ErrClosedPool),
+		errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF):
+	case errors.As(err, &pgErr) && (strings.HasPrefix(pgErr.Code, "08") ||
+		pgErr.Code == "57P01" || pgErr.Code == "57P02" || pgErr.Code == "57P03" || pgErr.Code == "53300"):
+	default:
+		return err
+	}
+	return fmt.Errorf("%w: %w", ErrUnavailable, err)
+}
+
 func pgUUID(id uuid.UUID) pgtype.UUID { return pgtype.UUID{Bytes: id, Valid: id != uuid.Nil} }
 
 func (p *PostgresProjection) lookup(ctx context.Context, acct, eventID uuid.UUID) (State, Result, bool, error) {
 	var bal, ver, seq, hbal, hver pgtype.Int8
 	err := p.pool.QueryRow(ctx, p.sqlLookup, pgUUID(acct), pgUUID(eventID)).Scan(&bal, &ver, &seq, &hbal, &hver)
 	if err != nil {
-		return State{}, Result{}, false, fmt.Errorf("accounts: projection lookup of %s: %w", acct, err)
+		return State{}, Result{}, false, pgFailure(fmt.Errorf("accounts: projection lookup of %s: %w", acct, err))
 	}
 	st := State{BalanceCents: bal.Int64, Version: uint64(ver.Int64), MaxClientSeq: uint64(seq.Int64)}
 	if hbal.Valid && hver.Valid {
@@ -259,10 +284,10 @@ func (p *PostgresProjection) fold(ctx context.Context, acct uuid.UUID, from Stat
 	}
 	if _, err := p.pool.Exec(ctx, p.sqlPersist, pgUUID(acct), st.BalanceCents, int64(st.Version), int64(st.MaxClientSeq),
 		eids, bals, vers, mss); err != nil {
-		return st, hit, found, fmt.Errorf("accounts: persisting the projection of %s: %w", acct, err)
+		return st, hit, found, pgFailure(fmt.Errorf("accounts: persisting the projection of %s: %w", acct, err))
 	}
 	if _, err := p.pool.Exec(ctx, p.sqlSweep); err != nil {
-		return st, hit, found, fmt.Errorf("accounts: sweeping expired index rows: %w", err)
+		return st, hit, found, pgFailure(fmt.Errorf("accounts: sweeping expired index rows: %w", err))
 	}
 	return st, hit, found, nil
 }
@@ -271,14 +296,14 @@ func (p *PostgresProjection) recordWrite(ctx context.Context, acct, eventID uuid
 	_, err := p.pool.Exec(ctx, p.sqlRecord, pgUUID(acct), pgUUID(eventID), res.BalanceCents, int64(res.AggregateVersion),
 		int64(seq), int64(expected), p.window.Milliseconds())
 	if err != nil {
-		return fmt.Errorf("accounts: recording write of %s on %s: %w", eventID, acct, err)
+		return pgFailure(fmt.Errorf("accounts: recording write of %s on %s: %w", eventID, acct, err))
 	}
 	return nil
 }
 
 func (p *PostgresProjection) ensureAccount(ctx context.Context, acct uuid.UUID, name string) error {
 	if _, err := p.pool.Exec(ctx, p.sqlEnsure, pgUUID(acct), name); err != nil {
-		return fmt.Errorf("accounts: ensuring projection row of %s: %w", acct, err)
+		return pgFailure(fmt.Errorf("accounts: ensuring projection row of %s: %w", acct, err))
 	}
 	return nil
 }

@@ -5,7 +5,8 @@
 // different keys rarely contend. Leases and retention run on the process's
 // monotonic clock. Expired records are swept incrementally: every write to a shard
 // first removes that shard's records whose retention has passed (a min-heap by
-// expiry), so memory stays bounded by the live keys without a background goroutine.
+// expiry holding each record once), so memory stays bounded by the live keys
+// without a background goroutine.
 //
 // The store lives and dies with the process: it protects retries that reach the
 // same process only. Use store/postgres, store/redis or store/tiered for several
@@ -13,10 +14,10 @@
 package memory
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"hash/maphash"
+	"net/http"
 	"sync"
 	"time"
 
@@ -26,6 +27,7 @@ import (
 // Store is the in-memory store. The zero value is not usable; call New.
 type Store struct {
 	now    func() time.Time
+	base   time.Time // deadlines are kept as nanoseconds since base
 	seed   maphash.Seed
 	shards []shard
 }
@@ -35,17 +37,22 @@ var _ store.Store = (*Store)(nil)
 type shard struct {
 	mu      sync.Mutex
 	records map[store.ID]*entry
-	expiry  expiryHeap
-	_       [40]byte // keep shards on separate cache lines
+	expiry  []*entry // min-heap by expiresAt; every record is in it exactly once
+	_       [24]byte // keep shards on separate cache lines
 }
 
+// entry is one record, in flight or completed; one allocation per claimed key.
 type entry struct {
-	fingerprint store.Fingerprint
-	token       store.Token
-	createdAt   time.Time
-	leaseUntil  time.Time // deadline of the holder's lease; zero once completed
-	expiresAt   time.Time // retention deadline
-	record      *store.Record
+	id         store.ID
+	token      store.Token
+	completed  bool
+	index      int   // position in the shard's expiry heap
+	leaseUntil int64 // holder's lease deadline, ns since Store.base
+	expiresAt  int64 // retention deadline, ns since Store.base
+	// rec holds the fingerprint and CreatedAt from the claim on; the response and
+	// the other timestamps once completed. Claim hands out &rec only when
+	// completed, and a completed entry is never written again.
+	rec store.Record
 }
 
 // Option configures a Store.
@@ -66,6 +73,7 @@ func New(opts ...Option) *Store {
 	for _, o := range opts {
 		o(s)
 	}
+	s.base = s.now()
 	for i := range s.shards {
 		s.shards[i].records = make(map[store.ID]*entry)
 	}
@@ -73,7 +81,17 @@ func New(opts ...Option) *Store {
 }
 
 func (s *Store) shard(id store.ID) *shard {
-	return &s.shards[maphash.Comparable(s.seed, id)%uint64(len(s.shards))]
+	if len(s.shards) == 1 {
+		return &s.shards[0]
+	}
+	h := maphash.String(s.seed, id.Key) ^ maphash.String(s.seed, id.Scope)*0x9e3779b97f4a7c15
+	return &s.shards[h%uint64(len(s.shards))]
+}
+
+// clock returns the store's time and the same instant as ns since base.
+func (s *Store) clock() (time.Time, int64) {
+	now := s.now()
+	return now, int64(now.Sub(s.base))
 }
 
 // Len returns the number of records held, live or not yet swept.
@@ -96,33 +114,39 @@ func (s *Store) Claim(ctx context.Context, req store.ClaimRequest) (store.ClaimR
 	if err := ctx.Err(); err != nil {
 		return store.ClaimResult{}, err
 	}
-	now := s.now()
+	now, at := s.clock()
 	sh := s.shard(req.ID)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
-	sh.sweep(now)
+	sh.sweep(at)
 
 	e, ok := sh.records[req.ID]
-	takeover := false
 	if ok {
 		switch {
-		case e.fingerprint != req.Fingerprint:
+		case e.rec.Fingerprint != req.Fingerprint:
 			return store.ClaimResult{Outcome: store.Mismatch}, nil
-		case e.record != nil:
-			return store.ClaimResult{Outcome: store.Completed, Record: e.record}, nil
-		case now.Before(e.leaseUntil):
-			return store.ClaimResult{Outcome: store.InFlight, RetryAfter: e.leaseUntil.Sub(now)}, nil
+		case e.completed:
+			return store.ClaimResult{Outcome: store.Completed, Record: &e.rec}, nil
+		case at < e.leaseUntil:
+			return store.ClaimResult{Outcome: store.InFlight, RetryAfter: time.Duration(e.leaseUntil - at)}, nil
 		}
-		takeover = true // the holder's lease expired before it completed
-	} else {
-		e = &entry{fingerprint: req.Fingerprint, createdAt: now}
-		sh.records[req.ID] = e
+		// The holder's lease expired before it completed: take over.
+		e.token = store.NewToken()
+		e.leaseUntil = at + int64(req.Lease)
+		e.expiresAt = at + int64(req.Retention)
+		sh.fix(e.index)
+		return store.ClaimResult{Outcome: store.Claimed, Token: e.token, Takeover: true}, nil
 	}
-	e.token = store.NewToken()
-	e.leaseUntil = now.Add(req.Lease)
-	e.expiresAt = now.Add(req.Retention)
-	sh.expiry.push(expiryItem{at: e.expiresAt, id: req.ID})
-	return store.ClaimResult{Outcome: store.Claimed, Token: e.token, Takeover: takeover}, nil
+	e = &entry{
+		id:         req.ID,
+		token:      store.NewToken(),
+		leaseUntil: at + int64(req.Lease),
+		expiresAt:  at + int64(req.Retention),
+		rec:        store.Record{Fingerprint: req.Fingerprint, CreatedAt: now},
+	}
+	sh.records[req.ID] = e
+	sh.push(e)
+	return store.ClaimResult{Outcome: store.Claimed, Token: e.token}, nil
 }
 
 // Complete implements store.Store. The body and headers are copied.
@@ -130,114 +154,159 @@ func (s *Store) Complete(ctx context.Context, id store.ID, token store.Token, re
 	if err := store.ValidateResponse(resp, retention); err != nil {
 		return err
 	}
-	rec := &store.Record{Response: store.Response{
-		Status:      resp.Status,
-		Header:      resp.Header.Clone(),
-		Body:        bytes.Clone(resp.Body),
-		BodyOmitted: resp.BodyOmitted,
-	}}
-	return s.withHolder(ctx, id, token, func(sh *shard, e *entry, now time.Time) {
-		rec.Fingerprint = e.fingerprint
-		rec.CreatedAt = e.createdAt
-		rec.CompletedAt = now
-		rec.ExpiresAt = now.Add(retention)
-		e.record = rec
-		e.leaseUntil = time.Time{}
-		e.expiresAt = rec.ExpiresAt
-		sh.expiry.push(expiryItem{at: e.expiresAt, id: id})
+	// Copy outside the lock; the copies are dropped if the token is refused.
+	header := cloneHeader(resp.Header)
+	var body []byte
+	if len(resp.Body) > 0 {
+		body = append([]byte(nil), resp.Body...)
+	}
+	return s.withHolder(ctx, id, token, func(sh *shard, e *entry, now time.Time, at int64) {
+		e.rec.Response = store.Response{Status: resp.Status, Header: header, Body: body, BodyOmitted: resp.BodyOmitted}
+		e.rec.CompletedAt = now
+		e.rec.ExpiresAt = now.Add(retention)
+		e.completed = true
+		e.leaseUntil = 0
+		e.expiresAt = at + int64(retention)
+		sh.fix(e.index)
 	})
 }
 
 // Release implements store.Store.
 func (s *Store) Release(ctx context.Context, id store.ID, token store.Token) error {
-	return s.withHolder(ctx, id, token, func(sh *shard, _ *entry, _ time.Time) {
+	return s.withHolder(ctx, id, token, func(sh *shard, e *entry, _ time.Time, _ int64) {
 		delete(sh.records, id)
+		sh.remove(e.index)
 	})
 }
 
-// Renew implements store.Store.
+// Renew implements store.Store. A lease renewed past the record's retention
+// extends the retention with it, so a live holder is never swept.
 func (s *Store) Renew(ctx context.Context, id store.ID, token store.Token, lease time.Duration) error {
 	if lease <= 0 {
 		return fmt.Errorf("%w: lease must be positive", store.ErrInvalid)
 	}
-	return s.withHolder(ctx, id, token, func(_ *shard, e *entry, now time.Time) {
-		e.leaseUntil = now.Add(lease)
+	return s.withHolder(ctx, id, token, func(sh *shard, e *entry, _ time.Time, at int64) {
+		e.leaseUntil = at + int64(lease)
+		if e.leaseUntil > e.expiresAt {
+			e.expiresAt = e.leaseUntil
+			sh.fix(e.index)
+		}
 	})
 }
 
-// withHolder runs f under the shard lock if token holds id's live, uncompleted claim.
-func (s *Store) withHolder(ctx context.Context, id store.ID, token store.Token, f func(*shard, *entry, time.Time)) error {
+// withHolder runs f under the shard lock if token holds id's uncompleted claim.
+func (s *Store) withHolder(ctx context.Context, id store.ID, token store.Token, f func(*shard, *entry, time.Time, int64)) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	now := s.now()
+	now, at := s.clock()
 	sh := s.shard(id)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
-	sh.sweep(now)
+	sh.sweep(at)
 	e, ok := sh.records[id]
 	// An expired lease still belongs to its holder until someone takes it over.
-	if !ok || token.IsZero() || e.token != token || e.record != nil {
+	if !ok || token.IsZero() || e.token != token || e.completed {
 		return store.ErrLeaseLost
 	}
-	f(sh, e, now)
+	f(sh, e, now, at)
 	return nil
 }
 
+// cloneHeader copies h into one map and one backing array of values (nil when
+// h is empty).
+func cloneHeader(h http.Header) http.Header {
+	if len(h) == 0 {
+		return nil
+	}
+	nv := 0
+	for _, v := range h {
+		nv += len(v)
+	}
+	vals := make([]string, nv)
+	out := make(http.Header, len(h))
+	for k, v := range h {
+		n := copy(vals, v)
+		out[k] = vals[:n:n]
+		vals = vals[n:]
+	}
+	return out
+}
+
 // sweep removes the records whose retention has passed. Called with mu held.
-func (sh *shard) sweep(now time.Time) {
-	for len(sh.expiry) > 0 && !now.Before(sh.expiry[0].at) {
-		it := sh.expiry.pop()
-		// Skip heap items made stale by a later Claim or Complete of the same key.
-		if e, ok := sh.records[it.id]; ok && !now.Before(e.expiresAt) {
-			delete(sh.records, it.id)
-		}
+func (sh *shard) sweep(at int64) {
+	for len(sh.expiry) > 0 && sh.expiry[0].expiresAt <= at {
+		e := sh.expiry[0]
+		sh.remove(0)
+		delete(sh.records, e.id)
 	}
 }
 
-type expiryItem struct {
-	at time.Time
-	id store.ID
+// The expiry heap: a min-heap of entries by expiresAt, each entry knowing its
+// index, so a changed deadline is fixed in place and a released entry removed.
+
+func (sh *shard) push(e *entry) {
+	e.index = len(sh.expiry)
+	sh.expiry = append(sh.expiry, e)
+	sh.up(e.index)
 }
 
-// expiryHeap is a min-heap of retention deadlines (typed, so pushing allocates
-// nothing beyond the slice's growth).
-type expiryHeap []expiryItem
+func (sh *shard) remove(i int) {
+	h := sh.expiry
+	last := len(h) - 1
+	if i != last {
+		sh.swap(i, last)
+	}
+	h[last] = nil
+	sh.expiry = h[:last]
+	if i != last {
+		sh.fix(i)
+	}
+}
 
-func (h *expiryHeap) push(it expiryItem) {
-	*h = append(*h, it)
-	q := *h
-	for i := len(q) - 1; i > 0; {
-		p := (i - 1) / 2
-		if !q[i].at.Before(q[p].at) {
+func (sh *shard) fix(i int) {
+	if !sh.down(i) {
+		sh.up(i)
+	}
+}
+
+func (sh *shard) swap(i, j int) {
+	h := sh.expiry
+	h[i], h[j] = h[j], h[i]
+	h[i].index, h[j].index = i, j
+}
+
+func (sh *shard) up(j int) {
+	h := sh.expiry
+	for j > 0 {
+		i := (j - 1) / 2
+		if h[i].expiresAt <= h[j].expiresAt {
 			break
 		}
-		q[i], q[p] = q[p], q[i]
-		i = p
+		sh.swap(i, j)
+		j = i
 	}
 }
 
-func (h *expiryHeap) pop() expiryItem {
-	q := *h
-	top := q[0]
-	last := len(q) - 1
-	q[0] = q[last]
-	q[last] = expiryItem{}
-	q = q[:last]
-	for i := 0; ; {
-		l, small := 2*i+1, i
-		if l < len(q) && q[l].at.Before(q[small].at) {
-			small = l
-		}
-		if r := l + 1; r < len(q) && q[r].at.Before(q[small].at) {
-			small = r
-		}
-		if small == i {
+// down sifts the entry at i0 down; it reports whether it moved.
+func (sh *shard) down(i0 int) bool {
+	h := sh.expiry
+	n := len(h)
+	i := i0
+	for {
+		l := 2*i + 1
+		if l >= n {
 			break
 		}
-		q[i], q[small] = q[small], q[i]
-		i = small
+		j := l
+		if r := l + 1; r < n && h[r].expiresAt < h[l].expiresAt {
+			j = r
+		}
+		if h[i].expiresAt <= h[j].expiresAt {
+			break
+		}
+		sh.swap(i, j)
+		i = j
 	}
-	*h = q
-	return top
+	return i > i0
 }

@@ -199,11 +199,13 @@ WHERE ` + holderGuard
     expires_at = greatest(expires_at, now() + $4::bigint * interval '1 millisecond')
 WHERE ` + holderGuard
 
-	// sweepSQL deletes one batch of expired rows by primary key, skipping rows a
-	// claim holds locked; the outer condition re-checks the row deleted.
-	sweepSQL = `DELETE FROM %[1]s WHERE (scope, key) IN (
-    SELECT scope, key FROM %[1]s WHERE expires_at <= now()
-    ORDER BY expires_at LIMIT $1 FOR UPDATE SKIP LOCKED)
+	// sweepSQL deletes one batch of expired rows: the expiry index finds and locks
+	// at most $1 of them (skipping rows a claim holds locked) and a TID scan deletes
+	// exactly those, so a batch never scans the table; the outer condition
+	// re-checks each row deleted.
+	sweepSQL = `DELETE FROM %[1]s WHERE ctid = ANY (ARRAY(
+    SELECT ctid FROM %[1]s WHERE expires_at <= now()
+    ORDER BY expires_at LIMIT $1 FOR UPDATE SKIP LOCKED))
 AND expires_at <= now()`
 )
 
@@ -517,7 +519,8 @@ type beginner interface {
 // safe to run from several processes at once: when the Querier can Begin (a pool,
 // a connection, a transaction) everything runs in one transaction serialised by an
 // advisory lock on the table name; otherwise the statements run one by one (each
-// is idempotent on its own). A database at a newer version is left as it is.
+// is idempotent on its own). A database at a newer version is left as it is; a
+// records table dropped by hand is created again.
 func (s *Store) Migrate(ctx context.Context) (err error) {
 	ms, err := migrations()
 	if err != nil {
@@ -551,8 +554,11 @@ func (s *Store) Migrate(ctx context.Context) (err error) {
 )`); err != nil {
 		return fmt.Errorf("idemkey/postgres: migrate: versions table: %w", err)
 	}
+	// The bookkeeping is trusted only while the records table exists, so a table
+	// dropped by hand (or by a test) is created again.
 	var current int
-	if err = q.QueryRow(ctx, `SELECT coalesce(max(version), 0) FROM `+versions).Scan(&current); err != nil {
+	if err = q.QueryRow(ctx, `SELECT CASE WHEN to_regclass($1) IS NULL THEN 0 ELSE coalesce(max(version), 0) END FROM `+versions,
+		s.qualified).Scan(&current); err != nil {
 		return fmt.Errorf("idemkey/postgres: migrate: read version: %w", err)
 	}
 	for _, m := range ms {

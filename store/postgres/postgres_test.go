@@ -106,6 +106,17 @@ func TestMigrateIdempotent(t *testing.T) {
 	if err != nil || res.Outcome != store.Claimed {
 		t.Fatalf("Claim on the quoted table: %+v, %v", res, err)
 	}
+
+	// A records table dropped behind Migrate's back is created again.
+	if _, err := pool.Exec(ctx, `DROP TABLE `+s.Table()); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Migrate(ctx); err != nil {
+		t.Fatalf("Migrate after the table was dropped: %v", err)
+	}
+	if res, err := s.Claim(ctx, store.ClaimRequest{ID: id, Fingerprint: fingerprint("a"), Lease: time.Second, Retention: time.Minute}); err != nil || res.Outcome != store.Claimed {
+		t.Fatalf("Claim on the re-created table: %+v, %v", res, err)
+	}
 }
 
 // TestMigrateWithoutBegin runs the migration through a Querier that cannot open

@@ -109,6 +109,10 @@ func TestFastPathInvalid(t *testing.T) {
 		"fill bad status":     s.Fill(ctx, id, &store.Record{}, time.Second),
 		"complete zero token": s.Complete(ctx, id, store.Token{}, store.Response{Status: 200}, time.Second),
 		"renew no lease":      s.Renew(ctx, id, store.NewToken(), 0),
+		"nil client": func() error {
+			_, err := s.Claim(ctx, store.ClaimRequest{ID: id, Lease: time.Second, Retention: time.Second})
+			return err
+		}(),
 	} {
 		if !errors.Is(err, store.ErrInvalid) {
 			t.Errorf("%s: %v, want ErrInvalid", name, err)

@@ -57,10 +57,10 @@ func (s *Store) Claim(ctx context.Context, req store.ClaimRequest) (store.ClaimR
 		return store.ClaimResult{}, err
 	}
 	tok := store.NewToken()
-	v, err := claimScript.Run(ctx, s.client, []string{keyFor(s.prefix, req.ID)},
-		req.Fingerprint[:], tok[:], millis(req.Lease), millis(req.Retention)).Result()
+	v, err := s.eval(ctx, "claim", claimScript, req.ID,
+		req.Fingerprint[:], tok[:], millis(req.Lease), millis(req.Retention))
 	if err != nil {
-		return store.ClaimResult{}, fmt.Errorf("idemkey/store/redis: claim: %w", err)
+		return store.ClaimResult{}, err
 	}
 	return claimResult(v, req.Fingerprint, tok)
 }
@@ -145,9 +145,9 @@ func (s *Store) Renew(ctx context.Context, id store.ID, token store.Token, lease
 }
 
 func (s *Store) fenced(ctx context.Context, op string, sc *goredis.Script, id store.ID, args ...any) error {
-	v, err := sc.Run(ctx, s.client, []string{keyFor(s.prefix, id)}, args...).Result()
+	v, err := s.eval(ctx, op, sc, id, args...)
 	if err != nil {
-		return fmt.Errorf("idemkey/store/redis: %s: %w", op, err)
+		return err
 	}
 	_, code, err := asReply(v)
 	if err != nil {
@@ -160,6 +160,18 @@ func (s *Store) fenced(ctx context.Context, op string, sc *goredis.Script, id st
 		return fmt.Errorf("idemkey/store/redis: %s: %w", op, store.ErrLeaseLost)
 	}
 	return corrupt(op + " reply code")
+}
+
+// eval runs one script on id's key: one round trip (EVALSHA; EVAL after NOSCRIPT).
+func (s *Store) eval(ctx context.Context, op string, sc *goredis.Script, id store.ID, args ...any) (any, error) {
+	if s.client == nil {
+		return nil, fmt.Errorf("%w: redis: nil client", store.ErrInvalid)
+	}
+	v, err := sc.Run(ctx, s.client, []string{keyFor(s.prefix, id)}, args...).Result()
+	if err != nil {
+		return nil, fmt.Errorf("idemkey/store/redis: %s: %w", op, err)
+	}
+	return v, nil
 }
 
 func checkID(id store.ID, token store.Token) error {
@@ -184,9 +196,9 @@ func (s *Store) Peek(ctx context.Context, id store.ID, fp store.Fingerprint) (re
 	if id.Key == "" {
 		return res, false, fmt.Errorf("%w: empty key", store.ErrInvalid)
 	}
-	v, err := peekScript.Run(ctx, s.client, []string{keyFor(s.prefix, id)}, fp[:]).Result()
+	v, err := s.eval(ctx, "peek", peekScript, id, fp[:])
 	if err != nil {
-		return res, false, fmt.Errorf("idemkey/store/redis: peek: %w", err)
+		return res, false, err
 	}
 	r, code, err := asReply(v)
 	if err != nil {
@@ -212,11 +224,8 @@ func (s *Store) Mark(ctx context.Context, id store.ID, fp store.Fingerprint, tok
 	if lease <= 0 {
 		return fmt.Errorf("%w: lease must be positive", store.ErrInvalid)
 	}
-	err := markScript.Run(ctx, s.client, []string{keyFor(s.prefix, id)}, fp[:], token[:], millis(lease)).Err()
-	if err != nil {
-		return fmt.Errorf("idemkey/store/redis: mark: %w", err)
-	}
-	return nil
+	_, err := s.eval(ctx, "mark", markScript, id, fp[:], token[:], millis(lease))
+	return err
 }
 
 // Fill overwrites id's key with the completed record rec (as the authoritative store
@@ -244,13 +253,10 @@ func (s *Store) Fill(ctx context.Context, id store.ID, rec *store.Record, ttl ti
 	if head == nil {
 		head = []byte{}
 	}
-	err := fillScript.Run(ctx, s.client, []string{keyFor(s.prefix, id)},
+	_, err := s.eval(ctx, "fill", fillScript, id,
 		rec.Fingerprint[:], rec.CreatedAt.UnixMilli(), rec.CompletedAt.UnixMilli(), rec.ExpiresAt.UnixMilli(),
-		millis(ttl), strconv.Itoa(rec.Status), head, body, omitted).Err()
-	if err != nil {
-		return fmt.Errorf("idemkey/store/redis: fill: %w", err)
-	}
-	return nil
+		millis(ttl), strconv.Itoa(rec.Status), head, body, omitted)
+	return err
 }
 
 // ErrEvictionPolicy is returned by CheckEvictionPolicy when the server may evict
@@ -264,6 +270,9 @@ var ErrEvictionPolicy = errors.New("idemkey/store/redis: maxmemory-policy is not
 // startup and log or refuse; managed services that disable CONFIG answer with the
 // client's error instead. Not needed when the store only serves store/tiered.
 func (s *Store) CheckEvictionPolicy(ctx context.Context) error {
+	if s.client == nil {
+		return fmt.Errorf("%w: redis: nil client", store.ErrInvalid)
+	}
 	m, err := s.client.ConfigGet(ctx, "maxmemory-policy").Result()
 	if err != nil {
 		return fmt.Errorf("idemkey/store/redis: config get maxmemory-policy: %w", err)

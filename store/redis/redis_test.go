@@ -31,6 +31,7 @@ func TestConformanceCluster(t *testing.T) {
 		t.Skip("starts a three-node Redis Cluster")
 	}
 	c := redistest.StartCluster(t)
+	t.Run("HashSlot", func(t *testing.T) { testHashSlot(t, c) })
 	storetest.Run(t, func(t *testing.T) storetest.Subject {
 		return storetest.Subject{Store: redis.New(c, redis.WithPrefix(redistest.Prefix(t, c)))}
 	})
@@ -73,22 +74,6 @@ func TestKeyLayoutInjective(t *testing.T) {
 	}
 	if got, want := s.Key(store.ID{Scope: "tenant", Key: "order-42"}), "p:{6:tenantorder-42}"; got != want {
 		t.Errorf("Key = %q, want %q (the documented layout)", got, want)
-	}
-}
-
-// TestHashSlot checks with the server that a key's slot is the slot of its tag.
-func TestHashSlot(t *testing.T) {
-	c := redistest.StartCluster(t)
-	s := redis.New(c, redis.WithPrefix("p:"))
-	for _, id := range []store.ID{{Scope: "tenant", Key: "order-42"}, {Scope: "a}b", Key: "c"}, {Scope: "", Key: "{x}"}} {
-		key := s.Key(id)
-		tag := key[strings.IndexByte(key, '{')+1:]
-		tag = tag[:strings.IndexByte(tag, '}')]
-		got := c.ClusterKeySlot(t.Context(), key).Val()
-		want := c.ClusterKeySlot(t.Context(), "{"+tag+"}other").Val()
-		if got != want {
-			t.Errorf("%q: slot %d, tag %q slot %d", key, got, tag, want)
-		}
 	}
 }
 
@@ -311,6 +296,21 @@ func TestCheckEvictionPolicy(t *testing.T) {
 		_ = c.Close()
 		if tc.ok != (err == nil) || (!tc.ok && !errors.Is(err, redis.ErrEvictionPolicy)) {
 			t.Errorf("%s: %v", tc.policy, err)
+		}
+	}
+}
+
+// testHashSlot checks with the server that a key's slot is the slot of its tag.
+func testHashSlot(t *testing.T, c *goredis.ClusterClient) {
+	s := redis.New(c, redis.WithPrefix("p:"))
+	for _, id := range []store.ID{{Scope: "tenant", Key: "order-42"}, {Scope: "a}b", Key: "c"}, {Scope: "", Key: "{x}"}} {
+		key := s.Key(id)
+		tag := key[strings.IndexByte(key, '{')+1:]
+		tag = tag[:strings.IndexByte(tag, '}')]
+		got := c.ClusterKeySlot(t.Context(), key).Val()
+		want := c.ClusterKeySlot(t.Context(), "{"+tag+"}other").Val()
+		if got != want {
+			t.Errorf("%q: slot %d, tag %q slot %d", key, got, tag, want)
 		}
 	}
 }

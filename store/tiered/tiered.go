@@ -93,8 +93,13 @@ func WithCooldown(d time.Duration) Option {
 func WithObserver(f func(Event)) Option { return func(s *Store) { s.observe = f } }
 
 // New returns a tiered store: fast answers what it holds, backstop (the
-// authoritative store, e.g. *postgres.Store) decides. New does no I/O.
+// authoritative store, e.g. *postgres.Store) decides. New does no I/O. A nil fast
+// store means the backstop alone; a nil backstop makes every call fail with
+// store.ErrInvalid.
 func New(fast *redis.Store, backstop store.Store, opts ...Option) *Store {
+	if backstop == nil {
+		backstop = noBackstop{}
+	}
 	s := &Store{fast: fast, backstop: backstop, timeout: DefaultTimeout, cooldown: DefaultCooldown, start: time.Now()}
 	for _, o := range opts {
 		o(s)
@@ -207,12 +212,12 @@ func (s *Store) fastUp(op string) bool {
 // the backstop has moved on. (Redis being down makes them fail fast; only a hung
 // Redis costs them the timeout.)
 func (s *Store) fastCall(ctx context.Context, op string, f func(ctx context.Context) error) (ran bool, err error) {
-	if op != "complete" && op != "release" && !s.fastUp(op) {
+	if s.fast == nil || op != "complete" && op != "release" && !s.fastUp(op) {
 		return false, nil
 	}
 	fctx, cancel := context.WithTimeout(ctx, s.timeout)
 	err = f(fctx)
-	timedOut := fctx.Err() != nil
+	timedOut := fctx.Err() != nil || isTimeout(err)
 	cancel()
 	if err != nil && !errors.Is(err, store.ErrLeaseLost) {
 		if ctx.Err() == nil { // the caller's own cancellation is not Redis's fault
@@ -320,4 +325,28 @@ func (s *Store) Renew(ctx context.Context, id store.ID, token store.Token, lease
 	}
 	_, _ = s.fastCall(ctx, "renew", func(ctx context.Context) error { return s.fast.Renew(ctx, id, token, lease) })
 	return nil
+}
+
+// isTimeout reports whether err is a timeout (a socket deadline or a context
+// deadline, which go-redis reports either way).
+func isTimeout(err error) bool {
+	var t interface{ Timeout() bool }
+	return errors.As(err, &t) && t.Timeout()
+}
+
+// noBackstop stands in for a nil backstop.
+type noBackstop struct{}
+
+var errNoBackstop = fmt.Errorf("%w: tiered: nil backstop", store.ErrInvalid)
+
+func (noBackstop) Claim(context.Context, store.ClaimRequest) (store.ClaimResult, error) {
+	return store.ClaimResult{}, errNoBackstop
+}
+
+func (noBackstop) Complete(context.Context, store.ID, store.Token, store.Response, time.Duration) error {
+	return errNoBackstop
+}
+func (noBackstop) Release(context.Context, store.ID, store.Token) error { return errNoBackstop }
+func (noBackstop) Renew(context.Context, store.ID, store.Token, time.Duration) error {
+	return errNoBackstop
 }

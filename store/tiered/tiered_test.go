@@ -2,6 +2,7 @@ package tiered_test
 
 import (
 	"errors"
+	"sync"
 	"testing"
 	"time"
 
@@ -159,5 +160,37 @@ func TestCorruptCacheFallsBack(t *testing.T) {
 	}
 	if st := s.Stats(); st.FastAnswers != 1 || st.FastSkipped != 0 {
 		t.Errorf("stats %+v, want 1 fast answer, no skips", st)
+	}
+}
+
+// fakeClock is the memory backstop's clock in tests without servers.
+type fakeClock struct {
+	mu  sync.Mutex
+	now time.Time
+}
+
+func (c *fakeClock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.now
+}
+
+func (c *fakeClock) Advance(d time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.now = c.now.Add(d)
+}
+
+// TestWithoutFastPath: a nil Redis store leaves the backstop alone, which still
+// passes the suite; a nil backstop is an error, not a panic.
+func TestWithoutFastPath(t *testing.T) {
+	storetest.Run(t, func(t *testing.T) storetest.Subject {
+		clk := &fakeClock{now: time.Unix(1_700_000_000, 0)}
+		return storetest.Subject{Store: tiered.New(nil, memory.New(memory.WithClock(clk.Now))), Wait: clk.Advance}
+	})
+	s := tiered.New(nil, nil)
+	_, err := s.Claim(t.Context(), store.ClaimRequest{ID: store.ID{Key: "k"}, Lease: time.Second, Retention: time.Second})
+	if !errors.Is(err, store.ErrInvalid) {
+		t.Errorf("nil backstop: %v, want ErrInvalid", err)
 	}
 }

@@ -91,6 +91,9 @@ func openRedis(ctx context.Context, getenv func(string) string, forStore string)
 	if err != nil {
 		return nil, nil, fmt.Errorf("%w: REDIS_URL: %w", ErrConfig, err)
 	}
+	// Honour each call's context deadline (the tiered store's short timeout)
+	// instead of waiting out go-redis's read timeout on a hung server.
+	o.ContextTimeoutEnabled = true
 	client := goredis.NewClient(o)
 	var opts []redis.Option
 	if p := getenv("IDEM_REDIS_PREFIX"); p != "" {

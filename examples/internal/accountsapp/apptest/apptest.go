@@ -1,0 +1,262 @@
+// Package apptest holds the HTTP tests both account servers (examples/nethttp and
+// examples/echo) run, so the two stay equal to DESIGN.md section 6 without copied
+// test files: each server's test calls Run with its Mount.
+package apptest
+
+import (
+	"bufio"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"io"
+	"log/slog"
+	"net/http"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	goredis "github.com/redis/go-redis/v9"
+
+	"github.com/idemkey/idemkey/celeriant"
+	"github.com/idemkey/idemkey/celeriant/celeriantsim"
+	"github.com/idemkey/idemkey/examples/accounts"
+	"github.com/idemkey/idemkey/examples/internal/accountsapp"
+)
+
+// Server is a server started in-process by Start.
+type Server struct {
+	URL string
+	App *accountsapp.App
+	// Sim is the in-process Celeriant simulator (CELERIANT_ADDR empty), for fault
+	// injection.
+	Sim *celeriantsim.Sim
+	// Stop shuts the server down gracefully and waits for Serve to return; it is
+	// also run at cleanup.
+	Stop func()
+}
+
+// Start opens an App on env (ADDR forced to 127.0.0.1:0), serves mount(app) with
+// accountsapp.Serve and returns once the server printed its listening line. At
+// cleanup it stops the server, fails the test if Serve did not return nil, and
+// closes the App.
+func Start(t testing.TB, mount accountsapp.Mount, env map[string]string) *Server {
+	t.Helper()
+	env["ADDR"] = "127.0.0.1:0"
+	getenv := func(k string) string { return env[k] }
+	cfg, err := accountsapp.LoadConfig(getenv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	logger := slog.New(slog.NewTextHandler(io.Discard, nil))
+	if testing.Verbose() {
+		logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	}
+	app, err := accountsapp.Open(context.Background(), cfg, getenv, logger)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	pr, pw := io.Pipe()
+	done := make(chan error, 1)
+	go func() {
+		done <- accountsapp.Serve(ctx, app, mount, pw, logger)
+		pw.Close()
+	}()
+	stopped := false
+	s := &Server{App: app}
+	s.Sim, _ = app.Events.(*celeriantsim.Sim)
+	s.Stop = func() {
+		if stopped {
+			return
+		}
+		stopped = true
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("server stopped with %v", err)
+		}
+		app.Close()
+	}
+	t.Cleanup(s.Stop)
+	line, err := bufio.NewReader(pr).ReadString('\n')
+	go io.Copy(io.Discard, pr)
+	if err != nil {
+		t.Fatalf("server printed no listening line: %v", err)
+	}
+	url, ok := strings.CutPrefix(strings.TrimSpace(line), "listening on ")
+	if !ok || !strings.HasPrefix(url, "http://127.0.0.1:") {
+		t.Fatalf("unexpected first line %q", line)
+	}
+	s.URL = url
+	return s
+}
+
+// RandomSuffix returns 8 random hex characters for table names and key prefixes.
+func RandomSuffix() string {
+	var b [4]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
+
+// Backends returns the environments the API table runs on: always memory; with
+// DATABASE_URL a Postgres store and projection on fresh tables (dropped at
+// cleanup); with REDIS_URL a Redis store under a fresh prefix (deleted at cleanup).
+// Without those variables the backends are skipped with a message, unless CI=true,
+// where a missing server fails the test.
+func Backends(t *testing.T) map[string]map[string]string {
+	t.Helper()
+	out := map[string]map[string]string{"memory": {}}
+	ci := os.Getenv("CI") == "true"
+	if url := os.Getenv("DATABASE_URL"); url != "" {
+		sfx := RandomSuffix()
+		table, prefix := "idem_app_"+sfx, "app_"+sfx+"_"
+		out["postgres"] = map[string]string{"IDEM_STORE": "postgres", "DATABASE_URL": url, "IDEM_TABLE": table,
+			"PROJECTION": "postgres", "ACCOUNTS_TABLE_PREFIX": prefix}
+		t.Cleanup(func() { DropTables(t, url, table, prefix) })
+	} else if ci {
+		t.Error("CI=true but DATABASE_URL is not set")
+	} else {
+		t.Log("DATABASE_URL not set: skipping the Postgres backend")
+	}
+	if url := os.Getenv("REDIS_URL"); url != "" {
+		prefix := "idemapp:" + RandomSuffix() + ":"
+		out["redis"] = map[string]string{"IDEM_STORE": "redis", "REDIS_URL": url, "IDEM_REDIS_PREFIX": prefix}
+		t.Cleanup(func() { DeleteRedisPrefix(t, url, prefix) })
+	} else if ci {
+		t.Error("CI=true but REDIS_URL is not set")
+	} else {
+		t.Log("REDIS_URL not set: skipping the Redis backend")
+	}
+	return out
+}
+
+// DropTables drops the store table and every table whose name starts with prefix
+// (the projection's), ignoring missing ones.
+func DropTables(t testing.TB, url, storeTable, prefix string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	pool, err := pgxpool.New(ctx, url)
+	if err != nil {
+		t.Errorf("dropping test tables: %v", err)
+		return
+	}
+	defer pool.Close()
+	names := []string{storeTable}
+	rows, err := pool.Query(ctx, `SELECT tablename FROM pg_tables WHERE schemaname = current_schema() AND starts_with(tablename, $1)`, prefix)
+	if err == nil {
+		more, cerr := pgx.CollectRows(rows, pgx.RowTo[string])
+		names, err = append(names, more...), cerr
+	}
+	if err != nil {
+		t.Errorf("listing test tables: %v", err)
+	}
+	for _, n := range names {
+		if _, err := pool.Exec(ctx, `DROP TABLE IF EXISTS `+pgx.Identifier{n}.Sanitize()+` CASCADE`); err != nil {
+			t.Errorf("dropping %s: %v", n, err)
+		}
+	}
+}
+
+// DeleteRedisPrefix deletes every key starting with prefix.
+func DeleteRedisPrefix(t testing.TB, url, prefix string) {
+	t.Helper()
+	o, err := goredis.ParseURL(url)
+	if err != nil {
+		t.Errorf("REDIS_URL: %v", err)
+		return
+	}
+	c := goredis.NewClient(o)
+	defer c.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	iter := c.Scan(ctx, 0, prefix+"*", 500).Iterator()
+	for iter.Next(ctx) {
+		c.Del(ctx, iter.Val())
+	}
+	if err := iter.Err(); err != nil {
+		t.Errorf("deleting test keys: %v", err)
+	}
+}
+
+// Response is an answer read whole.
+type Response struct {
+	Status int
+	Header http.Header
+	Body   string
+}
+
+var client = &http.Client{Timeout: 30 * time.Second}
+
+// Do sends one request; key and clientID set Idempotency-Key and X-Client-ID when
+// not empty.
+func Do(t testing.TB, method, url, key, clientID, body string) Response {
+	t.Helper()
+	req, err := http.NewRequest(method, url, strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if key != "" {
+		req.Header.Set("Idempotency-Key", key)
+	}
+	if clientID != "" {
+		req.Header.Set("X-Client-ID", clientID)
+	}
+	if body != "" {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	resp, err := client.Do(req)
+	if err != nil {
+		t.Fatalf("%s %s: %v", method, url, err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatalf("%s %s: reading body: %v", method, url, err)
+	}
+	return Response{Status: resp.StatusCode, Header: resp.Header, Body: string(b)}
+}
+
+// EventCount returns how many events of the log of acct carry eventID, read from
+// Celeriant itself.
+func EventCount(t testing.TB, es celeriant.EventStore, acct, eventID uuid.UUID) int {
+	t.Helper()
+	batches, err := celeriant.ReadAll(context.Background(), es, celeriant.ReadRequest{
+		Key: accounts.Key(acct), Filters: celeriant.ReadFilters{FromVersion: 1}})
+	if err != nil && !celeriant.IsNotFound(err) {
+		t.Fatalf("reading the log of %s: %v", acct, err)
+	}
+	n := 0
+	for _, b := range batches {
+		for _, e := range b.Events {
+			if e.EventID == eventID {
+				n++
+			}
+		}
+	}
+	return n
+}
+
+// problemCode returns the code member of a problem answer, failing the test when
+// the answer is not application/problem+json.
+func problemCode(t testing.TB, r Response) (code string, members map[string]any) {
+	t.Helper()
+	if ct := r.Header.Get("Content-Type"); ct != "application/problem+json" {
+		t.Errorf("Content-Type %q, want application/problem+json (body %s)", ct, r.Body)
+	}
+	if err := json.Unmarshal([]byte(r.Body), &members); err != nil {
+		t.Errorf("problem body %q: %v", r.Body, err)
+	}
+	code, _ = members["code"].(string)
+	if typ, _ := members["type"].(string); !strings.HasPrefix(typ, "urn:idemkey:problem:") {
+		t.Errorf("problem type %q", typ)
+	}
+	if st, _ := members["status"].(float64); int(st) != r.Status {
+		t.Errorf("problem status member %v, answer %d", members["status"], r.Status)
+	}
+	return code, members
+}

@@ -1,0 +1,237 @@
+package middleware
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// A client that hangs up while the handler runs must not poison the key: a
+// handler that gives up on its cancelled context without writing (as the
+// conformance fixture's /slow does) is not stored as an empty 200.
+func TestClientGoneHandlerWroteNothingReleases(t *testing.T) {
+	entered := make(chan struct{}, 1)
+	events := make(chan Event, 4)
+	var runs atomic.Int32
+	e := newEnv(t, func(w http.ResponseWriter, r *http.Request) {
+		if runs.Add(1) == 1 {
+			entered <- struct{}{}
+			<-r.Context().Done() // the client went away: give up
+			return
+		}
+		w.Write([]byte("slept"))
+	}, WithObserver(ObserverFunc(func(_ context.Context, ev Event) { events <- ev })))
+	srv := httptest.NewServer(e.h)
+	defer srv.Close()
+	post := func(ctx context.Context) (*http.Response, error) {
+		r, _ := http.NewRequestWithContext(ctx, "POST", srv.URL+"/slow", strings.NewReader("b"))
+		r.Header.Set("Idempotency-Key", "k")
+		return srv.Client().Do(r)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	errc := make(chan error, 1)
+	go func() { _, err := post(ctx); errc <- err }()
+	<-entered
+	cancel()
+	if err := <-errc; err == nil {
+		t.Fatal("cancelled request succeeded")
+	}
+	if ev := <-events; ev.Decision != Released {
+		t.Fatalf("client gone, nothing written: decision %v, want released", ev.Decision)
+	}
+	resp, err := post(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if string(b) != "slept" || resp.Header.Get(DefaultReplayedHeader) != "" || e.calls.Load() != 2 {
+		t.Fatalf("retry got %d %q replayed=%q, calls %d; want a fresh execution", resp.StatusCode, b,
+			resp.Header.Get(DefaultReplayedHeader), e.calls.Load())
+	}
+}
+
+// failingWriter accepts limit bytes, then fails every write (a client gone or a
+// write deadline passed).
+type failingWriter struct {
+	http.ResponseWriter
+	limit int
+}
+
+func (f *failingWriter) Write(p []byte) (int, error) {
+	if len(p) <= f.limit {
+		f.limit -= len(p)
+		return f.ResponseWriter.Write(p)
+	}
+	n, _ := f.ResponseWriter.Write(p[:f.limit])
+	f.limit = 0
+	return n, errors.New("write: broken pipe")
+}
+
+// The record keeps what the handler answered, not the part of it that reached
+// one client: a failed live write does not truncate the stored body.
+func TestFailedLiveWriteStoresHandlersBody(t *testing.T) {
+	e := newEnv(t, func(w http.ResponseWriter, r *http.Request) {
+		w.Write([]byte("hello "))
+		w.Write([]byte("world"))
+	})
+	w := httptest.NewRecorder()
+	e.h.ServeHTTP(&failingWriter{ResponseWriter: w, limit: 8}, req("POST", "/x", "k", "b"))
+	if w.Body.String() != "hello wo" {
+		t.Fatalf("live %q", w.Body)
+	}
+	if r := e.do(req("POST", "/x", "k", "b")); r.Body.String() != "hello world" || r.Header().Get(DefaultReplayedHeader) != "true" {
+		t.Fatalf("replay %q, want the handler's whole body", r.Body)
+	}
+}
+
+// A body shorter than the Content-Length the handler declared is incomplete (the
+// handler stopped early, e.g. on a write error): it is not stored.
+func TestShortBodyAgainstContentLengthReleases(t *testing.T) {
+	full := true
+	e := newEnv(t, func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Length", "10")
+		w.Write([]byte("01234"))
+		if full {
+			w.Write([]byte("56789"))
+		}
+	})
+	full = false
+	e.do(req("POST", "/x", "k", "b"))
+	if ev := e.lastEvent(); ev.Decision != Released {
+		t.Fatalf("short body: decision %v, want released", ev.Decision)
+	}
+	full = true
+	if w := e.do(req("POST", "/x", "k", "b")); w.Body.String() != "0123456789" || e.calls.Load() != 2 {
+		t.Fatalf("retry %q calls %d", w.Body, e.calls.Load())
+	}
+	if w := e.do(req("POST", "/x", "k", "b")); w.Body.String() != "0123456789" || w.Header().Get(DefaultReplayedHeader) != "true" {
+		t.Fatalf("complete body not stored: %q", w.Body)
+	}
+}
+
+// The 503 of a failing store always carries Retry-After, at least 1 second.
+func TestStoreErrorRetryAfterAtLeastOneSecond(t *testing.T) {
+	for _, d := range []time.Duration{0, -time.Second, time.Millisecond} {
+		e := newEnv(t, echoHandler, WithStoreRetryAfter(d))
+		e.st.claimErr = errors.New("down")
+		w := e.do(req("POST", "/x", "k", "b"))
+		checkProblem(t, w, http.StatusServiceUnavailable, CodeStoreUnavailable)
+		if got := w.Header().Get("Retry-After"); got != "1" {
+			t.Errorf("WithStoreRetryAfter(%v): Retry-After %q, want 1", d, got)
+		}
+	}
+}
+
+// The first final status is the one stored; a second WriteHeader changes nothing.
+func TestWriteHeaderTwiceStoresFirst(t *testing.T) {
+	e := newEnv(t, func(w http.ResponseWriter, r *http.Request) {
+		w.WriteHeader(http.StatusCreated)
+		w.WriteHeader(http.StatusInternalServerError)
+		w.Write([]byte("made"))
+	})
+	e.do(req("POST", "/x", "k", "b"))
+	if w := e.do(req("POST", "/x", "k", "b")); w.Code != http.StatusCreated || w.Body.String() != "made" || e.calls.Load() != 1 {
+		t.Fatalf("%d %q calls %d", w.Code, w.Body, e.calls.Load())
+	}
+}
+
+// Hostile key header values, over the wire and in ParseKey.
+func TestHostileKeys(t *testing.T) {
+	k255, k256 := strings.Repeat("a", 255), strings.Repeat("a", 256)
+	for _, tt := range []struct {
+		in   string
+		want string // "" means invalid
+	}{
+		{k255, k255},
+		{k256, ""},
+		{`"` + strings.Repeat("a", 253) + `\\"`, strings.Repeat("a", 253) + `\`}, // 254 decoded
+		{`"` + strings.Repeat("a", 254) + `\""`, strings.Repeat("a", 254) + `"`}, // 255 decoded, 257 raw
+		{`"` + strings.Repeat("a", 255) + `\""`, ""},                             // 256 decoded
+		{`"a,b"`, "a,b"},  // a comma inside the string is data
+		{`a,b`, ""},       // two list members
+		{`"a", "a"`, ""},  // a proxy joined two lines
+		{`"a";b=?1`, "a"}, // parameters ignored
+		{`"a";b=?2`, ""},
+		{`"a";b="x`, ""},
+		{`"a" ;b=1`, ""},
+		{"a\x00b", ""},
+		{"\"a\x7fb\"", ""},
+		{"\"caf\xc3\xa9\"", ""},
+		{`"a\u0041"`, ""},
+		{`"a\\"b"`, ""},
+		{`?1`, ""},
+		{`"a"` + "\t", "a"},
+	} {
+		got, err := ParseKey(tt.in)
+		if tt.want == "" {
+			if err == nil {
+				t.Errorf("ParseKey(%q) = %q, want an error", tt.in, got)
+			}
+			continue
+		}
+		if err != nil || got != tt.want {
+			t.Errorf("ParseKey(%q) = %q, %v; want %q", tt.in, got, err, tt.want)
+		}
+	}
+	// Over the wire, several lines are refused even when they agree.
+	e := newEnv(t, echoHandler)
+	srv := httptest.NewServer(e.h)
+	defer srv.Close()
+	for _, lines := range [][]string{{"a", "a"}, {`"a"`, ""}, {k256}} {
+		r, _ := http.NewRequest("POST", srv.URL+"/x", strings.NewReader("b"))
+		r.Header["Idempotency-Key"] = lines
+		resp, err := srv.Client().Do(r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusBadRequest {
+			t.Errorf("lines %q: status %d", lines, resp.StatusCode)
+		}
+	}
+	if e.calls.Load() != 0 {
+		t.Fatalf("handler ran %d times", e.calls.Load())
+	}
+}
+
+// Bodies at and around the fingerprint limit, with and without Content-Length.
+func TestBodyLimitEdges(t *testing.T) {
+	const limit = 64
+	e := newEnv(t, echoHandler, WithMaxRequestBody(limit))
+	srv := httptest.NewServer(e.h)
+	defer srv.Close()
+	for i, tt := range []struct {
+		n       int
+		chunked bool
+		want    int
+	}{
+		{limit - 1, false, 201}, {limit, false, 201}, {limit + 1, false, 413},
+		{limit - 1, true, 201}, {limit, true, 201}, {limit + 1, true, 413}, {10 * limit, true, 413},
+		{0, true, 201},
+	} {
+		body := strings.Repeat("x", tt.n)
+		var rd io.Reader = strings.NewReader(body)
+		if tt.chunked {
+			rd = io.MultiReader(rd) // hides the length: sent chunked
+		}
+		r, _ := http.NewRequest("POST", srv.URL+"/x", rd)
+		r.Header.Set("Idempotency-Key", "k"+strconv.Itoa(i))
+		resp, err := srv.Client().Do(r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != tt.want || tt.want == 201 && string(got) != body {
+			t.Errorf("%d bytes chunked=%v: %d, %d bytes back", tt.n, tt.chunked, resp.StatusCode, len(got))
+		}
+	}
+}
