@@ -87,7 +87,7 @@ func TestDeclaredCountsDoNotAllocate(t *testing.T) {
 		{"batches, one per 6 bytes", "93 c0 " + dd(size/6), readResponse},
 		{"events, one per 9 bytes", "93 c0 91 95 01 01 c0 01 " + dd(size/9), readResponse},
 		{"write events, one per 9 bytes", "94 c0 01 c0 81 93 01 01 01 94 " + dd(size/9), writeRequest},
-		{"write entries, one per 9 bytes", "94 c0 01 c0 df " + dd(size/9)[3:], writeRequest},
+		{"write entries, one per 9 bytes", "94 c0 01 c0 df " + dd(size / 9)[3:], writeRequest},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

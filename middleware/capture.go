@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"strconv"
 	"sync"
 	"time"
 
@@ -31,6 +32,9 @@ type call struct {
 	status      int
 	hijacked    bool
 	omitted     bool
+	writeFailed bool  // a live Write or Flush failed (client gone, deadline passed)
+	written     int64 // body bytes the handler wrote
+	declared    int64 // the Content-Length the handler set at commit, -1 if none
 	body        []byte
 	header      http.Header // replayable headers, snapshot when the status was committed
 	pre         []string    // header names present before the handler ran
@@ -53,7 +57,12 @@ type detachedCtx struct{ parent context.Context }
 func (d *detachedCtx) Deadline() (time.Time, bool) { return time.Time{}, false }
 func (d *detachedCtx) Done() <-chan struct{}       { return nil }
 func (d *detachedCtx) Err() error                  { return nil }
-func (d *detachedCtx) Value(k any) any             { return d.parent.Value(k) }
+func (d *detachedCtx) Value(k any) any {
+	if d.parent == nil { // a store kept the context past its call
+		return nil
+	}
+	return d.parent.Value(k)
+}
 
 func (c *call) start(w http.ResponseWriter, ctx context.Context, id store.ID, token store.Token) {
 	c.w, c.id, c.token, c.ctx.parent = w, id, token, ctx
@@ -102,6 +111,7 @@ func (c *call) stopRenewal() bool {
 func (c *call) reset() {
 	c.w, c.id, c.token, c.ctx.parent = nil, store.ID{}, store.Token{}, nil
 	c.wroteHeader, c.status, c.hijacked, c.omitted = false, 0, false, false
+	c.writeFailed, c.written, c.declared = false, 0, 0
 	if cap(c.body) > maxPooledBuffer {
 		c.body = nil
 	}
@@ -121,6 +131,12 @@ func (c *call) reset() {
 func (c *call) commit(code int) {
 	c.wroteHeader, c.status = true, code
 	h := c.w.Header()
+	c.declared = -1
+	if v := h["Content-Length"]; len(v) == 1 {
+		if n, err := strconv.ParseInt(v[0], 10, 64); err == nil && n >= 0 {
+			c.declared = n
+		}
+	}
 	connection := h["Connection"]
 	for k, v := range h {
 		if c.m.replayable(k, connection, c.pre) {
@@ -143,18 +159,28 @@ func (c *call) WriteHeader(code int) {
 }
 
 // Write passes p to the live response and copies it into the capture buffer
-// until the storage cap is passed; past it the record keeps no body.
+// until the storage cap is passed; past it the record keeps no body. The record
+// keeps what the handler wrote even when the live write fails (one client gone
+// must not truncate the answer every retry gets), except a body the status does
+// not allow (http.ErrBodyNotAllowed), which no client ever sees.
 func (c *call) Write(p []byte) (int, error) {
 	if !c.wroteHeader {
 		c.commit(http.StatusOK)
 	}
 	n, err := c.w.Write(p)
+	if err != nil {
+		if errors.Is(err, http.ErrBodyNotAllowed) {
+			return n, err
+		}
+		c.writeFailed = true
+	}
+	c.written += int64(len(p))
 	if !c.omitted {
-		if len(c.body)+n > c.m.maxStoredBody {
+		if len(c.body)+len(p) > c.m.maxStoredBody {
 			c.omitted = true
 			c.body = c.body[:0]
 		} else {
-			c.body = append(c.body, p[:n]...)
+			c.body = append(c.body, p...)
 		}
 	}
 	return n, err
@@ -169,7 +195,29 @@ func (c *call) FlushError() error {
 	if !c.wroteHeader {
 		c.commit(http.StatusOK)
 	}
-	return http.NewResponseController(c.w).Flush()
+	err := http.NewResponseController(c.w).Flush()
+	if err != nil && !errors.Is(err, http.ErrNotSupported) {
+		c.writeFailed = true
+	}
+	return err
+}
+
+// incomplete reports whether the captured response is known to be cut short, so
+// it must not be stored: the handler set a Content-Length its body does not
+// match, or it returned after its client went away (request context done)
+// having written nothing or having seen a live write fail. wroteNothing is
+// whether the handler returned without committing a status.
+func (c *call) incomplete(ctx context.Context, wroteNothing bool) bool {
+	if c.declared >= 0 && c.written != c.declared && bodyAllowed(c.status) {
+		return true
+	}
+	return ctx.Err() != nil && (wroteNothing || c.writeFailed)
+}
+
+// bodyAllowed reports whether a response with status may carry a body (RFC 9110
+// sections 15.2, 15.3.5, 15.4.5).
+func bodyAllowed(status int) bool {
+	return status >= 200 && status != http.StatusNoContent && status != http.StatusNotModified
 }
 
 // Hijack hands the connection over (http.Hijacker); the claim is then released,

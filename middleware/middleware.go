@@ -18,6 +18,10 @@
 //	same key, other fingerprint               422 key_reused_with_different_payload
 //	handler answers 5xx/408/409/425/429,      release the claim; the live response
 //	  panics (re-panicked) or hijacks           passes through
+//	response incomplete: body shorter than    release the claim (a client hanging
+//	  its Content-Length, or the client went    up must not leave a truncated or
+//	  away and the handler wrote nothing or     empty answer for every retry)
+//	  saw a write fail
 //	response body over the cap (1 MiB)        streamed untouched, stored with body
 //	                                          omitted; replay adds
 //	                                          "Idempotency-Replay: omitted"
@@ -300,7 +304,7 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		m.logger.LogAttrs(ctx, slog.LevelError, "idempotency store failed; answering 503",
 			slog.String("scope", id.Scope), slog.String("key", id.Key), slog.Any("error", err))
 		pooled = true
-		m.writeProblem(w, http.StatusServiceUnavailable, m.problems.storeDown, m.storeRetryAfter)
+		m.writeProblem(w, http.StatusServiceUnavailable, m.problems.storeDown, max(m.storeRetryAfter, 1))
 		m.observe(ctx, Event{Decision: StoreError, ID: id, Status: http.StatusServiceUnavailable, StoreLatency: latency, Err: err})
 		return
 	}
@@ -382,13 +386,14 @@ func (m *Middleware) execute(c *call, w http.ResponseWriter, r *http.Request, ne
 	returned = true
 	reusable = c.stopRenewal()
 
-	if !c.wroteHeader {
+	wroteNothing := !c.wroteHeader
+	if wroteNothing {
 		c.commit(http.StatusOK) // net/http sends 200 for a handler that wrote nothing
 	}
 	ev.Status = c.status
 	t0 := m.now()
 	var err error
-	if c.hijacked || c.status == http.StatusSwitchingProtocols || m.release(c.status) {
+	if c.hijacked || c.status == http.StatusSwitchingProtocols || m.release(c.status) || c.incomplete(r.Context(), wroteNothing) {
 		if c.hijacked {
 			ev.Status = 0
 		}

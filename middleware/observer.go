@@ -27,7 +27,8 @@ const (
 	// Executed: the claim was won, the handler ran and its response was stored.
 	Executed
 	// Released: the handler ran and the claim was released (release policy,
-	// panic or hijack), so the next retry runs it again.
+	// panic, hijack, or an incomplete response: see the package doc), so the
+	// next retry runs it again.
 	Released
 	// LeaseLost: the handler ran but its lease had been taken over; its response
 	// was sent to this client but not stored.

@@ -335,7 +335,9 @@ func dropTable(t *testing.T, table string) {
 		return
 	}
 	defer conn.Close(ctx)
-	if _, err := conn.Exec(ctx, "DROP TABLE IF EXISTS "+pgx.Identifier{table}.Sanitize()); err != nil {
-		t.Errorf("dropping %s: %v", table, err)
+	for _, name := range []string{table, table + "_migrations"} { // the store's records and its migration ledger
+		if _, err := conn.Exec(ctx, "DROP TABLE IF EXISTS "+pgx.Identifier{name}.Sanitize()); err != nil {
+			t.Errorf("dropping %s: %v", name, err)
+		}
 	}
 }

@@ -140,6 +140,9 @@ func Open(ctx context.Context, cfg Config, getenv func(string) string, logger *s
 	if err != nil {
 		return a, fmt.Errorf("seeding the accounts (is Celeriant at %q up?): %w", cfg.CeleriantAddr, err)
 	}
+	if sim, ok := a.Events.(*celeriantsim.Sim); ok && cfg.SimDelay > 0 {
+		sim.SetDelay(cfg.SimDelay)
+	}
 
 	if err := a.Registry.Register(collectors.NewGoCollector()); err != nil {
 		return a, err

@@ -18,6 +18,8 @@
 //	IDEM_TABLE             Postgres store table (storeenv), default idempotency_keys
 //	IDEM_REDIS_PREFIX      Redis store key prefix (storeenv)
 //	ACCOUNTS_TABLE_PREFIX  prefix of the Postgres projection's tables, default none
+//	CELERIANT_SIM_DELAY    latency the in-process simulator adds to every call after
+//	                       startup, Go duration, default 0 (demos: makes a 409 easy to see)
 package accountsapp
 
 import (
@@ -56,6 +58,9 @@ type Config struct {
 	// TablePrefix prefixes the Postgres projection's tables (ACCOUNTS_TABLE_PREFIX),
 	// so tests and several deployments can share one database.
 	TablePrefix string
+	// SimDelay is added by the in-process simulator to every call once the
+	// accounts are seeded (CELERIANT_SIM_DELAY); only without CeleriantAddr.
+	SimDelay time.Duration
 }
 
 // LoadConfig reads the Config from getenv (os.Getenv in a server). Errors wrap
@@ -76,21 +81,29 @@ func LoadConfig(getenv func(string) string) (Config, error) {
 		c.Addr = v
 	}
 	for _, d := range []struct {
-		name string
-		dst  *time.Duration
-	}{{"IDEM_LEASE", &c.Lease}, {"IDEM_RETENTION", &c.Retention}} {
+		name   string
+		dst    *time.Duration
+		zeroOK bool
+	}{{"IDEM_LEASE", &c.Lease, false}, {"IDEM_RETENTION", &c.Retention, false}, {"CELERIANT_SIM_DELAY", &c.SimDelay, true}} {
 		v := strings.TrimSpace(getenv(d.name))
 		if v == "" {
 			continue
 		}
 		parsed, err := time.ParseDuration(v)
-		if err != nil || parsed <= 0 {
-			return c, fmt.Errorf("%w: %s=%q: want a positive Go duration such as 10s", ErrConfig, d.name, v)
+		if err != nil || parsed < 0 || parsed == 0 && !d.zeroOK {
+			want := "a positive"
+			if d.zeroOK {
+				want = "a non-negative"
+			}
+			return c, fmt.Errorf("%w: %s=%q: want %s Go duration such as 10s", ErrConfig, d.name, v, want)
 		}
 		*d.dst = parsed
 	}
 	if c.Retention < c.Lease {
 		return c, fmt.Errorf("%w: IDEM_RETENTION (%v) must be at least IDEM_LEASE (%v)", ErrConfig, c.Retention, c.Lease)
+	}
+	if c.SimDelay > 0 && c.CeleriantAddr != "" {
+		return c, fmt.Errorf("%w: CELERIANT_SIM_DELAY applies to the in-process simulator only, not CELERIANT_ADDR", ErrConfig)
 	}
 	switch c.Projection {
 	case "":
