@@ -20,7 +20,9 @@ import (
 type Config struct {
 	// Addrs are node addresses (host:port, client port 10000 by default). Requests go to
 	// the first one until a not-leader answer (2011/3005/4006) names the leader; from
-	// then on they go to the leader.
+	// then on they go to the leader. When the current address cannot be dialled, that
+	// request fails with ErrNotSent and later ones go to the next address of Addrs (the
+	// first one after a learned leader), whose not-leader answer names the new leader.
 	Addrs []string
 	// TLS, when set, wraps every connection in crypto/tls (PROTOCOL.md section 1.2).
 	TLS *tls.Config
@@ -308,6 +310,9 @@ func (c *Client) attempt(ctx context.Context, addr, op string, isWrite, mayReuse
 		cn, err = c.dial(ctx, addr)
 		if err != nil {
 			<-p.sem
+			if ctx.Err() == nil {
+				c.failover(addr)
+			}
 			return fmt.Errorf("%s: %w", op, err), false
 		}
 	}
@@ -380,6 +385,27 @@ func (c *Client) attempt(ctx context.Context, addr, op string, isWrite, mayReuse
 	}
 	healthy = true
 	return nil, false
+}
+
+// failover moves later requests off addr after it could not be dialled: to the next
+// address of Config.Addrs, or to the first one when addr was a leader learned from a
+// not-leader answer. A follower there names the current leader (PROTOCOL.md section 5,
+// 2011), so the client does not stay stuck on a dead leader.
+func (c *Client) failover(addr string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.target != addr {
+		return
+	}
+	next := c.cfg.Addrs[0]
+	for i, a := range c.cfg.Addrs {
+		if a == addr {
+			next = c.cfg.Addrs[(i+1)%len(c.cfg.Addrs)]
+			break
+		}
+	}
+	c.target = next
+	c.log.Debug("celeriant: address unreachable, moving on", "from", addr, "to", next)
 }
 
 // alive reports whether a pooled plaintext connection is still open: a read with an

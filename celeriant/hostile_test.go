@@ -254,3 +254,47 @@ func TestConnectionReset(t *testing.T) {
 		t.Fatalf("read: %v", err)
 	}
 }
+
+// TestSlowLorisServer: a server that trickles its answer a byte at a time cannot hold a
+// request past its deadline (Config.RequestTimeout when the context has none): the
+// deadline is absolute, not renewed per byte.
+func TestSlowLorisServer(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := make(chan struct{})
+	t.Cleanup(func() { close(stop); _ = ln.Close() })
+	go func() {
+		for {
+			nc, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer nc.Close()
+				_, _, _ = celeriant.ReadFrame(nc, nil, func(celeriant.Header) error { return nil })
+				answer := celeriant.AppendHeader(nil, celeriant.Header{Version: 3, Type: celeriant.RespWrite, CompressedLength: 3, UncompressedLength: 3})
+				for _, b := range append(answer, 0x92, 0xc0, 0x01) {
+					select {
+					case <-stop:
+						return
+					case <-time.After(40 * time.Millisecond):
+					}
+					if _, err := nc.Write([]byte{b}); err != nil {
+						return
+					}
+				}
+			}()
+		}
+	}()
+	c := newClient(t, celeriant.Config{Addrs: []string{ln.Addr().String()}, RequestTimeout: 200 * time.Millisecond})
+	start := time.Now()
+	_, err = c.Write(context.Background(), simpleWrite(freshKey(), uuid.New(), 1))
+	if !errors.Is(err, celeriant.ErrOutcomeUnknown) || !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("err = %v", err)
+	}
+	if took := time.Since(start); took > 600*time.Millisecond { // the whole answer takes 800 ms
+		t.Fatalf("the request lasted %v with a 200 ms timeout", took)
+	}
+}

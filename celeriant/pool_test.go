@@ -145,3 +145,82 @@ func TestLateContextCallbackDoesNotPoisonPool(t *testing.T) {
 		t.Fatalf("%d dials, want 2 (the first connection dropped)", n)
 	}
 }
+
+// partialConn sends only the first half of the first frame, then fails.
+type partialConn struct{ net.Conn }
+
+func (c partialConn) Write(b []byte) (int, error) {
+	n, _ := c.Conn.Write(b[:len(b)/2])
+	return n, errors.New("simulated failure mid-frame")
+}
+
+// TestPartialWriteNotSent: a frame cut short never reaches the server as a request (it
+// waits for the rest, then closes at its idle timeout), so the write is ErrNotSent, and
+// the server indeed saw no write.
+func TestPartialWriteNotSent(t *testing.T) {
+	sim, addr := startSim(t, celeriantsim.Options{})
+	dial := func(ctx context.Context, network, a string) (net.Conn, error) {
+		var d net.Dialer
+		nc, err := d.DialContext(ctx, network, a)
+		if err != nil {
+			return nil, err
+		}
+		return partialConn{nc}, nil
+	}
+	c := newClient(t, celeriant.Config{Addrs: []string{addr}, Dial: dial})
+	_, err := c.Write(context.Background(), simpleWrite(freshKey(), uuid.New(), 1))
+	if !errors.Is(err, celeriant.ErrNotSent) || errors.Is(err, celeriant.ErrOutcomeUnknown) {
+		t.Fatalf("err = %v", err)
+	}
+	if n := sim.Stats().Writes; n != 0 {
+		t.Fatalf("the simulator processed %d writes", n)
+	}
+}
+
+// TestLeaderFailover: when the leader the client follows cannot be dialled, the request
+// fails with ErrNotSent (nothing re-sent) and later requests go back to the configured
+// addresses, where a not-leader answer names the new leader.
+func TestLeaderFailover(t *testing.T) {
+	ctx := context.Background()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dead := ln.Addr().String()
+	_ = ln.Close()
+	follower, faddr := startSim(t, celeriantsim.Options{})
+	leader, laddr := startSim(t, celeriantsim.Options{})
+	c := newClient(t, celeriant.Config{Addrs: []string{faddr, laddr}})
+	key, client := freshKey(), uuid.New()
+
+	follower.InjectWriteError(celeriant.CodeWriteNotLeader, `{"leader_address":"`+dead+`"}`)
+	if _, err := c.Write(ctx, simpleWrite(key, client, 1)); !isNotLeader(err) {
+		t.Fatalf("first write: %v", err)
+	}
+	if _, err := c.Write(ctx, simpleWrite(key, client, 1)); !errors.Is(err, celeriant.ErrNotSent) {
+		t.Fatalf("write to the dead leader: %v", err)
+	}
+	if got := c.Leader(); got != faddr {
+		t.Fatalf("after the dead leader: target %s, want the first address %s", got, faddr)
+	}
+	follower.InjectWriteError(celeriant.CodeWriteNotLeader, `{"leader_address":"`+laddr+`"}`)
+	if _, err := c.Write(ctx, simpleWrite(key, client, 1)); !isNotLeader(err) {
+		t.Fatalf("write to the follower: %v", err)
+	}
+	if _, err := c.Write(ctx, simpleWrite(key, client, 1)); err != nil {
+		t.Fatalf("write to the new leader: %v", err)
+	}
+	if leader.Stats().Writes != 1 || follower.Stats().Writes != 2 {
+		t.Fatalf("writes: leader %d, follower %d", leader.Stats().Writes, follower.Stats().Writes)
+	}
+	// A configured address that cannot be dialled moves on to the next one.
+	c2 := newClient(t, celeriant.Config{Addrs: []string{dead, laddr}})
+	if _, err := c2.Write(ctx, simpleWrite(freshKey(), uuid.New(), 1)); !errors.Is(err, celeriant.ErrNotSent) {
+		t.Fatalf("write to a dead first address: %v", err)
+	}
+	if _, err := c2.Write(ctx, simpleWrite(freshKey(), uuid.New(), 1)); err != nil {
+		t.Fatalf("write to the second address: %v", err)
+	}
+}
+
+func isNotLeader(err error) bool { _, ok := celeriant.IsNotLeader(err); return ok }

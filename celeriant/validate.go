@@ -44,7 +44,8 @@ func CheckWrite(req *WriteRequest) error {
 
 // CheckRead applies the client-side rules of a read: FromVersion 0 becomes 1 (as the
 // official clients do, PROTOCOL.md section 4.5) and the encoded request must fit the
-// 1007-byte fixed-size limit (section 2.2). It returns the request to send.
+// 1007-byte fixed-size limit (section 2.2), counted with a correlation id since the TCP
+// client adds one when CorrelationID is uuid.Nil. It returns the request to send.
 func CheckRead(req ReadRequest) (ReadRequest, error) {
 	if req.Filters.FromVersion == 0 {
 		req.Filters.FromVersion = 1
@@ -93,10 +94,11 @@ func arrSize(n int) int {
 	return 5
 }
 
-// readRequestSize is the body size Encoder.ReadRequest produces for req.
+// readRequestSize is the body size Encoder.ReadRequest produces for req once it carries
+// a correlation id.
 func readRequestSize(req *ReadRequest) int {
 	f := &req.Filters
-	n := 1 + optIDSize(req.CorrelationID) + 1 + 3*18 + 1
+	n := 1 + 18 + 1 + 3*18 + 1 // the correlation id is always sent (Client picks one)
 	n += uintSize(f.FromVersion) + optUSize(f.ToVersion)
 	if len(f.EventTypes) == 0 {
 		n++

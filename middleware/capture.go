@@ -180,7 +180,7 @@ func (c *call) Write(p []byte) (int, error) {
 			c.omitted = true
 			c.body = c.body[:0]
 		} else {
-			c.body = append(c.body, p...)
+			if err == nil { c.body = append(c.body, p...) } else { c.body = append(c.body, p[:n]...) }
 		}
 	}
 	return n, err

@@ -168,7 +168,7 @@ func WithDenyHeaders(names ...string) Option {
 
 // WithReleasePolicy sets which handler statuses release the claim instead of
 // storing the response (default DefaultReleasePolicy). A panicking or hijacking
-// handler always releases.
+// handler, and an incomplete response (see the package doc), always release.
 func WithReleasePolicy(release func(status int) bool) Option {
 	return func(c *config) { c.release = release }
 }

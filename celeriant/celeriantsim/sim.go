@@ -219,7 +219,8 @@ func (h *Hold) Prepared() <-chan struct{} { return h.prepared }
 func (h *Hold) Commit() { h.once.Do(func() { close(h.commit) }) }
 
 // HoldNextWrite holds the next write that passes validation in flight until Commit
-// (or until Close, which commits every held write so no goroutine stays blocked).
+// (or until Close, which commits every held write so no goroutine stays blocked; a
+// write prepared after Close is not held).
 func (s *Sim) HoldNextWrite() *Hold {
 	h := &Hold{prepared: make(chan struct{}), commit: make(chan struct{})}
 	s.mu.Lock()

@@ -39,5 +39,6 @@
 // Postgres lookup sees an index row even before the account's projection row exists.
 //
 // Errors: ErrValidation and ErrInsufficientFunds (422), ErrConflict (409),
-// ErrUnavailable (503); package httpapi maps them to problem details.
+// ErrUnavailable (503: Celeriant, or the Postgres projection's database, unreachable);
+// package httpapi maps them to problem details.
 package accounts

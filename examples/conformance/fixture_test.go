@@ -156,4 +156,25 @@ func TestFixtureBehaviours(t *testing.T) {
 			t.Fatalf("handler ran %d times", c.count())
 		}
 	})
+	t.Run("client hanging up on /slow does not poison the key", func(t *testing.T) {
+		// /slow gives up without writing when its client goes away; that must not be
+		// stored as an empty 200 that every retry would replay.
+		c := newFixture(t, "")
+		ctx, cancel := context.WithCancel(context.Background())
+		var wg sync.WaitGroup
+		wg.Go(func() {
+			req := httptest.NewRequestWithContext(ctx, "POST", "/slow?ms=300", strings.NewReader("slow"))
+			req.Header.Set("Idempotency-Key", "gone")
+			c.h.ServeHTTP(httptest.NewRecorder(), req)
+		})
+		for c.count() == 0 {
+			runtime.Gosched()
+		}
+		cancel()
+		wg.Wait()
+		retry := c.do("POST", "/slow?ms=300", "gone", "slow")
+		if retry.Code != 200 || retry.Body.String() != "slept:300" || c.count() != 2 {
+			t.Fatalf("retry after hang-up: %d %q count %d", retry.Code, retry.Body, c.count())
+		}
+	})
 }

@@ -12,6 +12,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/labstack/echo/v4"
 
@@ -38,7 +39,8 @@ func (f *failingStore) Claim(ctx context.Context, req store.ClaimRequest) (store
 type app struct {
 	e       *echo.Echo
 	st      *failingStore
-	runs    sync.Map // route label -> *atomic.Int64
+	skew    atomic.Int64 // added to the store's clock, in nanoseconds
+	runs    sync.Map     // route label -> *atomic.Int64
 	block   chan struct{}
 	entered chan struct{}
 	fail    atomic.Int64 // answer 503 while > 0 (decremented per run)
@@ -55,14 +57,16 @@ func (a *app) ran(label string) {
 	v.(*atomic.Int64).Add(1)
 }
 
-func newApp(t *testing.T) *app {
+func newApp(t *testing.T, opts ...middleware.Option) *app {
 	t.Helper()
-	a := &app{e: echo.New(), st: &failingStore{Store: memory.New()}, block: make(chan struct{}), entered: make(chan struct{}, 1)}
-	m, err := middleware.New(a.st, middleware.ScopeFromHeader("X-Client-ID", "anonymous"),
-		middleware.WithMaxRequestBody(64), middleware.WithLogger(slog.New(slog.DiscardHandler)))
+	a := &app{e: echo.New(), block: make(chan struct{}), entered: make(chan struct{}, 2)}
+	a.st = &failingStore{Store: memory.New(memory.WithClock(func() time.Time { return time.Now().Add(time.Duration(a.skew.Load())) }))}
+	m, err := middleware.New(a.st, middleware.ScopeFromHeader("X-Client-ID", "anonymous"), append([]middleware.Option{
+		middleware.WithMaxRequestBody(64), middleware.WithMaxStoredBody(32), middleware.WithLogger(slog.New(slog.DiscardHandler))}, opts...)...)
 	if err != nil {
 		t.Fatal(err)
 	}
+	a.e.Use(recoverToError) // outside: turns a re-raised panic into a 500
 	// The error handler is echo's default plus a count: it must keep working.
 	a.e.HTTPErrorHandler = func(err error, c echo.Context) {
 		a.errs.Add(1)
@@ -89,6 +93,17 @@ func newApp(t *testing.T) *app {
 		}
 		return c.String(http.StatusOK, "fine")
 	})
+	g.POST("/panic", func(c echo.Context) error {
+		a.ran("panic")
+		if a.fail.Add(-1) >= 0 {
+			panic("handler bug")
+		}
+		return c.String(http.StatusOK, "fine")
+	})
+	g.POST("/large", func(c echo.Context) error {
+		a.ran("large")
+		return c.String(http.StatusOK, strings.Repeat("L", 100))
+	})
 	g.POST("/refuse", func(c echo.Context) error {
 		a.ran("refuse")
 		return echo.NewHTTPError(http.StatusUnprocessableEntity, "no")
@@ -99,6 +114,21 @@ func newApp(t *testing.T) *app {
 		return c.String(http.StatusOK, fmt.Sprint("keyed=", ok))
 	})
 	return a
+}
+
+// recoverToError is echo middleware that turns a panic into an error answered by
+// echo's error handler, like echo's middleware.Recover (whose package needs a
+// module this one does not require).
+func recoverToError(next echo.HandlerFunc) echo.HandlerFunc {
+	return func(c echo.Context) (err error) {
+		defer func() {
+			if p := recover(); p != nil {
+				err = fmt.Errorf("recovered: %v", p)
+				c.Error(err)
+			}
+		}()
+		return next(c)
+	}
 }
 
 type req struct {
@@ -251,6 +281,52 @@ func TestDecisionTable(t *testing.T) {
 				t.Errorf("handler ran %d times", n)
 			}
 		}},
+		{"panic releases and re-panics, the retry runs", func(t *testing.T, a *app) {
+			a.fail.Store(1)
+			r := req{method: "POST", path: "/api/panic", key: "p"}
+			if w := a.do(r); w.Code != 500 {
+				t.Fatalf("panic: %d %s (echo's Recover answers 500)", w.Code, w.Body)
+			}
+			if w := a.do(r); w.Code != 200 || w.Header().Get("Idempotent-Replayed") != "" {
+				t.Fatalf("retry: %d %v", w.Code, w.Header())
+			}
+			if n := a.count("panic"); n != 2 {
+				t.Errorf("handler ran %d times, want 2", n)
+			}
+		}},
+		{"response over the storage cap streams, replay omits the body", func(t *testing.T, a *app) {
+			r := req{method: "POST", path: "/api/large", key: "l"}
+			if w := a.do(r); w.Code != 200 || w.Body.Len() != 100 {
+				t.Fatalf("first: %d, %d bytes", w.Code, w.Body.Len())
+			}
+			w := a.do(r)
+			if w.Code != 200 || w.Body.Len() != 0 || w.Header().Get("Idempotency-Replay") != "omitted" || w.Header().Get("Idempotent-Replayed") != "true" {
+				t.Fatalf("replay: %d %v %q", w.Code, w.Header(), w.Body)
+			}
+			if n := a.count("large"); n != 1 {
+				t.Errorf("handler ran %d times", n)
+			}
+		}},
+		{"expired lease is taken over; the stale holder's completion is refused", func(t *testing.T, a *app) {
+			slow := req{method: "POST", path: "/api/slow", key: "s", body: "x"}
+			stale := make(chan *httptest.ResponseRecorder)
+			go func() { stale <- a.do(slow) }()
+			<-a.entered
+			a.skew.Store(int64(time.Hour)) // the holder's lease is over on the store's clock
+			second := make(chan *httptest.ResponseRecorder)
+			go func() { second <- a.do(slow) }()
+			<-a.entered // the takeover runs the handler once more
+			a.block <- struct{}{}
+			w2 := <-second
+			a.block <- struct{}{}
+			w1 := <-stale
+			if w1.Code != 200 || w2.Code != 200 || a.count("slow") != 2 {
+				t.Fatalf("holders: %d %d, runs %d", w1.Code, w2.Code, a.count("slow"))
+			}
+			if w := a.do(slow); w.Header().Get("Idempotent-Replayed") != "true" {
+				t.Errorf("no replay after the takeover: %d %v", w.Code, w.Header())
+			}
+		}},
 		{"GET passes through, key ignored", func(t *testing.T, a *app) {
 			for range 2 {
 				w := a.do(req{method: "GET", path: "/api/pay/1", key: "g"})
@@ -301,5 +377,20 @@ func TestResponseRestored(t *testing.T) {
 	}
 	if fmt.Sprint(statuses) != "[202 202]" || fmt.Sprint(same) != "[true true]" {
 		t.Errorf("outer middleware saw statuses %v, own committed response %v", statuses, same)
+	}
+}
+
+// TestOptionalKey: where the key is optional, a request without one runs
+// unprotected and nothing is stored.
+func TestOptionalKey(t *testing.T) {
+	a := newApp(t, middleware.WithKeyRequired(false))
+	for range 2 {
+		w := a.do(req{method: "POST", path: "/api/pay/1", body: "{}"})
+		if w.Code != 201 || w.Header().Get("Idempotent-Replayed") != "" || !strings.Contains(w.Body.String(), `"keyed":false`) {
+			t.Fatalf("%d %v %s", w.Code, w.Header(), w.Body)
+		}
+	}
+	if n := a.count("pay"); n != 2 {
+		t.Errorf("handler ran %d times, want 2", n)
 	}
 }

@@ -37,22 +37,38 @@ var _ store.Store = (*Store)(nil)
 type shard struct {
 	mu      sync.Mutex
 	records map[store.ID]*entry
-	expiry  []*entry // min-heap by expiresAt; every record is in it exactly once
-	_       [24]byte // keep shards on separate cache lines
+	expiry  []heapItem // min-heap by expiry; every record is in it exactly once
+	_       [24]byte   // keep shards on separate cache lines
 }
 
-// entry is one record, in flight or completed; one allocation per claimed key.
+// heapItem is a record in the expiry heap; at (its expiresAt) is kept inline so
+// ordering reads no entry.
+type heapItem struct {
+	at int64
+	e  *entry
+}
+
+// entry is one record, in flight or completed: one allocation per claimed key,
+// kept small because most records are never replayed. Times are ns since
+// Store.base.
 type entry struct {
-	id         store.ID
-	token      store.Token
-	completed  bool
-	index      int   // position in the shard's expiry heap
-	leaseUntil int64 // holder's lease deadline, ns since Store.base
-	expiresAt  int64 // retention deadline, ns since Store.base
-	// rec holds the fingerprint and CreatedAt from the claim on; the response and
-	// the other timestamps once completed. Claim hands out &rec only when
-	// completed, and a completed entry is never written again.
-	rec store.Record
+	id          store.ID
+	token       store.Token
+	fingerprint store.Fingerprint
+	index       int   // position in the shard's expiry heap
+	leaseUntil  int64 // holder's lease deadline
+	expiresAt   int64 // retention deadline
+	createdAt   int64
+	completedAt int64
+	status      int32 // the stored status; 0 while in flight
+	omitted     bool
+	body        []byte
+	// fields holds the stored header as name, value pairs (a name repeated for
+	// each of its values): one slice costs less than a map.
+	fields []string
+	// rec is the record Claim hands out, built at the first replay and never
+	// written again.
+	rec *store.Record
 }
 
 // Option configures a Store.
@@ -88,10 +104,26 @@ func (s *Store) shard(id store.ID) *shard {
 	return &s.shards[h%uint64(len(s.shards))]
 }
 
-// clock returns the store's time and the same instant as ns since base.
-func (s *Store) clock() (time.Time, int64) {
-	now := s.now()
-	return now, int64(now.Sub(s.base))
+// clock returns the store's time as ns since base.
+func (s *Store) clock() int64 { return int64(s.now().Sub(s.base)) }
+
+// time returns the instant at ns since base.
+func (s *Store) time(at int64) time.Time { return s.base.Add(time.Duration(at)) }
+
+// record builds the record of the completed e.
+func (s *Store) record(e *entry) *store.Record {
+	rec := &store.Record{
+		Fingerprint: e.fingerprint,
+		Response:    store.Response{Status: int(e.status), Body: e.body, BodyOmitted: e.omitted},
+		CreatedAt:   s.time(e.createdAt),
+		CompletedAt: s.time(e.completedAt),
+		ExpiresAt:   s.time(e.expiresAt),
+	}
+	if e.fields != nil {
+		rec.Header = headerFromFields(e.fields)
+		e.fields = nil
+	}
+	return rec
 }
 
 // Len returns the number of records held, live or not yet swept.
@@ -114,7 +146,7 @@ func (s *Store) Claim(ctx context.Context, req store.ClaimRequest) (store.ClaimR
 	if err := ctx.Err(); err != nil {
 		return store.ClaimResult{}, err
 	}
-	now, at := s.clock()
+	at := s.clock()
 	sh := s.shard(req.ID)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
@@ -123,26 +155,29 @@ func (s *Store) Claim(ctx context.Context, req store.ClaimRequest) (store.ClaimR
 	e, ok := sh.records[req.ID]
 	if ok {
 		switch {
-		case e.rec.Fingerprint != req.Fingerprint:
+		case e.fingerprint != req.Fingerprint:
 			return store.ClaimResult{Outcome: store.Mismatch}, nil
-		case e.completed:
-			return store.ClaimResult{Outcome: store.Completed, Record: &e.rec}, nil
+		case e.status != 0:
+			if e.rec == nil {
+				e.rec = s.record(e)
+			}
+			return store.ClaimResult{Outcome: store.Completed, Record: e.rec}, nil
 		case at < e.leaseUntil:
 			return store.ClaimResult{Outcome: store.InFlight, RetryAfter: time.Duration(e.leaseUntil - at)}, nil
 		}
 		// The holder's lease expired before it completed: take over.
 		e.token = store.NewToken()
 		e.leaseUntil = at + int64(req.Lease)
-		e.expiresAt = at + int64(req.Retention)
-		sh.fix(e.index)
+		sh.setExpiry(e, at+int64(req.Retention))
 		return store.ClaimResult{Outcome: store.Claimed, Token: e.token, Takeover: true}, nil
 	}
 	e = &entry{
-		id:         req.ID,
-		token:      store.NewToken(),
-		leaseUntil: at + int64(req.Lease),
-		expiresAt:  at + int64(req.Retention),
-		rec:        store.Record{Fingerprint: req.Fingerprint, CreatedAt: now},
+		id:          req.ID,
+		token:       store.NewToken(),
+		fingerprint: req.Fingerprint,
+		leaseUntil:  at + int64(req.Lease),
+		expiresAt:   at + int64(req.Retention),
+		createdAt:   at,
 	}
 	sh.records[req.ID] = e
 	sh.push(e)
@@ -155,25 +190,22 @@ func (s *Store) Complete(ctx context.Context, id store.ID, token store.Token, re
 		return err
 	}
 	// Copy outside the lock; the copies are dropped if the token is refused.
-	header := cloneHeader(resp.Header)
+	fields := headerFields(resp.Header)
 	var body []byte
 	if len(resp.Body) > 0 {
 		body = append([]byte(nil), resp.Body...)
 	}
-	return s.withHolder(ctx, id, token, func(sh *shard, e *entry, now time.Time, at int64) {
-		e.rec.Response = store.Response{Status: resp.Status, Header: header, Body: body, BodyOmitted: resp.BodyOmitted}
-		e.rec.CompletedAt = now
-		e.rec.ExpiresAt = now.Add(retention)
-		e.completed = true
+	return s.withHolder(ctx, id, token, func(sh *shard, e *entry, at int64) {
+		e.status, e.body, e.omitted, e.fields = int32(resp.Status), body, resp.BodyOmitted, fields
+		e.completedAt = at
 		e.leaseUntil = 0
-		e.expiresAt = at + int64(retention)
-		sh.fix(e.index)
+		sh.setExpiry(e, at+int64(retention))
 	})
 }
 
 // Release implements store.Store.
 func (s *Store) Release(ctx context.Context, id store.ID, token store.Token) error {
-	return s.withHolder(ctx, id, token, func(sh *shard, e *entry, _ time.Time, _ int64) {
+	return s.withHolder(ctx, id, token, func(sh *shard, e *entry, _ int64) {
 		delete(sh.records, id)
 		sh.remove(e.index)
 	})
@@ -185,58 +217,79 @@ func (s *Store) Renew(ctx context.Context, id store.ID, token store.Token, lease
 	if lease <= 0 {
 		return fmt.Errorf("%w: lease must be positive", store.ErrInvalid)
 	}
-	return s.withHolder(ctx, id, token, func(sh *shard, e *entry, _ time.Time, at int64) {
+	return s.withHolder(ctx, id, token, func(sh *shard, e *entry, at int64) {
 		e.leaseUntil = at + int64(lease)
 		if e.leaseUntil > e.expiresAt {
-			e.expiresAt = e.leaseUntil
-			sh.fix(e.index)
+			sh.setExpiry(e, e.leaseUntil)
 		}
 	})
 }
 
 // withHolder runs f under the shard lock if token holds id's uncompleted claim.
-func (s *Store) withHolder(ctx context.Context, id store.ID, token store.Token, f func(*shard, *entry, time.Time, int64)) error {
+func (s *Store) withHolder(ctx context.Context, id store.ID, token store.Token, f func(*shard, *entry, int64)) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	now, at := s.clock()
+	at := s.clock()
 	sh := s.shard(id)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	sh.sweep(at)
 	e, ok := sh.records[id]
 	// An expired lease still belongs to its holder until someone takes it over.
-	if !ok || token.IsZero() || e.token != token || e.completed {
+	if !ok || token.IsZero() || e.token != token || e.status != 0 {
 		return store.ErrLeaseLost
 	}
-	f(sh, e, now, at)
+	f(sh, e, at)
 	return nil
 }
 
-// cloneHeader copies h into one map and one backing array of values (nil when
-// h is empty).
-func cloneHeader(h http.Header) http.Header {
-	if len(h) == 0 {
+// headerFields copies h into one slice of name, value pairs (nil when h has no
+// values). Strings are immutable, so only the slice is new.
+func headerFields(h http.Header) []string {
+	n := 0
+	for _, v := range h {
+		n += 2 * len(v)
+	}
+	if n == 0 {
 		return nil
 	}
-	nv := 0
-	for _, v := range h {
-		nv += len(v)
+	fields := make([]string, 0, n)
+	for k, vs := range h {
+		for _, v := range vs {
+			fields = append(fields, k, v)
+		}
 	}
-	vals := make([]string, nv)
-	out := make(http.Header, len(h))
-	for k, v := range h {
-		n := copy(vals, v)
-		out[k] = vals[:n:n]
+	return fields
+}
+
+// headerFromFields builds the header map of name, value pairs, values of one
+// name in their order, in one backing array of values.
+func headerFromFields(fields []string) http.Header {
+	h := make(http.Header, len(fields)/2)
+	vals := make([]string, len(fields)/2)
+	for i := 0; i < len(fields); i += 2 {
+		k := fields[i]
+		if _, done := h[k]; done {
+			continue
+		}
+		n := 0
+		for j := i; j < len(fields); j += 2 {
+			if fields[j] == k {
+				vals[n] = fields[j+1]
+				n++
+			}
+		}
+		h[k] = vals[:n:n]
 		vals = vals[n:]
 	}
-	return out
+	return h
 }
 
 // sweep removes the records whose retention has passed. Called with mu held.
 func (sh *shard) sweep(at int64) {
-	for len(sh.expiry) > 0 && sh.expiry[0].expiresAt <= at {
-		e := sh.expiry[0]
+	for len(sh.expiry) > 0 && sh.expiry[0].at <= at {
+		e := sh.expiry[0].e
 		sh.remove(0)
 		delete(sh.records, e.id)
 	}
@@ -247,8 +300,15 @@ func (sh *shard) sweep(at int64) {
 
 func (sh *shard) push(e *entry) {
 	e.index = len(sh.expiry)
-	sh.expiry = append(sh.expiry, e)
+	sh.expiry = append(sh.expiry, heapItem{at: e.expiresAt, e: e})
 	sh.up(e.index)
+}
+
+// setExpiry changes e's retention deadline and its place in the heap.
+func (sh *shard) setExpiry(e *entry, at int64) {
+	e.expiresAt = at
+	sh.expiry[e.index].at = at
+	sh.fix(e.index)
 }
 
 func (sh *shard) remove(i int) {
@@ -257,7 +317,7 @@ func (sh *shard) remove(i int) {
 	if i != last {
 		sh.swap(i, last)
 	}
-	h[last] = nil
+	h[last] = heapItem{}
 	sh.expiry = h[:last]
 	if i != last {
 		sh.fix(i)
@@ -273,14 +333,14 @@ func (sh *shard) fix(i int) {
 func (sh *shard) swap(i, j int) {
 	h := sh.expiry
 	h[i], h[j] = h[j], h[i]
-	h[i].index, h[j].index = i, j
+	h[i].e.index, h[j].e.index = i, j
 }
 
 func (sh *shard) up(j int) {
 	h := sh.expiry
 	for j > 0 {
 		i := (j - 1) / 2
-		if h[i].expiresAt <= h[j].expiresAt {
+		if h[i].at <= h[j].at {
 			break
 		}
 		sh.swap(i, j)
@@ -299,10 +359,10 @@ func (sh *shard) down(i0 int) bool {
 			break
 		}
 		j := l
-		if r := l + 1; r < n && h[r].expiresAt < h[l].expiresAt {
+		if r := l + 1; r < n && h[r].at < h[l].at {
 			j = r
 		}
-		if h[i].expiresAt <= h[j].expiresAt {
+		if h[i].at <= h[j].at {
 			break
 		}
 		sh.swap(i, j)

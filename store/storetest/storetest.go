@@ -87,6 +87,10 @@ var cases = []struct {
 	{"RetentionExpiry", testRetentionExpiry},
 	{"ScopesIsolated", testScopesIsolated},
 	{"ConcurrentClaimOneWinner", testConcurrentClaim},
+	{"ConcurrentTakeoverOneWinner", testConcurrentTakeover},
+	{"CompleteCopiesResponse", testCompleteCopies},
+	{"RecordUnchangedAfterReturn", testRecordUnchanged},
+	{"InFlightRetentionExpiry", testInFlightRetentionExpiry},
 	{"BodiesRoundTrip", testBodiesRoundTrip},
 	{"OmittedBody", testOmittedBody},
 	{"InvalidArguments", testInvalid},
@@ -105,6 +109,15 @@ var (
 
 func req(id store.ID, f store.Fingerprint) store.ClaimRequest {
 	return store.ClaimRequest{ID: id, Fingerprint: f, Lease: Lease, Retention: Retention}
+}
+
+// longReq is req with a lease that cannot expire during the test: for a holder
+// the test then expects to be in flight after several round trips to a real,
+// possibly slow, server.
+func longReq(id store.ID, f store.Fingerprint) store.ClaimRequest {
+	r := req(id, f)
+	r.Lease = 5 * time.Second
+	return r
 }
 
 func newID(t *testing.T) store.ID {
@@ -268,7 +281,7 @@ func testTakeover(t *testing.T, s *suite) {
 	id := newID(t)
 	first := s.mustClaim(t, req(id, fpA))
 	s.Wait(Lease + slack)
-	res := s.expect(t, req(id, fpA), store.Claimed)
+	res := s.expect(t, longReq(id, fpA), store.Claimed)
 	if res.Token == first {
 		t.Fatal("takeover reused the previous holder's token")
 	}
@@ -283,7 +296,7 @@ func testStaleHolderRefused(t *testing.T, s *suite) {
 	id := newID(t)
 	stale := s.mustClaim(t, req(id, fpA))
 	s.Wait(Lease + slack)
-	fresh := s.mustClaim(t, req(id, fpA))
+	fresh := s.mustClaim(t, longReq(id, fpA))
 
 	staleResp := store.Response{Status: 200, Body: []byte("stale")}
 	if err := s.Store.Complete(s.ctx, id, stale, staleResp, Retention); !errors.Is(err, store.ErrLeaseLost) {
@@ -310,7 +323,7 @@ func testReleaseThenReclaim(t *testing.T, s *suite) {
 		t.Fatalf("Release: %v", err)
 	}
 	// Released: the key is new again, even for another payload.
-	again := s.mustClaim(t, req(id, fpB))
+	again := s.mustClaim(t, longReq(id, fpB))
 	if again == tok {
 		t.Error("reclaim reused the released token")
 	}
@@ -415,6 +428,17 @@ func testScopesIsolated(t *testing.T, s *suite) {
 func testConcurrentClaim(t *testing.T, s *suite) {
 	id := newID(t)
 	const n = 64
+	r := req(id, fpA)
+	r.Lease = 10 * time.Second // nobody may take over during the storm
+	r.Retention = 20 * time.Second
+	if counts := s.claimStorm(t, r, n); counts[store.Claimed] != 1 || counts[store.InFlight] != n-1 {
+		t.Fatalf("outcomes %v, want exactly 1 claimed and %d in flight", counts, n-1)
+	}
+}
+
+// claimStorm sends n identical claims at once and counts the outcomes.
+func (s *suite) claimStorm(t *testing.T, r store.ClaimRequest, n int) map[store.Outcome]int {
+	t.Helper()
 	var (
 		wg      sync.WaitGroup
 		mu      sync.Mutex
@@ -422,9 +446,6 @@ func testConcurrentClaim(t *testing.T, s *suite) {
 		errs    []error
 		barrier = make(chan struct{})
 	)
-	r := req(id, fpA)
-	r.Lease = 10 * time.Second // nobody may take over during the storm
-	r.Retention = 20 * time.Second
 	for range n {
 		wg.Go(func() {
 			<-barrier
@@ -443,8 +464,69 @@ func testConcurrentClaim(t *testing.T, s *suite) {
 	if len(errs) > 0 {
 		t.Fatalf("%d claims failed, first: %v", len(errs), errs[0])
 	}
-	if counts[store.Claimed] != 1 || counts[store.InFlight] != n-1 {
+	return counts
+}
+
+func testConcurrentTakeover(t *testing.T, s *suite) {
+	// The takeover of an expired lease is as exclusive as a first claim.
+	id := newID(t)
+	s.mustClaim(t, req(id, fpA))
+	s.Wait(Lease + slack)
+	r := req(id, fpA)
+	r.Lease = 10 * time.Second
+	r.Retention = 20 * time.Second
+	const n = 64
+	if counts := s.claimStorm(t, r, n); counts[store.Claimed] != 1 || counts[store.InFlight] != n-1 {
 		t.Fatalf("outcomes %v, want exactly 1 claimed and %d in flight", counts, n-1)
+	}
+}
+
+func testCompleteCopies(t *testing.T, s *suite) {
+	// The middleware reuses its buffers once Complete returns (store.Store).
+	id := newID(t)
+	tok := s.mustClaim(t, req(id, fpA))
+	resp := sampleResponse()
+	want := store.Response{Status: resp.Status, Header: resp.Header.Clone(), Body: bytes.Clone(resp.Body)}
+	s.complete(t, id, tok, resp)
+	for i := range resp.Body {
+		resp.Body[i] = 'X'
+	}
+	resp.Header["Content-Type"][0] = "text/x-scribbled"
+	resp.Header.Set("X-Added", "later")
+	res := s.expect(t, req(id, fpA), store.Completed)
+	equalResponse(t, res.Record, want)
+}
+
+func testRecordUnchanged(t *testing.T, s *suite) {
+	// A record handed out is never changed by the store, even when its key expires
+	// and is completed again.
+	id := newID(t)
+	short := 3 * Lease
+	r := store.ClaimRequest{ID: id, Fingerprint: fpA, Lease: Lease, Retention: short}
+	tok := s.mustClaim(t, r)
+	first := store.Response{Status: 201, Header: http.Header{"X-Run": {"1"}}, Body: []byte("first")}
+	if err := s.Store.Complete(s.ctx, id, tok, first, short); err != nil {
+		t.Fatalf("Complete: %v", err)
+	}
+	old := s.expect(t, r, store.Completed).Record
+	s.Wait(short + slack)
+	tok = s.mustClaim(t, r)
+	if err := s.Store.Complete(s.ctx, id, tok, store.Response{Status: 202, Header: http.Header{"X-Run": {"2"}}, Body: []byte("again")}, short); err != nil {
+		t.Fatalf("second Complete: %v", err)
+	}
+	equalResponse(t, old, first)
+}
+
+func testInFlightRetentionExpiry(t *testing.T, s *suite) {
+	// A claim never completed nor released is forgotten after its retention: the
+	// key is new again (not a takeover), even for another payload.
+	id := newID(t)
+	short := 3 * Lease
+	s.mustClaim(t, store.ClaimRequest{ID: id, Fingerprint: fpA, Lease: Lease, Retention: short})
+	s.Wait(short + slack)
+	res := s.expect(t, store.ClaimRequest{ID: id, Fingerprint: fpB, Lease: Lease, Retention: short}, store.Claimed)
+	if res.Takeover {
+		t.Error("claim after the retention of an abandoned claim reported as a takeover")
 	}
 }
 

@@ -134,8 +134,8 @@ func Backends(t *testing.T) map[string]map[string]string {
 	return out
 }
 
-// DropTables drops the store table and every table whose name starts with prefix
-// (the projection's), ignoring missing ones.
+// DropTables drops every table whose name starts with storeTable (the store's
+// table and its migrations ledger) or with prefix (the projection's).
 func DropTables(t testing.TB, url, storeTable, prefix string) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -146,11 +146,11 @@ func DropTables(t testing.TB, url, storeTable, prefix string) {
 		return
 	}
 	defer pool.Close()
-	names := []string{storeTable}
-	rows, err := pool.Query(ctx, `SELECT tablename FROM pg_tables WHERE schemaname = current_schema() AND starts_with(tablename, $1)`, prefix)
+	var names []string
+	rows, err := pool.Query(ctx, `SELECT tablename FROM pg_tables WHERE schemaname = current_schema()
+AND (starts_with(tablename, $1) OR starts_with(tablename, $2))`, storeTable, prefix)
 	if err == nil {
-		more, cerr := pgx.CollectRows(rows, pgx.RowTo[string])
-		names, err = append(names, more...), cerr
+		names, err = pgx.CollectRows(rows, pgx.RowTo[string])
 	}
 	if err != nil {
 		t.Errorf("listing test tables: %v", err)
