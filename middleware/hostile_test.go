@@ -11,6 +11,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/idemkey/idemkey/store/memory"
 )
 
 // A client that hangs up while the handler runs must not poison the key: a
@@ -233,5 +235,47 @@ func TestBodyLimitEdges(t *testing.T) {
 		if resp.StatusCode != tt.want || tt.want == 201 && string(got) != body {
 			t.Errorf("%d bytes chunked=%v: %d, %d bytes back", tt.n, tt.chunked, resp.StatusCode, len(got))
 		}
+	}
+}
+
+// End to end on the real clocks: a handler running for many leases keeps its
+// claim through background renewal; duplicates get 409 the whole time, never a
+// takeover.
+func TestSlowHandlerRenewsOnRealClock(t *testing.T) {
+	if testing.Short() {
+		t.Skip("waits on the real clock")
+	}
+	const lease = 60 * time.Millisecond
+	entered, release := make(chan struct{}), make(chan struct{})
+	var runs atomic.Int32
+	m, err := New(memory.New(), GlobalScope, WithLease(lease), WithLogger(discardLogger()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := m.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		runs.Add(1)
+		entered <- struct{}{}
+		<-release
+		w.Write([]byte("done"))
+	}))
+	done := make(chan *httptest.ResponseRecorder)
+	go func() {
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, req("POST", "/slow", "k", "b"))
+		done <- w
+	}()
+	<-entered
+	deadline := time.Now().Add(6 * lease)
+	for n := 0; time.Now().Before(deadline); n++ {
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, req("POST", "/slow", "k", "b"))
+		if w.Code != http.StatusConflict {
+			t.Fatalf("duplicate %d after %v: status %d, want 409 (lease not renewed?)", n, time.Until(deadline), w.Code)
+		}
+		time.Sleep(lease / 4) // real time must pass for the lease to matter
+	}
+	close(release)
+	if w := <-done; w.Body.String() != "done" || runs.Load() != 1 {
+		t.Fatalf("%q, runs %d", w.Body, runs.Load())
 	}
 }

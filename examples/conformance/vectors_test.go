@@ -2,7 +2,6 @@ package main
 
 import (
 	"bytes"
-	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -16,7 +15,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
+	"github.com/idemkey/idemkey/examples/internal/accountsapp/apptest"
 )
 
 // The vector format of shared/conformance/README.md.
@@ -311,9 +310,9 @@ func availableStores(t *testing.T) []string {
 }
 
 // storeEnv is the environment of a fixture on store name, in a namespace of its
-// own (table, Redis prefix) that is dropped when the test ends.
+// own (table, Redis prefix) that is removed when the test ends.
 func storeEnv(t *testing.T, name string) map[string]string {
-	ns := fmt.Sprintf("conf_%d_%d", os.Getpid(), time.Now().UnixNano())
+	ns := "conf_" + apptest.RandomSuffix()
 	env := map[string]string{
 		"IDEM_STORE":        name,
 		"DATABASE_URL":      os.Getenv("DATABASE_URL"),
@@ -321,23 +320,13 @@ func storeEnv(t *testing.T, name string) map[string]string {
 		"IDEM_TABLE":        ns,
 		"IDEM_REDIS_PREFIX": ns + ":",
 	}
-	if name == "postgres" || name == "tiered" {
-		t.Cleanup(func() { dropTable(t, ns) })
-	}
-	return env
-}
-
-func dropTable(t *testing.T, table string) {
-	ctx := context.Background()
-	conn, err := pgx.Connect(ctx, os.Getenv("DATABASE_URL"))
-	if err != nil {
-		t.Errorf("dropping %s: %v", table, err)
-		return
-	}
-	defer conn.Close(ctx)
-	for _, name := range []string{table, table + "_migrations"} { // the store's records and its migration ledger
-		if _, err := conn.Exec(ctx, "DROP TABLE IF EXISTS "+pgx.Identifier{name}.Sanitize()); err != nil {
-			t.Errorf("dropping %s: %v", name, err)
+	t.Cleanup(func() {
+		if name == "postgres" || name == "tiered" {
+			apptest.DropTables(t, env["DATABASE_URL"], ns, ns)
 		}
-	}
+		if name == "redis" || name == "tiered" {
+			apptest.DeleteRedisPrefix(t, env["REDIS_URL"], ns+":")
+		}
+	})
+	return env
 }

@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -34,10 +35,23 @@ func build(t *testing.T, dir, name string) string {
 	return bin
 }
 
-// startProcess runs bin with env added to the test's environment, waits for its
-// "listening on X" line and returns X. At cleanup it sends SIGTERM and expects a
-// clean exit.
-func startProcess(t *testing.T, bin string, env ...string) string {
+// proc is a process started by startProcess.
+type proc struct {
+	addr   string
+	cmd    *exec.Cmd
+	killed atomic.Bool
+}
+
+// kill stops the process with SIGKILL, in the middle of whatever it does.
+func (p *proc) kill() {
+	p.killed.Store(true)
+	_ = p.cmd.Process.Kill()
+}
+
+// startProcess runs bin with env added to the test's environment and waits for its
+// "listening on X" line (X is p.addr). At cleanup it sends SIGINT and expects a
+// clean exit, unless the test killed it.
+func startProcess(t *testing.T, bin string, env ...string) *proc {
 	t.Helper()
 	cmd := exec.Command(bin)
 	cmd.Env = append(os.Environ(), env...)
@@ -49,9 +63,10 @@ func startProcess(t *testing.T, bin string, env ...string) string {
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
+	p := &proc{cmd: cmd}
 	t.Cleanup(func() {
 		_ = cmd.Process.Signal(os.Interrupt)
-		if err := cmd.Wait(); err != nil {
+		if err := cmd.Wait(); err != nil && !p.killed.Load() {
 			t.Errorf("%s exited with %v after SIGINT", bin, err)
 		}
 	})
@@ -63,7 +78,8 @@ func startProcess(t *testing.T, bin string, env ...string) string {
 	if !ok {
 		t.Fatalf("%s: unexpected first line %q", bin, line)
 	}
-	return addr
+	p.addr = addr
+	return p
 }
 
 // logTail forwards a process's warnings and errors to the test log.
@@ -93,16 +109,22 @@ func (l *logTail) Write(p []byte) (int, error) {
 
 // TestEndToEndStorm is item 6 of issue 6: cmd/celeriant-sim and two nethttp
 // processes sharing one Postgres store (and projection) and the simulator, driven
-// by vegeta with 5,000 deposits over 500 keys, every key sent 10 times, 5 to each
-// replica, copies of a key concurrently. From the event log: each key wrote
-// exactly one event and each account's balance is the sum of its distinct
-// deposits. No answer is a 5xx or a transport error.
+// by vegeta.
+//
+// Phase 1: 5,000 deposits over 500 keys, every key sent 10 times, 5 to each
+// replica, the copies of a key concurrently; no answer may be a 5xx or a transport
+// error. Phase 2: 1,000 deposits over 100 more keys, and replica 2 is killed with
+// SIGKILL a third of the way in; only requests to the dead replica may fail. Then
+// every key is retried on replica 1 until answered 200. From the event log: each
+// key wrote exactly one event, and each account's balance is the sum of its
+// distinct deposits.
 func TestEndToEndStorm(t *testing.T) {
 	const (
-		keys     = 500
-		copies   = 10 // per key, alternating replicas
-		nAccount = 20 // keys spread over accounts: concurrent writes to one aggregate
-		scope    = "e2e"
+		keys1, keys2 = 500, 100
+		keys         = keys1 + keys2
+		copies       = 10 // per key, alternating replicas
+		nAccount     = 20 // keys spread over accounts: concurrent writes to one aggregate
+		scope        = "e2e"
 	)
 	dbURL := os.Getenv("DATABASE_URL")
 	if dbURL == "" {
@@ -115,11 +137,12 @@ func TestEndToEndStorm(t *testing.T) {
 	table, prefix := "idem_e2e_"+sfx, "e2e_"+sfx+"_"
 	t.Cleanup(func() { apptest.DropTables(t, dbURL, table, prefix) })
 
-	simAddr := startProcess(t, build(t, "../../cmd/celeriant-sim", "celeriant-sim"), "ADDR=127.0.0.1:0")
+	sim := startProcess(t, build(t, "../../cmd/celeriant-sim", "celeriant-sim"), "ADDR=127.0.0.1:0")
 	server := build(t, ".", "nethttp")
+	// A short lease, so the keys the killed replica held are taken over quickly.
 	env := []string{"ADDR=127.0.0.1:0", "IDEM_STORE=postgres", "DATABASE_URL=" + dbURL, "IDEM_TABLE=" + table,
-		"PROJECTION=postgres", "ACCOUNTS_TABLE_PREFIX=" + prefix, "CELERIANT_ADDR=" + simAddr}
-	replicas := []string{startProcess(t, server, env...), startProcess(t, server, env...)}
+		"PROJECTION=postgres", "ACCOUNTS_TABLE_PREFIX=" + prefix, "CELERIANT_ADDR=" + sim.addr, "IDEM_LEASE=2s"}
+	replicas := []*proc{startProcess(t, server, env...), startProcess(t, server, env...)}
 
 	accts := make([]uuid.UUID, nAccount)
 	for i := range accts {
@@ -130,68 +153,38 @@ func TestEndToEndStorm(t *testing.T) {
 	target := func(i, replica int) vegeta.Target {
 		return vegeta.Target{
 			Method: "POST",
-			URL:    replicas[replica] + "/api/accounts/" + accts[i%nAccount].String() + "/deposit",
+			URL:    replicas[replica].addr + "/api/accounts/" + accts[i%nAccount].String() + "/deposit",
 			Body:   fmt.Appendf(nil, `{"amountCents":%d}`, amount(i)),
 			Header: http.Header{"Idempotency-Key": {keyName(i)}, "X-Client-Id": {scope}, "Content-Type": {"application/json"}},
 		}
 	}
 	// Copies of a key are adjacent, so the workers send them at the same time.
-	var targets []vegeta.Target
-	for i := range keys {
-		for c := range copies {
-			targets = append(targets, target(i, c%2))
+	targets := func(from, to int) []vegeta.Target {
+		var out []vegeta.Target
+		for i := from; i < to; i++ {
+			for c := range copies {
+				out = append(out, target(i, c%2))
+			}
 		}
+		return out
 	}
 
-	attacker := vegeta.NewAttacker(vegeta.Workers(64), vegeta.MaxWorkers(64), vegeta.Connections(64), vegeta.Timeout(30*time.Second))
-	statuses := map[uint16]int{}
-	executed := 0            // 200s that were not replays
-	inFlight, gaveUp := 0, 0 // 409s: key held by a copy, write loop out of attempts
-	var metrics vegeta.Metrics
-	for res := range attacker.Attack(listTargeter(targets), vegeta.Rate{}, 2*time.Minute, "e2e") {
-		if res.Code == 0 && res.Error == vegeta.ErrNoTargets.Error() {
-			continue // a worker found the list exhausted; nothing was sent
-		}
-		metrics.Add(res)
-		statuses[res.Code]++
-		switch {
-		case res.Code == 0:
-			t.Errorf("transport error: %s", res.Error)
-		case res.Code >= 500:
-			t.Errorf("5xx answer %d: %.300s", res.Code, res.Body)
-		case res.Code == http.StatusOK:
-			if res.Headers.Get("Idempotent-Replayed") == "" {
-				executed++
-			}
-		case res.Code == http.StatusConflict: // in flight, or the write loop gave up: retry
-			if strings.Contains(string(res.Body), `"code":"request_in_flight"`) {
-				inFlight++
-			} else {
-				gaveUp++
-			}
-		default:
-			t.Errorf("unexpected answer %d: %.300s", res.Code, res.Body)
-		}
+	st := storm(t, targets(0, keys1), replicas, 0)
+	t.Logf("phase 1: %s", st)
+	if st.executed > keys1 {
+		t.Errorf("%d executions answered for %d keys: a key ran twice", st.executed, keys1)
 	}
-	metrics.Close()
-	if metrics.Requests != uint64(len(targets)) {
-		t.Fatalf("sent %d requests, want %d", metrics.Requests, len(targets))
-	}
-	t.Logf("storm: %d requests over 2 replicas in %v: %.0f req/s, p50 %v, p90 %v, p99 %v, max %v; statuses %v (409: %d in flight, %d write loop gave up); %d executions for %d keys",
-		metrics.Requests, metrics.Duration.Round(time.Millisecond), metrics.Rate, metrics.Latencies.P50, metrics.Latencies.P90,
-		metrics.Latencies.P99, metrics.Latencies.Max, statuses, inFlight, gaveUp, executed, keys)
-	if executed > keys {
-		t.Errorf("%d executions answered for %d keys: a key ran twice", executed, keys)
-	}
+	st = storm(t, targets(keys1, keys), replicas, copies*keys2/3)
+	t.Logf("phase 2, replica 2 killed after %d answers: %s", copies*keys2/3, st)
 
-	// A client retries a key until it gets its answer (keys whose copies all met a
-	// 409 have not run yet). Every key must then be answered 200.
-	settle(t, replicas, keys, func(i int) vegeta.Target { return target(i, i%2) })
+	// A client retries a key until it gets its answer: keys whose copies all met a
+	// 409, or whose holder died. Every key must then be answered 200 by replica 1.
+	settle(t, keys, func(i int) vegeta.Target { return target(i, 0) })
 
 	// The event log decides.
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	client, err := celeriant.Dial(ctx, simAddr)
+	client, err := celeriant.Dial(ctx, sim.addr)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -219,11 +212,9 @@ func TestEndToEndStorm(t *testing.T) {
 		if balance != want {
 			t.Errorf("account %s: balance from the log %d, want %d (the sum of its distinct deposits)", acct, balance, want)
 		}
-		for _, base := range replicas {
-			r := apptest.Do(t, "GET", base+"/api/accounts/"+acct.String()+"/balance", "", "", "")
-			if !strings.Contains(r.Body, fmt.Sprintf(`"balanceCents":%d,`, want)) {
-				t.Errorf("%s says %s for %s, want balance %d", base, r.Body, acct, want)
-			}
+		r := apptest.Do(t, "GET", replicas[0].addr+"/api/accounts/"+acct.String()+"/balance", "", "", "")
+		if !strings.Contains(r.Body, fmt.Sprintf(`"balanceCents":%d,`, want)) {
+			t.Errorf("replica 1 says %s for %s, want balance %d", r.Body, acct, want)
 		}
 	}
 	total := 0
@@ -239,17 +230,83 @@ func TestEndToEndStorm(t *testing.T) {
 	}
 }
 
-// settle sends every key once more, retrying 409s, until each is answered 200.
-func settle(t *testing.T, replicas []string, keys int, target func(i int) vegeta.Target) {
+// stormStats summarises one attack.
+type stormStats struct {
+	metrics          vegeta.Metrics
+	statuses         map[uint16]int
+	executed         int // 200s that were not replays
+	inFlight, gaveUp int // 409s: key held by a copy; write loop out of attempts
+	downErrors       int // failed requests to the killed replica
+}
+
+func (s stormStats) String() string {
+	m := &s.metrics
+	return fmt.Sprintf("%d requests over 2 replicas in %v: %.0f req/s, p50 %v, p90 %v, p99 %v, max %v; statuses %v "+
+		"(409: %d in flight, %d write loop gave up; %d failed on the killed replica); %d executions",
+		m.Requests, m.Duration.Round(time.Millisecond), m.Rate, m.Latencies.P50.Round(time.Microsecond),
+		m.Latencies.P90.Round(time.Microsecond), m.Latencies.P99.Round(time.Microsecond), m.Latencies.Max.Round(time.Microsecond),
+		s.statuses, s.inFlight, s.gaveUp, s.downErrors, s.executed)
+}
+
+// storm sends targets with 64 workers. With killAfter > 0 it kills replica 2 after
+// that many answers; from then on, failures of requests to it are counted, not
+// errors. Any other 5xx or transport error fails the test.
+func storm(t *testing.T, targets []vegeta.Target, replicas []*proc, killAfter int) stormStats {
+	t.Helper()
+	attacker := vegeta.NewAttacker(vegeta.Workers(64), vegeta.MaxWorkers(64), vegeta.Connections(64), vegeta.Timeout(30*time.Second))
+	st := stormStats{statuses: map[uint16]int{}}
+	n := 0
+	for res := range attacker.Attack(listTargeter(targets), vegeta.Rate{}, 2*time.Minute, "e2e") {
+		if res.Code == 0 && res.Error == vegeta.ErrNoTargets.Error() {
+			continue // a worker found the list exhausted; nothing was sent
+		}
+		if n++; n == killAfter {
+			replicas[1].kill()
+		}
+		st.metrics.Add(res)
+		st.statuses[res.Code]++
+		down := replicas[1].killed.Load() && strings.HasPrefix(res.URL, replicas[1].addr+"/")
+		switch {
+		case (res.Code == 0 || res.Code >= 500) && down:
+			st.downErrors++
+		case res.Code == 0:
+			t.Errorf("transport error: %s", res.Error)
+		case res.Code >= 500:
+			t.Errorf("5xx answer %d from %s: %.300s", res.Code, res.URL, res.Body)
+		case res.Code == http.StatusOK:
+			if res.Headers.Get("Idempotent-Replayed") == "" {
+				st.executed++
+			}
+		case res.Code == http.StatusConflict: // in flight, or the write loop gave up: retry
+			if strings.Contains(string(res.Body), `"code":"request_in_flight"`) {
+				st.inFlight++
+			} else {
+				st.gaveUp++
+			}
+		default:
+			t.Errorf("unexpected answer %d: %.300s", res.Code, res.Body)
+		}
+	}
+	st.metrics.Close()
+	if st.metrics.Requests != uint64(len(targets)) {
+		t.Fatalf("sent %d requests, want %d", st.metrics.Requests, len(targets))
+	}
+	return st
+}
+
+// settle sends every key once more, retrying 409s (a key a dead replica held is
+// free once its lease ends), until each is answered 200.
+func settle(t *testing.T, keys int, target func(i int) vegeta.Target) {
 	t.Helper()
 	work := make(chan int)
 	var wg sync.WaitGroup
 	httpc := &http.Client{Timeout: 30 * time.Second}
+	deadline := time.Now().Add(30 * time.Second)
 	for range 16 {
 		wg.Go(func() {
 			for i := range work {
 				tg := target(i)
-				for attempt := 1; ; attempt++ {
+				for {
 					req, _ := http.NewRequest(tg.Method, tg.URL, strings.NewReader(string(tg.Body)))
 					req.Header = tg.Header.Clone()
 					resp, err := httpc.Do(req)
@@ -262,11 +319,11 @@ func settle(t *testing.T, replicas []string, keys int, target func(i int) vegeta
 					if resp.StatusCode == http.StatusOK {
 						break
 					}
-					if resp.StatusCode != http.StatusConflict || attempt == 50 {
-						t.Errorf("settling key %d: %d %s after %d attempts", i, resp.StatusCode, body, attempt)
+					if resp.StatusCode != http.StatusConflict || time.Now().After(deadline) {
+						t.Errorf("settling key %d: %d %s", i, resp.StatusCode, body)
 						break
 					}
-					time.Sleep(20 * time.Millisecond) // the other holder is on a real server's clock
+					time.Sleep(50 * time.Millisecond) // the holder's lease runs on the database's clock
 				}
 			}
 		})

@@ -39,12 +39,11 @@ func (f *failingStore) Claim(ctx context.Context, req store.ClaimRequest) (store
 type app struct {
 	e       *echo.Echo
 	st      *failingStore
-	skew    atomic.Int64 // added to the store's clock, in nanoseconds
-	runs    sync.Map     // route label -> *atomic.Int64
-	block   chan struct{}
-	entered chan struct{}
-	fail    atomic.Int64 // answer 503 while > 0 (decremented per run)
-	errs    atomic.Int64 // calls of the HTTPErrorHandler
+	skew    atomic.Int64       // added to the store's clock, in nanoseconds
+	runs    sync.Map           // route label -> *atomic.Int64
+	entered chan chan struct{} // a slow handler sends the channel that releases it
+	fail    atomic.Int64       // answer 503 while > 0 (decremented per run)
+	errs    atomic.Int64       // calls of the HTTPErrorHandler
 }
 
 func (a *app) count(label string) int64 {
@@ -59,10 +58,10 @@ func (a *app) ran(label string) {
 
 func newApp(t *testing.T, opts ...middleware.Option) *app {
 	t.Helper()
-	a := &app{e: echo.New(), block: make(chan struct{}), entered: make(chan struct{}, 2)}
+	a := &app{e: echo.New(), entered: make(chan chan struct{})}
 	a.st = &failingStore{Store: memory.New(memory.WithClock(func() time.Time { return time.Now().Add(time.Duration(a.skew.Load())) }))}
 	m, err := middleware.New(a.st, middleware.ScopeFromHeader("X-Client-ID", "anonymous"), append([]middleware.Option{
-		middleware.WithMaxRequestBody(64), middleware.WithMaxStoredBody(32), middleware.WithLogger(slog.New(slog.DiscardHandler))}, opts...)...)
+		middleware.WithMaxRequestBody(64), middleware.WithMaxStoredBody(128), middleware.WithLogger(slog.New(slog.DiscardHandler))}, opts...)...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -82,9 +81,11 @@ func newApp(t *testing.T, opts ...middleware.Option) *app {
 	})
 	g.POST("/slow", func(c echo.Context) error {
 		a.ran("slow")
-		a.entered <- struct{}{}
-		<-a.block
-		return c.String(http.StatusOK, "slow done")
+		run := a.count("slow")
+		release := make(chan struct{})
+		a.entered <- release
+		<-release
+		return c.String(http.StatusOK, fmt.Sprint("slow run ", run))
 	})
 	g.POST("/flaky", func(c echo.Context) error {
 		a.ran("flaky")
@@ -102,7 +103,7 @@ func newApp(t *testing.T, opts ...middleware.Option) *app {
 	})
 	g.POST("/large", func(c echo.Context) error {
 		a.ran("large")
-		return c.String(http.StatusOK, strings.Repeat("L", 100))
+		return c.String(http.StatusOK, strings.Repeat("L", 200))
 	})
 	g.POST("/refuse", func(c echo.Context) error {
 		a.ran("refuse")
@@ -199,14 +200,14 @@ func TestDecisionTable(t *testing.T) {
 			slow := req{method: "POST", path: "/api/slow", key: "s", body: "x"}
 			done := make(chan *httptest.ResponseRecorder)
 			go func() { done <- a.do(slow) }()
-			<-a.entered
+			release := <-a.entered
 			w := a.do(slow)
 			problemCode(t, w, 409, middleware.CodeInFlight)
 			if w.Header().Get("Retry-After") == "" {
 				t.Error("409 without Retry-After")
 			}
-			close(a.block)
-			if first := <-done; first.Code != 200 || first.Body.String() != "slow done" {
+			close(release)
+			if first := <-done; first.Code != 200 || first.Body.String() != "slow run 1" {
 				t.Errorf("original: %d %s", first.Code, first.Body)
 			}
 			if n := a.count("slow"); n != 1 {
@@ -296,7 +297,7 @@ func TestDecisionTable(t *testing.T) {
 		}},
 		{"response over the storage cap streams, replay omits the body", func(t *testing.T, a *app) {
 			r := req{method: "POST", path: "/api/large", key: "l"}
-			if w := a.do(r); w.Code != 200 || w.Body.Len() != 100 {
+			if w := a.do(r); w.Code != 200 || w.Body.Len() != 200 {
 				t.Fatalf("first: %d, %d bytes", w.Code, w.Body.Len())
 			}
 			w := a.do(r)
@@ -311,20 +312,20 @@ func TestDecisionTable(t *testing.T) {
 			slow := req{method: "POST", path: "/api/slow", key: "s", body: "x"}
 			stale := make(chan *httptest.ResponseRecorder)
 			go func() { stale <- a.do(slow) }()
-			<-a.entered
+			release1 := <-a.entered
 			a.skew.Store(int64(time.Hour)) // the holder's lease is over on the store's clock
 			second := make(chan *httptest.ResponseRecorder)
 			go func() { second <- a.do(slow) }()
-			<-a.entered // the takeover runs the handler once more
-			a.block <- struct{}{}
+			release2 := <-a.entered // the takeover runs the handler once more
+			close(release2)
 			w2 := <-second
-			a.block <- struct{}{}
+			close(release1)
 			w1 := <-stale
-			if w1.Code != 200 || w2.Code != 200 || a.count("slow") != 2 {
-				t.Fatalf("holders: %d %d, runs %d", w1.Code, w2.Code, a.count("slow"))
+			if w1.Body.String() != "slow run 1" || w2.Body.String() != "slow run 2" || a.count("slow") != 2 {
+				t.Fatalf("holders answered %q and %q, runs %d", w1.Body, w2.Body, a.count("slow"))
 			}
-			if w := a.do(slow); w.Header().Get("Idempotent-Replayed") != "true" {
-				t.Errorf("no replay after the takeover: %d %v", w.Code, w.Header())
+			if w := a.do(slow); w.Header().Get("Idempotent-Replayed") != "true" || w.Body.String() != "slow run 2" {
+				t.Errorf("replay after the takeover: %d %v %q, want the new holder's answer", w.Code, w.Header(), w.Body)
 			}
 		}},
 		{"GET passes through, key ignored", func(t *testing.T, a *app) {
