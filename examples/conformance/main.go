@@ -21,29 +21,17 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
 	"net/http"
-	"os"
-	"os/signal"
-	"syscall"
 	"time"
 
+	"github.com/idemkey/idemkey/examples/internal/serve"
 	"github.com/idemkey/idemkey/examples/internal/storeenv"
 )
 
-func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	logger := slog.New(slog.NewTextHandler(os.Stderr, nil))
-	if err := run(ctx, os.Getenv, os.Stdout, logger); err != nil {
-		logger.Error("conformance fixture stopped", "err", err)
-		os.Exit(1)
-	}
-}
+func main() { serve.Main("conformance", run) }
 
 // config is the environment the fixture runs with.
 type config struct {
@@ -94,35 +82,7 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer, logg
 	if err != nil {
 		return err
 	}
-	ln, err := net.Listen("tcp", cfg.addr)
-	if err != nil {
-		return err
-	}
-	srv := &http.Server{
-		Handler:           handler,
-		ReadHeaderTimeout: 5 * time.Second,
-		IdleTimeout:       2 * time.Minute,
-		ErrorLog:          slog.NewLogLogger(logger.Handler(), slog.LevelWarn),
-	}
-	served := make(chan error, 1)
-	go func() { served <- srv.Serve(ln) }()
-	fmt.Fprintf(stdout, "listening on http://%s\n", ln.Addr())
-	logger.Info("conformance fixture up", "addr", ln.Addr().String(), "store", st.Name)
-
-	select {
-	case err := <-served:
-		return err
-	case <-ctx.Done():
-	}
-	shutdownCtx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	if err := srv.Shutdown(shutdownCtx); err != nil {
-		return fmt.Errorf("graceful shutdown: %w", err)
-	}
-	if err := <-served; !errors.Is(err, http.ErrServerClosed) {
-		return err
-	}
-	return nil
+	return serve.ListenAndServe(ctx, cfg.addr, handler, stdout, logger, "store", st.Name)
 }
 
 // newHandler mounts the fixture: /reset and /healthz outside the middleware,
