@@ -291,8 +291,10 @@ func ReadBody(body io.Reader, contentLength, limit int64, buf []byte) ([]byte, e
 	if limit >= 0 && contentLength > limit {
 		return buf, &TooLargeError{Limit: limit}
 	}
-	if contentLength > 0 && int64(cap(buf)) < contentLength+1 {
-		// One exact allocation: room for the declared bytes and the EOF probe.
+	// One exact allocation: room for the declared bytes and the EOF probe. Without
+	// a limit the declared length is the client's word only: trust it up to
+	// DefaultMaxBody and grow past that as bytes arrive.
+	if contentLength > 0 && (limit >= 0 || contentLength <= DefaultMaxBody) && int64(cap(buf)) < contentLength+1 {
 		buf = make([]byte, 0, contentLength+1)
 	}
 	for {

@@ -161,6 +161,8 @@ func TestReadBody(t *testing.T) {
 		{"declared length", strings.NewReader("abc"), 3, 10, "abc", false, false},
 		{"byte at a time", iotest.OneByteReader(strings.NewReader("slow body")), -1, 100, "slow body", false, false},
 		{"no limit", strings.NewReader(strings.Repeat("z", 5000)), -1, -1, strings.Repeat("z", 5000), false, false},
+		// A declared length is not allocated up front without a limit.
+		{"no limit, huge declared length", strings.NewReader("abc"), 1 << 62, -1, "abc", false, false},
 		{"read error", iotest.ErrReader(errors.New("boom")), -1, 10, "", false, true},
 		{"outer MaxBytesReader", http.MaxBytesReader(nil, io.NopCloser(strings.NewReader("0123456789")), 4), -1, 100, "", true, false},
 	}

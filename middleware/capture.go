@@ -69,7 +69,7 @@ func (c *call) start(w http.ResponseWriter, ctx context.Context, id store.ID, to
 	c.mu.Lock()
 	c.stopped = false
 	if c.timer == nil {
-		c.timer = c.m.clock.AfterFunc(c.m.lease*100, c.renewFn)
+		c.timer = c.m.clock.AfterFunc(c.m.lease/3, c.renewFn)
 	} else {
 		c.timer.Reset(c.m.lease / 3)
 	}

@@ -253,7 +253,10 @@ func TestSlowHandlerRenewsOnRealClock(t *testing.T) {
 		t.Fatal(err)
 	}
 	h := m.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		runs.Add(1)
+		if runs.Add(1) > 1 {
+			w.Write([]byte("second execution"))
+			return
+		}
 		entered <- struct{}{}
 		<-release
 		w.Write([]byte("done"))
@@ -277,5 +280,39 @@ func TestSlowHandlerRenewsOnRealClock(t *testing.T) {
 	close(release)
 	if w := <-done; w.Body.String() != "done" || runs.Load() != 1 {
 		t.Fatalf("%q, runs %d", w.Body, runs.Load())
+	}
+}
+
+// The dangerous order of the stale-holder row: the holder whose lease was taken
+// over finishes first, while the new holder still runs. Its answer reaches its
+// own client but is not stored; the new holder's is the one replayed.
+func TestStaleHolderFinishingFirstIsNotStored(t *testing.T) {
+	var runs atomic.Int32
+	gates := [2]chan struct{}{make(chan struct{}), make(chan struct{})}
+	entered := make(chan struct{})
+	e := newEnv(t, func(w http.ResponseWriter, r *http.Request) {
+		n := runs.Add(1) - 1
+		entered <- struct{}{}
+		<-gates[n]
+		w.Write([]byte("run " + strconv.Itoa(int(n))))
+	})
+	done := [2]chan *httptest.ResponseRecorder{make(chan *httptest.ResponseRecorder), make(chan *httptest.ResponseRecorder)}
+	go func() { done[0] <- e.do(req("POST", "/x", "k", "b")) }()
+	<-entered
+	e.now.add(DefaultLease + time.Second) // the first holder stalls past its lease
+	go func() { done[1] <- e.do(req("POST", "/x", "k", "b")) }()
+	<-entered
+	close(gates[0])
+	if w := <-done[0]; w.Body.String() != "run 0" {
+		t.Fatalf("stale holder's client got %q", w.Body)
+	}
+	if ev := e.lastEvent(); ev.Decision != LeaseLost {
+		t.Fatalf("stale completion: %v, want lease_lost", ev.Decision)
+	}
+	checkProblem(t, e.do(req("POST", "/x", "k", "b")), http.StatusConflict, CodeInFlight)
+	close(gates[1])
+	<-done[1]
+	if w := e.do(req("POST", "/x", "k", "b")); w.Body.String() != "run 1" || w.Header().Get(DefaultReplayedHeader) != "true" {
+		t.Fatalf("replayed %q, want the new holder's answer", w.Body)
 	}
 }

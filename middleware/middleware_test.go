@@ -379,8 +379,8 @@ func TestInFlight409(t *testing.T) {
 		want    string
 	}{
 		{0, "10"},                      // full lease left
-		{8500 * time.Millisecond, "2"}, // 1.5s left: rounded up
-		{1400 * time.Millisecond, "1"}, // 0.1s left: at least 1
+		{7500 * time.Millisecond, "2"}, // 2.5s left: rounded down, never past the lease
+		{2400 * time.Millisecond, "1"}, // 0.1s left: at least 1
 	} {
 		e.now.add(tt.advance)
 		w := e.do(req("POST", "/slow", "k", "s"))
@@ -402,7 +402,7 @@ func TestInFlight409(t *testing.T) {
 }
 
 func TestRetryAfterSeconds(t *testing.T) {
-	for d, want := range map[time.Duration]int64{0: 1, time.Millisecond: 1, time.Second: 1, 1001 * time.Millisecond: 2, 10 * time.Second: 10} {
+	for d, want := range map[time.Duration]int64{0: 1, time.Millisecond: 1, time.Second: 1, 1999 * time.Millisecond: 1, 2 * time.Second: 2, 10 * time.Second: 10} {
 		if got := retryAfterSeconds(d); got != want {
 			t.Errorf("retryAfterSeconds(%v) = %d, want %d", d, got, want)
 		}
@@ -722,7 +722,7 @@ func TestStoreErrorFailsClosed(t *testing.T) {
 	e.st.claimErr = errors.New("connection refused")
 	w := e.do(req("POST", "/x", "k", "b"))
 	checkProblem(t, w, http.StatusServiceUnavailable, CodeStoreUnavailable)
-	if w.Header().Get("Retry-After") != "3" || e.calls.Load() != 0 {
+	if w.Header().Get("Retry-After") != "2" || e.calls.Load() != 0 {
 		t.Fatalf("Retry-After %q calls %d", w.Header().Get("Retry-After"), e.calls.Load())
 	}
 	if ev := e.lastEvent(); ev.Decision != StoreError || ev.Err == nil {
