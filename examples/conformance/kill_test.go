@@ -1,19 +1,15 @@
 package main
 
 import (
-	"bufio"
-	"context"
 	"io"
 	"net/http"
 	"os"
-	"os/exec"
-	"path/filepath"
 	"strconv"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
+	"github.com/idemkey/idemkey/examples/internal/proctest"
 	"github.com/idemkey/idemkey/store"
 )
 
@@ -35,9 +31,10 @@ func TestKillMidRequestPostgres(t *testing.T) {
 	const lease = 4 * time.Second
 	env := storeEnv(t, "postgres")
 	env["IDEM_LEASE"] = lease.String()
-	bin := filepath.Join(t.TempDir(), "conformance")
-	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
+	bin := proctest.Build(t, ".", "conformance")
+	procEnv := []string{"ADDR=127.0.0.1:0"}
+	for k, v := range env {
+		procEnv = append(procEnv, k+"="+v)
 	}
 
 	key := "kill-" + store.NewToken().String()
@@ -60,21 +57,19 @@ func TestKillMidRequestPostgres(t *testing.T) {
 	}
 
 	// First life: the slow request claims the key, then the process dies.
-	first, cmd := startKillable(t, bin, env)
+	firstProc := proctest.Start(t, bin, procEnv...)
+	first := firstProc.URL
 	sent := time.Now()
 	lost := make(chan error, 1)
 	go func() { _, _, err := post(first); lost <- err }()
-	waitFor(t, "the slow handler to start", func() bool { return counter(t, first) == 1 })
-	if err := cmd.Process.Signal(syscall.SIGKILL); err != nil {
-		t.Fatal(err)
-	}
-	_ = cmd.Wait() // "signal: killed"
+	proctest.WaitFor(t, "the slow handler to start", func() bool { return counter(t, first) == 1 })
+	firstProc.Kill() // returns once the process is gone
 	if err := <-lost; err == nil {
 		t.Fatal("the slow request was answered although its server was killed")
 	}
 
 	// Second life: same store, fresh process.
-	second, _ := startKillable(t, bin, env)
+	second := proctest.Start(t, bin, procEnv...).URL
 	resp, body, err := post(second)
 	if err != nil {
 		t.Fatal(err)
@@ -115,52 +110,5 @@ func TestKillMidRequestPostgres(t *testing.T) {
 	}
 	if n := counter(t, second); n != 1 {
 		t.Fatalf("the replay ran the handler (count %d)", n)
-	}
-}
-
-// startKillable runs the built fixture with env and returns its base URL and the
-// process, which the caller may kill; cleanup kills whatever still runs.
-func startKillable(t *testing.T, bin string, env map[string]string) (string, *exec.Cmd) {
-	t.Helper()
-	cmd := exec.Command(bin)
-	cmd.Env = append(os.Environ(), "ADDR=127.0.0.1:0")
-	for k, v := range env {
-		cmd.Env = append(cmd.Env, k+"="+v)
-	}
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if cmd.ProcessState == nil {
-			_ = cmd.Process.Kill()
-			_ = cmd.Wait()
-		}
-	})
-	line, err := bufio.NewReader(stdout).ReadString('\n')
-	if err != nil {
-		t.Fatalf("fixture printed no listening line: %v", err)
-	}
-	go io.Copy(io.Discard, stdout)
-	url, ok := strings.CutPrefix(strings.TrimSpace(line), "listening on ")
-	if !ok {
-		t.Fatalf("unexpected first line %q", line)
-	}
-	return url, cmd
-}
-
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	for !cond() {
-		select {
-		case <-ctx.Done():
-			t.Fatalf("timed out waiting for %s", what)
-		case <-time.After(20 * time.Millisecond): // polling another process's state
-		}
 	}
 }

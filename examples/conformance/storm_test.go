@@ -1,71 +1,17 @@
 package main
 
 import (
-	"bufio"
 	"encoding/json"
 	"fmt"
 	"net/http"
-	"os"
-	"os/exec"
-	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	vegeta "github.com/tsenart/vegeta/v12/lib"
+
+	"github.com/idemkey/idemkey/examples/internal/proctest"
 )
-
-// startProcess builds this example and runs it as a separate process with env
-// added to the test's environment, returning its base URL.
-func startProcess(t *testing.T, env ...string) string {
-	t.Helper()
-	bin := filepath.Join(t.TempDir(), "conformance")
-	build := exec.Command("go", "build", "-o", bin, ".")
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
-	}
-	cmd := exec.Command(bin)
-	cmd.Env = append(os.Environ(), append([]string{"ADDR=127.0.0.1:0"}, env...)...)
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		cmd.Process.Signal(os.Interrupt)
-		if err := cmd.Wait(); err != nil {
-			t.Errorf("fixture process exited with %v after SIGINT", err)
-		}
-	})
-	line, err := bufio.NewReader(stdout).ReadString('\n')
-	if err != nil {
-		t.Fatalf("fixture printed no listening line: %v", err)
-	}
-	url, ok := strings.CutPrefix(strings.TrimSpace(line), "listening on ")
-	if !ok {
-		t.Fatalf("unexpected first line %q", line)
-	}
-	return url
-}
-
-// listTargeter hands out each target once, then ends the attack.
-func listTargeter(targets []vegeta.Target) vegeta.Targeter {
-	var mu sync.Mutex
-	i := 0
-	return func(tgt *vegeta.Target) error {
-		mu.Lock()
-		defer mu.Unlock()
-		if i == len(targets) {
-			return vegeta.ErrNoTargets
-		}
-		*tgt = targets[i]
-		i++
-		return nil
-	}
-}
 
 // TestRetryStorm drives the fixture, as a separate process over TCP, with 200
 // distinct keys each sent 5 times concurrently plus 40 concurrent copies of one
@@ -73,7 +19,7 @@ func listTargeter(targets []vegeta.Target) vegeta.Targeter {
 // marked replay or a 409, and nothing is a 5xx.
 func TestRetryStorm(t *testing.T) {
 	const keys, copies, slowCopies = 200, 5, 40
-	base := startProcess(t)
+	base := proctest.Start(t, proctest.Build(t, ".", "conformance"), "ADDR=127.0.0.1:0").URL
 
 	hdr := func(key string) http.Header {
 		return http.Header{"Idempotency-Key": {key}, "Content-Type": {"text/plain"}, "X-Client-Id": {"storm"}}
@@ -91,7 +37,7 @@ func TestRetryStorm(t *testing.T) {
 	originals := map[string]int{}
 	statuses := map[uint16]int{}
 	var metrics vegeta.Metrics
-	for res := range attacker.Attack(listTargeter(targets), vegeta.Rate{}, time.Minute, "storm") {
+	for res := range attacker.Attack(proctest.ListTargeter(targets), vegeta.Rate{}, time.Minute, "storm") {
 		if res.Code == 0 && res.Error == vegeta.ErrNoTargets.Error() {
 			continue // a worker found the list exhausted; nothing was sent
 		}

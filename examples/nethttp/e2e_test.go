@@ -1,18 +1,14 @@
 package main
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
 	"os"
-	"os/exec"
-	"path/filepath"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -22,90 +18,8 @@ import (
 	"github.com/idemkey/idemkey/celeriant"
 	"github.com/idemkey/idemkey/examples/accounts"
 	"github.com/idemkey/idemkey/examples/internal/accountsapp/apptest"
+	"github.com/idemkey/idemkey/examples/internal/proctest"
 )
-
-// build compiles the main package in dir (relative to this one) into the test's
-// temporary directory.
-func build(t *testing.T, dir, name string) string {
-	t.Helper()
-	bin := filepath.Join(t.TempDir(), name)
-	if out, err := exec.Command("go", "build", "-o", bin, dir).CombinedOutput(); err != nil {
-		t.Fatalf("go build %s: %v\n%s", dir, err, out)
-	}
-	return bin
-}
-
-// proc is a process started by startProcess.
-type proc struct {
-	addr   string
-	cmd    *exec.Cmd
-	killed atomic.Bool
-}
-
-// kill stops the process with SIGKILL, in the middle of whatever it does.
-func (p *proc) kill() {
-	p.killed.Store(true)
-	_ = p.cmd.Process.Kill()
-}
-
-// startProcess runs bin with env added to the test's environment and waits for its
-// "listening on X" line (X is p.addr). At cleanup it sends SIGINT and expects a
-// clean exit, unless the test killed it.
-func startProcess(t *testing.T, bin string, env ...string) *proc {
-	t.Helper()
-	cmd := exec.Command(bin)
-	cmd.Env = append(os.Environ(), env...)
-	cmd.Stderr = &logTail{t: t, name: filepath.Base(bin)}
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	p := &proc{cmd: cmd}
-	t.Cleanup(func() {
-		_ = cmd.Process.Signal(os.Interrupt)
-		if err := cmd.Wait(); err != nil && !p.killed.Load() {
-			t.Errorf("%s exited with %v after SIGINT", bin, err)
-		}
-	})
-	line, err := bufio.NewReader(stdout).ReadString('\n')
-	if err != nil {
-		t.Fatalf("%s printed no listening line: %v", bin, err)
-	}
-	addr, ok := strings.CutPrefix(strings.TrimSpace(line), "listening on ")
-	if !ok {
-		t.Fatalf("%s: unexpected first line %q", bin, line)
-	}
-	p.addr = addr
-	return p
-}
-
-// logTail forwards a process's warnings and errors to the test log.
-type logTail struct {
-	t    *testing.T
-	name string
-	mu   sync.Mutex
-	buf  []byte
-}
-
-func (l *logTail) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	l.buf = append(l.buf, p...)
-	for {
-		i := strings.IndexByte(string(l.buf), '\n')
-		if i < 0 {
-			return len(p), nil
-		}
-		line := string(l.buf[:i])
-		l.buf = l.buf[i+1:]
-		if strings.Contains(line, "level=ERROR") || strings.Contains(line, "level=WARN") {
-			l.t.Logf("%s: %s", l.name, line)
-		}
-	}
-}
 
 // TestEndToEndStorm is item 6 of issue 6: cmd/celeriant-sim and two nethttp
 // processes sharing one Postgres store (and projection) and the simulator, driven
@@ -137,12 +51,12 @@ func TestEndToEndStorm(t *testing.T) {
 	table, prefix := "idem_e2e_"+sfx, "e2e_"+sfx+"_"
 	t.Cleanup(func() { apptest.DropTables(t, dbURL, table, prefix) })
 
-	sim := startProcess(t, build(t, "../../cmd/celeriant-sim", "celeriant-sim"), "ADDR=127.0.0.1:0")
-	server := build(t, ".", "nethttp")
+	sim := proctest.Start(t, proctest.Build(t, "../../cmd/celeriant-sim", "celeriant-sim"), "ADDR=127.0.0.1:0")
+	server := proctest.Build(t, ".", "nethttp")
 	// A short lease, so the keys the killed replica held are taken over quickly.
 	env := []string{"ADDR=127.0.0.1:0", "IDEM_STORE=postgres", "DATABASE_URL=" + dbURL, "IDEM_TABLE=" + table,
-		"PROJECTION=postgres", "ACCOUNTS_TABLE_PREFIX=" + prefix, "CELERIANT_ADDR=" + sim.addr, "IDEM_LEASE=2s"}
-	replicas := []*proc{startProcess(t, server, env...), startProcess(t, server, env...)}
+		"PROJECTION=postgres", "ACCOUNTS_TABLE_PREFIX=" + prefix, "CELERIANT_ADDR=" + sim.Addr, "IDEM_LEASE=2s"}
+	replicas := []*proctest.Proc{proctest.Start(t, server, env...), proctest.Start(t, server, env...)}
 
 	accts := make([]uuid.UUID, nAccount)
 	for i := range accts {
@@ -153,7 +67,7 @@ func TestEndToEndStorm(t *testing.T) {
 	target := func(i, replica int) vegeta.Target {
 		return vegeta.Target{
 			Method: "POST",
-			URL:    replicas[replica].addr + "/api/accounts/" + accts[i%nAccount].String() + "/deposit",
+			URL:    replicas[replica].URL + "/api/accounts/" + accts[i%nAccount].String() + "/deposit",
 			Body:   fmt.Appendf(nil, `{"amountCents":%d}`, amount(i)),
 			Header: http.Header{"Idempotency-Key": {keyName(i)}, "X-Client-Id": {scope}, "Content-Type": {"application/json"}},
 		}
@@ -184,7 +98,7 @@ func TestEndToEndStorm(t *testing.T) {
 	// The event log decides.
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	client, err := celeriant.Dial(ctx, sim.addr)
+	client, err := celeriant.Dial(ctx, sim.Addr)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -212,7 +126,7 @@ func TestEndToEndStorm(t *testing.T) {
 		if balance != want {
 			t.Errorf("account %s: balance from the log %d, want %d (the sum of its distinct deposits)", acct, balance, want)
 		}
-		r := apptest.Do(t, "GET", replicas[0].addr+"/api/accounts/"+acct.String()+"/balance", "", "", "")
+		r := apptest.Do(t, "GET", replicas[0].URL+"/api/accounts/"+acct.String()+"/balance", "", "", "")
 		if !strings.Contains(r.Body, fmt.Sprintf(`"balanceCents":%d,`, want)) {
 			t.Errorf("replica 1 says %s for %s, want balance %d", r.Body, acct, want)
 		}
@@ -251,21 +165,21 @@ func (s stormStats) String() string {
 // storm sends targets with 64 workers. With killAfter > 0 it kills replica 2 after
 // that many answers; from then on, failures of requests to it are counted, not
 // errors. Any other 5xx or transport error fails the test.
-func storm(t *testing.T, targets []vegeta.Target, replicas []*proc, killAfter int) stormStats {
+func storm(t *testing.T, targets []vegeta.Target, replicas []*proctest.Proc, killAfter int) stormStats {
 	t.Helper()
 	attacker := vegeta.NewAttacker(vegeta.Workers(64), vegeta.MaxWorkers(64), vegeta.Connections(64), vegeta.Timeout(30*time.Second))
 	st := stormStats{statuses: map[uint16]int{}}
 	n := 0
-	for res := range attacker.Attack(listTargeter(targets), vegeta.Rate{}, 2*time.Minute, "e2e") {
+	for res := range attacker.Attack(proctest.ListTargeter(targets), vegeta.Rate{}, 2*time.Minute, "e2e") {
 		if res.Code == 0 && res.Error == vegeta.ErrNoTargets.Error() {
 			continue // a worker found the list exhausted; nothing was sent
 		}
 		if n++; n == killAfter {
-			replicas[1].kill()
+			replicas[1].Kill()
 		}
 		st.metrics.Add(res)
 		st.statuses[res.Code]++
-		down := replicas[1].killed.Load() && strings.HasPrefix(res.URL, replicas[1].addr+"/")
+		down := replicas[1].Killed() && strings.HasPrefix(res.URL, replicas[1].URL+"/")
 		switch {
 		case (res.Code == 0 || res.Code >= 500) && down:
 			st.downErrors++
@@ -333,20 +247,4 @@ func settle(t *testing.T, keys int, target func(i int) vegeta.Target) {
 	}
 	close(work)
 	wg.Wait()
-}
-
-// listTargeter hands out each target once, then ends the attack.
-func listTargeter(targets []vegeta.Target) vegeta.Targeter {
-	var mu sync.Mutex
-	i := 0
-	return func(tgt *vegeta.Target) error {
-		mu.Lock()
-		defer mu.Unlock()
-		if i == len(targets) {
-			return vegeta.ErrNoTargets
-		}
-		*tgt = targets[i]
-		i++
-		return nil
-	}
 }
