@@ -24,8 +24,7 @@ func Example() {
 		fmt.Fprintf(w, `{"charge":%d,"scope":%q,"key":%q}`, charges, id.Scope, id.Key)
 	})
 
-	m, err := middleware.New(memory.New(), middleware.ScopeFromHeader("X-Client-ID", "anonymous"),
-		middleware.WithReplayedHeader("Idempotency-Replayed"))
+	m, err := middleware.New(memory.New(), middleware.ScopeFromHeader("X-Client-ID", "anonymous"))
 	if err != nil {
 		panic(err)
 	}
@@ -39,7 +38,7 @@ func Example() {
 		w := httptest.NewRecorder()
 		mux.ServeHTTP(w, r)
 		b, _ := io.ReadAll(w.Body)
-		fmt.Println(w.Code, w.Header().Get("Idempotency-Replayed"), strings.TrimSpace(string(b)))
+		fmt.Println(w.Code, w.Header().Get("Idempotent-Replayed"), strings.TrimSpace(string(b)))
 	}
 	send(`"order-1"`, `{"amountCents":500}`) // first execution
 	send(`"order-1"`, `{"amountCents":500}`) // retry: replayed

@@ -39,9 +39,9 @@
 // # Adapters
 //
 // Middleware.Handler has the shape func(http.Handler) http.Handler, so other
-// routers reuse the core unchanged; for echo v4:
-//
-//	e.Use(echo.WrapMiddleware(m.Handler))
+// routers reuse the core unchanged. For echo v4 use package middleware/echo
+// (idemecho.Middleware), which also renders a handler's returned error inside
+// the middleware so that response is the one stored and replayed.
 //
 // # Bodies and buffers
 //
@@ -183,7 +183,7 @@ func New(s store.Store, scope ScopeFunc, opts ...Option) (*Middleware, error) {
 }
 
 // Handler returns next protected by the middleware. Its shape,
-// func(http.Handler) http.Handler, fits net/http chains and echo.WrapMiddleware.
+// func(http.Handler) http.Handler, fits net/http chains and router adapters (see middleware/echo).
 func (m *Middleware) Handler(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { m.serve(w, r, next) })
 }
@@ -245,7 +245,7 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	if err != nil {
 		m.writeProblem(w, http.StatusBadRequest, problem{Title: "Invalid Idempotency-Key header",
 			Status: http.StatusBadRequest, Code: CodeKeyInvalid,
-			Detail: "The " + m.keyHeader + " header must be one Structured Field string of 1 to 255 printable ASCII characters: " +
+			Detail: "The " + m.keyHeader + " header must be one Structured Field string (or a bare token) of 1 to 255 printable ASCII characters: " +
 				strings.TrimPrefix(err.Error(), "idemkey/middleware: invalid idempotency key: ") + "."}.render(), 0)
 		m.observe(ctx, Event{Decision: KeyInvalid, Status: http.StatusBadRequest})
 		return

@@ -169,6 +169,8 @@ func (o Outcome) String() string {
 
 // ClaimResult is the single answer of Store.Claim.
 type ClaimResult struct {
+	// Outcome says which of the four answers this is; it decides which of the
+	// other fields are set.
 	Outcome Outcome
 	// Token is the fencing token; set only for Claimed.
 	Token Token

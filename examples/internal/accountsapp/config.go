@@ -15,7 +15,7 @@
 //	PROJECTION             memory (default) or postgres
 //	IDEM_LEASE             claim lease, Go duration, default 10s
 //	IDEM_RETENTION         how long responses are replayed, default 24h
-//	IDEM_TABLE             Postgres store table (storeenv), default idempotency_keys
+//	IDEM_TABLE             Postgres store table (storeenv), default idemkey_records
 //	IDEM_REDIS_PREFIX      Redis store key prefix (storeenv)
 //	ACCOUNTS_TABLE_PREFIX  prefix of the Postgres projection's tables, default none
 //	CELERIANT_SIM_DELAY    latency the in-process simulator adds to every call after

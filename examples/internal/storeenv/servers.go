@@ -13,7 +13,7 @@ import (
 	"github.com/idemkey/idemkey/store/tiered"
 )
 
-// open opens the server-backed stores. IDEM_TABLE (default idempotency_keys) and
+// open opens the server-backed stores. IDEM_TABLE (default idemkey_records) and
 // IDEM_REDIS_PREFIX (default the Redis store's own) let several applications, or
 // tests, share one database and one Redis.
 func open(ctx context.Context, name string, getenv func(string) string) (*Store, error) {
