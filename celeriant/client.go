@@ -36,9 +36,11 @@ type Config struct {
 	DialTimeout time.Duration
 	// RequestTimeout bounds a request whose context has no deadline; default 30 s.
 	RequestTimeout time.Duration
-	// MaxRequestSize caps a request body; default 16 MiB (the server's default limit).
+	// MaxRequestSize caps a request body, in bytes; default 16 MiB (the server's default
+	// limit). A larger request fails with ErrNotSent and ErrInvalidRequest.
 	MaxRequestSize uint32
-	// MaxResponseSize caps a response body; default 64 MiB.
+	// MaxResponseSize caps a response body, in bytes; default 64 MiB. A larger answer
+	// fails the request like a lost answer (ErrTransport, or ErrOutcomeUnknown for a write).
 	MaxResponseSize uint32
 	// Now is the clock for idle eviction; default time.Now.
 	Now func() time.Time
@@ -81,7 +83,8 @@ type conn struct {
 
 var _ EventStore = (*Client)(nil)
 
-// New returns a Client for cfg. It does not connect; the first request does.
+// New returns a Client for cfg. It does not connect; the first request does. It fails
+// (a plain error) when Addrs is empty or IdleTimeout is 30 s or more.
 func New(cfg Config) (*Client, error) {
 	if len(cfg.Addrs) == 0 {
 		return nil, errors.New("celeriant: Config.Addrs is empty")
@@ -234,7 +237,7 @@ func (c *Client) Read(ctx context.Context, req ReadRequest) (ReadResult, error) 
 }
 
 // AggregateDetails implements EventStore (PROTOCOL.md section 4.7). A missing aggregate
-// is a *ServerError with code 7001 (ErrNotFound).
+// is a *ServerError with code 7001 (ErrNotFound); other errors as for Read.
 func (c *Client) AggregateDetails(ctx context.Context, key AggregateKey) (AggregateDetails, error) {
 	corr := c.nextCorrelation()
 	var res AggregateDetails

@@ -62,55 +62,57 @@ var (
 // errors.Is(err, celeriant.CodeWriteOCC) matches a *ServerError carrying that code.
 type Code uint32
 
-// Error codes of PROTOCOL.md section 5 (names follow the server's error_codes.rs).
+// Error codes of PROTOCOL.md section 5 (names follow the server's error_codes.rs). Each
+// comment gives the meaning and, where one exists, the class sentinel errors.Is matches.
 const (
-	CodeReadUnavailableVersion       Code = 1000
-	CodeReadAggregateNotExists       Code = 1001
-	CodeReadCacheLoadLockTimeout     Code = 1002
-	CodeReadCacheLoadFileScan        Code = 1003
-	CodeReadFetchDatablocks          Code = 1004
-	CodeReadFetchMetablocks          Code = 1005
-	CodeWriteEmptyEventsList         Code = 2000
-	CodeWriteZeroEventType           Code = 2001
-	CodeWriteClientIdempotency       Code = 2002
-	CodeWriteOCC                     Code = 2003
-	CodeWriteSerialiseDatablocks     Code = 2004
-	CodeWriteAggregateNotExists      Code = 2005
-	CodeWriteRecreateNotAllowed      Code = 2006
-	CodeWriteReplicationError        Code = 2007
-	CodeWriteFsyncError              Code = 2008
-	CodeWriteCacheAggregateClient    Code = 2009
-	CodeWriteAggregateExistsCache    Code = 2010
-	CodeWriteNotLeader               Code = 2011
-	CodeWriteReplicationBackpressure Code = 2012
-	CodeWriteInflightDuplicate       Code = 2013
-	CodeSchemaValidationFailed       Code = 2022
-	CodeSchemaCompiledCorrupt        Code = 2023
-	CodeSchemaNotLeader              Code = 2027
-	CodeSchemaCoordinationFailed     Code = 2029
-	CodeTrimIndexOutOfRange          Code = 3004
-	CodeTrimNotLeader                Code = 3005
-	CodeTrimBackpressure             Code = 3006
-	CodeDeleteOCC                    Code = 4002
-	CodeDeleteNotLeader              Code = 4006
-	CodeDeleteBackpressure           Code = 4007
-	CodeExistsError                  Code = 7000
-	CodeExistsAggregateNotFound      Code = 7001
-	CodeExistsError2                 Code = 7002
-	CodeWatchTooManySubscribers      Code = 8005
-	CodeShardRoutingNoKey            Code = 9000
-	CodeShardRoutingMultipleShards   Code = 9001
-	CodeShardRoutingIncompatible     Code = 9002
-	CodeIdentifyInvalidNonce         Code = 10001
-	CodeIdentifyInvalidSignature     Code = 10002
-	CodeIdentifyMismatch             Code = 10003
-	CodeIdentifyRequired             Code = 10004
-	CodeAuthRequired                 Code = 10005
-	CodeAuthInvalidKey               Code = 10006
-	CodeAuthInsufficientPermissions  Code = 10007
-	CodeServerBusy                   Code = 11000
+	CodeReadUnavailableVersion       Code = 1000  // FromVersion below the first readable one; ErrUnavailableVersion
+	CodeReadAggregateNotExists       Code = 1001  // read of a missing or deleted aggregate; ErrNotFound
+	CodeReadCacheLoadLockTimeout     Code = 1002  // cache load contention; resend the same request
+	CodeReadCacheLoadFileScan        Code = 1003  // disk-side read failure (JSON "detail")
+	CodeReadFetchDatablocks          Code = 1004  // disk-side read failure (JSON "detail")
+	CodeReadFetchMetablocks          Code = 1005  // disk-side read failure (JSON "detail")
+	CodeWriteEmptyEventsList         Code = 2000  // an AggregateWrite with no events
+	CodeWriteZeroEventType           Code = 2001  // an event with TypeMajor 0 (JSON "client_seq")
+	CodeWriteClientIdempotency       Code = 2002  // lowest ClientSeq <= committed floor; ErrIdempotencyViolation
+	CodeWriteOCC                     Code = 2003  // ExpectedVersion is not the current one; ErrConflict
+	CodeWriteSerialiseDatablocks     Code = 2004  // the server could not serialise the batch
+	CodeWriteAggregateNotExists      Code = 2005  // aggregate missing and AllowCreate false; ErrNotFound
+	CodeWriteRecreateNotAllowed      Code = 2006  // aggregate deleted without allow_recreate
+	CodeWriteReplicationError        Code = 2007  // replication failed, outcome unknown: hold ClientSeq
+	CodeWriteFsyncError              Code = 2008  // leader fsync failed; the write did not land
+	CodeWriteCacheAggregateClient    Code = 2009  // loading the ClientSeq floor failed; resend
+	CodeWriteAggregateExistsCache    Code = 2010  // existence check failed; resend
+	CodeWriteNotLeader               Code = 2011  // node is a follower; ErrNotLeader
+	CodeWriteReplicationBackpressure Code = 2012  // load shedding; ErrBusy
+	CodeWriteInflightDuplicate       Code = 2013  // floor not yet committed; ErrInflightDuplicate
+	CodeSchemaValidationFailed       Code = 2022  // schema validation failed
+	CodeSchemaCompiledCorrupt        Code = 2023  // the stored compiled schema is corrupt
+	CodeSchemaNotLeader              Code = 2027  // schema operation sent to a follower
+	CodeSchemaCoordinationFailed     Code = 2029  // transient schema coordination failure; resend
+	CodeTrimIndexOutOfRange          Code = 3004  // TrimStart beyond the current version (JSON "requested")
+	CodeTrimNotLeader                Code = 3005  // trim on a follower; ErrNotLeader
+	CodeTrimBackpressure             Code = 3006  // trim load shedding; ErrBusy
+	CodeDeleteOCC                    Code = 4002  // delete with a stale expected version
+	CodeDeleteNotLeader              Code = 4006  // delete on a follower; ErrNotLeader
+	CodeDeleteBackpressure           Code = 4007  // delete load shedding; ErrBusy
+	CodeExistsError                  Code = 7000  // AggregateDetails failed on the server
+	CodeExistsAggregateNotFound      Code = 7001  // AggregateDetails of a missing aggregate; ErrNotFound
+	CodeExistsError2                 Code = 7002  // AggregateDetails failed on the server
+	CodeWatchTooManySubscribers      Code = 8005  // Watch: subscriber limit reached
+	CodeShardRoutingNoKey            Code = 9000  // the request has no routing key
+	CodeShardRoutingMultipleShards   Code = 9001  // a multi-aggregate write spans shards (section 6.9)
+	CodeShardRoutingIncompatible     Code = 9002  // incompatible filters, or a Write with empty Writes
+	CodeIdentifyInvalidNonce         Code = 10001 // Identify: bad nonce (PROTOCOL.md section 1.3)
+	CodeIdentifyInvalidSignature     Code = 10002 // Identify: bad signature
+	CodeIdentifyMismatch             Code = 10003 // ClientID is not the identified client id
+	CodeIdentifyRequired             Code = 10004 // this server requires Identify first
+	CodeAuthRequired                 Code = 10005 // an API key is required
+	CodeAuthInvalidKey               Code = 10006 // the API key is not valid
+	CodeAuthInsufficientPermissions  Code = 10007 // the API key lacks the permission
+	CodeServerBusy                   Code = 11000 // shard hand-off queue full; ErrBusy, conn stays usable
 )
 
+// Error returns "celeriant: error code N" (N in decimal).
 func (c Code) Error() string { return "celeriant: error code " + strconv.FormatUint(uint64(c), 10) }
 
 // class returns the class sentinel of c, or nil.
@@ -139,21 +141,32 @@ func (c Code) class() error {
 // typed fields; fields the message does not carry stay zero. Match on Code or the class
 // sentinels, never on Message.
 type ServerError struct {
+	// CorrelationID is the request's id echoed by the server; uuid.Nil when absent.
 	CorrelationID uuid.UUID
-	Code          Code
+	// Code is the server's error_code (u32 on the wire), see the Code constants.
+	Code Code
 	// Message is the server's text, usually a small JSON object.
 	Message string
 
-	// 2002 / 2013: the floor and the lowest sequence of the rejected write.
-	LastClientSeq      uint64
+	// LastClientSeq is the (aggregate, client) ClientSeq floor, JSON last_client_seq
+	// (2002 / 2013, PROTOCOL.md section 6.4).
+	LastClientSeq uint64
+	// AttemptedClientSeq is the lowest ClientSeq of the rejected write, JSON
+	// attempted_client_seq (2002 / 2013).
 	AttemptedClientSeq uint64
-	// 2003: the version the write expected and the aggregate's current version.
+	// ExpectedVersion is the write's ExpectedVersion, JSON expected_version (2003).
 	ExpectedVersion uint64
-	CurrentVersion  uint64
-	// 1000: the requested version and the first available one (restart the read there).
-	Requested        uint64
+	// CurrentVersion is the aggregate's current version (versions count from 1), JSON
+	// current_aggregate_version (2003): re-read, re-decide, then write with it.
+	CurrentVersion uint64
+	// Requested is the refused version, JSON requested: FromVersion for 1000, the trim
+	// point for 3004.
+	Requested uint64
+	// MinimumAvailable is the first readable version, JSON minimum_available (1000):
+	// restart the read there (PROTOCOL.md section 6.6).
 	MinimumAvailable uint64
-	// 2011 / 3005 / 4006: the leader's host:port, "" when the server does not know it.
+	// LeaderAddress is the leader's host:port, JSON leader_address (2011 / 3005 / 4006);
+	// "" when the server does not know it.
 	LeaderAddress string
 }
 
@@ -191,6 +204,8 @@ func NewServerError(code Code, message string) *ServerError {
 	return e
 }
 
+// Error returns "celeriant: server error <code> (<class>): <message>"; the class part
+// is present only for codes with a class sentinel. For logs only: match with errors.Is.
 func (e *ServerError) Error() string {
 	name := ""
 	if c := e.Code.class(); c != nil {

@@ -37,9 +37,9 @@ type EventStore interface {
 // id, each a 128-bit id sent as the 16 UUID bytes in RFC 4122 order (big-endian u128,
 // PROTOCOL.md sections 3.2 and 4.2). Comparable, usable as a map key.
 type AggregateKey struct {
-	Org  uuid.UUID
-	Type uuid.UUID
-	ID   uuid.UUID
+	Org  uuid.UUID // organisation id
+	Type uuid.UUID // aggregate type id
+	ID   uuid.UUID // aggregate id; the default shard routing id (PROTOCOL.md section 6.9)
 }
 
 // String returns the display form org/type/id.
@@ -92,6 +92,8 @@ type WriteRequest struct {
 // AggregateWrite is the write to one aggregate (SingleAggregateWrite, PROTOCOL.md
 // section 4.3).
 type AggregateWrite struct {
+	// Key is the aggregate written; distinct across WriteRequest.Writes (else
+	// ErrInvalidRequest).
 	Key AggregateKey
 	// Events land as one batch, i.e. one new version. At least one (else 2000).
 	Events []Event
@@ -114,6 +116,7 @@ func Uint64(v uint64) *uint64 { return &v }
 
 // WriteResult is the answer to a successful write (WriteResponse, PROTOCOL.md section 4.4).
 type WriteResult struct {
+	// CorrelationID is the server's echo of the request's (or the client-picked) id.
 	CorrelationID uuid.UUID
 	// Version is the version the write created; the server reports it only when the
 	// request wrote exactly one aggregate, otherwise it is 0 (versions start at 1).
@@ -125,8 +128,11 @@ type WriteResult struct {
 // ErrNotSent.
 type ReadRequest struct {
 	CorrelationID uuid.UUID // uuid.Nil lets the client pick one
-	Key           AggregateKey
-	Filters       ReadFilters
+	// Key is the aggregate read; a missing or deleted one gives 1001 (ErrNotFound).
+	Key AggregateKey
+	// Filters select batches and events; the zero value reads the whole stream from
+	// version 1, one page at a time (ReadResult.NextVersion).
+	Filters ReadFilters
 }
 
 // ReadFilters are the server's 15 read filters, in wire order (PROTOCOL.md section 4.5).
@@ -158,11 +164,14 @@ type ReadFilters struct {
 	MinClientSeq *uint64
 	// MaxClientSeq keeps events with ClientSeq <= value.
 	MaxClientSeq *uint64
-	// MinEventTimestamp / MaxEventTimestamp bound Event.Timestamp (inclusive).
+	// MinEventTimestamp keeps events with Event.Timestamp >= value (the client's clock,
+	// epoch ms by convention).
 	MinEventTimestamp *uint64
+	// MaxEventTimestamp keeps events with Event.Timestamp <= value.
 	MaxEventTimestamp *uint64
-	// MinEventSeq / MaxEventSeq bound Event.EventSeq (inclusive).
+	// MinEventSeq keeps events with EventSeq >= value (EventSeq counts from 1).
 	MinEventSeq *uint64
+	// MaxEventSeq keeps events with EventSeq <= value.
 	MaxEventSeq *uint64
 }
 
@@ -177,11 +186,14 @@ type Batch struct {
 	UserID uuid.UUID
 	// ServerTimestamp is the server's clock when it prepared the batch, epoch ms.
 	ServerTimestamp uint64
-	Events          []Event
+	// Events in written order, EventSeq filled in; event-level filters may have dropped
+	// some, never all (an emptied batch is omitted).
+	Events []Event
 }
 
 // ReadResult is one page of a read (ReadResponse, PROTOCOL.md section 4.6).
 type ReadResult struct {
+	// CorrelationID is the server's echo of the request's id.
 	CorrelationID uuid.UUID
 	// Batches in ascending version order.
 	Batches []Batch
@@ -194,20 +206,29 @@ type ReadResult struct {
 // AggregateDetails describes an aggregate (AggregateDetailsResponse, PROTOCOL.md
 // section 4.7).
 type AggregateDetails struct {
+	// CorrelationID is the server's echo of the request's id.
 	CorrelationID uuid.UUID
 	// MinVersion is the first readable version (1, or the trim point).
 	MinVersion uint64
-	// MaxVersion is the current version: the value for ExpectedVersion.
+	// MaxVersion is the current version (counted from 1, +1 per write): the value for
+	// ExpectedVersion.
 	MaxVersion uint64
-	// MaxEventSeq is the last assigned EventSeq.
-	MaxEventSeq               uint64
-	IsDeleted                 bool
-	AllowRecreate             bool
+	// MaxEventSeq is the last assigned EventSeq (counted from 1 per aggregate).
+	MaxEventSeq uint64
+	// IsDeleted reports a soft-deleted aggregate (PROTOCOL.md section 6.7); reads of
+	// it give 1001. The simulator has no delete, so false there.
+	IsDeleted bool
+	// AllowRecreate is the deleting request's allow_recreate: a write may create the
+	// aggregate again (else 2006).
+	AllowRecreate bool
+	// AllowSequenceContinuation is the deleting request's allow_sequence_continuation:
+	// a recreated aggregate continues the old version counter (section 6.7).
 	AllowSequenceContinuation bool
-	// LastServerTimestamp of the newest batch, epoch ms.
+	// LastServerTimestamp is the newest batch's ServerTimestamp, epoch ms.
 	LastServerTimestamp uint64
-	LastClientID        uuid.UUID
-	LastUserID          uuid.UUID // uuid.Nil when absent
+	// LastClientID is the ClientID that wrote the newest batch.
+	LastClientID uuid.UUID
+	LastUserID   uuid.UUID // uuid.Nil when absent
 }
 
 // ReadAll reads every page of req from s, following NextVersion (PROTOCOL.md section

@@ -31,45 +31,47 @@ const (
 // response ids overlap: request 6 is Watch, response 6 is ProtocolError.
 type MessageType uint32
 
-// Request message types.
+// Request message types (PROTOCOL.md section 4.1); the comment gives the size class of
+// section 2.2 (fixed-size: uncompressed, at most MaxFixedBody bytes).
 const (
-	ReqAggregateDetails MessageType = 1
-	ReqRead             MessageType = 2
-	ReqWrite            MessageType = 3
-	ReqTrimStart        MessageType = 4
-	ReqDelete           MessageType = 5
-	ReqWatch            MessageType = 6
-	ReqListOrgs         MessageType = 7
-	ReqListTypes        MessageType = 8
-	ReqListAggregates   MessageType = 9
-	ReqRegisterSchema   MessageType = 10
-	ReqIdentify         MessageType = 14
+	ReqAggregateDetails MessageType = 1  // fixed
+	ReqRead             MessageType = 2  // fixed
+	ReqWrite            MessageType = 3  // variable; may be compressed
+	ReqTrimStart        MessageType = 4  // fixed
+	ReqDelete           MessageType = 5  // fixed
+	ReqWatch            MessageType = 6  // fixed
+	ReqListOrgs         MessageType = 7  // fixed
+	ReqListTypes        MessageType = 8  // fixed
+	ReqListAggregates   MessageType = 9  // fixed
+	ReqRegisterSchema   MessageType = 10 // variable; may be compressed
+	ReqIdentify         MessageType = 14 // fixed
 )
 
-// Response message types.
+// Response message types (PROTOCOL.md section 4.1), with their size class (section 2.2).
+// Any request may be answered with RespError.
 const (
-	RespAggregateDetails MessageType = 1
-	RespRead             MessageType = 2
-	RespWrite            MessageType = 3
-	RespTrimStart        MessageType = 4
-	RespDelete           MessageType = 5
-	RespProtocolError    MessageType = 6
-	RespError            MessageType = 7
-	RespWatch            MessageType = 8
-	RespListOrgs         MessageType = 9
-	RespListTypes        MessageType = 10
-	RespListAggregates   MessageType = 11
-	RespRegisterSchema   MessageType = 12
-	RespIdentify         MessageType = 16
+	RespAggregateDetails MessageType = 1  // fixed
+	RespRead             MessageType = 2  // variable
+	RespWrite            MessageType = 3  // fixed
+	RespTrimStart        MessageType = 4  // fixed
+	RespDelete           MessageType = 5  // fixed
+	RespProtocolError    MessageType = 6  // fixed; never sent on the client port
+	RespError            MessageType = 7  // fixed; ErrorResponse, decoded into *ServerError
+	RespWatch            MessageType = 8  // variable
+	RespListOrgs         MessageType = 9  // variable
+	RespListTypes        MessageType = 10 // variable
+	RespListAggregates   MessageType = 11 // variable
+	RespRegisterSchema   MessageType = 12 // fixed
+	RespIdentify         MessageType = 16 // variable; never compressed
 )
 
 // Header is a decoded frame header (PROTOCOL.md section 2.1).
 type Header struct {
-	Version            uint32
-	Type               MessageType
-	CompressedLength   uint32 // body bytes on the wire
-	UncompressedLength uint32 // body bytes after decompression
-	Compression        uint8  // 0 none, 1 zstd with the cluster dictionary
+	Version            uint32      // body codec: 2 bincode, 3 MessagePack (ProtocolVersion)
+	Type               MessageType // a Req* or Resp* id, depending on the direction
+	CompressedLength   uint32      // body bytes on the wire
+	UncompressedLength uint32      // body bytes after decompression
+	Compression        uint8       // 0 none, 1 zstd with the cluster dictionary
 }
 
 // AppendHeader appends the 17 header bytes of h to dst.
@@ -81,8 +83,9 @@ func AppendHeader(dst []byte, h Header) []byte {
 	return append(dst, h.Compression)
 }
 
-// ParseHeader decodes the first 17 bytes of b. It checks the layout only; use
-// CheckRequest or CheckResponse for the server's rules.
+// ParseHeader decodes the first 17 bytes of b (u32 fields little-endian). It checks the
+// length only (else an error wrapping ErrProtocol); use CheckRequest or CheckResponse
+// for the server's rules.
 func ParseHeader(b []byte) (Header, error) {
 	if len(b) < HeaderSize {
 		return Header{}, errProtocolf("frame header: %d bytes, want %d", len(b), HeaderSize)
@@ -122,6 +125,7 @@ func (h Header) checkFixed(fixed bool) error {
 // CheckRequest applies the server's header rules to a request (PROTOCOL.md sections
 // 2.1-2.2): version 2 or 3, compression 0 or 1, both lengths <= maxSize and equal when
 // uncompressed, a known request type, fixed-size types uncompressed and <= 1007 bytes.
+// A broken rule is an error wrapping ErrProtocol.
 func (h Header) CheckRequest(maxSize uint32) error {
 	if err := h.checkCommon(maxSize); err != nil {
 		return err
@@ -136,7 +140,7 @@ func (h Header) CheckRequest(maxSize uint32) error {
 }
 
 // CheckResponse applies the same rules to a response (fixed-size: AggregateDetails,
-// Write, TrimStart, Delete, ProtocolError, Error, RegisterSchema).
+// Write, TrimStart, Delete, ProtocolError, Error, RegisterSchema). Errors wrap ErrProtocol.
 func (h Header) CheckResponse(maxSize uint32) error {
 	if err := h.checkCommon(maxSize); err != nil {
 		return err
@@ -152,7 +156,8 @@ func (h Header) CheckResponse(maxSize uint32) error {
 
 // ReadFrame reads one frame from r: the header, check(header), then the body into buf
 // (grown as needed). The body aliases buf. A compressed body is returned as is
-// (Header.Compression says so); this package never asks for compression.
+// (Header.Compression says so); this package never asks for compression. Errors: r's
+// (io.EOF before any header byte, io.ErrUnexpectedEOF for a short frame) or check's.
 func ReadFrame(r io.Reader, buf []byte, check func(Header) error) (Header, []byte, error) {
 	var hb [HeaderSize]byte
 	if _, err := io.ReadFull(r, hb[:]); err != nil {

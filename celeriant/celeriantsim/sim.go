@@ -49,16 +49,24 @@ type Options struct {
 	// IdleTimeout closes a TCP connection that sends nothing for this long; default 30 s
 	// (the server's --client-connection-timeout-ms).
 	IdleTimeout time.Duration
-	// MaxRequestSize is the request frame body limit; default 16 MiB.
+	// MaxRequestSize is the request frame body limit, in bytes; default 16 MiB. A larger
+	// frame closes the connection without an answer, like the server.
 	MaxRequestSize uint32
 	// Logger receives connection-level events; default discards.
 	Logger *slog.Logger
 }
 
 // Stats counts the requests the simulator received (in-process and over TCP), including
-// those answered with an error or a lost answer.
+// those answered with an error or a lost answer. Requests refused before reaching the
+// server (ErrNotSent: client-side checks, Close, a context already done) are not counted,
+// nor an in-process Read or AggregateDetails whose context ended during SetDelay's wait.
 type Stats struct {
-	Writes, Reads, Details int
+	// Writes counts write requests, injected faults and held writes included.
+	Writes int
+	// Reads counts Read requests, one per page (ReadAll of n pages counts n).
+	Reads int
+	// Details counts AggregateDetails requests.
+	Details int
 }
 
 // Sim is the simulated server. All methods are safe for concurrent use.
@@ -259,7 +267,8 @@ func (s *Sim) Stats() Stats {
 // ---- EventStore ----
 
 // Write implements celeriant.EventStore with the server's write pipeline (PROTOCOL.md
-// sections 6.1-6.5). It applies the same client-side checks as the TCP client first.
+// sections 6.1-6.5). It applies the same client-side checks as the TCP client first. If
+// ctx ends before the answer, the write still runs and the caller gets ErrOutcomeUnknown.
 func (s *Sim) Write(ctx context.Context, req celeriant.WriteRequest) (celeriant.WriteResult, error) {
 	if err := celeriant.CheckWrite(&req); err != nil {
 		return celeriant.WriteResult{}, err

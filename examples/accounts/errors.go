@@ -23,10 +23,16 @@ var (
 )
 
 // ValidationError is a request the business rules refuse: a non-positive amount, or a
-// transfer to the same account. Message is safe to show to the caller.
-type ValidationError struct{ Message string }
+// transfer to the same account (REFERENCE.md section 1.3).
+type ValidationError struct {
+	// Message is one sentence safe to show to the caller, e.g. "Amount must be positive.".
+	Message string
+}
 
-func (e *ValidationError) Error() string        { return "accounts: " + e.Message }
+// Error returns "accounts: " + Message.
+func (e *ValidationError) Error() string { return "accounts: " + e.Message }
+
+// Is makes errors.Is(err, ErrValidation) true.
 func (e *ValidationError) Is(target error) bool { return target == ErrValidation }
 
 // InsufficientFundsError is a withdraw or transfer above the balance of the debited
@@ -36,17 +42,25 @@ type InsufficientFundsError struct {
 	RequestedCents int64 // amount asked for, in cents
 }
 
+// Error returns "accounts: cannot process $R.RR, balance is $B.BB" (amounts in dollars).
 func (e *InsufficientFundsError) Error() string {
 	return fmt.Sprintf("accounts: cannot process %s, balance is %s", dollars(e.RequestedCents), dollars(e.BalanceCents))
 }
+
+// Is makes errors.Is(err, ErrInsufficientFunds) true.
 func (e *InsufficientFundsError) Is(target error) bool { return target == ErrInsufficientFunds }
 
 // ConflictError is the write loop giving up (REFERENCE.md section 3.3): the retries ran
 // out on 2003/2013/ambiguous outcomes, or a 2002 could not be attributed (Unwritten).
-// Reason is for logs; the caller gets a fixed message and may retry with the same key.
-type ConflictError struct{ Reason string }
+// The caller gets a fixed message and may retry with the same key.
+type ConflictError struct {
+	Reason string // the internal cause, for logs only; never shown to the caller
+}
 
-func (e *ConflictError) Error() string        { return "accounts: conflict: " + e.Reason }
+// Error returns "accounts: conflict: " + Reason.
+func (e *ConflictError) Error() string { return "accounts: conflict: " + e.Reason }
+
+// Is makes errors.Is(err, ErrConflict) true.
 func (e *ConflictError) Is(target error) bool { return target == ErrConflict }
 
 // dollars renders cents as $D.CC, as in the reference's message.

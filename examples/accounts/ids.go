@@ -37,9 +37,9 @@ var (
 
 // Account is one entry of the fixed account list served by GET /api/accounts.
 type Account struct {
-	ID          uuid.UUID
-	Name        string
-	SeedBalance int64 // cents deposited by Seed on an empty stream
+	ID          uuid.UUID // the aggregate id of the account's stream (see Key)
+	Name        string    // display name served as "name", e.g. "Alice"
+	SeedBalance int64     // cents deposited by Seed on an empty stream
 }
 
 // SeededAccounts returns the three accounts the service seeds at startup

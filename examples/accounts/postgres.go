@@ -55,8 +55,8 @@ func WithTablePrefix(prefix string) PostgresOption {
 	return func(p *PostgresProjection) { p.prefix = prefix }
 }
 
-// WithPostgresWindow sets the dedup window (default DefaultWindow); it is rounded to
-// milliseconds. Non-positive values are ignored.
+// WithPostgresWindow sets the dedup window (default DefaultWindow); it is truncated to
+// whole milliseconds, and values under 1 ms are ignored.
 func WithPostgresWindow(d time.Duration) PostgresOption {
 	return func(p *PostgresProjection) {
 		if d >= time.Millisecond {
@@ -66,7 +66,7 @@ func WithPostgresWindow(d time.Duration) PostgresOption {
 }
 
 // NewPostgresProjection returns a projection over pool. It does not touch the database;
-// call Migrate once at startup (any replica, any number of times).
+// call Migrate once at startup (any replica, any number of times). A nil pool is an error.
 func NewPostgresProjection(pool *pgxpool.Pool, opts ...PostgresOption) (*PostgresProjection, error) {
 	if pool == nil {
 		return nil, errors.New("accounts: NewPostgresProjection needs a pool")

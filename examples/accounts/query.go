@@ -36,7 +36,8 @@ func (s *Service) Balance(ctx context.Context, acct uuid.UUID, minVersion uint64
 // History catches acct up (for its balance and current version) and returns every event
 // of its stream from fromVersion (0 or 1: the whole stream). Undecodable payloads are
 // reported with amount 0. If the stream was trimmed below fromVersion, it starts at the
-// minimum available version.
+// minimum available version. An unknown account gives an empty History. Errors:
+// ErrUnavailable or an internal error.
 func (s *Service) History(ctx context.Context, acct uuid.UUID, fromVersion uint64) (History, error) {
 	st, _, _, err := s.catchUp(ctx, acct, uuid.Nil)
 	if err != nil {

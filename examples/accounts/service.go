@@ -88,6 +88,7 @@ func WithLogger(l *slog.Logger) Option {
 
 // New returns a service writing to store and reading through proj (a
 // *MemoryProjection or a *PostgresProjection). It does not seed; call Seed at startup.
+// It fails (a plain error) on a nil store or projection, or a uuid.Nil client id.
 func New(store celeriant.EventStore, proj Projection, opts ...Option) (*Service, error) {
 	if store == nil || proj == nil {
 		return nil, errors.New("accounts: New needs an event store and a projection")

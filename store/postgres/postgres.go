@@ -304,7 +304,9 @@ func (s *Store) record(r *claimRow, fp store.Fingerprint) (*store.Record, error)
 
 // Complete implements store.Store in one statement, guarded by the token: the
 // record must be held by token, uncompleted and within its retention, otherwise
-// store.ErrLeaseLost. Headers are kept in the binary encoding of the package doc.
+// store.ErrLeaseLost. Bad arguments (including a body over WithMaxBody) give
+// store.ErrInvalid, driver errors are wrapped. Headers are kept in the binary encoding
+// of the package doc.
 func (s *Store) Complete(ctx context.Context, id store.ID, token store.Token, resp store.Response, retention time.Duration) error {
 	if err := store.ValidateResponse(resp, retention); err != nil {
 		return err
@@ -325,7 +327,8 @@ func (s *Store) Complete(ctx context.Context, id store.ID, token store.Token, re
 }
 
 // Release implements store.Store in one statement: it deletes the record if token
-// holds it uncompleted, otherwise store.ErrLeaseLost.
+// holds it uncompleted, otherwise store.ErrLeaseLost. Bad arguments give
+// store.ErrInvalid, driver errors are wrapped.
 func (s *Store) Release(ctx context.Context, id store.ID, token store.Token) error {
 	if err := checkHolder(id, token); err != nil {
 		return err
@@ -336,7 +339,8 @@ func (s *Store) Release(ctx context.Context, id store.ID, token store.Token) err
 
 // Renew implements store.Store in one statement: the lease becomes lease from the
 // server's now() (the retention is stretched if the lease would outlive it), if
-// token holds the record uncompleted; otherwise store.ErrLeaseLost.
+// token holds the record uncompleted; otherwise store.ErrLeaseLost. Bad arguments give
+// store.ErrInvalid, driver errors are wrapped.
 func (s *Store) Renew(ctx context.Context, id store.ID, token store.Token, lease time.Duration) error {
 	if lease <= 0 {
 		return fmt.Errorf("%w: lease must be positive", store.ErrInvalid)
@@ -392,7 +396,8 @@ func millis(d time.Duration) int64 {
 // all), in statements of at most the sweep batch size (WithSweepBatch), each its own
 // short transaction that skips rows locked by a concurrent claim. It returns how
 // many rows it deleted. Claim already treats expired records as absent, so sweeping
-// only reclaims space; run it from a cron job or StartSweeper.
+// only reclaims space; run it from a cron job or StartSweeper. On a driver error it
+// returns the rows deleted so far and the error, wrapped.
 func (s *Store) Sweep(ctx context.Context, limit int) (int64, error) {
 	var total int64
 	for limit <= 0 || total < int64(limit) {

@@ -97,7 +97,8 @@ func claimResult(v any, fp store.Fingerprint, tok store.Token) (store.ClaimResul
 
 // Complete implements store.Store with one script call: the record becomes completed
 // and its key expires retention from now on the Redis clock. store.ErrLeaseLost when
-// token no longer holds id, including when the record is already completed.
+// token no longer holds id, including when the record is already completed; other errors
+// as for Claim.
 func (s *Store) Complete(ctx context.Context, id store.ID, token store.Token, resp store.Response, retention time.Duration) error {
 	if err := checkID(id, token); err != nil {
 		return err
@@ -123,7 +124,7 @@ func (s *Store) Complete(ctx context.Context, id store.ID, token store.Token, re
 
 // Release implements store.Store with one script call: the in-flight record is
 // deleted. store.ErrLeaseLost when token no longer holds id (including a completed
-// record).
+// record); other errors as for Claim.
 func (s *Store) Release(ctx context.Context, id store.ID, token store.Token) error {
 	if err := checkID(id, token); err != nil {
 		return err
@@ -133,7 +134,8 @@ func (s *Store) Release(ctx context.Context, id store.ID, token store.Token) err
 
 // Renew implements store.Store with one script call: the lease deadline becomes now
 // + lease on the Redis clock, and the key's TTL is raised to cover it.
-// store.ErrLeaseLost when token no longer holds id or the record is completed.
+// store.ErrLeaseLost when token no longer holds id or the record is completed; other
+// errors as for Claim.
 func (s *Store) Renew(ctx context.Context, id store.ID, token store.Token, lease time.Duration) error {
 	if err := checkID(id, token); err != nil {
 		return err
@@ -216,7 +218,8 @@ func (s *Store) Peek(ctx context.Context, id store.ID, fp store.Fingerprint) (re
 
 // Mark overwrites id's key with an in-flight marker held by token (the token the
 // authoritative store issued) whose key expires with lease on the Redis clock.
-// Complete, Release and Renew with the same token then act on the marker.
+// Complete, Release and Renew with the same token then act on the marker. Errors:
+// store.ErrInvalid (empty key, zero token, lease <= 0), otherwise the client's error.
 func (s *Store) Mark(ctx context.Context, id store.ID, fp store.Fingerprint, token store.Token, lease time.Duration) error {
 	if err := checkID(id, token); err != nil {
 		return err
@@ -230,7 +233,8 @@ func (s *Store) Mark(ctx context.Context, id store.ID, fp store.Fingerprint, tok
 
 // Fill overwrites id's key with the completed record rec (as the authoritative store
 // returned it) and lets the key expire after ttl on the Redis clock. Record times are
-// kept as given (the authoritative store's clock), at millisecond precision.
+// kept as given (the authoritative store's clock), at millisecond precision. Errors:
+// store.ErrInvalid (empty key, nil record, invalid response or ttl), or the client's.
 func (s *Store) Fill(ctx context.Context, id store.ID, rec *store.Record, ttl time.Duration) error {
 	switch {
 	case id.Key == "":

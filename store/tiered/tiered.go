@@ -46,7 +46,10 @@ import (
 
 // Defaults of the options.
 const (
-	DefaultTimeout  = 50 * time.Millisecond
+	// DefaultTimeout bounds each Redis call (WithTimeout).
+	DefaultTimeout = 50 * time.Millisecond
+	// DefaultCooldown is how long the fast path is skipped after a Redis error
+	// (WithCooldown).
 	DefaultCooldown = 500 * time.Millisecond
 )
 
@@ -143,18 +146,33 @@ func (k EventKind) String() string {
 	return "unknown"
 }
 
-// Event is one fast-path event.
+// Event is one fast-path event, passed to the WithObserver callback.
 type Event struct {
 	// Op is the Redis operation: "peek", "mark", "fill", "complete", "release", "renew".
-	Op   string
+	// FastAnswer and FastMiss come only from "peek", Backfill only from "fill".
+	Op string
+	// Kind classifies the event; Stats counts one per event.
 	Kind EventKind
-	// Err is the Redis error for FastError; a timeout wraps ErrFastTimeout.
+	// Err is the Redis error for FastError, nil for the other kinds; a timeout wraps
+	// ErrFastTimeout. store.ErrLeaseLost and the caller's own cancellation are not events.
 	Err error
 }
 
-// Stats are the store's counters since New.
+// Stats are the store's counters since New, one per Event of the matching kind. Each
+// Claim with a fast store counts at most one of FastAnswers, FastMisses, FastErrors or
+// FastSkipped for its peek.
 type Stats struct {
-	FastAnswers, FastMisses, FastErrors, FastSkipped, Backfills int64
+	// FastAnswers counts claims Redis answered alone (replay, InFlight or Mismatch).
+	FastAnswers int64
+	// FastMisses counts peeks Redis could not decide; the backstop answered.
+	FastMisses int64
+	// FastErrors counts failed or timed-out Redis calls of any Op; each (unless it is
+	// store.ErrCorrupt or store.ErrInvalid) starts a cooldown.
+	FastErrors int64
+	// FastSkipped counts peeks, marks, fills and renewals skipped during a cooldown.
+	FastSkipped int64
+	// Backfills counts backstop replays copied into Redis.
+	Backfills int64
 }
 
 type counters struct {

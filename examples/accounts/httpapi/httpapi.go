@@ -53,7 +53,7 @@ import (
 )
 
 // Service is what the handler needs from the account service; *accounts.Service
-// implements it.
+// implements it, and each method has the contract (units, errors) documented there.
 type Service interface {
 	Accounts() []accounts.Account
 	Balance(ctx context.Context, acct uuid.UUID, minVersion uint64) (accounts.Result, error)

@@ -99,7 +99,7 @@ func freePort(t testing.TB) int {
 
 // Server is a private redis-server process.
 type Server struct {
-	Addr string
+	Addr string // 127.0.0.1:port; the same port after Restart
 	dir  string
 	args []string
 	cmd  *exec.Cmd
