@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io/fs"
 	"log/slog"
+	"math"
 	"path"
 	"strconv"
 	"strings"
@@ -268,7 +269,9 @@ func (s *Store) decide(r *claimRow, req store.ClaimRequest, tok store.Token) (st
 		if !r.retryMS.Valid {
 			return store.ClaimResult{}, fmt.Errorf("%w: in-flight record without a lease deadline", store.ErrCorrupt)
 		}
-		return store.ClaimResult{Outcome: store.InFlight, RetryAfter: time.Duration(max(r.retryMS.Int64, 0)) * time.Millisecond}, nil
+		// Clamped: a lease near math.MaxInt64 would overflow the multiplication.
+		ms := min(max(r.retryMS.Int64, 0), int64(math.MaxInt64/time.Millisecond))
+		return store.ClaimResult{Outcome: store.InFlight, RetryAfter: time.Duration(ms) * time.Millisecond}, nil
 	}
 	rec, err := s.record(r, req.Fingerprint)
 	if err != nil {
@@ -388,8 +391,13 @@ func bytesOf(s string) []byte {
 }
 
 // millis rounds d up to whole milliseconds, so a positive duration never becomes 0.
+// It does not overflow: math.MaxInt64 (about 292 years) gives 9223372036855.
 func millis(d time.Duration) int64 {
-	return int64((d + time.Millisecond - 1) / time.Millisecond)
+	ms := d / time.Millisecond
+	if d%time.Millisecond > 0 {
+		ms++
+	}
+	return int64(ms)
 }
 
 // Sweep deletes records past their retention, at most limit of them (limit <= 0:
@@ -523,8 +531,10 @@ type beginner interface {
 // and applies the embedded migrations not yet recorded there. It is idempotent and
 // safe to run from several processes at once: when the Querier can Begin (a pool,
 // a connection, a transaction) everything runs in one transaction serialised by an
-// advisory lock on the table name; otherwise the statements run one by one (each
-// is idempotent on its own). A database at a newer version is left as it is; a
+// advisory lock on the schema name (the table name when no schema is configured);
+// otherwise the statements run one by one (each is idempotent on its own, but two
+// processes creating the same object at the same instant may see a unique
+// violation, so run Migrate once, or retry it). A database at a newer version is left as it is; a
 // records table dropped by hand is created again.
 func (s *Store) Migrate(ctx context.Context) (err error) {
 	ms, err := migrations()
@@ -543,7 +553,14 @@ func (s *Store) Migrate(ctx context.Context) (err error) {
 			}
 		}()
 		q = tx
-		if _, err = tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtextextended($1, 0))`, "idemkey:"+s.qualified); err != nil {
+		// With a schema the lock is the schema's: CREATE SCHEMA IF NOT EXISTS fails
+		// (unique violation) against a concurrent twin, e.g. another application
+		// migrating its own table into the same new schema.
+		lock := "idemkey:" + s.qualified
+		if s.schema != "" {
+			lock = "idemkey:schema:" + pgx.Identifier{s.schema}.Sanitize()
+		}
+		if _, err = tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtextextended($1, 0))`, lock); err != nil {
 			return fmt.Errorf("idemkey/postgres: migrate: lock: %w", err)
 		}
 	}

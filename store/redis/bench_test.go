@@ -49,7 +49,7 @@ func BenchmarkTransitions(b *testing.B) {
 		if err := claimScript.Run(ctx, c, keys, fp[:], tok[:], 10000, 60000).Err(); err != nil {
 			return err
 		}
-		if err := completeScript.Run(ctx, c, keys, tok[:], 60000, "201", head, resp.Body, "").Err(); err != nil {
+		if err := completeScript.Run(ctx, c, keys, tok[:], 60000, "201", head, resp.Body, "", tok[:]).Err(); err != nil {
 			return err
 		}
 		return claimScript.Run(ctx, c, keys, fp[:], tok[:], 10000, 60000).Err()

@@ -97,8 +97,9 @@ func claimResult(v any, fp store.Fingerprint, tok store.Token) (store.ClaimResul
 
 // Complete implements store.Store with one script call: the record becomes completed
 // and its key expires retention from now on the Redis clock. store.ErrLeaseLost when
-// token no longer holds id, including when the record is already completed; other errors
-// as for Claim.
+// token no longer holds id, including when the record is already completed by another
+// Complete call (a client's re-delivery of this very call, after a lost reply, answers
+// nil); other errors as for Claim.
 func (s *Store) Complete(ctx context.Context, id store.ID, token store.Token, resp store.Response, retention time.Duration) error {
 	if err := checkID(id, token); err != nil {
 		return err
@@ -118,8 +119,11 @@ func (s *Store) Complete(ctx context.Context, id store.ID, token store.Token, re
 	if head == nil {
 		head = []byte{}
 	}
+	// The nonce tells a re-delivery of this call (a client retry after a lost
+	// reply) from a second Complete: only the latter is refused.
+	nonce := store.NewToken()
 	return s.fenced(ctx, "complete", completeScript, id,
-		token[:], millis(retention), strconv.Itoa(resp.Status), head, body, omitted)
+		token[:], millis(retention), strconv.Itoa(resp.Status), head, body, omitted, nonce[:])
 }
 
 // Release implements store.Store with one script call: the in-flight record is
@@ -231,9 +235,12 @@ func (s *Store) Mark(ctx context.Context, id store.ID, fp store.Fingerprint, tok
 	return err
 }
 
-// Fill overwrites id's key with the completed record rec (as the authoritative store
-// returned it) and lets the key expire after ttl on the Redis clock. Record times are
-// kept as given (the authoritative store's clock), at millisecond precision. Errors:
+// Fill writes the completed record rec (as the authoritative store returned it) to
+// id's key and lets the key expire after ttl on the Redis clock. A record already
+// under the key is left alone: a completed record is rec or a newer one, and a marker
+// is a newer claim's (overwriting it would answer Mismatch to that claim's retries)
+// or expires with its lease; foreign data is replaced. Record times are kept as
+// given (the authoritative store's clock), at millisecond precision. Errors:
 // store.ErrInvalid (empty key, nil record, invalid response or ttl), or the client's.
 func (s *Store) Fill(ctx context.Context, id store.ID, rec *store.Record, ttl time.Duration) error {
 	switch {

@@ -20,6 +20,9 @@ import goredis "github.com/redis/go-redis/v9"
 //	h    replayable headers, binary (see encodeHeader; completed only)
 //	b    body bytes as is (completed only)
 //	o    "1" when the body was omitted (completed only)
+//	cn   nonce of the Complete call that completed the record (completed only), so
+//	     that a client's re-delivery of that very call (go-redis retries a command
+//	     whose reply was lost) answers stored, not lease lost
 //
 // The key's own TTL (PEXPIRE) enforces retention: a pending record lives for the
 // claim's retention (never less than its lease), a completed one for the retention
@@ -34,7 +37,7 @@ import goredis "github.com/redis/go-redis/v9"
 // foreign data. It leaves r == nil for an absent key.
 const prelude = `
 local k = KEYS[1]
-local r = redis.pcall('HMGET', k, 'v','st','fp','tok','le','ca','cd','ex','s','h','b','o')
+local r = redis.pcall('HMGET', k, 'v','st','fp','tok','le','ca','cd','ex','s','h','b','o','cn')
 if type(r) ~= 'table' or r['err'] then return {-1} end
 if not r[1] then
   if redis.call('EXISTS', k) == 1 then return {-1} end
@@ -73,12 +76,14 @@ redis.call('PEXPIRE', k, ret)
 return {1, 1}
 `)
 
-// completeScript: ARGV token, retention ms, status, header, body, omitted ("1" or "").
-// Replies {1} stored | {0} lease lost (also when already completed) | {-1}.
+// completeScript: ARGV token, retention ms, status, header, body, omitted ("1" or ""),
+// call nonce. Replies {1} stored (or this very call was already applied) | {0} lease
+// lost (also when already completed by another call) | {-1}.
 var completeScript = goredis.NewScript(prelude + `
+if r ~= nil and r[2] == 'c' and r[4] == ARGV[1] and r[13] == ARGV[7] then return {1} end
 if r == nil or r[4] ~= ARGV[1] or r[2] ~= 'p' then return {0} end
 local ret = tonumber(ARGV[2])
-redis.call('HSET', k, 'st','c', 'cd',now, 'ex',now + ret, 's',ARGV[3], 'h',ARGV[4], 'b',ARGV[5], 'o',ARGV[6])
+redis.call('HSET', k, 'st','c', 'cd',now, 'ex',now + ret, 's',ARGV[3], 'h',ARGV[4], 'b',ARGV[5], 'o',ARGV[6], 'cn',ARGV[7])
 redis.call('HDEL', k, 'le')
 redis.call('PEXPIRE', k, ret)
 return {1}
@@ -131,10 +136,14 @@ redis.call('PEXPIRE', k, lease)
 return {1}
 `)
 
-// fillScript: ARGV fp, ca, cd, ex, ttl ms, status, header, body, omitted. Overwrites the
-// key with a completed record that expires after ttl. Replies {1}.
+// fillScript: ARGV fp, ca, cd, ex, ttl ms, status, header, body, omitted. Writes a
+// completed record that expires after ttl, unless the key already holds a record
+// (format 1): that one reached Redis after the authoritative read the fill copies, so
+// it is the same record or a newer one. Anything else under the key is replaced.
+// Replies {1} written | {0} left alone.
 var fillScript = goredis.NewScript(`
 local k = KEYS[1]
+if redis.pcall('HGET', k, 'v') == '1' then return {0} end
 redis.call('DEL', k)
 redis.call('HSET', k, 'v','1', 'st','c', 'fp',ARGV[1], 'tok','', 'ca',ARGV[2], 'cd',ARGV[3], 'ex',ARGV[4],
   's',ARGV[6], 'h',ARGV[7], 'b',ARGV[8], 'o',ARGV[9])

@@ -85,7 +85,17 @@ func TestFaultRedisRestart(t *testing.T) {
 	}
 
 	// Fast path back: the first replays after the restart backfill the empty Redis,
-	// the next ones are answered by Redis alone.
+	// the next ones are answered by Redis alone. go-redis needs up to a second to use
+	// the restarted server: after PoolSize failed dials its pool fails every call at
+	// once and re-dials on its own one-second timer. Wait for the client, then for
+	// the store's cooldown. (Sleeping 30 ms alone flaked whenever the run after the
+	// restart took less than that second.)
+	for deadline := time.Now().Add(5 * time.Second); c.Ping(ctx).Err() != nil; {
+		if time.Now().After(deadline) {
+			t.Fatal("the client did not reconnect to the restarted Redis within 5 s")
+		}
+		time.Sleep(10 * time.Millisecond) // polling go-redis's re-dial timer; no event to wait on
+	}
 	time.Sleep(30 * time.Millisecond) // let the cooldown pass (process clock; no server involved)
 	for _, k := range keys {
 		if err := a.do(ctx, k); err != nil {

@@ -19,7 +19,9 @@
 //     (Stats) and reported to the observer (WithObserver). After an error the fast
 //     path (peeks, markers, backfills, renewals) is skipped for a cooldown
 //     (WithCooldown, default 500 ms) and then tried again, so it resumes by itself
-//     when Redis is back. Backstop errors are the store's errors (the middleware
+//     when Redis is back: after a restart, within about a second plus the cooldown
+//     (go-redis waits that long before redialling a pool whose dials all failed).
+//     Backstop errors are the store's errors (the middleware
 //     answers 503).
 //
 // What Redis can get wrong is bounded and never causes a second execution or a
