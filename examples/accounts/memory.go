@@ -16,8 +16,11 @@ import (
 // time; the writer's own entry lives the full window from the write (scenario 8). The
 // remaining lifetime runs on the local monotonic clock.
 //
-// Entries are evicted only by expiry during a fold of the same account, and the account
-// map is unbounded (as in the reference): fine for the example, not for production.
+// Expired entries are dropped during every fold of the account and, so that a replica
+// whose own writes keep its cursor current (and so never folds) does not grow without
+// bound, whenever an account's entries have doubled since the last sweep (amortised O(1)
+// per write). The account map is unbounded (as in the reference): fine for the example,
+// not for production.
 type MemoryProjection struct {
 	window time.Duration
 	now    func() time.Time
@@ -27,10 +30,15 @@ type MemoryProjection struct {
 }
 
 type memAccount struct {
-	name   string
-	st     State
-	recent map[uuid.UUID]memEntry
+	name    string
+	st      State
+	recent  map[uuid.UUID]memEntry
+	sweepAt int // len(recent) at which recordWrite sweeps expired entries
 }
+
+// minSweep is the smallest sweepAt: below it an account's index is never swept by
+// recordWrite.
+const minSweep = 64
 
 type memEntry struct {
 	res     Result
@@ -76,7 +84,7 @@ func (p *MemoryProjection) Window() time.Duration { return p.window }
 func (p *MemoryProjection) account(acct uuid.UUID) *memAccount {
 	a := p.accounts[acct]
 	if a == nil {
-		a = &memAccount{recent: make(map[uuid.UUID]memEntry)}
+		a = &memAccount{recent: make(map[uuid.UUID]memEntry), sweepAt: minSweep}
 		p.accounts[acct] = a
 	}
 	return a
@@ -119,11 +127,7 @@ func (p *MemoryProjection) fold(_ context.Context, acct uuid.UUID, _ State, batc
 		}
 		a.recent[e.eventID] = memEntry{res: e.res, expires: exp}
 	})
-	for id, e := range a.recent {
-		if !e.expires.After(now) {
-			delete(a.recent, id)
-		}
-	}
+	a.sweepLocked(now)
 	hit, ok := a.hitLocked(eventID, now)
 	return a.st, hit, ok, nil
 }
@@ -134,13 +138,28 @@ func (p *MemoryProjection) recordWrite(_ context.Context, acct, eventID uuid.UUI
 	a := p.account(acct)
 	// The index entry first and unconditionally, with the full window: once the cursor
 	// bump below wins, this replica never re-folds its own batch.
-	a.recent[eventID] = memEntry{res: res, expires: p.now().Add(p.window)}
+	now := p.now()
+	a.recent[eventID] = memEntry{res: res, expires: now.Add(p.window)}
+	if len(a.recent) >= a.sweepAt {
+		a.sweepLocked(now)
+	}
 	if a.st.Version == expected {
 		a.st.BalanceCents = res.BalanceCents
 		a.st.Version = res.AggregateVersion
 		a.st.MaxClientSeq = max(a.st.MaxClientSeq, seq)
 	}
 	return nil
+}
+
+// sweepLocked drops the expired entries and sets the next sweep point to twice the
+// live count, so each sweep's cost is paid by at least as many inserts. Callers hold p.mu.
+func (a *memAccount) sweepLocked(now time.Time) {
+	for id, e := range a.recent {
+		if !e.expires.After(now) {
+			delete(a.recent, id)
+		}
+	}
+	a.sweepAt = max(2*len(a.recent), minSweep)
 }
 
 func (p *MemoryProjection) ensureAccount(_ context.Context, acct uuid.UUID, name string) error {

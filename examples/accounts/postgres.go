@@ -12,6 +12,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/google/uuid"
@@ -44,7 +45,15 @@ type PostgresProjection struct {
 	balances, responses, responsesExpires, migrations string // quoted identifiers
 
 	sqlLookup, sqlPersist, sqlSweep, sqlRecord, sqlEnsure string
+
+	records atomic.Uint64 // recordWrite calls, for the periodic sweep
 }
+
+// sweepEvery is how many recordWrite calls of one projection run one expiry sweep.
+// A fold sweeps only when it advances the cursor, and a replica whose own writes keep
+// the cursor current never advances it by folding: without this the index table of a
+// single replica would grow by one row per write forever (REFERENCE.md section 6.1.7).
+const sweepEvery = 256
 
 // PostgresOption configures a PostgresProjection.
 type PostgresOption func(*PostgresProjection)
@@ -297,6 +306,11 @@ func (p *PostgresProjection) recordWrite(ctx context.Context, acct, eventID uuid
 		int64(seq), int64(expected), p.window.Milliseconds())
 	if err != nil {
 		return pgFailure(fmt.Errorf("accounts: recording write of %s on %s: %w", eventID, acct, err))
+	}
+	if p.records.Add(1)%sweepEvery == 0 {
+		if _, err := p.pool.Exec(ctx, p.sqlSweep); err != nil {
+			return pgFailure(fmt.Errorf("accounts: sweeping expired index rows (the write itself is recorded): %w", err))
+		}
 	}
 	return nil
 }

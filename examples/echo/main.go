@@ -23,9 +23,10 @@ import (
 func main() { accountsapp.Main("echo", newHandler) }
 
 // newHandler routes with echo: the probes outside the middleware, the API routes in
-// an /api group behind it. Echo routes the requests; the account handler serves
-// them (it reads the path itself). Anything else under /api reaches the account
-// handler too, so 404 and 405 answers match the net/http server's.
+// an /api group behind accountsapp.ScopeGuard and the middleware. Echo routes the
+// requests; the account handler serves them (it reads the path itself). Anything
+// else under /api reaches the account handler too, so 404 and 405 answers match
+// the net/http server's.
 func newHandler(a *accountsapp.App) http.Handler {
 	e := echo.New()
 	e.HideBanner, e.HidePort = true, true
@@ -35,7 +36,7 @@ func newHandler(a *accountsapp.App) http.Handler {
 	e.Any("/metrics", echo.WrapHandler(a.MetricsHandler()))
 
 	api := echo.WrapHandler(a.API)
-	g := e.Group("/api", idemecho.Middleware(a.Idempotency))
+	g := e.Group("/api", echo.WrapMiddleware(accountsapp.ScopeGuard), idemecho.Middleware(a.Idempotency))
 	g.GET("/accounts", api)
 	g.GET("/accounts/:id/balance", api)
 	g.GET("/accounts/:id/history", api)

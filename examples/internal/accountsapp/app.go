@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"strconv"
 	"strings"
 	"time"
 
@@ -29,6 +30,11 @@ const (
 	ScopeHeader    = "X-Client-ID"
 	AnonymousScope = "anonymous"
 )
+
+// MaxScopeBytes is the longest ScopeHeader value accepted: the idempotency key's own
+// limit. A longer scope does not fit the Postgres store's index, and its claim would
+// fail as a 503 store_unavailable, blaming the store for bad input.
+const MaxScopeBytes = 255
 
 // probeTimeout bounds each readiness check; seedTimeout bounds startup seeding.
 const (
@@ -189,8 +195,23 @@ func (a *App) Close() {
 	a.closers = nil
 }
 
-// ProtectedAPI is API behind the idempotency middleware, for net/http routers.
-func (a *App) ProtectedAPI() http.Handler { return a.Idempotency.Handler(a.API) }
+// ProtectedAPI is API behind ScopeGuard and the idempotency middleware, for net/http
+// routers.
+func (a *App) ProtectedAPI() http.Handler { return ScopeGuard(a.Idempotency.Handler(a.API)) }
+
+// ScopeGuard answers 400 MALFORMED_REQUEST problem details, without calling next,
+// when ScopeHeader is sent on several lines (which one is the principal?) or is
+// longer than MaxScopeBytes. Put it in front of the idempotency middleware.
+func ScopeGuard(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if v := r.Header.Values(ScopeHeader); len(v) > 1 || len(v) == 1 && len(v[0]) > MaxScopeBytes {
+			WriteProblem(w, http.StatusBadRequest, "MALFORMED_REQUEST",
+				ScopeHeader+" must be sent once and be at most "+strconv.Itoa(MaxScopeBytes)+" bytes long.")
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
+}
 
 // Healthz answers liveness: 200 "ok" while the process serves. GET and HEAD only
 // (405 problem otherwise).

@@ -3,6 +3,7 @@ package accountsapp
 import (
 	"context"
 	"errors"
+	"strconv"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -24,6 +25,11 @@ import (
 //	                                           fail-open runs, failed completions or
 //	                                           releases (a lost lease is not one)
 //	idemkey_takeovers_total                    claims that took over an expired lease
+//	idemkey_handler_answers_total{status}      answers the protected handler itself gave
+//	                                           (executed, released, lease lost or fail
+//	                                           open), by HTTP status: the account API's
+//	                                           409 CONFLICT, 422 VALIDATION_ERROR and
+//	                                           INSUFFICIENT_FUNDS, 503 SERVICE_UNAVAILABLE
 type Metrics struct {
 	decisions    *prometheus.CounterVec
 	storeLatency *prometheus.HistogramVec
@@ -32,6 +38,7 @@ type Metrics struct {
 	mismatches   prometheus.Counter
 	storeErrors  prometheus.Counter
 	takeovers    prometheus.Counter
+	answers      *prometheus.CounterVec
 }
 
 var allDecisions = []middleware.Decision{
@@ -67,8 +74,11 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 		mismatches:  prometheus.NewCounter(prometheus.CounterOpts{Name: "idemkey_mismatches_total", Help: "422 answers: the key was used for another request."}),
 		storeErrors: prometheus.NewCounter(prometheus.CounterOpts{Name: "idemkey_store_errors_total", Help: "Idempotency store failures (503, fail-open, failed completion or release)."}),
 		takeovers:   prometheus.NewCounter(prometheus.CounterOpts{Name: "idemkey_takeovers_total", Help: "Claims that took over an expired lease."}),
+		answers: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "idemkey_handler_answers_total", Help: "Answers of the protected handler itself (not replays or middleware refusals), by HTTP status.",
+		}, []string{"status"}),
 	}
-	for _, c := range []prometheus.Collector{m.decisions, m.storeLatency, m.replays, m.inFlight, m.mismatches, m.storeErrors, m.takeovers} {
+	for _, c := range []prometheus.Collector{m.decisions, m.storeLatency, m.replays, m.inFlight, m.mismatches, m.storeErrors, m.takeovers, m.answers} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}
@@ -100,5 +110,11 @@ func (m *Metrics) Observe(_ context.Context, e middleware.Event) {
 	}
 	if e.Takeover {
 		m.takeovers.Inc()
+	}
+	switch e.Decision {
+	case middleware.Executed, middleware.Released, middleware.LeaseLost, middleware.FailOpen:
+		if e.Status > 0 {
+			m.answers.WithLabelValues(strconv.Itoa(e.Status)).Inc()
+		}
 	}
 }

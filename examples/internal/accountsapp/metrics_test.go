@@ -3,6 +3,7 @@ package accountsapp
 import (
 	"context"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -76,5 +77,44 @@ func TestMetrics(t *testing.T) {
 	}
 	if _, ok := got["idemkey_store_latency_seconds/pass_through"]; ok {
 		t.Error("a pass-through request observed store latency")
+	}
+}
+
+// TestMetricsHandlerAnswers: the handler's own 409s and 422s (the write loop giving
+// up, business refusals) are counted by status; replays and the middleware's own
+// refusals are not handler answers.
+func TestMetricsHandlerAnswers(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	m, err := NewMetrics(reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range []middleware.Event{
+		{Decision: middleware.Released, Status: 409},
+		{Decision: middleware.Released, Status: 409},
+		{Decision: middleware.Executed, Status: 422},
+		{Decision: middleware.Executed, Status: 200},
+		{Decision: middleware.Released, Status: 503},
+		{Decision: middleware.Replayed, Status: 422},
+		{Decision: middleware.InFlight, Status: 409},
+		{Decision: middleware.Mismatch, Status: 422},
+	} {
+		m.Observe(context.Background(), e)
+	}
+	families, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]float64{}
+	for _, f := range families {
+		if f.GetName() != "idemkey_handler_answers_total" {
+			continue
+		}
+		for _, mt := range f.GetMetric() {
+			got[mt.GetLabel()[0].GetValue()] = mt.GetCounter().GetValue()
+		}
+	}
+	if want := map[string]float64{"409": 2, "422": 1, "200": 1, "503": 1}; fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Errorf("handler answers %v, want %v", got, want)
 	}
 }

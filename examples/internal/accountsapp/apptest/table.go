@@ -77,6 +77,8 @@ func runTable(t *testing.T, s *Server) {
 		{name: "zero amount", method: "POST", path: dep, key: "m10", body: `{"amountCents":0}`, status: 422, code: "VALIDATION_ERROR"},
 		{name: "negative amount", method: "POST", path: dep, key: "m11", body: `{"amountCents":-5}`, status: 422, code: "VALIDATION_ERROR"},
 		{name: "missing amount", method: "POST", path: dep, key: "m12", body: `{}`, status: 422, code: "VALIDATION_ERROR"},
+		{name: "client id over 255 bytes", method: "POST", path: dep, key: "c1", client: strings.Repeat("c", 256), body: `{"amountCents":100}`, status: 400, code: "MALFORMED_REQUEST"},
+		{name: "client id of 255 bytes", method: "POST", path: "/api/accounts/" + uuid.NewString() + "/deposit", key: "c1", client: strings.Repeat("c", 255), body: `{"amountCents":100}`, status: 200, json: `{"balanceCents":100,"aggregateVersion":1}`},
 		{name: "non-UUID account", method: "POST", path: "/api/accounts/alice/deposit", key: "m13", body: `{"amountCents":1}`, status: 400, code: "MALFORMED_REQUEST"},
 		{name: "insufficient funds", method: "POST", path: wd, key: "w1", body: `{"amountCents":1000}`, status: 422, code: "INSUFFICIENT_FUNDS"},
 		{name: "insufficient funds replayed", method: "POST", path: wd, key: "w1", body: `{"amountCents":1000}`, status: 422, code: "INSUFFICIENT_FUNDS", replayed: true},
@@ -251,6 +253,7 @@ func probes(t *testing.T, s *Server) {
 		`idemkey_in_flight_total 1`,
 		`idemkey_mismatches_total `,
 		`idemkey_store_errors_total 0`,
+		`idemkey_handler_answers_total{status="200"} `,
 		`go_goroutines `,
 	} {
 		if !strings.Contains(r.Body, "\n"+want) {
