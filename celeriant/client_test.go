@@ -13,6 +13,7 @@ import (
 
 	"github.com/idemkey/idemkey/celeriant"
 	"github.com/idemkey/idemkey/celeriant/celeriantsim"
+	"github.com/idemkey/idemkey/internal/testclock"
 )
 
 // countingDial counts dials.
@@ -112,12 +113,7 @@ func TestDeadlineExceededAfterSend(t *testing.T) {
 }
 
 func TestNothingSent(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	dead := ln.Addr().String()
-	_ = ln.Close()
+	dead := deadAddr(t)
 	_, addr := startSim(t, celeriantsim.Options{})
 
 	cancelled, cancel := context.WithCancel(context.Background())
@@ -163,21 +159,16 @@ func TestNothingSent(t *testing.T) {
 
 func TestIdleConnectionsDropped(t *testing.T) {
 	_, addr := startSim(t, celeriantsim.Options{})
-	var (
-		mu  sync.Mutex
-		now = time.Unix(1_000_000, 0)
-	)
-	clock := func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
-	advance := func(d time.Duration) { mu.Lock(); now = now.Add(d); mu.Unlock() }
+	clock := testclock.New(time.Unix(1_000_000, 0))
 	dials := &countingDial{}
-	c := newClient(t, celeriant.Config{Addrs: []string{addr}, Now: clock, Dial: dials.Dial})
+	c := newClient(t, celeriant.Config{Addrs: []string{addr}, Now: clock.Now, Dial: dials.Dial})
 	ctx, key := context.Background(), freshKey()
 	client := uuid.New()
 	for i, step := range []struct {
 		advance time.Duration
 		dials   int64
 	}{{0, 1}, {0, 1}, {24 * time.Second, 1}, {25 * time.Second, 2}, {time.Second, 2}} {
-		advance(step.advance)
+		clock.Add(step.advance)
 		if _, err := c.Write(ctx, simpleWrite(key, client, uint64(i+1))); err != nil {
 			t.Fatal(err)
 		}

@@ -226,26 +226,13 @@ func TestResponseVersion(t *testing.T) {
 // TestConnectionReset: a reset after the write was sent is ErrOutcomeUnknown; for a read
 // ErrTransport.
 func TestConnectionReset(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = ln.Close() })
-	go func() {
-		for {
-			nc, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				_, _, _ = celeriant.ReadFrame(nc, nil, func(celeriant.Header) error { return nil })
-				_ = nc.(*net.TCPConn).SetLinger(0) // close with RST
-				_ = nc.Close()
-			}()
-		}
-	}()
-	c := newClient(t, celeriant.Config{Addrs: []string{ln.Addr().String()}})
-	_, err = c.Write(context.Background(), simpleWrite(freshKey(), uuid.New(), 1))
+	addr := serveConns(t, func(nc net.Conn) {
+		_, _, _ = celeriant.ReadFrame(nc, nil, func(celeriant.Header) error { return nil })
+		_ = nc.(*net.TCPConn).SetLinger(0) // close with RST
+		_ = nc.Close()
+	})
+	c := newClient(t, celeriant.Config{Addrs: []string{addr}})
+	_, err := c.Write(context.Background(), simpleWrite(freshKey(), uuid.New(), 1))
 	if !errors.Is(err, celeriant.ErrOutcomeUnknown) || errors.Is(err, celeriant.ErrNotSent) {
 		t.Fatalf("write: %v", err)
 	}
@@ -259,38 +246,26 @@ func TestConnectionReset(t *testing.T) {
 // request past its deadline (Config.RequestTimeout when the context has none): the
 // deadline is absolute, not renewed per byte.
 func TestSlowLorisServer(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
 	stop := make(chan struct{})
-	t.Cleanup(func() { close(stop); _ = ln.Close() })
-	go func() {
-		for {
-			nc, err := ln.Accept()
-			if err != nil {
+	addr := serveConns(t, func(nc net.Conn) {
+		defer nc.Close()
+		_, _, _ = celeriant.ReadFrame(nc, nil, func(celeriant.Header) error { return nil })
+		answer := celeriant.AppendHeader(nil, celeriant.Header{Version: 3, Type: celeriant.RespWrite, CompressedLength: 3, UncompressedLength: 3})
+		for _, b := range append(answer, 0x92, 0xc0, 0x01) {
+			select {
+			case <-stop:
+				return
+			case <-time.After(40 * time.Millisecond):
+			}
+			if _, err := nc.Write([]byte{b}); err != nil {
 				return
 			}
-			go func() {
-				defer nc.Close()
-				_, _, _ = celeriant.ReadFrame(nc, nil, func(celeriant.Header) error { return nil })
-				answer := celeriant.AppendHeader(nil, celeriant.Header{Version: 3, Type: celeriant.RespWrite, CompressedLength: 3, UncompressedLength: 3})
-				for _, b := range append(answer, 0x92, 0xc0, 0x01) {
-					select {
-					case <-stop:
-						return
-					case <-time.After(40 * time.Millisecond):
-					}
-					if _, err := nc.Write([]byte{b}); err != nil {
-						return
-					}
-				}
-			}()
 		}
-	}()
-	c := newClient(t, celeriant.Config{Addrs: []string{ln.Addr().String()}, RequestTimeout: 200 * time.Millisecond})
+	})
+	t.Cleanup(func() { close(stop) }) // runs before serveConns closes the listener
+	c := newClient(t, celeriant.Config{Addrs: []string{addr}, RequestTimeout: 200 * time.Millisecond})
 	start := time.Now()
-	_, err = c.Write(context.Background(), simpleWrite(freshKey(), uuid.New(), 1))
+	_, err := c.Write(context.Background(), simpleWrite(freshKey(), uuid.New(), 1))
 	if !errors.Is(err, celeriant.ErrOutcomeUnknown) || !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("err = %v", err)
 	}

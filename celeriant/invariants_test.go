@@ -3,6 +3,7 @@ package celeriant_test
 import (
 	"context"
 	"errors"
+	"net"
 	"os"
 	"testing"
 	"time"
@@ -33,6 +34,40 @@ func newClient(t testing.TB, cfg celeriant.Config) *celeriant.Client {
 	}
 	t.Cleanup(func() { _ = c.Close() })
 	return c
+}
+
+// deadAddr returns a loopback address that was free a moment ago and has no listener:
+// dialling it is refused.
+func deadAddr(t testing.TB) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	_ = ln.Close()
+	return addr
+}
+
+// serveConns listens on a free loopback port until the test ends, runs handle on its own
+// goroutine for every connection accepted, and returns the address.
+func serveConns(t testing.TB, handle func(nc net.Conn)) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = ln.Close() })
+	go func() {
+		for {
+			nc, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go handle(nc)
+		}
+	}()
+	return ln.Addr().String()
 }
 
 // stores returns the EventStores the invariant suite runs against: the simulator

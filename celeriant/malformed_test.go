@@ -73,30 +73,16 @@ func TestSimClosesOnMalformedFrames(t *testing.T) {
 // then closes the connection (nil: closes at once).
 func fakeServer(t *testing.T, answer func(req []byte) []byte) string {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = ln.Close() })
-	go func() {
-		for {
-			nc, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer nc.Close()
-				_, body, err := celeriant.ReadFrame(nc, nil, func(celeriant.Header) error { return nil })
-				if err != nil {
-					return
-				}
-				if out := answer(body); out != nil {
-					_, _ = nc.Write(out)
-				}
-			}()
+	return serveConns(t, func(nc net.Conn) {
+		defer nc.Close()
+		_, body, err := celeriant.ReadFrame(nc, nil, func(celeriant.Header) error { return nil })
+		if err != nil {
+			return
 		}
-	}()
-	return ln.Addr().String()
+		if out := answer(body); out != nil {
+			_, _ = nc.Write(out)
+		}
+	})
 }
 
 // TestClientMalformedAnswers: bad answers are errors (wrapping ErrProtocol where the bytes

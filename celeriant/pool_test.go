@@ -182,12 +182,7 @@ func TestPartialWriteNotSent(t *testing.T) {
 // addresses, where a not-leader answer names the new leader.
 func TestLeaderFailover(t *testing.T) {
 	ctx := context.Background()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	dead := ln.Addr().String()
-	_ = ln.Close()
+	dead := deadAddr(t)
 	follower, faddr := startSim(t, celeriantsim.Options{})
 	leader, laddr := startSim(t, celeriantsim.Options{})
 	c := newClient(t, celeriant.Config{Addrs: []string{faddr, laddr}})

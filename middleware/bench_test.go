@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/idemkey/idemkey/fingerprint"
+	"github.com/idemkey/idemkey/internal/testclock"
 	"github.com/idemkey/idemkey/store"
 	"github.com/idemkey/idemkey/store/memory"
 )
@@ -96,8 +97,8 @@ func BenchmarkMiddleware(b *testing.B) {
 		// about liveKeys records (its clock advances retention/liveKeys per request)
 		// and a key comes back only after its record expired.
 		const liveKeys = 4096
-		now := &fakeNow{t: time.Unix(1_700_000_000, 0)}
-		h := newBenchMiddleware(b, memory.New(memory.WithClock(now.now))).Handler(benchHandler)
+		now := testclock.New(time.Unix(1_700_000_000, 0))
+		h := newBenchMiddleware(b, memory.New(memory.WithClock(now.Now))).Handler(benchHandler)
 		br, w := newBenchReq(), &discardWriter{h: http.Header{}}
 		keys := make([]string, 2*liveKeys)
 		for i := range keys {
@@ -106,7 +107,7 @@ func BenchmarkMiddleware(b *testing.B) {
 		b.ReportAllocs()
 		i := 0
 		for b.Loop() {
-			now.add(DefaultRetention / liveKeys)
+			now.Add(DefaultRetention / liveKeys)
 			w.reset()
 			h.ServeHTTP(w, br.next(keys[i%len(keys)]))
 			i++

@@ -13,22 +13,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemkey/idemkey/internal/testclock"
 	"github.com/idemkey/idemkey/store"
 	"github.com/idemkey/idemkey/store/memory"
 )
-
-// fakeNow is the memory store's clock, moved by tests.
-type fakeNow struct {
-	mu sync.Mutex
-	t  time.Time
-}
-
-func (f *fakeNow) now() time.Time { f.mu.Lock(); defer f.mu.Unlock(); return f.t }
-func (f *fakeNow) add(d time.Duration) {
-	f.mu.Lock()
-	f.t = f.t.Add(d)
-	f.mu.Unlock()
-}
 
 // fakeClock schedules renewals that tests fire by hand.
 type fakeClock struct {
@@ -137,7 +125,7 @@ type env struct {
 	t      *testing.T
 	mem    *memory.Store
 	st     *hookStore
-	now    *fakeNow
+	now    *testclock.Clock // the memory store's clock, moved by tests
 	clk    *fakeClock
 	calls  atomic.Int32
 	mu     sync.Mutex
@@ -147,8 +135,8 @@ type env struct {
 
 func newEnv(t *testing.T, handler http.HandlerFunc, opts ...Option) *env {
 	t.Helper()
-	e := &env{t: t, now: &fakeNow{t: time.Unix(1_700_000_000, 0)}, clk: &fakeClock{}}
-	e.mem = memory.New(memory.WithClock(e.now.now))
+	e := &env{t: t, now: testclock.New(time.Unix(1_700_000_000, 0)), clk: &fakeClock{}}
+	e.mem = memory.New(memory.WithClock(e.now.Now))
 	e.st = &hookStore{Store: e.mem}
 	obs := ObserverFunc(func(_ context.Context, ev Event) {
 		e.mu.Lock()

@@ -299,7 +299,7 @@ func TestStaleHolderFinishingFirstIsNotStored(t *testing.T) {
 	done := [2]chan *httptest.ResponseRecorder{make(chan *httptest.ResponseRecorder), make(chan *httptest.ResponseRecorder)}
 	go func() { done[0] <- e.do(req("POST", "/x", "k", "b")) }()
 	<-entered
-	e.now.add(DefaultLease + time.Second) // the first holder stalls past its lease
+	e.now.Add(DefaultLease + time.Second) // the first holder stalls past its lease
 	go func() { done[1] <- e.do(req("POST", "/x", "k", "b")) }()
 	<-entered
 	close(gates[0])

@@ -382,7 +382,7 @@ func TestInFlight409(t *testing.T) {
 		{7500 * time.Millisecond, "2"}, // 2.5s left: rounded down, never past the lease
 		{2400 * time.Millisecond, "1"}, // 0.1s left: at least 1
 	} {
-		e.now.add(tt.advance)
+		e.now.Add(tt.advance)
 		w := e.do(req("POST", "/slow", "k", "s"))
 		checkProblem(t, w, http.StatusConflict, CodeInFlight)
 		if got := w.Header().Get("Retry-After"); got != tt.want {
@@ -493,7 +493,7 @@ func TestTakeoverAfterLeaseExpiry(t *testing.T) {
 	e := newEnv(t, echoHandler)
 	stale := e.claimAsDeadHolder("POST", "/x", "b", "k")
 	checkProblem(t, e.do(req("POST", "/x", "k", "b")), http.StatusConflict, CodeInFlight)
-	e.now.add(DefaultLease + time.Millisecond)
+	e.now.Add(DefaultLease + time.Millisecond)
 	w := e.do(req("POST", "/x", "k", "b"))
 	if w.Code != http.StatusCreated || e.calls.Load() != 1 {
 		t.Fatalf("takeover: %d calls %d", w.Code, e.calls.Load())
@@ -533,7 +533,7 @@ func TestStaleHolderCompletionRefused(t *testing.T) {
 	done := make(chan *httptest.ResponseRecorder)
 	go func() { done <- e.do(req("POST", "/x", "k", "b")) }()
 	<-entered
-	e.now.add(DefaultLease + time.Second)
+	e.now.Add(DefaultLease + time.Second)
 	if w := e.do(req("POST", "/x", "k", "b")); w.Body.String() != "fresh" {
 		t.Fatalf("takeover answered %q", w.Body)
 	}
@@ -774,7 +774,7 @@ func TestLeaseRenewal(t *testing.T) {
 		t.Fatalf("armed %d timers of %v, want 1 of 3s", n, d)
 	}
 	for i := range 3 {
-		e.now.add(3 * time.Second)
+		e.now.Add(3 * time.Second)
 		if e.clk.fire() != 1 {
 			t.Fatal("renewal not re-armed")
 		}
@@ -810,7 +810,7 @@ func TestRenewalStopsOnLeaseLost(t *testing.T) {
 	go e.do(req("POST", "/x", "k", "first"))
 	<-entered
 	// Another process takes the key over after the lease expires.
-	e.now.add(DefaultLease + time.Second)
+	e.now.Add(DefaultLease + time.Second)
 	fp, _ := fingerprint.Sum(fingerprint.Request{Method: "POST", Route: "/x", Body: []byte("first")}, fingerprint.Options{})
 	res, err := e.mem.Claim(context.Background(), store.ClaimRequest{ID: store.ID{Scope: "anonymous", Key: "k"},
 		Fingerprint: fp, Lease: DefaultLease, Retention: DefaultRetention})

@@ -3,7 +3,6 @@ package celeriantsim_test
 import (
 	"context"
 	"errors"
-	"sync"
 	"testing"
 	"time"
 
@@ -11,32 +10,20 @@ import (
 
 	"github.com/idemkey/idemkey/celeriant"
 	"github.com/idemkey/idemkey/celeriant/celeriantsim"
+	"github.com/idemkey/idemkey/internal/testclock"
 )
-
-// fakeClock is the injectable server clock.
-type fakeClock struct {
-	mu  sync.Mutex
-	now time.Time
-}
-
-func (c *fakeClock) Now() time.Time { c.mu.Lock(); defer c.mu.Unlock(); return c.now }
-func (c *fakeClock) Add(d time.Duration) {
-	c.mu.Lock()
-	c.now = c.now.Add(d)
-	c.mu.Unlock()
-}
 
 type env struct {
 	sim   *celeriantsim.Sim
 	store celeriant.EventStore
-	clock *fakeClock
+	clock *testclock.Clock // the injectable server clock
 }
 
 // modes runs fn against the simulator in-process and through the TCP client.
 func modes(t *testing.T, opts celeriantsim.Options, fn func(t *testing.T, e env)) {
 	for _, mode := range []string{"inprocess", "tcp"} {
 		t.Run(mode, func(t *testing.T) {
-			clock := &fakeClock{now: time.UnixMilli(1_700_000_000_000)}
+			clock := testclock.New(time.UnixMilli(1_700_000_000_000))
 			o := opts
 			o.Now = clock.Now
 			sim := celeriantsim.New(o)
@@ -59,7 +46,7 @@ func modes(t *testing.T, opts celeriantsim.Options, fn func(t *testing.T, e env)
 	}
 }
 
-func e(sim *celeriantsim.Sim, store celeriant.EventStore, clock *fakeClock) env {
+func e(sim *celeriantsim.Sim, store celeriant.EventStore, clock *testclock.Clock) env {
 	return env{sim: sim, store: store, clock: clock}
 }
 

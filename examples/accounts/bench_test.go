@@ -8,6 +8,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/idemkey/idemkey/celeriant/celeriantsim"
+	"github.com/idemkey/idemkey/internal/testclock"
 )
 
 // countingStore counts event-store round trips.
@@ -22,7 +23,7 @@ func (e *env) roundTrips() roundTrips {
 // replica costs one read (catch-up) and one write; a retry answered by the index costs
 // none; a retry on the other replica costs one read.
 func TestRoundTrips(t *testing.T) {
-	forEachKind(t, func(t *testing.T, mk func(*testing.T, *fakeClock, time.Duration) Projection) {
+	forEachKind(t, func(t *testing.T, mk func(*testing.T, *testclock.Clock, time.Duration) Projection) {
 		ctx := context.Background()
 		e := newEnv(t, mk)
 		podA, podB := e.pod(0), e.pod(0)

@@ -11,11 +11,12 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/idemkey/idemkey/celeriant"
+	"github.com/idemkey/idemkey/internal/testclock"
 )
 
 // setup returns an env with replica pod_a and an account holding one deposit of 100 at
 // version 1, ClientSeq 1.
-func setup(t *testing.T, mk func(*testing.T, *fakeClock, time.Duration) Projection, name string, opts ...Option) (*env, *pod, uuid.UUID) {
+func setup(t *testing.T, mk func(*testing.T, *testclock.Clock, time.Duration) Projection, name string, opts ...Option) (*env, *pod, uuid.UUID) {
 	t.Helper()
 	e := newEnv(t, mk)
 	podA := e.pod(0, opts...)
@@ -67,7 +68,7 @@ func (failRecord) recordWrite(context.Context, uuid.UUID, uuid.UUID, Result, uin
 // simulator's fault injection, for both projections.
 func TestFaults(t *testing.T) {
 	ctx := context.Background()
-	forEachKind(t, func(t *testing.T, mk func(*testing.T, *fakeClock, time.Duration) Projection) {
+	forEachKind(t, func(t *testing.T, mk func(*testing.T, *testclock.Clock, time.Duration) Projection) {
 		// (a) The write commits, the answer is lost; by the retry the event has left the
 		// window (a foreign writer's batch 91 s later is the tip), so catch-up advances the
 		// version without an index hit. The held seq with the fresh version gets 2002, the
@@ -80,7 +81,7 @@ func TestFaults(t *testing.T) {
 				e.sim.LoseNextWriteAnswer()
 				podA.store.afterWrite = func(n int, err error) {
 					if n == 2 {
-						e.clock.Advance(DefaultWindow + time.Second)
+						e.clock.Add(DefaultWindow + time.Second)
 						e.foreignWrite(acct)
 						if trimmed { // the ownership read from 1 gets 1000 and re-reads from 2
 							if err := e.sim.Trim(Key(acct), 2); err != nil {
@@ -234,7 +235,7 @@ func TestFaults(t *testing.T) {
 			if r, err := podA.Deposit(ctx, acct, 50, x); err != nil || r != (Result{150, 2}) {
 				t.Fatalf("deposit: %+v, %v", r, err)
 			}
-			e.clock.Advance(DefaultWindow + time.Second)
+			e.clock.Add(DefaultWindow + time.Second)
 			expireIndex(t, podA.proj)
 			if r, err := podA.Deposit(ctx, acct, 50, x); err != nil || r != (Result{200, 3}) {
 				t.Fatalf("late retry: %+v, %v; want a new write {200, 3}", r, err)
@@ -279,7 +280,7 @@ func TestFaults(t *testing.T) {
 			e.sim.LoseNextWriteAnswer()
 			podA.store.afterWrite = func(n int, err error) {
 				if n == 2 { // the transfer landed; push it out of the window on both legs
-					e.clock.Advance(DefaultWindow + time.Second)
+					e.clock.Add(DefaultWindow + time.Second)
 					e.foreignWrite(from)
 					e.foreignWrite(to)
 				}

@@ -16,29 +16,13 @@ import (
 
 	"github.com/idemkey/idemkey/celeriant"
 	"github.com/idemkey/idemkey/celeriant/celeriantsim"
+	"github.com/idemkey/idemkey/internal/testclock"
 )
 
-// fakeClock is a settable clock shared by the simulator (server timestamps) and the memory
-// projections (index lifetimes).
-type fakeClock struct {
-	mu sync.Mutex
-	t  time.Time
-}
-
-func newFakeClock() *fakeClock {
-	return &fakeClock{t: time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC)}
-}
-
-func (c *fakeClock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.t
-}
-
-func (c *fakeClock) Advance(d time.Duration) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.t = c.t.Add(d)
+// newFakeClock returns a settable clock shared by the simulator (server timestamps) and
+// the memory projections (index lifetimes).
+func newFakeClock() *testclock.Clock {
+	return testclock.New(time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC))
 }
 
 // sleepRecorder replaces the backoff sleep: it records the durations and returns at once.
@@ -123,7 +107,7 @@ func randomPrefix() string {
 }
 
 // newPGProjections returns a factory of Postgres projections sharing fresh tables.
-func newPGProjections(t testing.TB) func(t testing.TB, clock *fakeClock, window time.Duration) Projection {
+func newPGProjections(t testing.TB) func(t testing.TB, clock *testclock.Clock, window time.Duration) Projection {
 	t.Helper()
 	pool := pgPool(t)
 	prefix := randomPrefix()
@@ -141,7 +125,7 @@ func newPGProjections(t testing.TB) func(t testing.TB, clock *fakeClock, window 
 			t.Errorf("dropping test tables: %v", err)
 		}
 	})
-	return func(t testing.TB, _ *fakeClock, window time.Duration) Projection {
+	return func(t testing.TB, _ *testclock.Clock, window time.Duration) Projection {
 		p, err := NewPostgresProjection(pool, WithTablePrefix(prefix), WithPostgresWindow(window))
 		if err != nil {
 			t.Fatal(err)
@@ -151,27 +135,27 @@ func newPGProjections(t testing.TB) func(t testing.TB, clock *fakeClock, window 
 }
 
 // forEachKind runs f once per projection backend.
-func forEachKind(t *testing.T, f func(t *testing.T, mk func(t *testing.T, clock *fakeClock, window time.Duration) Projection)) {
+func forEachKind(t *testing.T, f func(t *testing.T, mk func(t *testing.T, clock *testclock.Clock, window time.Duration) Projection)) {
 	t.Run("memory", func(t *testing.T) {
-		f(t, func(t *testing.T, clock *fakeClock, window time.Duration) Projection {
+		f(t, func(t *testing.T, clock *testclock.Clock, window time.Duration) Projection {
 			return NewMemoryProjection(WithMemoryClock(clock.Now), WithMemoryWindow(window))
 		})
 	})
 	t.Run("postgres", func(t *testing.T) {
 		mk := newPGProjections(t)
-		f(t, func(t *testing.T, c *fakeClock, w time.Duration) Projection { return mk(t, c, w) })
+		f(t, func(t *testing.T, c *testclock.Clock, w time.Duration) Projection { return mk(t, c, w) })
 	})
 }
 
 // env is a test fixture: one simulated log and its clock.
 type env struct {
 	t     *testing.T
-	clock *fakeClock
+	clock *testclock.Clock
 	sim   *celeriantsim.Sim
-	mk    func(t *testing.T, clock *fakeClock, window time.Duration) Projection
+	mk    func(t *testing.T, clock *testclock.Clock, window time.Duration) Projection
 }
 
-func newEnv(t *testing.T, mk func(t *testing.T, clock *fakeClock, window time.Duration) Projection) *env {
+func newEnv(t *testing.T, mk func(t *testing.T, clock *testclock.Clock, window time.Duration) Projection) *env {
 	clock := newFakeClock()
 	return &env{t: t, clock: clock, sim: celeriantsim.New(celeriantsim.Options{Now: clock.Now, PageBatches: 3}), mk: mk}
 }

@@ -4,6 +4,8 @@ import (
 	"context"
 	"testing"
 	"time"
+
+	"github.com/idemkey/idemkey/internal/testclock"
 )
 
 // TestMemoryIndexBounded: a single replica's own writes keep its cursor current, so its
@@ -11,7 +13,7 @@ import (
 // per write forever, and must keep every entry inside the window.
 func TestMemoryIndexBounded(t *testing.T) {
 	ctx := context.Background()
-	e := newEnv(t, func(t *testing.T, c *fakeClock, w time.Duration) Projection {
+	e := newEnv(t, func(t *testing.T, c *testclock.Clock, w time.Duration) Projection {
 		return NewMemoryProjection(WithMemoryClock(c.Now), WithMemoryWindow(w))
 	})
 	p := e.pod(0)
@@ -21,7 +23,7 @@ func TestMemoryIndexBounded(t *testing.T) {
 		if _, err := p.Deposit(ctx, acct, 1, eid("memory-bounded", i)); err != nil {
 			t.Fatal(err)
 		}
-		e.clock.Advance(time.Second)
+		e.clock.Add(time.Second)
 	}
 	mp := p.proj.(*MemoryProjection)
 	mp.mu.Lock()
@@ -47,7 +49,7 @@ func TestMemoryIndexBounded(t *testing.T) {
 func TestPostgresIndexSwept(t *testing.T) {
 	ctx := context.Background()
 	mk := newPGProjections(t)
-	e := newEnv(t, func(t *testing.T, c *fakeClock, _ time.Duration) Projection {
+	e := newEnv(t, func(t *testing.T, c *testclock.Clock, _ time.Duration) Projection {
 		return mk(t, c, time.Millisecond) // rows expire 1 ms after their write, on the database clock
 	})
 	p := e.pod(0)

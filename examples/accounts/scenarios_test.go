@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+
+	"github.com/idemkey/idemkey/internal/testclock"
 )
 
 // barrier releases its waiters once n have arrived (or fails the test after 5 s).
@@ -39,7 +41,7 @@ func (b *barrier) wait(t *testing.T) {
 // The server clock advances 5 s between scenarios (40 s in all, inside the 90 s window),
 // so index lifetimes measured against the wrong clock would show.
 func TestReferenceScenarios(t *testing.T) {
-	forEachKind(t, func(t *testing.T, mk func(*testing.T, *fakeClock, time.Duration) Projection) {
+	forEachKind(t, func(t *testing.T, mk func(*testing.T, *testclock.Clock, time.Duration) Projection) {
 		e := newEnv(t, mk)
 		podA, podB := e.pod(0), e.pod(0)
 		ctx := context.Background()
@@ -73,13 +75,13 @@ func TestReferenceScenarios(t *testing.T) {
 		r, err := podA.Deposit(ctx, acct, 100, eid(label, 1))
 		want("1 deposit", r, err, 100, 1)
 		count("1", acct, 1)
-		e.clock.Advance(5 * time.Second)
+		e.clock.Add(5 * time.Second)
 
 		// 2: same-replica retry after a lost response: served by the index.
 		r, err = podA.Deposit(ctx, acct, 100, eid(label, 1))
 		want("2 retry", r, err, 100, 1)
 		count("2", acct, 1)
-		e.clock.Advance(5 * time.Second)
+		e.clock.Add(5 * time.Second)
 
 		// 3: cross-replica retry.
 		r, err = podA.Deposit(ctx, acct, 50, eid(label, 2))
@@ -87,7 +89,7 @@ func TestReferenceScenarios(t *testing.T) {
 		r, err = podB.Deposit(ctx, acct, 50, eid(label, 2))
 		want("3 pod_b retry", r, err, 150, 2)
 		count("3", acct, 2)
-		e.clock.Advance(5 * time.Second)
+		e.clock.Add(5 * time.Second)
 
 		// 4: concurrent duplicate: both replicas derive seq 3 at version 2 (the barrier
 		// holds each one's first write until both caught up); one lands, the other bounces
@@ -121,7 +123,7 @@ func TestReferenceScenarios(t *testing.T) {
 		want("4 pod_b", rb, eb, 175, 3)
 		count("4", acct, 3)
 		once("4", acct, eid(label, 3))
-		e.clock.Advance(5 * time.Second)
+		e.clock.Add(5 * time.Second)
 
 		// 5: concurrent siblings with the same derived seq: the loser re-derives.
 		ra, rb, ea, eb = race(
@@ -138,7 +140,7 @@ func TestReferenceScenarios(t *testing.T) {
 		}
 		count("5", acct, 5)
 		once("5", acct, eid(label, 4), eid(label, 5))
-		e.clock.Advance(5 * time.Second)
+		e.clock.Add(5 * time.Second)
 
 		// 6: business-rule failure, nothing appended.
 		_, err = podA.Withdraw(ctx, acct, 100000, eid(label, 6))
@@ -147,7 +149,7 @@ func TestReferenceScenarios(t *testing.T) {
 			t.Fatalf("6: got %v, want InsufficientFunds with balance 205", err)
 		}
 		count("6", acct, 5)
-		e.clock.Advance(5 * time.Second)
+		e.clock.Add(5 * time.Second)
 
 		// 7: cross-replica transfer retry.
 		tr, err := podA.Transfer(ctx, acct, acct2, 105, eid(label, 7))
@@ -163,14 +165,14 @@ func TestReferenceScenarios(t *testing.T) {
 		count("7", acct2, 1)
 		once("7", acct, eid(label, 7))
 		once("7", acct2, eid(label, 7))
-		e.clock.Advance(5 * time.Second)
+		e.clock.Add(5 * time.Second)
 
 		// 8: late retry after cross-replica folds (the index-lifetime regression).
 		r, err = podB.Deposit(ctx, acct, 7, eid(label, 8))
 		want("8 pod_b", r, err, 107, 7)
 		r, err = podA.Deposit(ctx, acct, 9, eid(label, 9))
 		want("8 pod_a folds pod_b", r, err, 116, 8)
-		e.clock.Advance(5 * time.Second)
+		e.clock.Add(5 * time.Second)
 		r, err = podA.Deposit(ctx, acct, 100, eid(label, 1))
 		want("8 late retry of eid1", r, err, 100, 1)
 		count("8", acct, 8)

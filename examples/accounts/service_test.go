@@ -12,6 +12,7 @@ import (
 
 	"github.com/idemkey/idemkey/celeriant"
 	"github.com/idemkey/idemkey/celeriant/celeriantsim"
+	"github.com/idemkey/idemkey/internal/testclock"
 )
 
 func TestIDs(t *testing.T) {
@@ -132,7 +133,7 @@ func TestNewRejectsMissingParts(t *testing.T) {
 
 func TestValidation(t *testing.T) {
 	ctx := context.Background()
-	e := newEnv(t, func(*testing.T, *fakeClock, time.Duration) Projection { return NewMemoryProjection() })
+	e := newEnv(t, func(*testing.T, *testclock.Clock, time.Duration) Projection { return NewMemoryProjection() })
 	p := e.pod(0)
 	acct := acctID("validation")
 	for _, amount := range []int32{0, -5} {
@@ -191,7 +192,7 @@ func TestErrorMapping(t *testing.T) {
 		{"serialise 2004", func(s *celeriantsim.Sim) { s.InjectWriteError(celeriant.CodeWriteSerialiseDatablocks, "{}") }, nil},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			e := newEnv(t, func(*testing.T, *fakeClock, time.Duration) Projection { return NewMemoryProjection() })
+			e := newEnv(t, func(*testing.T, *testclock.Clock, time.Duration) Projection { return NewMemoryProjection() })
 			p := e.pod(0)
 			tc.inject(e.sim)
 			_, err := p.Deposit(ctx, acctID("mapping"), 5, uuid.Nil)
@@ -213,7 +214,7 @@ func TestErrorMapping(t *testing.T) {
 // TestReplicationErrorHolds: 2007 is an ambiguous outcome; the loop holds the seq, and the
 // retry finds the committed write (here: it did not commit, so the retry lands it).
 func TestReplicationErrorHolds(t *testing.T) {
-	e := newEnv(t, func(*testing.T, *fakeClock, time.Duration) Projection { return NewMemoryProjection() })
+	e := newEnv(t, func(*testing.T, *testclock.Clock, time.Duration) Projection { return NewMemoryProjection() })
 	p := e.pod(0)
 	e.sim.InjectWriteError(celeriant.CodeWriteReplicationError, "{}")
 	acct := acctID("2007")
@@ -226,7 +227,7 @@ func TestReplicationErrorHolds(t *testing.T) {
 }
 
 func TestConfigurableRetries(t *testing.T) {
-	e := newEnv(t, func(*testing.T, *fakeClock, time.Duration) Projection { return NewMemoryProjection() })
+	e := newEnv(t, func(*testing.T, *testclock.Clock, time.Duration) Projection { return NewMemoryProjection() })
 	p := e.pod(0, WithMaxRetries(5), WithBackoff(10*time.Millisecond, 0))
 	for range 5 {
 		e.sim.ForceConflict()
@@ -251,7 +252,7 @@ func TestConfigurableRetries(t *testing.T) {
 
 // TestCancelledBackoff: the default sleep honours the context.
 func TestCancelledBackoff(t *testing.T) {
-	e := newEnv(t, func(*testing.T, *fakeClock, time.Duration) Projection { return NewMemoryProjection() })
+	e := newEnv(t, func(*testing.T, *testclock.Clock, time.Duration) Projection { return NewMemoryProjection() })
 	wrote := make(chan struct{})
 	store := &hookStore{EventStore: e.sim, afterWrite: func(int, error) { close(wrote) }}
 	svc, err := New(store, NewMemoryProjection(), WithBackoff(time.Hour, 0))
@@ -270,7 +271,7 @@ func TestCancelledBackoff(t *testing.T) {
 }
 
 func TestSeed(t *testing.T) {
-	forEachKind(t, func(t *testing.T, mk func(*testing.T, *fakeClock, time.Duration) Projection) {
+	forEachKind(t, func(t *testing.T, mk func(*testing.T, *testclock.Clock, time.Duration) Projection) {
 		e := newEnv(t, mk)
 		pods := []*pod{e.pod(0), e.pod(0), e.pod(0)}
 		var wg sync.WaitGroup
@@ -315,7 +316,7 @@ func TestSeed(t *testing.T) {
 // catch-up and a history read over a trimmed range re-read from the minimum available
 // version instead of failing.
 func TestTrimmed(t *testing.T) {
-	forEachKind(t, func(t *testing.T, mk func(*testing.T, *fakeClock, time.Duration) Projection) {
+	forEachKind(t, func(t *testing.T, mk func(*testing.T, *testclock.Clock, time.Duration) Projection) {
 		ctx := context.Background()
 		e := newEnv(t, mk)
 		podA := e.pod(0)
@@ -346,7 +347,7 @@ func TestTrimmed(t *testing.T) {
 }
 
 func TestBalanceAndHistory(t *testing.T) {
-	forEachKind(t, func(t *testing.T, mk func(*testing.T, *fakeClock, time.Duration) Projection) {
+	forEachKind(t, func(t *testing.T, mk func(*testing.T, *testclock.Clock, time.Duration) Projection) {
 		ctx := context.Background()
 		e := newEnv(t, mk)
 		podA, podB := e.pod(0), e.pod(0)

@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+
+	"github.com/idemkey/idemkey/internal/testclock"
 )
 
 // TestStorm races many requests over two replicas on one account: the same request sent
@@ -15,7 +17,7 @@ import (
 // each land at most once, every success is in the log exactly once, every refusal is a
 // 409 with nothing written, and the balance is the sum of the successes.
 func TestStorm(t *testing.T) {
-	forEachKind(t, func(t *testing.T, mk func(*testing.T, *fakeClock, time.Duration) Projection) {
+	forEachKind(t, func(t *testing.T, mk func(*testing.T, *testclock.Clock, time.Duration) Projection) {
 		ctx := context.Background()
 		e := newEnv(t, mk)
 		pods := []*pod{e.pod(0), e.pod(0)}

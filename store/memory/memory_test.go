@@ -3,39 +3,22 @@ package memory_test
 import (
 	"context"
 	"fmt"
-	"sync"
 	"testing"
 	"time"
 
+	"github.com/idemkey/idemkey/internal/testclock"
 	"github.com/idemkey/idemkey/store"
 	"github.com/idemkey/idemkey/store/memory"
 	"github.com/idemkey/idemkey/store/storetest"
 )
 
-// fakeClock is a manual clock; Advance is the suite's Wait.
-type fakeClock struct {
-	mu  sync.Mutex
-	now time.Time
-}
-
-func newFakeClock() *fakeClock { return &fakeClock{now: time.Unix(1_700_000_000, 0)} }
-
-func (c *fakeClock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.now
-}
-
-func (c *fakeClock) Advance(d time.Duration) {
-	c.mu.Lock()
-	c.now = c.now.Add(d)
-	c.mu.Unlock()
-}
+// newFakeClock returns a manual clock; its Add is the suite's Wait.
+func newFakeClock() *testclock.Clock { return testclock.New(time.Unix(1_700_000_000, 0)) }
 
 func TestConformance(t *testing.T) {
 	storetest.Run(t, func(t *testing.T) storetest.Subject {
 		c := newFakeClock()
-		return storetest.Subject{Store: memory.New(memory.WithClock(c.Now)), Wait: c.Advance}
+		return storetest.Subject{Store: memory.New(memory.WithClock(c.Now)), Wait: c.Add}
 	})
 }
 
@@ -71,7 +54,7 @@ func TestSweepBoundsMemory(t *testing.T) {
 	if n := s.Len(); n != 1001 {
 		t.Fatalf("Len %d, want 1001", n)
 	}
-	c.Advance(2 * time.Minute)
+	c.Add(2 * time.Minute)
 	// Writes to every shard sweep it.
 	for i := range 64 {
 		claim(fmt.Sprint("new-", i), time.Minute)
@@ -147,7 +130,7 @@ func BenchmarkClaimCompleteSteady(b *testing.B) {
 	b.ReportAllocs()
 	i := 0
 	for b.Loop() {
-		c.Advance(24 * time.Hour / liveKeys)
+		c.Add(24 * time.Hour / liveKeys)
 		id := store.ID{Scope: "tenant-1", Key: keys[i%len(keys)]}
 		i++
 		res, err := s.Claim(ctx, store.ClaimRequest{ID: id, Lease: 10 * time.Second, Retention: 24 * time.Hour})

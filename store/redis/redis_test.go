@@ -215,30 +215,13 @@ func TestNoScriptFallback(t *testing.T) {
 	}
 }
 
-// countHook counts commands sent through a go-redis client.
-type countHook struct{ n atomic.Int64 }
-
-func (h *countHook) DialHook(next goredis.DialHook) goredis.DialHook { return next }
-func (h *countHook) ProcessHook(next goredis.ProcessHook) goredis.ProcessHook {
-	return func(ctx context.Context, cmd goredis.Cmder) error {
-		h.n.Add(1)
-		return next(ctx, cmd)
-	}
-}
-func (h *countHook) ProcessPipelineHook(next goredis.ProcessPipelineHook) goredis.ProcessPipelineHook {
-	return func(ctx context.Context, cmds []goredis.Cmder) error {
-		h.n.Add(int64(len(cmds)))
-		return next(ctx, cmds)
-	}
-}
-
 // TestOneRoundTripPerTransition counts commands: each transition, including a
 // refused claim that returns the record, is exactly one.
 func TestOneRoundTripPerTransition(t *testing.T) {
 	shared := redistest.Shared(t)
 	c := goredis.NewClient(shared.Options())
 	t.Cleanup(func() { _ = c.Close() })
-	hook := &countHook{}
+	hook := &redistest.CommandCounter{}
 	c.AddHook(hook)
 	ctx := t.Context()
 	s := redis.New(c, redis.WithPrefix(redistest.Prefix(t, shared)))
@@ -275,11 +258,11 @@ func TestOneRoundTripPerTransition(t *testing.T) {
 		}},
 	}
 	for _, st := range steps {
-		before := hook.n.Load()
+		before := hook.Count()
 		if err := st.do(); err != nil {
 			t.Fatalf("%s: %v", st.name, err)
 		}
-		if n := hook.n.Load() - before; n != 1 {
+		if n := hook.Count() - before; n != 1 {
 			t.Errorf("%s: %d round trips, want 1", st.name, n)
 		}
 	}

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemkey/idemkey/internal/testclock"
 	"github.com/idemkey/idemkey/store"
 	"github.com/idemkey/idemkey/store/memory"
 	"github.com/idemkey/idemkey/store/storetest"
@@ -167,18 +168,6 @@ func (m *mutant) Renew(ctx context.Context, id store.ID, tok store.Token, lease 
 	return m.Store.Renew(ctx, id, tok, lease)
 }
 
-type fakeClock struct {
-	mu  sync.Mutex
-	now time.Time
-}
-
-func (c *fakeClock) Now() time.Time { c.mu.Lock(); defer c.mu.Unlock(); return c.now }
-func (c *fakeClock) Advance(d time.Duration) {
-	c.mu.Lock()
-	c.now = c.now.Add(d)
-	c.mu.Unlock()
-}
-
 // TestMutantSubject runs the suite against the mutant named by STORETEST_MUTANT;
 // it only runs as the child process of TestSuiteCatchesMutants.
 func TestMutantSubject(t *testing.T) {
@@ -187,10 +176,10 @@ func TestMutantSubject(t *testing.T) {
 		t.Skip("child process of TestSuiteCatchesMutants")
 	}
 	storetest.Run(t, func(t *testing.T) storetest.Subject {
-		c := &fakeClock{now: time.Unix(1_700_000_000, 0)}
+		c := testclock.New(time.Unix(1_700_000_000, 0))
 		m := &mutant{Store: memory.New(memory.WithClock(c.Now)), kind: kind,
 			tokens: map[store.ID]store.Token{}, fps: map[store.ID]store.Fingerprint{}, kept: map[store.ID]*store.Record{}}
-		return storetest.Subject{Store: m, Wait: c.Advance}
+		return storetest.Subject{Store: m, Wait: c.Add}
 	})
 }
 

@@ -113,23 +113,6 @@ func (p *probe) Renew(ctx context.Context, id store.ID, tok store.Token, lease t
 	return p.Store.Renew(ctx, id, tok, lease)
 }
 
-// countHook counts commands sent through a go-redis client.
-type countHook struct{ n atomic.Int64 }
-
-func (h *countHook) DialHook(next goredis.DialHook) goredis.DialHook { return next }
-func (h *countHook) ProcessHook(next goredis.ProcessHook) goredis.ProcessHook {
-	return func(ctx context.Context, cmd goredis.Cmder) error {
-		h.n.Add(1)
-		return next(ctx, cmd)
-	}
-}
-func (h *countHook) ProcessPipelineHook(next goredis.ProcessPipelineHook) goredis.ProcessPipelineHook {
-	return func(ctx context.Context, cmds []goredis.Cmder) error {
-		h.n.Add(int64(len(cmds)))
-		return next(ctx, cmds)
-	}
-}
-
 // faultClient is a client for a private server that fails fast when it is down.
 func faultClient(t testing.TB, addr string) *goredis.Client {
 	t.Helper()

@@ -2,12 +2,12 @@ package tiered_test
 
 import (
 	"errors"
-	"sync"
 	"testing"
 	"time"
 
 	goredis "github.com/redis/go-redis/v9"
 
+	"github.com/idemkey/idemkey/internal/testclock"
 	"github.com/idemkey/idemkey/store"
 	"github.com/idemkey/idemkey/store/memory"
 	"github.com/idemkey/idemkey/store/redis"
@@ -43,7 +43,7 @@ func TestRoundTrips(t *testing.T) {
 	shared := redistest.Shared(t)
 	c := goredis.NewClient(shared.Options())
 	t.Cleanup(func() { _ = c.Close() })
-	hook := &countHook{}
+	hook := &redistest.CommandCounter{}
 	c.AddHook(hook)
 	back := &probe{Store: anyBackstop(t)}
 	fast := redis.New(c, redis.WithPrefix(redistest.Prefix(t, shared)))
@@ -94,7 +94,7 @@ func TestRoundTrips(t *testing.T) {
 		}, store.Mismatch, 1, 0},
 	}
 	for _, st := range steps {
-		r0, b0 := hook.n.Load(), back.calls.Load()
+		r0, b0 := hook.Count(), back.calls.Load()
 		got, err := st.do()
 		if err != nil {
 			t.Fatalf("%s: %v", st.name, err)
@@ -102,7 +102,7 @@ func TestRoundTrips(t *testing.T) {
 		if got != st.want {
 			t.Errorf("%s: outcome %v, want %v", st.name, got, st.want)
 		}
-		if n := hook.n.Load() - r0; n != st.redis {
+		if n := hook.Count() - r0; n != st.redis {
 			t.Errorf("%s: %d Redis round trips, want %d", st.name, n, st.redis)
 		}
 		if n := back.calls.Load() - b0; n != st.backst {
@@ -163,30 +163,12 @@ func TestCorruptCacheFallsBack(t *testing.T) {
 	}
 }
 
-// fakeClock is the memory backstop's clock in tests without servers.
-type fakeClock struct {
-	mu  sync.Mutex
-	now time.Time
-}
-
-func (c *fakeClock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.now
-}
-
-func (c *fakeClock) Advance(d time.Duration) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.now = c.now.Add(d)
-}
-
 // TestWithoutFastPath: a nil Redis store leaves the backstop alone, which still
 // passes the suite; a nil backstop is an error, not a panic.
 func TestWithoutFastPath(t *testing.T) {
 	storetest.Run(t, func(t *testing.T) storetest.Subject {
-		clk := &fakeClock{now: time.Unix(1_700_000_000, 0)}
-		return storetest.Subject{Store: tiered.New(nil, memory.New(memory.WithClock(clk.Now))), Wait: clk.Advance}
+		clk := testclock.New(time.Unix(1_700_000_000, 0)) // the memory backstop's clock
+		return storetest.Subject{Store: tiered.New(nil, memory.New(memory.WithClock(clk.Now))), Wait: clk.Add}
 	})
 	s := tiered.New(nil, nil)
 	_, err := s.Claim(t.Context(), store.ClaimRequest{ID: store.ID{Key: "k"}, Lease: time.Second, Retention: time.Second})
