@@ -241,8 +241,10 @@ func (a *App) Readyz(w http.ResponseWriter, r *http.Request) {
 		err := c.fn(ctx)
 		cancel()
 		if err != nil {
+			// The cause (addresses, database user) goes to the log, not to whoever
+			// can reach the probe.
 			out.Status = "unavailable"
-			out.Checks[c.name] = err.Error()
+			out.Checks[c.name] = "unavailable"
 			a.Logger.WarnContext(r.Context(), "readiness check failed", "check", c.name, "err", err)
 			continue
 		}

@@ -306,8 +306,11 @@ func celeriantDown(t *testing.T, mount accountsapp.Mount) {
 		t.Fatal(err)
 	}
 	r := Do(t, "GET", s.URL+"/readyz", "", "", "")
-	if r.Status != 503 || !strings.Contains(r.Body, `"status":"unavailable"`) || strings.Contains(r.Body, `"celeriant":"ok"`) {
+	if r.Status != 503 || !strings.Contains(r.Body, `"status":"unavailable"`) || !strings.Contains(r.Body, `"celeriant":"unavailable"`) {
 		t.Errorf("readyz with Celeriant down: %d %s", r.Status, r.Body)
+	}
+	if strings.Contains(r.Body, "celeriant:") || strings.Contains(r.Body, "127.0.0.1") {
+		t.Errorf("readyz shows the failure's cause to the caller: %s", r.Body)
 	}
 	r = Do(t, "POST", s.URL+"/api/accounts/"+uuid.NewString()+"/deposit", "down", "", `{"amountCents":1}`)
 	if code, _ := problemCode(t, r); r.Status != 503 || code != "SERVICE_UNAVAILABLE" {
