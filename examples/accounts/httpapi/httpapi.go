@@ -440,9 +440,9 @@ func (h *Handler) fail(w http.ResponseWriter, r *http.Request, err error) {
 		h.log.InfoContext(r.Context(), "accounts: write gave up", "path", r.URL.Path, "err", err)
 		writeProblem(w, problem{Status: http.StatusConflict, Code: "CONFLICT", Detail: "Account was modified concurrently. Please retry."})
 	case errors.Is(err, accounts.ErrUnavailable):
-		h.log.WarnContext(r.Context(), "accounts: event store unavailable", "path", r.URL.Path, "err", err)
+		h.log.WarnContext(r.Context(), "accounts: event store or projection unavailable", "path", r.URL.Path, "err", err)
 		w.Header().Set("Retry-After", "1")
-		writeProblem(w, problem{Status: http.StatusServiceUnavailable, Code: "SERVICE_UNAVAILABLE", Detail: "Celeriant server unreachable."})
+		writeProblem(w, problem{Status: http.StatusServiceUnavailable, Code: "SERVICE_UNAVAILABLE", Detail: "The event store or the projection database is unreachable; retry later."})
 	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
 		// The request's context ended (client gone or server timeout) mid-loop. The
 		// outcome may be unknown; a retry with the same key resolves it.
