@@ -9,7 +9,8 @@
 //	method not protected                      pass through, key ignored
 //	key missing, required (default)           400 idempotency_key_missing
 //	key missing, optional                     pass through, nothing stored
-//	key invalid or several header lines       400 idempotency_key_invalid
+//	key invalid or several header lines,      400 idempotency_key_invalid
+//	  or refused by the store (ErrInvalid)
 //	request body over the limit (1 MiB)       413 request_too_large
 //	new key, or expired lease (takeover)      run the handler once, store the response
 //	same key and fingerprint, completed       replay status, headers, exact body bytes
@@ -290,6 +291,14 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	if err == nil && (res.Outcome < store.Claimed || res.Outcome > store.Mismatch ||
 		res.Outcome == store.Completed && res.Record == nil || res.Outcome == store.Claimed && res.Token.IsZero()) {
 		err = fmt.Errorf("idemkey/middleware: store answered an invalid claim result (outcome %v)", res.Outcome)
+	}
+	if errors.Is(err, store.ErrInvalid) {
+		// The store refused the request's own scope and key (say, longer than it
+		// can index): a client mistake, answered 400 even in fail-open mode.
+		pooled = true
+		m.writeProblem(w, http.StatusBadRequest, m.problems.keyRefused, 0)
+		m.observe(ctx, Event{Decision: KeyInvalid, ID: id, Status: http.StatusBadRequest, StoreLatency: latency, Err: err})
+		return
 	}
 	if err != nil {
 		if m.failOpen {

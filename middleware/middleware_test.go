@@ -732,6 +732,23 @@ func TestStoreErrorFailsClosed(t *testing.T) {
 	checkProblem(t, e.do(req("POST", "/x", "k", "b")), http.StatusServiceUnavailable, CodeStoreUnavailable)
 }
 
+// A store that refuses the request's scope and key as arguments (store.ErrInvalid)
+// reports a client mistake: 400, never 503, also when failing open.
+func TestStoreRefusesKey(t *testing.T) {
+	for _, failOpen := range []bool{false, true} {
+		e := newEnv(t, echoHandler, WithFailOpen(failOpen))
+		e.st.claimErr = fmt.Errorf("postgres: %w: scope and key over 2048 bytes", store.ErrInvalid)
+		w := e.do(req("POST", "/x", "k", "b"))
+		checkProblem(t, w, http.StatusBadRequest, CodeKeyInvalid)
+		if e.calls.Load() != 0 || w.Header().Get("Retry-After") != "" {
+			t.Fatalf("fail open %v: calls %d, Retry-After %q", failOpen, e.calls.Load(), w.Header().Get("Retry-After"))
+		}
+		if ev := e.lastEvent(); ev.Decision != KeyInvalid || !errors.Is(ev.Err, store.ErrInvalid) {
+			t.Fatalf("event %+v", ev)
+		}
+	}
+}
+
 func TestStoreErrorFailOpen(t *testing.T) {
 	e := newEnv(t, func(w http.ResponseWriter, r *http.Request) {
 		if id, ok := KeyFromContext(r.Context()); !ok || id.Key != "k" {

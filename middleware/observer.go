@@ -18,7 +18,8 @@ const (
 	NoKey
 	// KeyMissing: no key where it is required; 400 idempotency_key_missing.
 	KeyMissing
-	// KeyInvalid: the key is malformed; 400 idempotency_key_invalid.
+	// KeyInvalid: the key is malformed, or the store refused the scope and key as
+	// arguments (store.ErrInvalid); 400 idempotency_key_invalid.
 	KeyInvalid
 	// BodyTooLarge: the request body is over the limit; 413 request_too_large.
 	BodyTooLarge

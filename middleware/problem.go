@@ -19,7 +19,8 @@ const (
 	// key is required (IETF draft section 2.7).
 	CodeKeyMissing = "idempotency_key_missing"
 	// CodeKeyInvalid: 400, the key is empty, over 255 bytes, not a Structured
-	// Field string or token, or sent in several header lines.
+	// Field string or token, or sent in several header lines; or the store refused
+	// the scope and key as arguments (store.ErrInvalid, e.g. too long together).
 	CodeKeyInvalid = "idempotency_key_invalid"
 	// CodeBodyUnreadable: 400, the request body could not be read.
 	CodeBodyUnreadable = "request_body_unreadable"
@@ -57,7 +58,7 @@ func (p problem) render() []byte {
 
 // prerendered holds the bodies of the problems without a variable detail.
 type prerendered struct {
-	missing, inFlight, mismatch, storeDown []byte
+	missing, inFlight, mismatch, storeDown, keyRefused []byte
 }
 
 func newPrerendered() prerendered {
@@ -68,6 +69,8 @@ func newPrerendered() prerendered {
 			Detail: "A request with this idempotency key is still being processed; retry after the Retry-After delay."}.render(),
 		mismatch: problem{Title: "Idempotency key reused", Status: http.StatusUnprocessableEntity, Code: CodeMismatch,
 			Detail: "This idempotency key was already used for a different request (method, route, query or body); use a new key."}.render(),
+		keyRefused: problem{Title: "Invalid Idempotency-Key header", Status: http.StatusBadRequest, Code: CodeKeyInvalid,
+			Detail: "The idempotency store does not accept this key within this scope (too long together); use a shorter key."}.render(),
 		storeDown: problem{Title: "Idempotency store unavailable", Status: http.StatusServiceUnavailable, Code: CodeStoreUnavailable,
 			Detail: "The request could not be checked for duplicates and was not processed; retry after the Retry-After delay."}.render(),
 	}
