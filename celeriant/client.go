@@ -24,13 +24,13 @@ type Config struct {
 	// request fails with ErrNotSent and later ones go to the next address of Addrs (the
 	// first one after a learned leader), whose not-leader answer names the new leader.
 	Addrs []string
-	// TLS, when set, wraps every connection in crypto/tls (PROTOCOL.md section 1.2).
+	// TLS, when set, wraps every connection in crypto/tls (docs/celeriant-protocol.md section 1.2).
 	TLS *tls.Config
 	// MaxConns caps the connections per address (each carries one request at a time,
-	// PROTOCOL.md section 2.3); default 8. A request waits for a free connection.
+	// docs/celeriant-protocol.md section 2.3); default 8. A request waits for a free connection.
 	MaxConns int
 	// IdleTimeout drops pooled connections idle this long; default 25 s, below the
-	// server's 30 s idle close (PROTOCOL.md section 2.3). Must be in (0, 30 s).
+	// server's 30 s idle close (docs/celeriant-protocol.md section 2.3). Must be in (0, 30 s).
 	IdleTimeout time.Duration
 	// DialTimeout bounds connecting (and the TLS handshake); default 5 s.
 	DialTimeout time.Duration
@@ -192,7 +192,7 @@ func (c *Client) nextCorrelation() uuid.UUID {
 	return u
 }
 
-// Write implements EventStore (PROTOCOL.md sections 4.3, 4.4). One round trip. Errors:
+// Write implements EventStore (docs/celeriant-protocol.md sections 4.3, 4.4). One round trip. Errors:
 // *ServerError for a server answer; ErrOutcomeUnknown when the request was sent and no
 // answer came (the write may have committed; it is never re-sent); ErrNotSent otherwise.
 // A not-leader answer re-routes later requests to the named leader but is returned.
@@ -214,7 +214,7 @@ func (c *Client) Write(ctx context.Context, req WriteRequest) (WriteResult, erro
 	return res, err
 }
 
-// Read implements EventStore (PROTOCOL.md sections 4.5, 4.6): one page. FromVersion 0 is
+// Read implements EventStore (docs/celeriant-protocol.md sections 4.5, 4.6): one page. FromVersion 0 is
 // sent as 1. Errors: *ServerError (1000 with MinimumAvailable, 1001, ...), ErrNotSent
 // (including a request over 1007 bytes), ErrTransport.
 func (c *Client) Read(ctx context.Context, req ReadRequest) (ReadResult, error) {
@@ -236,7 +236,7 @@ func (c *Client) Read(ctx context.Context, req ReadRequest) (ReadResult, error) 
 	return res, err
 }
 
-// AggregateDetails implements EventStore (PROTOCOL.md section 4.7). A missing aggregate
+// AggregateDetails implements EventStore (docs/celeriant-protocol.md section 4.7). A missing aggregate
 // is a *ServerError with code 7001 (ErrNotFound); other errors as for Read.
 func (c *Client) AggregateDetails(ctx context.Context, key AggregateKey) (AggregateDetails, error) {
 	corr := c.nextCorrelation()
@@ -392,7 +392,7 @@ func (c *Client) attempt(ctx context.Context, addr, op string, isWrite, mayReuse
 
 // failover moves later requests off addr after it could not be dialled: to the next
 // address of Config.Addrs, or to the first one when addr was a leader learned from a
-// not-leader answer. A follower there names the current leader (PROTOCOL.md section 5,
+// not-leader answer. A follower there names the current leader (docs/celeriant-protocol.md section 5,
 // 2011), so the client does not stay stuck on a dead leader.
 func (c *Client) failover(addr string) {
 	c.mu.Lock()

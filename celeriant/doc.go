@@ -1,7 +1,7 @@
 // Package celeriant is a Go client for the Celeriant event store, speaking the client
 // wire protocol v3 (17-byte little-endian frame header, MessagePack bodies) as described
-// in shared/celeriant/PROTOCOL.md, pinned to celeriant-db commit e7c6df9. It has been
-// verified against the derived byte vectors of PROTOCOL.md section 8.3 and against the
+// in docs/celeriant-protocol.md, pinned to celeriant-db commit e7c6df9. It has been
+// verified against the derived byte vectors of docs/celeriant-protocol.md section 8.3 and against the
 // simulator in celeriant/celeriantsim, not yet against a live server (set
 // CELERIANT_ADDR to run the integration suite against one).
 //
@@ -11,7 +11,7 @@
 // the same values and the same errors:
 //
 //   - *Client (New, Dial): TCP, optional TLS, a small pool of connections per node,
-//     one request in flight per connection (PROTOCOL.md section 2.3), idle connections
+//     one request in flight per connection (docs/celeriant-protocol.md section 2.3), idle connections
 //     dropped after 25 s (the server closes at 30 s), requests routed to the leader
 //     after a not-leader answer, context deadlines honoured, Close.
 //   - *celeriantsim.Sim: the in-process simulator (also served over TCP).
@@ -38,7 +38,7 @@
 //
 // Match with errors.Is / errors.As; never parse messages.
 //
-//   - *ServerError: an ErrorResponse (PROTOCOL.md sections 4.8 and 5) with Code and the
+//   - *ServerError: an ErrorResponse (docs/celeriant-protocol.md sections 4.8 and 5) with Code and the
 //     JSON detail parsed into fields (LastClientSeq, AttemptedClientSeq, ExpectedVersion,
 //     CurrentVersion, MinimumAvailable, LeaderAddress). errors.Is matches its Code
 //     (errors.Is(err, CodeWriteOCC)) and the class sentinels ErrConflict (2003),
@@ -47,7 +47,7 @@
 //     (11000/2012/3006/4007); predicates IsConflict, IsNotLeader, IsUnavailableVersion...
 //   - ErrOutcomeUnknown: a write was sent and no answer came back; it may have
 //     committed. The client never re-sends a write by itself: the caller holds its
-//     ClientSeq and retries with a fresh ExpectedVersion (REFERENCE.md section 3.3).
+//     ClientSeq and retries with a fresh ExpectedVersion (docs/account-service.md section 3.3).
 //   - ErrNotSent: the request never left as a complete frame (dial failure, context
 //     done before sending, ErrInvalidRequest, ErrClosed); safe to retry.
 //   - ErrTransport: a Read or AggregateDetails failed after sending; safe to retry.
@@ -57,5 +57,5 @@
 //
 // Encoder, Decoder, Header, ReadFrame and the message type constants expose the codec
 // for the simulator, tests and tools. The server answers malformed input by closing the
-// connection without an error frame (PROTOCOL.md section 2.3).
+// connection without an error frame (docs/celeriant-protocol.md section 2.3).
 package celeriant

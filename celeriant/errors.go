@@ -15,7 +15,7 @@ var (
 	// ErrOutcomeUnknown: a write was sent completely and no answer came back (deadline,
 	// connection reset, EOF, desynchronised connection). It may have been committed.
 	// The client never re-sends it; the caller holds its ClientSeq and retries with
-	// EnforceClientIdempotency (REFERENCE.md section 3.3).
+	// EnforceClientIdempotency (docs/account-service.md section 3.3).
 	ErrOutcomeUnknown = errors.New("celeriant: write outcome unknown")
 	// ErrNotSent: the request did not reach the server as a whole frame (dial failure,
 	// context done before sending, short write, request invalid or too large). It had no
@@ -27,7 +27,7 @@ var (
 	// ErrClosed: the client or simulator was closed.
 	ErrClosed = errors.New("celeriant: closed")
 	// ErrProtocol: a frame or message could not be decoded, or broke a rule of
-	// PROTOCOL.md sections 2-4. Decoding errors wrap it.
+	// docs/celeriant-protocol.md sections 2-4. Decoding errors wrap it.
 	ErrProtocol = errors.New("celeriant: protocol error")
 )
 
@@ -36,7 +36,7 @@ func errProtocolf(format string, args ...any) error {
 }
 
 // Class sentinels: errors.Is(err, ErrConflict) is true for a *ServerError whose code is in
-// the class (PROTOCOL.md section 5).
+// the class (docs/celeriant-protocol.md section 5).
 var (
 	// ErrConflict is 2003 (optimistic concurrency violation): nothing was appended;
 	// re-read, re-decide, new sequence.
@@ -58,11 +58,11 @@ var (
 	ErrBusy = errors.New("celeriant: server busy")
 )
 
-// Code is a Celeriant error code (PROTOCOL.md section 5). A Code is itself an error, so
+// Code is a Celeriant error code (docs/celeriant-protocol.md section 5). A Code is itself an error, so
 // errors.Is(err, celeriant.CodeWriteOCC) matches a *ServerError carrying that code.
 type Code uint32
 
-// Error codes of PROTOCOL.md section 5 (names follow the server's error_codes.rs). Each
+// Error codes of docs/celeriant-protocol.md section 5 (names follow the server's error_codes.rs). Each
 // comment gives the meaning and, where one exists, the class sentinel errors.Is matches.
 const (
 	CodeReadUnavailableVersion       Code = 1000  // FromVersion below the first readable one; ErrUnavailableVersion
@@ -102,7 +102,7 @@ const (
 	CodeShardRoutingNoKey            Code = 9000  // the request has no routing key
 	CodeShardRoutingMultipleShards   Code = 9001  // a multi-aggregate write spans shards (section 6.9)
 	CodeShardRoutingIncompatible     Code = 9002  // incompatible filters, or a Write with empty Writes
-	CodeIdentifyInvalidNonce         Code = 10001 // Identify: bad nonce (PROTOCOL.md section 1.3)
+	CodeIdentifyInvalidNonce         Code = 10001 // Identify: bad nonce (docs/celeriant-protocol.md section 1.3)
 	CodeIdentifyInvalidSignature     Code = 10002 // Identify: bad signature
 	CodeIdentifyMismatch             Code = 10003 // ClientID is not the identified client id
 	CodeIdentifyRequired             Code = 10004 // this server requires Identify first
@@ -136,7 +136,7 @@ func (c Code) class() error {
 	return nil
 }
 
-// ServerError is an ErrorResponse (response type 7, PROTOCOL.md section 4.8). The
+// ServerError is an ErrorResponse (response type 7, docs/celeriant-protocol.md section 4.8). The
 // structured detail the server puts in Message as JSON is parsed leniently into the
 // typed fields; fields the message does not carry stay zero. Match on Code or the class
 // sentinels, never on Message.
@@ -149,7 +149,7 @@ type ServerError struct {
 	Message string
 
 	// LastClientSeq is the (aggregate, client) ClientSeq floor, JSON last_client_seq
-	// (2002 / 2013, PROTOCOL.md section 6.4).
+	// (2002 / 2013, docs/celeriant-protocol.md section 6.4).
 	LastClientSeq uint64
 	// AttemptedClientSeq is the lowest ClientSeq of the rejected write, JSON
 	// attempted_client_seq (2002 / 2013).
@@ -163,7 +163,7 @@ type ServerError struct {
 	// point for 3004.
 	Requested uint64
 	// MinimumAvailable is the first readable version, JSON minimum_available (1000):
-	// restart the read there (PROTOCOL.md section 6.6).
+	// restart the read there (docs/celeriant-protocol.md section 6.6).
 	MinimumAvailable uint64
 	// LeaderAddress is the leader's host:port, JSON leader_address (2011 / 3005 / 4006);
 	// "" when the server does not know it.

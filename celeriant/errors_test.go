@@ -12,7 +12,7 @@ import (
 	"github.com/idemkey/idemkey/celeriant/celeriantsim"
 )
 
-// allCodes lists every code of PROTOCOL.md section 5 with its class sentinel (nil: none)
+// allCodes lists every code of docs/celeriant-protocol.md section 5 with its class sentinel (nil: none)
 // and a server message carrying its JSON detail.
 var allCodes = []struct {
 	code  celeriant.Code

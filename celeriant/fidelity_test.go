@@ -12,7 +12,7 @@ import (
 	"github.com/idemkey/idemkey/celeriant/celeriantsim"
 )
 
-// The vectors of PROTOCOL.md section 8.3 leave fields nil or equal to their neighbours,
+// The vectors of docs/celeriant-protocol.md section 8.3 leave fields nil or equal to their neighbours,
 // so a swap of two of them would go unnoticed. These tests set every field to a distinct
 // value and pin the order of the Rust structs (celeriant-db e7c6df9:
 // celeriant_msg/src/request/read_filters.rs, request/requests.rs,

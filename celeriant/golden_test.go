@@ -12,7 +12,7 @@ import (
 	"github.com/idemkey/idemkey/celeriant"
 )
 
-// hx turns the notation of PROTOCOL.md section 8.3 into bytes: hex byte groups
+// hx turns the notation of docs/celeriant-protocol.md section 8.3 into bytes: hex byte groups
 // separated by spaces, B(xy) = c4 10 followed by sixteen 0xxy bytes, and "s:TEXT" for the
 // ASCII bytes of TEXT (no spaces).
 func hx(t testing.TB, s string) []byte {
@@ -56,7 +56,7 @@ var (
 	goldenEvent          = celeriant.Event{ClientSeq: 1, EventID: idEvent, Timestamp: 1700000000000, TypeMajor: 1, Value: []byte(`{"a":1}`)}
 )
 
-// The vectors of PROTOCOL.md section 8.3, header and body.
+// The vectors of docs/celeriant-protocol.md section 8.3, header and body.
 const (
 	vWriteReqHdr  = "03000000 03000000 7c000000 7c000000 00"
 	vWriteReqBody = "94 c0 B(44) c0 81 93 B(11) B(22) B(33) 94 91 98 01 00 B(55) cf 00 00 01 8b cf e5 68 00 01 00 c4 07 7b 22 61 22 3a 31 7d c0 c3 00 c3"
@@ -271,7 +271,7 @@ func TestDecodeRejects(t *testing.T) {
 	})
 }
 
-// TestHeader covers the header layout and the server's rejection rules (PROTOCOL.md
+// TestHeader covers the header layout and the server's rejection rules (docs/celeriant-protocol.md
 // sections 2.1-2.2, wire_header.rs vectors cited in section 8.3).
 func TestHeader(t *testing.T) {
 	h, err := celeriant.ParseHeader(hx(t, "02000000 78563412 ddccbbaa 44332211 01"))

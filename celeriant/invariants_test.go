@@ -106,7 +106,7 @@ const (
 	ownerUnwritten
 )
 
-// whoOwnsSeq is the point read of REFERENCE.md section 3.4.
+// whoOwnsSeq is the point read of docs/account-service.md section 3.4.
 func whoOwnsSeq(ctx context.Context, s celeriant.EventStore, client uuid.UUID, key celeriant.AggregateKey, seq uint64, eventID uuid.UUID) (owner, error) {
 	res, err := s.Read(ctx, celeriant.ReadRequest{Key: key, Filters: celeriant.ReadFilters{
 		FromVersion: 1, MinClientSeq: celeriant.Uint64(seq), MaxClientSeq: celeriant.Uint64(seq), IncludeClientID: client,
@@ -153,7 +153,7 @@ func mustCode(t *testing.T, err error, code celeriant.Code) {
 	}
 }
 
-// runInvariants runs REFERENCE.md section 5.3 against s.
+// runInvariants runs docs/account-service.md section 5.3 against s.
 func runInvariants(t *testing.T, s celeriant.EventStore) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -235,7 +235,7 @@ func TestInvariants(t *testing.T) {
 
 // TestLiveServer runs the invariant suite against a real Celeriant server
 // (CELERIANT_ADDR=host:port, protocol v3, no Identify). It is skipped otherwise, also
-// in CI: no server can run on the project's machines (PROTOCOL.md section 7).
+// in CI: no server can run on the project's machines (docs/celeriant-protocol.md section 7).
 func TestLiveServer(t *testing.T) {
 	addr := os.Getenv("CELERIANT_ADDR")
 	if addr == "" {

@@ -21,7 +21,7 @@ import (
 )
 
 // TestTLS runs the client over crypto/tls against the simulator behind a TLS listener,
-// with a self-signed certificate for 127.0.0.1 (PROTOCOL.md section 1.2).
+// with a self-signed certificate for 127.0.0.1 (docs/celeriant-protocol.md section 1.2).
 func TestTLS(t *testing.T) {
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {

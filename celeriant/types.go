@@ -13,7 +13,7 @@ import (
 // EventStore behaves identically in-process and over the wire.
 //
 // Errors (all matched with errors.Is / errors.As):
-//   - *ServerError for every error code of PROTOCOL.md section 5 (see Code, and the
+//   - *ServerError for every error code of docs/celeriant-protocol.md section 5 (see Code, and the
 //     class sentinels ErrConflict, ErrIdempotencyViolation, ErrInflightDuplicate, ...);
 //   - ErrOutcomeUnknown: a write was sent and no answer came back (timeout, reset, EOF);
 //     it may or may not have been committed. Never returned by Read or AggregateDetails;
@@ -23,23 +23,23 @@ import (
 //   - ErrClosed: the store was closed.
 type EventStore interface {
 	// Write appends one batch per aggregate of req, atomically across all of them
-	// (PROTOCOL.md sections 4.3 and 6.1). It is never re-sent by the client.
+	// (docs/celeriant-protocol.md sections 4.3 and 6.1). It is never re-sent by the client.
 	Write(ctx context.Context, req WriteRequest) (WriteResult, error)
-	// Read returns one page of batches of one aggregate (PROTOCOL.md sections 4.5, 4.6,
+	// Read returns one page of batches of one aggregate (docs/celeriant-protocol.md sections 4.5, 4.6,
 	// 6.6). Follow ReadResult.NextVersion, or use ReadAll.
 	Read(ctx context.Context, req ReadRequest) (ReadResult, error)
-	// AggregateDetails returns the version counters of an aggregate (PROTOCOL.md
+	// AggregateDetails returns the version counters of an aggregate (docs/celeriant-protocol.md
 	// section 4.7); a missing aggregate gives a *ServerError with code 7001 (ErrNotFound).
 	AggregateDetails(ctx context.Context, key AggregateKey) (AggregateDetails, error)
 }
 
 // AggregateKey identifies one event stream: organisation, aggregate type and aggregate
 // id, each a 128-bit id sent as the 16 UUID bytes in RFC 4122 order (big-endian u128,
-// PROTOCOL.md sections 3.2 and 4.2). Comparable, usable as a map key.
+// docs/celeriant-protocol.md sections 3.2 and 4.2). Comparable, usable as a map key.
 type AggregateKey struct {
 	Org  uuid.UUID // organisation id
 	Type uuid.UUID // aggregate type id
-	ID   uuid.UUID // aggregate id; the default shard routing id (PROTOCOL.md section 6.9)
+	ID   uuid.UUID // aggregate id; the default shard routing id (docs/celeriant-protocol.md section 6.9)
 }
 
 // String returns the display form org/type/id.
@@ -47,11 +47,11 @@ func (k AggregateKey) String() string {
 	return k.Org.String() + "/" + k.Type.String() + "/" + k.ID.String()
 }
 
-// Event is one event (the server's DatablockAggregateEvent, PROTOCOL.md section 4.2).
+// Event is one event (the server's DatablockAggregateEvent, docs/celeriant-protocol.md section 4.2).
 // In a write the server fills EventSeq and keeps everything else as sent.
 type Event struct {
 	// ClientSeq is the writer's idempotency sequence for (aggregate, client id). Start at
-	// 1: 0 means "no floor" to the server (PROTOCOL.md section 6.4).
+	// 1: 0 means "no floor" to the server (docs/celeriant-protocol.md section 6.4).
 	ClientSeq uint64
 	// EventSeq is assigned by the server, +1 per event within the aggregate, from 1.
 	// Ignored on write (send 0).
@@ -73,7 +73,7 @@ type Event struct {
 	IV []byte
 }
 
-// WriteRequest is a write to one or more aggregates (PROTOCOL.md section 4.3). All
+// WriteRequest is a write to one or more aggregates (docs/celeriant-protocol.md section 4.3). All
 // entries commit atomically as one batch each, or none does.
 type WriteRequest struct {
 	// CorrelationID is echoed by the server. uuid.Nil lets the client pick one (it checks
@@ -89,7 +89,7 @@ type WriteRequest struct {
 	Writes []AggregateWrite
 }
 
-// AggregateWrite is the write to one aggregate (SingleAggregateWrite, PROTOCOL.md
+// AggregateWrite is the write to one aggregate (SingleAggregateWrite, docs/celeriant-protocol.md
 // section 4.3).
 type AggregateWrite struct {
 	// Key is the aggregate written; distinct across WriteRequest.Writes (else
@@ -104,7 +104,7 @@ type AggregateWrite struct {
 	ExpectedVersion *uint64
 	// EnforceClientIdempotency rejects the write with 2002 (or 2013 while the floor is
 	// in flight) if its lowest ClientSeq is <= the (aggregate, client) floor
-	// (PROTOCOL.md sections 6.2 step 5, 6.4, 6.5). Always true for idempotent writers.
+	// (docs/celeriant-protocol.md sections 6.2 step 5, 6.4, 6.5). Always true for idempotent writers.
 	EnforceClientIdempotency bool
 }
 
@@ -114,7 +114,7 @@ func Version(v uint64) *uint64 { return &v }
 // Uint64 returns &v, for the optional uint64 fields of ReadFilters.
 func Uint64(v uint64) *uint64 { return &v }
 
-// WriteResult is the answer to a successful write (WriteResponse, PROTOCOL.md section 4.4).
+// WriteResult is the answer to a successful write (WriteResponse, docs/celeriant-protocol.md section 4.4).
 type WriteResult struct {
 	// CorrelationID is the server's echo of the request's (or the client-picked) id.
 	CorrelationID uuid.UUID
@@ -123,7 +123,7 @@ type WriteResult struct {
 	Version uint64
 }
 
-// ReadRequest reads one aggregate (PROTOCOL.md section 4.5). The encoded request must fit
+// ReadRequest reads one aggregate (docs/celeriant-protocol.md section 4.5). The encoded request must fit
 // in 1007 bytes (a fixed-size message): very long EventTypes lists are refused with
 // ErrNotSent.
 type ReadRequest struct {
@@ -135,7 +135,7 @@ type ReadRequest struct {
 	Filters ReadFilters
 }
 
-// ReadFilters are the server's 15 read filters, in wire order (PROTOCOL.md section 4.5).
+// ReadFilters are the server's 15 read filters, in wire order (docs/celeriant-protocol.md section 4.5).
 // Nil pointers and uuid.Nil mean "no filter". Batch-level filters keep or drop whole
 // batches; the event-level ones (client seq, event timestamp, event seq, event types) then
 // drop events, and a batch left empty is omitted.
@@ -175,7 +175,7 @@ type ReadFilters struct {
 	MaxEventSeq *uint64
 }
 
-// Batch is one committed write to one aggregate (AggregateEventBatch, PROTOCOL.md
+// Batch is one committed write to one aggregate (AggregateEventBatch, docs/celeriant-protocol.md
 // section 4.6).
 type Batch struct {
 	// Version is the batch's aggregate version (one batch per write, +1 each).
@@ -191,7 +191,7 @@ type Batch struct {
 	Events []Event
 }
 
-// ReadResult is one page of a read (ReadResponse, PROTOCOL.md section 4.6).
+// ReadResult is one page of a read (ReadResponse, docs/celeriant-protocol.md section 4.6).
 type ReadResult struct {
 	// CorrelationID is the server's echo of the request's id.
 	CorrelationID uuid.UUID
@@ -199,11 +199,11 @@ type ReadResult struct {
 	Batches []Batch
 	// NextVersion is 0 when there is nothing more; otherwise the page was cut and the
 	// read continues with FromVersion = NextVersion. Only batches with Version <
-	// NextVersion should be used from this page (PROTOCOL.md section 6.6).
+	// NextVersion should be used from this page (docs/celeriant-protocol.md section 6.6).
 	NextVersion uint64
 }
 
-// AggregateDetails describes an aggregate (AggregateDetailsResponse, PROTOCOL.md
+// AggregateDetails describes an aggregate (AggregateDetailsResponse, docs/celeriant-protocol.md
 // section 4.7).
 type AggregateDetails struct {
 	// CorrelationID is the server's echo of the request's id.
@@ -215,7 +215,7 @@ type AggregateDetails struct {
 	MaxVersion uint64
 	// MaxEventSeq is the last assigned EventSeq (counted from 1 per aggregate).
 	MaxEventSeq uint64
-	// IsDeleted reports a soft-deleted aggregate (PROTOCOL.md section 6.7); reads of
+	// IsDeleted reports a soft-deleted aggregate (docs/celeriant-protocol.md section 6.7); reads of
 	// it give 1001. The simulator has no delete, so false there.
 	IsDeleted bool
 	// AllowRecreate is the deleting request's allow_recreate: a write may create the
@@ -231,7 +231,7 @@ type AggregateDetails struct {
 	LastUserID   uuid.UUID // uuid.Nil when absent
 }
 
-// ReadAll reads every page of req from s, following NextVersion (PROTOCOL.md section
+// ReadAll reads every page of req from s, following NextVersion (docs/celeriant-protocol.md section
 // 6.6), and returns the batches in version order. It stops at the first error.
 func ReadAll(ctx context.Context, s EventStore, req ReadRequest) ([]Batch, error) {
 	var out []Batch

@@ -18,7 +18,7 @@ func invalidf(format string, args ...any) error {
 // CheckWrite applies the client-side rules every EventStore applies before sending a
 // write: a non-nil ClientID, distinct aggregate keys (the wire form is a map) and an IV
 // that is absent or 12 bytes (the server cannot decode another length and would drop the
-// connection without an answer, PROTOCOL.md sections 2.3 and 4.2). Rules the server
+// connection without an answer, docs/celeriant-protocol.md sections 2.3 and 4.2). Rules the server
 // itself enforces (empty Writes 9002, empty events 2000, type 0 2001) are left to the
 // server so their codes reach the caller. Errors wrap ErrNotSent and ErrInvalidRequest.
 func CheckWrite(req *WriteRequest) error {
@@ -43,7 +43,7 @@ func CheckWrite(req *WriteRequest) error {
 }
 
 // CheckRead applies the client-side rules of a read: FromVersion 0 becomes 1 (as the
-// official clients do, PROTOCOL.md section 4.5) and the encoded request must fit the
+// official clients do, docs/celeriant-protocol.md section 4.5) and the encoded request must fit the
 // 1007-byte fixed-size limit (section 2.2), counted with a correlation id since the TCP
 // client adds one when CorrelationID is uuid.Nil. It returns the request to send; errors
 // wrap ErrNotSent and ErrInvalidRequest.

@@ -11,7 +11,7 @@ import (
 	"github.com/vmihailenco/msgpack/v5"
 )
 
-// Frame constants (PROTOCOL.md sections 2.1 and 2.2).
+// Frame constants (docs/celeriant-protocol.md sections 2.1 and 2.2).
 const (
 	// HeaderSize is the size of the frame header: version, message type, compressed and
 	// uncompressed body length (u32 little-endian each) and the compression byte.
@@ -27,11 +27,11 @@ const (
 	DefaultMaxResponseSize = 64 << 20
 )
 
-// MessageType is the frame header's message type (PROTOCOL.md section 4.1). Request and
+// MessageType is the frame header's message type (docs/celeriant-protocol.md section 4.1). Request and
 // response ids overlap: request 6 is Watch, response 6 is ProtocolError.
 type MessageType uint32
 
-// Request message types (PROTOCOL.md section 4.1); the comment gives the size class of
+// Request message types (docs/celeriant-protocol.md section 4.1); the comment gives the size class of
 // section 2.2 (fixed-size: uncompressed, at most MaxFixedBody bytes).
 const (
 	ReqAggregateDetails MessageType = 1  // fixed
@@ -47,7 +47,7 @@ const (
 	ReqIdentify         MessageType = 14 // fixed
 )
 
-// Response message types (PROTOCOL.md section 4.1), with their size class (section 2.2).
+// Response message types (docs/celeriant-protocol.md section 4.1), with their size class (section 2.2).
 // Any request may be answered with RespError.
 const (
 	RespAggregateDetails MessageType = 1  // fixed
@@ -65,7 +65,7 @@ const (
 	RespIdentify         MessageType = 16 // variable; never compressed
 )
 
-// Header is a decoded frame header (PROTOCOL.md section 2.1).
+// Header is a decoded frame header (docs/celeriant-protocol.md section 2.1).
 type Header struct {
 	Version            uint32      // body codec: 2 bincode, 3 MessagePack (ProtocolVersion)
 	Type               MessageType // a Req* or Resp* id, depending on the direction
@@ -122,7 +122,7 @@ func (h Header) checkFixed(fixed bool) error {
 	return nil
 }
 
-// CheckRequest applies the server's header rules to a request (PROTOCOL.md sections
+// CheckRequest applies the server's header rules to a request (docs/celeriant-protocol.md sections
 // 2.1-2.2): version 2 or 3, compression 0 or 1, both lengths <= maxSize and equal when
 // uncompressed, a known request type, fixed-size types uncompressed and <= 1007 bytes.
 // A broken rule is an error wrapping ErrProtocol.
@@ -200,7 +200,7 @@ func readBody(r io.Reader, buf []byte, n int) ([]byte, error) {
 	return buf, nil
 }
 
-// Encoder builds whole frames (header and MessagePack body, PROTOCOL.md sections 2-4)
+// Encoder builds whole frames (header and MessagePack body, docs/celeriant-protocol.md sections 2-4)
 // with the minimal integer widths rmp-serde produces. It reuses one buffer: the returned
 // frame is valid until the next call. Not safe for concurrent use.
 type Encoder struct {
@@ -280,7 +280,7 @@ func (e *Encoder) event(ev *Event) {
 	}
 }
 
-// WriteRequest encodes a Write request frame (type 3, PROTOCOL.md section 4.3). The
+// WriteRequest encodes a Write request frame (type 3, docs/celeriant-protocol.md section 4.3). The
 // writes map is written in the order of req.Writes.
 func (e *Encoder) WriteRequest(req *WriteRequest) []byte {
 	e.begin()
@@ -304,7 +304,7 @@ func (e *Encoder) WriteRequest(req *WriteRequest) []byte {
 	return e.finish(ReqWrite)
 }
 
-// ReadRequest encodes a Read request frame (type 2, PROTOCOL.md section 4.5). FromVersion
+// ReadRequest encodes a Read request frame (type 2, docs/celeriant-protocol.md section 4.5). FromVersion
 // is sent as given (no clamping at this level). The caller checks the 1007-byte limit.
 func (e *Encoder) ReadRequest(req *ReadRequest) []byte {
 	e.begin()
@@ -413,7 +413,7 @@ func (e *Encoder) ErrorResponse(correlationID uuid.UUID, code Code, message stri
 	return e.finish(RespError)
 }
 
-// Decoder decodes message bodies (PROTOCOL.md sections 3.2 and 4). Integers may use any
+// Decoder decodes message bodies (docs/celeriant-protocol.md sections 3.2 and 4). Integers may use any
 // width whose value fits (negative values are refused); ids must be bin8 of 16 bytes or
 // an integer up to 64 bits; bin16/bin32 ids are refused, like the server. Request
 // decoders are as strict as the server about array lengths (an event may have 7 or 8

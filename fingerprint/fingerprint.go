@@ -1,6 +1,6 @@
 // Package fingerprint computes the fingerprint of an HTTP request: the SHA-256
 // digest an idempotency store keeps with a key, so that a key reused for another
-// request is recognised as a mismatch (DESIGN.md section 3, "Fingerprint"; the IETF
+// request is recognised as a mismatch (docs/architecture.md section 3, "Fingerprint"; the IETF
 // draft draft-ietf-httpapi-idempotency-key-header, section 2.7).
 //
 // The digest covers, in this order and each length-prefixed so that no two

@@ -1,6 +1,6 @@
 // Package middleware makes HTTP write endpoints safe to retry: the
 // Idempotency-Key middleware for net/http (IETF draft
-// draft-ietf-httpapi-idempotency-key-header-07; DESIGN.md section 3).
+// draft-ietf-httpapi-idempotency-key-header-07; docs/architecture.md section 3).
 //
 // For a protected request (POST and PATCH by default) the middleware parses the
 // key, fingerprints the request (package fingerprint), and claims (scope, key)

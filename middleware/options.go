@@ -88,7 +88,7 @@ func defaultConfig() config {
 // DefaultReleasePolicy releases the claim (the next retry runs the handler again)
 // for 5xx, 408 Request Timeout, 409 Conflict, 425 Too Early and 429 Too Many
 // Requests: answers that say "try again" rather than "this is the result".
-// Everything else is stored and replayed (DESIGN.md section 3).
+// Everything else is stored and replayed (docs/architecture.md section 3).
 func DefaultReleasePolicy(status int) bool {
 	switch status {
 	case http.StatusRequestTimeout, http.StatusConflict, http.StatusTooEarly, http.StatusTooManyRequests:

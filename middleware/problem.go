@@ -92,8 +92,8 @@ func (m *Middleware) writeProblem(w http.ResponseWriter, status int, body []byte
 }
 
 // retryAfterSeconds is d in whole seconds, rounded down so a 409's Retry-After
-// never exceeds the remaining lease, and at least 1 (issue 2: "whole seconds, at
-// least 1, at most the remaining lease"; below one second, at least 1 wins).
+// never exceeds the remaining lease, and at least 1 (whole seconds, at least 1, at most the
+// remaining lease; below one second, at least 1 wins).
 func retryAfterSeconds(d time.Duration) int64 {
 	return max(int64(d/time.Second), 1)
 }

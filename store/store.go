@@ -1,6 +1,6 @@
 // Package store defines the contract between the idempotency middleware and the
 // backends that remember idempotency keys: the claim with a lease and a fencing
-// token, completion, release and renewal (DESIGN.md section 4).
+// token, completion, release and renewal (docs/architecture.md section 4).
 //
 // Every backend (store/memory, store/postgres, store/redis, store/tiered) answers
 // each transition in one round trip and passes the same conformance suite,

@@ -14,7 +14,7 @@ import (
 	"github.com/idemkey/idemkey/celeriant/celeriantsim"
 )
 
-// TestWriteRules pins the rules of PROTOCOL.md sections 6.1-6.4 that the other tests do
+// TestWriteRules pins the rules of docs/celeriant-protocol.md sections 6.1-6.4 that the other tests do
 // not: each case is a sequence of writes (by client A unless noted) and the code each
 // must get (0 = success), then the aggregates' versions.
 func TestWriteRules(t *testing.T) {
@@ -33,7 +33,7 @@ func TestWriteRules(t *testing.T) {
 		// versions of p and q afterwards (0: does not exist)
 		p, q uint64
 	}{
-		{"version guard before idempotency (REFERENCE.md 5.3)", func(k keys) []step {
+		{"version guard before idempotency (docs/account-service.md 5.3)", func(k keys) []step {
 			return []step{
 				{ws: ws(aw(k.p, nil, true, evt(1)))}, {ws: ws(aw(k.p, nil, true, evt(2)))}, {client: "B", ws: ws(aw(k.p, nil, true, evt(1)))},
 				{ws: ws(aw(k.p, v(1), true, evt(1))), want: celeriant.CodeWriteOCC},
@@ -144,7 +144,7 @@ func TestWriteRules(t *testing.T) {
 func ws(w ...celeriant.AggregateWrite) []celeriant.AggregateWrite { return w }
 
 // TestInflightFloorLowerSeq: 2013 covers any sequence at or below an in-flight floor,
-// not only the identical one (PROTOCOL.md section 6.5); other clients are not affected,
+// not only the identical one (docs/celeriant-protocol.md section 6.5); other clients are not affected,
 // and a 2003 still comes first.
 func TestInflightFloorLowerSeq(t *testing.T) {
 	modes(t, celeriantsim.Options{}, func(t *testing.T, e env) {
@@ -175,7 +175,7 @@ func TestInflightFloorLowerSeq(t *testing.T) {
 func asServerError(err error, se **celeriant.ServerError) bool { return errors.As(err, se) }
 
 // TestServerTimestamps: every batch of one write gets the same server timestamp, read
-// from the injectable clock in epoch milliseconds (PROTOCOL.md section 6.8).
+// from the injectable clock in epoch milliseconds (docs/celeriant-protocol.md section 6.8).
 func TestServerTimestamps(t *testing.T) {
 	modes(t, celeriantsim.Options{}, func(t *testing.T, e env) {
 		p, q, c := key(), key(), uuid.New()
@@ -218,7 +218,7 @@ func TestTrimBoundaries(t *testing.T) {
 }
 
 // TestRawReadFromZero: the server answers a read from version 0 with 1000 (only the
-// clients clamp 0 to 1, PROTOCOL.md section 4.5); the simulator does the same on the wire.
+// clients clamp 0 to 1, docs/celeriant-protocol.md section 4.5); the simulator does the same on the wire.
 func TestRawReadFromZero(t *testing.T) {
 	sim := celeriantsim.New(celeriantsim.Options{})
 	t.Cleanup(func() { _ = sim.Close() })

@@ -23,7 +23,7 @@ func (s *Sim) ListenAndServe(addr string) (net.Listener, error) {
 	return ln, nil
 }
 
-// Serve accepts connections on ln and serves protocol v3 frames (PROTOCOL.md sections
+// Serve accepts connections on ln and serves protocol v3 frames (docs/celeriant-protocol.md sections
 // 2-4) until ln fails or the Sim is closed: one request at a time per connection,
 // answered in order; a malformed frame, an unknown or unsupported message type (only
 // AggregateDetails, Read and Write are served), protocol version 2, or IdleTimeout without

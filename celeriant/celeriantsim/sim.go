@@ -1,5 +1,5 @@
 // Package celeriantsim is an in-memory Celeriant server with the client-visible semantics
-// of PROTOCOL.md section 6, usable in-process (a *Sim is a celeriant.EventStore) or over
+// of docs/celeriant-protocol.md section 6, usable in-process (a *Sim is a celeriant.EventStore) or over
 // TCP with the real wire protocol (Serve), plus fault injection for tests.
 //
 // What it reproduces: per-aggregate versions (+1 per write), the write pipeline's check
@@ -41,7 +41,7 @@ type Options struct {
 	// Now is the server clock for batch server timestamps (epoch ms); default time.Now.
 	Now func() time.Time
 	// Shards is the shard count for multi-aggregate routing (aggregate id modulo Shards,
-	// PROTOCOL.md section 6.9); default 1, where every multi-aggregate write is allowed.
+	// docs/celeriant-protocol.md section 6.9); default 1, where every multi-aggregate write is allowed.
 	Shards int
 	// PageBatches caps the batches of one read page (the server pages by bytes); 0 means
 	// no cap. A small value makes NextVersion paging testable.
@@ -213,7 +213,7 @@ func (s *Sim) SetDelay(d time.Duration) {
 
 // Hold is a write kept in flight: validated, versioned and its sequence floor raised, but
 // not committed, so reads do not see it and an enforced write with a sequence at or
-// below its floor gets 2013 (PROTOCOL.md section 6.5).
+// below its floor gets 2013 (docs/celeriant-protocol.md section 6.5).
 type Hold struct {
 	prepared chan struct{}
 	commit   chan struct{}
@@ -237,7 +237,7 @@ func (s *Sim) HoldNextWrite() *Hold {
 	return h
 }
 
-// Trim soft-trims key: reads from below keepFrom then give 1000 (PROTOCOL.md section
+// Trim soft-trims key: reads from below keepFrom then give 1000 (docs/celeriant-protocol.md section
 // 6.7). keepFrom at or below the current minimum is a no-op; beyond the current version
 // it is 3004; a missing aggregate is 1001.
 func (s *Sim) Trim(key celeriant.AggregateKey, keepFrom uint64) error {
@@ -266,7 +266,7 @@ func (s *Sim) Stats() Stats {
 
 // ---- EventStore ----
 
-// Write implements celeriant.EventStore with the server's write pipeline (PROTOCOL.md
+// Write implements celeriant.EventStore with the server's write pipeline (docs/celeriant-protocol.md
 // sections 6.1-6.5). It applies the same client-side checks as the TCP client first. If
 // ctx ends before the answer, the write still runs and the caller gets ErrOutcomeUnknown.
 func (s *Sim) Write(ctx context.Context, req celeriant.WriteRequest) (celeriant.WriteResult, error) {
@@ -298,7 +298,7 @@ func (s *Sim) Write(ctx context.Context, req celeriant.WriteRequest) (celeriant.
 	}
 }
 
-// Read implements celeriant.EventStore (PROTOCOL.md sections 4.5, 4.6, 6.6). FromVersion
+// Read implements celeriant.EventStore (docs/celeriant-protocol.md sections 4.5, 4.6, 6.6). FromVersion
 // 0 is read as 1, as the TCP client sends it.
 func (s *Sim) Read(ctx context.Context, req celeriant.ReadRequest) (celeriant.ReadResult, error) {
 	req, err := celeriant.CheckRead(req)
@@ -314,7 +314,7 @@ func (s *Sim) Read(ctx context.Context, req celeriant.ReadRequest) (celeriant.Re
 	return s.serveRead(&req)
 }
 
-// AggregateDetails implements celeriant.EventStore (PROTOCOL.md section 4.7).
+// AggregateDetails implements celeriant.EventStore (docs/celeriant-protocol.md section 4.7).
 func (s *Sim) AggregateDetails(ctx context.Context, key celeriant.AggregateKey) (celeriant.AggregateDetails, error) {
 	if err := s.precheck(ctx, "aggregate details"); err != nil {
 		return celeriant.AggregateDetails{}, err
@@ -383,7 +383,7 @@ func copyEvents(evs []celeriant.Event) []celeriant.Event {
 }
 
 // jsonMsg builds the server's JSON detail object with keys in the given order
-// (alternating key, value), as the server formats them (PROTOCOL.md section 4.8).
+// (alternating key, value), as the server formats them (docs/celeriant-protocol.md section 4.8).
 func jsonMsg(kv ...any) string {
 	var b strings.Builder
 	b.WriteByte('{')
@@ -516,7 +516,7 @@ func (a *aggregate) committedLen() int {
 	return n
 }
 
-// validateAndPrepare runs the checks of PROTOCOL.md sections 6.1 and 6.2 and, when all
+// validateAndPrepare runs the checks of docs/celeriant-protocol.md sections 6.1 and 6.2 and, when all
 // pass, appends the uncommitted batches and raises the floors. Caller holds s.mu.
 func (s *Sim) validateAndPrepare(req *celeriant.WriteRequest) ([]uint64, *celeriant.ServerError) {
 	if len(req.Writes) == 0 {

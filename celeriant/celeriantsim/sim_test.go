@@ -127,7 +127,7 @@ func TestWriteChecks(t *testing.T) {
 }
 
 // TestFloor: the floor is the maximum seq ever written, raised by non-enforced writes
-// too; only the lowest seq of a write is compared (PROTOCOL.md section 6.4).
+// too; only the lowest seq of a write is compared (docs/celeriant-protocol.md section 6.4).
 func TestFloor(t *testing.T) {
 	modes(t, celeriantsim.Options{}, func(t *testing.T, e env) {
 		s, c, other := e.store, uuid.New(), uuid.New()

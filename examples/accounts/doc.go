@@ -1,9 +1,9 @@
 // Package accounts is the account service of the idemkey examples: a Go port of
-// Celeriant's reference account service (shared/celeriant/REFERENCE.md), whose writes are
+// Celeriant's reference account service (docs/account-service.md), whose writes are
 // idempotent from the HTTP retry down to the event log.
 //
 // Deposit, Withdraw and Transfer append events to Celeriant (any celeriant.EventStore:
-// the TCP client or the in-process simulator) with the write loop of REFERENCE.md
+// the TCP client or the in-process simulator) with the write loop of docs/account-service.md
 // section 3:
 //
 //   - catch-up and the dedup-index check before the first attempt and every retry; an
@@ -23,7 +23,7 @@
 // per leg and the same EventId on both; a retry that hits either leg's index entry is
 // answered without writing (the partial-hit rule).
 //
-// The dedup index lives with the projection cursor (REFERENCE.md section 4): in memory
+// The dedup index lives with the projection cursor (docs/account-service.md section 4): in memory
 // per replica (MemoryProjection) or in Postgres shared by replicas (PostgresProjection,
 // one SQL statement per persist). Entries live for the window (DefaultWindow, 90 s,
 // configurable), measured in server time for replayed events and from the write for the

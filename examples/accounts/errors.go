@@ -6,7 +6,7 @@ import (
 )
 
 // Error classes returned by the service. Match with errors.Is; the HTTP mapping
-// (REFERENCE.md section 1.3, DESIGN.md section 6) is:
+// (docs/account-service.md section 1.3, docs/architecture.md section 6) is:
 //
 //	ErrValidation        422 VALIDATION_ERROR
 //	ErrInsufficientFunds 422 INSUFFICIENT_FUNDS (with balanceCents, see *InsufficientFundsError)
@@ -23,7 +23,7 @@ var (
 )
 
 // ValidationError is a request the business rules refuse: a non-positive amount, or a
-// transfer to the same account (REFERENCE.md section 1.3).
+// transfer to the same account (docs/account-service.md section 1.3).
 type ValidationError struct {
 	// Message is one sentence safe to show to the caller, e.g. "Amount must be positive.".
 	Message string
@@ -50,7 +50,7 @@ func (e *InsufficientFundsError) Error() string {
 // Is makes errors.Is(err, ErrInsufficientFunds) true.
 func (e *InsufficientFundsError) Is(target error) bool { return target == ErrInsufficientFunds }
 
-// ConflictError is the write loop giving up (REFERENCE.md section 3.3): the retries ran
+// ConflictError is the write loop giving up (docs/account-service.md section 3.3): the retries ran
 // out on 2003/2013/ambiguous outcomes, or a 2002 could not be attributed (Unwritten).
 // The caller gets a fixed message and may retry with the same key.
 type ConflictError struct {

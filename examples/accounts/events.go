@@ -8,7 +8,7 @@ import (
 	"github.com/google/uuid"
 )
 
-// EventType is an account event's event_type_major (REFERENCE.md section 2.2). The minor
+// EventType is an account event's event_type_major (docs/account-service.md section 2.2). The minor
 // type is always 0.
 type EventType uint64
 
@@ -79,7 +79,7 @@ func decodePayload(value []byte) (payload, error) {
 }
 
 // delta returns the balance change of one event. Unknown types and undecodable payloads
-// fold as zero, as in the Rust reference (REFERENCE.md section 6.1.5): a projection must
+// fold as zero, as in the Rust reference (docs/account-service.md section 6.1.5): a projection must
 // not stop on an event some other writer put in the stream.
 func delta(typ uint64, value []byte) int64 {
 	t := EventType(typ)

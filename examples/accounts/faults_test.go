@@ -64,7 +64,7 @@ func (failRecord) recordWrite(context.Context, uuid.UUID, uuid.UUID, Result, uin
 	return errors.New("injected: projection write failed")
 }
 
-// TestFaults covers the acceptance tests (a)-(k) of REFERENCE.md section 5.4 with the
+// TestFaults covers the acceptance tests (a)-(k) of docs/account-service.md section 5.4 with the
 // simulator's fault injection, for both projections.
 func TestFaults(t *testing.T) {
 	ctx := context.Background()

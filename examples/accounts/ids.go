@@ -6,7 +6,7 @@ import (
 	"github.com/google/uuid"
 )
 
-// Identifiers of the reference account service (REFERENCE.md section 2.1). Every one is
+// Identifiers of the reference account service (docs/account-service.md section 2.1). Every one is
 // UUIDv5(ReferenceNamespace, name), so the values match the Rust and C# ports byte for
 // byte and a stream written by either port folds the same way here.
 var (
@@ -19,7 +19,7 @@ var (
 	// AccountTypeID is UUIDv5 of "Account": the aggregate type of every account.
 	AccountTypeID = uuid.MustParse("36da35eb-4d26-55e7-8dde-feec79f6c80a")
 	// ServiceClientID is UUIDv5 of "ReferenceApiService": the one Celeriant client id
-	// shared by every replica of the service (REFERENCE.md section 2.1). ClientSeq is
+	// shared by every replica of the service (docs/account-service.md section 2.1). ClientSeq is
 	// per (aggregate, client id), and the server's version guard serialises replicas.
 	ServiceClientID = uuid.MustParse("f13f8be7-34bc-55b6-ba4a-a18709401401")
 
@@ -43,7 +43,7 @@ type Account struct {
 }
 
 // SeededAccounts returns the three accounts the service seeds at startup
-// (REFERENCE.md section 2.4): Alice 50 000, Bob 25 000 and Charlie 10 000 cents.
+// (docs/account-service.md section 2.4): Alice 50 000, Bob 25 000 and Charlie 10 000 cents.
 // The slice is fresh on every call.
 func SeededAccounts() []Account {
 	return []Account{
@@ -54,12 +54,12 @@ func SeededAccounts() []Account {
 }
 
 // EventIDFor returns the Celeriant EventId of the request whose Idempotency-Key is key
-// within scope (DESIGN.md section 5): UUIDv5(EventIDNamespace, name), where name is the
+// within scope (docs/architecture.md section 5): UUIDv5(EventIDNamespace, name), where name is the
 // scope's length as an unsigned varint, then the scope bytes, then the key bytes. The
 // length prefix keeps ("ab","c") and ("a","bc") apart, so two scopes' keys never meet.
 // Any key is accepted, UUID-shaped or not, so every retry of a keyed request carries the
 // same EventId (this replaces the reference's "non-UUID key gets a random id",
-// REFERENCE.md section 6.2.1, option 7.5(c)). A request with no key gets NewEventID.
+// docs/account-service.md section 6.2.1, option 7.5(c)). A request with no key gets NewEventID.
 func EventIDFor(scope, key string) uuid.UUID {
 	name := make([]byte, 0, binary.MaxVarintLen64+len(scope)+len(key))
 	name = binary.AppendUvarint(name, uint64(len(scope)))

@@ -11,7 +11,7 @@ import (
 )
 
 // MemoryProjection keeps each replica's projection and dedup index in process memory
-// (REFERENCE.md section 4.1). Cursor and index live in one map under one mutex, never held
+// (docs/account-service.md section 4.1). Cursor and index live in one map under one mutex, never held
 // across I/O. Index entries from a fold live for the window minus their age in server
 // time; the writer's own entry lives the full window from the write (scenario 8). The
 // remaining lifetime runs on the local monotonic clock.

@@ -29,7 +29,7 @@ import (
 var migrationFS embed.FS
 
 // PostgresProjection keeps the projection and the dedup index in Postgres, shared by all
-// replicas (REFERENCE.md section 4.2). Cursor and index rows move together: every
+// replicas (docs/account-service.md section 4.2). Cursor and index rows move together: every
 // persist is one statement (a data-modifying CTE), so the default READ COMMITTED
 // isolation suffices and no replica can see a cursor past an event without its index row.
 // Index lifetimes run on the database clock (now()).
@@ -52,7 +52,7 @@ type PostgresProjection struct {
 // sweepEvery is how many recordWrite calls of one projection run one expiry sweep.
 // A fold sweeps only when it advances the cursor, and a replica whose own writes keep
 // the cursor current never advances it by folding: without this the index table of a
-// single replica would grow by one row per write forever (REFERENCE.md section 6.1.7).
+// single replica would grow by one row per write forever (docs/account-service.md section 6.1.7).
 const sweepEvery = 256
 
 // PostgresOption configures a PostgresProjection.
@@ -114,7 +114,7 @@ func (p *PostgresProjection) expand(sql string) string {
 func (p *PostgresProjection) prepareSQL() {
 	// lookup: one round trip for the projection row and the live index row. Driven by
 	// the requested account id rather than by the projection row, so an index row is
-	// visible even before the account's projection row exists (REFERENCE.md 6.2.6).
+	// visible even before the account's projection row exists (docs/account-service.md 6.2.6).
 	p.sqlLookup = p.expand(`
 SELECT b.balance_cents, b.last_version, b.last_client_seq, i.balance_cents, i.aggregate_version
 FROM (SELECT $1::uuid AS id) k

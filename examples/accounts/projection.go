@@ -9,7 +9,7 @@ import (
 	"github.com/idemkey/idemkey/celeriant"
 )
 
-// DefaultWindow is the dedup window of both projections (REFERENCE.md section 4.3): a
+// DefaultWindow is the dedup window of both projections (docs/account-service.md section 4.3): a
 // request's response stays in the index for at least this long after its write, so a
 // retry with the same idempotency key within it gets the original answer. It is a stated
 // property of the API, not a safety boundary: after it a retry writes a second event.
@@ -27,7 +27,7 @@ func (s State) result() Result {
 }
 
 // Projection is the account projection with its dedup index, colocated with the cursor
-// (REFERENCE.md section 4): whoever advances the cursor indexes the events it passes in
+// (docs/account-service.md section 4): whoever advances the cursor indexes the events it passes in
 // the same motion, so no replica can see the cursor past an event without its index row.
 // It is implemented by *MemoryProjection and *PostgresProjection; the set is closed.
 //
@@ -43,7 +43,7 @@ type Projection interface {
 	// the cursor forward only, and answers as lookup does.
 	fold(ctx context.Context, acct uuid.UUID, from State, batches []celeriant.Batch, clientID, eventID uuid.UUID) (st State, hit Result, ok bool, err error)
 	// recordWrite indexes a successful write's response for the full window from now,
-	// then bumps the cursor only if it still equals expected (REFERENCE.md section 4.1).
+	// then bumps the cursor only if it still equals expected (docs/account-service.md section 4.1).
 	recordWrite(ctx context.Context, acct, eventID uuid.UUID, res Result, expected, seq uint64) error
 	// ensureAccount makes the account known under name, keeping existing state.
 	ensureAccount(ctx context.Context, acct uuid.UUID, name string) error
@@ -56,7 +56,7 @@ type indexEntry struct {
 	remaining time.Duration // window minus the event's age in server time
 }
 
-// foldBatches applies batches to st (REFERENCE.md section 4.1, the fold): batches at or
+// foldBatches applies batches to st (docs/account-service.md section 4.1, the fold): batches at or
 // below the cursor are skipped (an overlapping fold got there first); ClientSeq counts only
 // from batches of clientID; every event with an EventId younger than window, measured
 // against the newest batch of this read, is passed to index with its remaining lifetime.

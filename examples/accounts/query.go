@@ -70,7 +70,7 @@ func (s *Service) History(ctx context.Context, acct uuid.UUID, fromVersion uint6
 	return h, nil
 }
 
-// Seed runs the startup seeding of REFERENCE.md section 2.4 for every seeded account, on
+// Seed runs the startup seeding of docs/account-service.md section 2.4 for every seeded account, on
 // every replica: make the account known to the projection, and if its stream is empty
 // write one Deposited{seed} with expected version 0, ClientSeq 0, no EventId and no
 // ClientSeq enforcement. A 2003 means another replica seeded first and is ignored. Other

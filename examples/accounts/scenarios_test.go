@@ -35,7 +35,7 @@ func (b *barrier) wait(t *testing.T) {
 	}
 }
 
-// TestReferenceScenarios runs scenarios 1-8 of REFERENCE.md section 5.2 in order against
+// TestReferenceScenarios runs scenarios 1-8 of docs/account-service.md section 5.2 in order against
 // one account, with two replicas (two services, each with its own projection; for
 // Postgres over shared tables) sharing one simulated log. Assertions read the log itself.
 // The server clock advances 5 s between scenarios (40 s in all, inside the 90 s window),
@@ -177,7 +177,7 @@ func TestReferenceScenarios(t *testing.T) {
 		want("8 late retry of eid1", r, err, 100, 1)
 		count("8", acct, 8)
 
-		// The final streams, exactly as REFERENCE.md section 5.2 states them.
+		// The final streams, exactly as docs/account-service.md section 5.2 states them.
 		evs := e.events(acct)
 		wantTypes := []EventType{Deposited, Deposited, Deposited, Deposited, Deposited, TransferredOut, Deposited, Deposited}
 		for i, ev := range evs {

@@ -13,7 +13,7 @@ import (
 	"github.com/idemkey/idemkey/celeriant"
 )
 
-// Defaults of the write loop (REFERENCE.md section 3).
+// Defaults of the write loop (docs/account-service.md section 3).
 const (
 	// DefaultMaxRetries is the number of write attempts per request.
 	DefaultMaxRetries = 3
@@ -26,7 +26,7 @@ const (
 )
 
 // Service is the account service: deposits, withdrawals and transfers written to
-// Celeriant with the idempotent write loop of REFERENCE.md section 3, and reads served by
+// Celeriant with the idempotent write loop of docs/account-service.md section 3, and reads served by
 // a Projection. Every replica of the service shares one client id; run as many Service
 // values over one event store as there are replicas. Safe for concurrent use.
 type Service struct {
@@ -161,7 +161,7 @@ func validateAmount(amount int32) error {
 	return nil
 }
 
-// writeOne is the write loop of REFERENCE.md section 3.2 for a one-account event.
+// writeOne is the write loop of docs/account-service.md section 3.2 for a one-account event.
 func (s *Service) writeOne(ctx context.Context, acct uuid.UUID, typ EventType, amount int32, eventID uuid.UUID) (Result, error) {
 	if eventID == uuid.Nil {
 		eventID = NewEventID()
@@ -245,7 +245,7 @@ func (s *Service) writeOne(ctx context.Context, acct uuid.UUID, typ EventType, a
 }
 
 // record runs the projection's recordWrite. A failure is logged and swallowed
-// (REFERENCE.md section 4.2): the event is in the log, and the next catch-up replays it.
+// (docs/account-service.md section 4.2): the event is in the log, and the next catch-up replays it.
 // It runs even if the caller has gone away meanwhile: the write has landed.
 func (s *Service) record(ctx context.Context, acct, eventID uuid.UUID, res Result, expected, seq uint64) {
 	if err := s.proj.recordWrite(context.WithoutCancel(ctx), acct, eventID, res, expected, seq); err != nil {
@@ -264,7 +264,7 @@ const (
 	armFatal         // anything else: propagate
 )
 
-// classify maps a write's outcome to its arm (REFERENCE.md section 3.3).
+// classify maps a write's outcome to its arm (docs/account-service.md section 3.3).
 func classify(err error) arm {
 	switch {
 	case err == nil:
@@ -274,7 +274,7 @@ func classify(err error) arm {
 	case celeriant.IsOutcomeUnknown(err), celeriant.IsInflightDuplicate(err),
 		errors.Is(err, celeriant.CodeWriteReplicationError):
 		// 2007 (replication failed, not acknowledged) is an ambiguous outcome too
-		// (PROTOCOL.md section 5); the reference propagates it, holding is safe.
+		// (docs/celeriant-protocol.md section 5); the reference propagates it, holding is safe.
 		return armHold
 	case celeriant.IsIdempotencyViolation(err):
 		return armOwnership
@@ -308,10 +308,10 @@ const (
 
 func (v verdict) String() string { return [...]string{"Unwritten", "Ours", "Sibling"}[v] }
 
-// whoOwnsSeq makes the point read of REFERENCE.md section 3.4: the batches of the
+// whoOwnsSeq makes the point read of docs/account-service.md section 3.4: the batches of the
 // service's client id that hold seq on acct, trimmed to the events with exactly that
 // seq. 1001 reads as Unwritten; 1000 (trimmed) re-reads once from the minimum available
-// version (the gap REFERENCE.md section 6.1.1 admits).
+// version (the gap docs/account-service.md section 6.1.1 admits).
 func (s *Service) whoOwnsSeq(ctx context.Context, acct uuid.UUID, seq uint64, eventID uuid.UUID) (verdict, error) {
 	req := celeriant.ReadRequest{Key: Key(acct), Filters: celeriant.ReadFilters{
 		FromVersion:     1,
@@ -368,7 +368,7 @@ func (s *Service) readFrom(ctx context.Context, acct uuid.UUID, from uint64) ([]
 }
 
 // catchUp brings the projection of acct up to the tip of its stream and answers whether
-// eventID already landed on it (REFERENCE.md sections 3.5 and 4): the index answers
+// eventID already landed on it (docs/account-service.md sections 3.5 and 4): the index answers
 // first, without reading Celeriant.
 func (s *Service) catchUp(ctx context.Context, acct, eventID uuid.UUID) (State, Result, bool, error) {
 	st, hit, ok, err := s.proj.lookup(ctx, acct, eventID)

@@ -24,7 +24,7 @@ func TestIDs(t *testing.T) {
 			t.Errorf("v5(%q) = %s, constant says %s", name, got, want)
 		}
 	}
-	// The reference's test accounts (REFERENCE.md section 2.1).
+	// The reference's test accounts (docs/account-service.md section 2.1).
 	if got := acctID("mem-suite-acct-1"); got != uuid.MustParse("e73840c7-d2f2-5464-9f69-2b4b0c85834f") {
 		t.Errorf("mem-suite-acct-1 = %s", got)
 	}
@@ -167,7 +167,7 @@ func TestValidation(t *testing.T) {
 		t.Error("refused requests must not write")
 	}
 	// A retry of a landed request is answered from the index even if the business rules
-	// would now refuse it (REFERENCE.md section 3.2).
+	// would now refuse it (docs/account-service.md section 3.2).
 	x := eid("validation", 1)
 	if r, err := p.Withdraw(ctx, acct, 10, x); err != nil || r != (Result{0, 2}) {
 		t.Fatalf("withdraw all: %+v, %v", r, err)
@@ -312,7 +312,7 @@ func TestSeed(t *testing.T) {
 	})
 }
 
-// TestTrimmed covers the admitted gap (REFERENCE.md section 6.1.1): a cold replica's
+// TestTrimmed covers the admitted gap (docs/account-service.md section 6.1.1): a cold replica's
 // catch-up and a history read over a trimmed range re-read from the minimum available
 // version instead of failing.
 func TestTrimmed(t *testing.T) {

@@ -10,7 +10,7 @@ import (
 )
 
 // Transfer moves amountCents from one account to another with one all-or-nothing write to
-// both aggregates (REFERENCE.md section 3.6): TransferredOut on from and TransferredIn on
+// both aggregates (docs/account-service.md section 3.6): TransferredOut on from and TransferredIn on
 // to, one ClientSeq per leg, the same EventId on both. The answer carries each account's
 // balance after its leg and its own version.
 //
@@ -78,7 +78,7 @@ func (s *Service) Transfer(ctx context.Context, from, to uuid.UUID, amountCents 
 				To:   Result{BalanceCents: ts.BalanceCents + int64(amountCents), AggregateVersion: ts.Version + 1},
 			}
 			// Two separate records, not atomic with each other: each is self-consistent
-			// for its own account (REFERENCE.md section 6.2.8).
+			// for its own account (docs/account-service.md section 6.2.8).
 			s.record(ctx, from, eventID, out.From, fs.Version, fseq)
 			s.record(ctx, to, eventID, out.To, ts.Version, tseq)
 			return out, nil
@@ -116,7 +116,7 @@ func (s *Service) Transfer(ctx context.Context, from, to uuid.UUID, amountCents 
 }
 
 // catchUpTransfer catches up both accounts with the request's EventId and applies the
-// partial-hit rule (REFERENCE.md section 3.6, resolve_transfer_hits). done reports that
+// partial-hit rule (docs/account-service.md section 3.6, resolve_transfer_hits). done reports that
 // the transfer already landed and res is its answer; otherwise fs and ts are the fresh
 // states to write against.
 func (s *Service) catchUpTransfer(ctx context.Context, from, to, eventID uuid.UUID) (fs, ts State, res TransferResult, done bool, err error) {

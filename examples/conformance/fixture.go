@@ -15,7 +15,7 @@ const (
 	maxLarge = 64 << 20
 )
 
-// fixture is the conformance app of shared/conformance/README.md: every POST adds
+// fixture is the conformance app of docs/conformance.md: every POST adds
 // one to a process-wide counter, and /reset forgets the counter and every key.
 type fixture struct {
 	count atomic.Int64

@@ -13,7 +13,7 @@ import (
 	"github.com/idemkey/idemkey/store"
 )
 
-// TestKillMidRequestPostgres is issue 3's crash scenario: the fixture runs as a
+// TestKillMidRequestPostgres is the crash scenario: the fixture runs as a
 // process on the Postgres store, is killed with SIGKILL while a slow request
 // holds its key, and is started again. A retry while the dead holder's lease is
 // live gets 409 with Retry-After; the first retry after it runs the handler once;

@@ -1,10 +1,10 @@
-// Command conformance serves the fixture app of shared/conformance/README.md
+// Command conformance serves the fixture app of docs/conformance.md
 // behind the idempotency middleware, so a peer's conformance vectors (the IETF
 // draft-ietf-httpapi-idempotency-key-header) can drive it over HTTP.
 //
 //	go run ./examples/conformance
 //
-// Environment (DESIGN.md section 6):
+// Environment (docs/architecture.md section 6):
 //
 //	ADDR                listen address, default 127.0.0.1:8080
 //	IDEM_STORE          memory (default), postgres, redis or tiered

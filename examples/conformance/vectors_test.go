@@ -18,7 +18,7 @@ import (
 	"github.com/idemkey/idemkey/examples/internal/accountsapp/apptest"
 )
 
-// The vector format of shared/conformance/README.md.
+// The vector format of docs/conformance.md.
 type vector struct {
 	ID       string   `json:"id"`
 	Tier     string   `json:"tier"`

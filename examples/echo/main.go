@@ -1,4 +1,4 @@
-// Command echo serves the account API of DESIGN.md section 6 with echo v4: the same
+// Command echo serves the account API of docs/architecture.md section 6 with echo v4: the same
 // account service, middleware and environment as examples/nethttp (package
 // accountsapp), with the middleware attached through the echo adapter
 // (middleware/echo) on the /api group.

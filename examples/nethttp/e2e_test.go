@@ -21,7 +21,7 @@ import (
 	"github.com/idemkey/idemkey/examples/internal/proctest"
 )
 
-// TestEndToEndStorm is item 6 of issue 6: cmd/celeriant-sim and two nethttp
+// TestEndToEndStorm: cmd/celeriant-sim and two nethttp
 // processes sharing one Postgres store (and projection) and the simulator, driven
 // by vegeta.
 //

@@ -1,4 +1,4 @@
-// Command nethttp serves the account API of DESIGN.md section 6 with net/http: the
+// Command nethttp serves the account API of docs/architecture.md section 6 with net/http: the
 // account service (package accounts) behind the idempotency middleware.
 //
 //	go run ./examples/nethttp

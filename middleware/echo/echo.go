@@ -1,5 +1,5 @@
 // Package idemecho adapts the idempotency middleware (package middleware) to echo v4.
-// It has no logic of its own: every decision of the table in DESIGN.md section 3 is
+// It has no logic of its own: every decision of the table in docs/architecture.md section 3 is
 // taken by (*middleware.Middleware).Handler, the same core net/http uses.
 //
 //	import idemecho "github.com/idemkey/idemkey/middleware/echo"

@@ -19,7 +19,7 @@ import (
 
 // BenchmarkClaimComplete measures claim+complete pairs on fresh keys per second at
 // concurrency 1 and 8, through the store and through a plain pgx loop sending the
-// same two statements with precomputed arguments (the ceiling; DESIGN.md section 8
+// same two statements with precomputed arguments (the ceiling; docs/architecture.md section 8
 // asks the store for at least 90% of it). Compare the pairs/s metrics of one run:
 //
 //	DATABASE_URL=... go test -run '^$' -bench ClaimComplete -benchtime 3s ./store/postgres/

@@ -1,5 +1,5 @@
 // Package postgres is the authoritative idempotency store on PostgreSQL (pgx/v5):
-// every transition of the store contract (package store, DESIGN.md section 4) is
+// every transition of the store contract (package store, docs/architecture.md section 4) is
 // one SQL statement and one round trip, and lease deadlines and retention run on
 // the server's clock (now()), never the application's.
 //
@@ -69,7 +69,7 @@
 //
 // Under READ COMMITTED, when a concurrent claim commits the same key after this
 // statement's snapshot, the INSERT sees the conflict but the read in the same
-// statement cannot see the row, so the statement returns nothing (DESIGN.md
+// statement cannot see the row, so the statement returns nothing (docs/architecture.md
 // section 4). Claim detects it (and the related case of a stale snapshot row) and
 // re-runs the statement, so every call ends with a definite answer or an error.
 //

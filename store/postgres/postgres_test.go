@@ -209,7 +209,7 @@ func TestCorruptRows(t *testing.T) {
 	}
 }
 
-// TestClaimHazardDeterministic reproduces the READ COMMITTED hazard of DESIGN.md
+// TestClaimHazardDeterministic reproduces the READ COMMITTED hazard of docs/architecture.md
 // section 4 step by step: another transaction inserts the key but has not
 // committed; Claim's statement takes its snapshot and waits on the row lock; the
 // transaction commits. The INSERT then sees the conflict but the statement's read

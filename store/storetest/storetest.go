@@ -1,5 +1,5 @@
 // Package storetest is the conformance suite of the store contract
-// (DESIGN.md section 4). Every backend runs it with one call from its own tests:
+// (docs/architecture.md section 4). Every backend runs it with one call from its own tests:
 //
 //	func TestConformance(t *testing.T) {
 //		storetest.Run(t, func(t *testing.T) storetest.Subject {

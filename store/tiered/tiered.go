@@ -1,5 +1,5 @@
 // Package tiered is an idempotency store (store.Store) made of a Redis fast path in
-// front of an authoritative backstop, normally store/postgres (DESIGN.md section 4,
+// front of an authoritative backstop, normally store/postgres (docs/architecture.md section 4,
 // "Tiered"). Redis answers what it holds; the backstop decides everything else.
 //
 //   - Claim asks Redis first (one script, store/redis Peek). A completed record with

@@ -1,5 +1,5 @@
-// Package httpapi serves the account service over HTTP: the routes and JSON of DESIGN.md
-// section 6 (the camelCase names of the reference's Rust port, REFERENCE.md section 1.1),
+// Package httpapi serves the account service over HTTP: the routes and JSON of docs/architecture.md
+// section 6 (the camelCase names of the reference's Rust port, docs/account-service.md section 1.1),
 // with every error as RFC 9457 problem details carrying a stable `code` member.
 //
 // The handler knows nothing about idempotency middleware. It learns the request's
@@ -374,7 +374,7 @@ func expected(field string) string {
 }
 
 // amountOf checks that amountCents is present and fits int32. Positivity is a business
-// rule the service checks (after its index lookup, REFERENCE.md section 3.2).
+// rule the service checks (after its index lookup, docs/account-service.md section 3.2).
 func amountOf(w http.ResponseWriter, v *int64) (int32, bool) {
 	switch {
 	case v == nil:
@@ -424,7 +424,7 @@ func queryVersion(w http.ResponseWriter, r *http.Request, name string) (uint64, 
 	return v, true
 }
 
-// fail maps a service error to its problem (REFERENCE.md section 1.3, DESIGN.md
+// fail maps a service error to its problem (docs/account-service.md section 1.3, docs/architecture.md
 // section 6).
 func (h *Handler) fail(w http.ResponseWriter, r *http.Request, err error) {
 	var funds *accounts.InsufficientFundsError

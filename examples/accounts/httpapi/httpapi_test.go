@@ -207,7 +207,7 @@ func checkProblem(t *testing.T, w *httptest.ResponseRecorder, status int, code s
 	return p
 }
 
-// TestErrorMapping: service errors to status, code and members (REFERENCE.md 1.3).
+// TestErrorMapping: service errors to status, code and members (docs/account-service.md 1.3).
 func TestErrorMapping(t *testing.T) {
 	alice := accounts.AliceID.String()
 	for _, tc := range []struct {

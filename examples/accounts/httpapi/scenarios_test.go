@@ -17,7 +17,7 @@ import (
 	"github.com/idemkey/idemkey/examples/accounts"
 )
 
-// TestScenariosOverHTTP repeats REFERENCE.md section 5.2 scenarios 1-8 through the
+// TestScenariosOverHTTP repeats docs/account-service.md section 5.2 scenarios 1-8 through the
 // handler (no middleware), two replicas over one simulated log, keys in the
 // Idempotency-Key header, and checks status and JSON of each answer and the log.
 func TestScenariosOverHTTP(t *testing.T) {

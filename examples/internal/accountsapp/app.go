@@ -24,7 +24,7 @@ import (
 )
 
 // ScopeHeader is the request header whose value scopes idempotency keys (a stand-in
-// for an authenticated principal, DESIGN.md section 6); AnonymousScope is the scope
+// for an authenticated principal, docs/architecture.md section 6); AnonymousScope is the scope
 // of a request without it.
 const (
 	ScopeHeader    = "X-Client-ID"
@@ -55,7 +55,7 @@ type App struct {
 	// Idempotency is the middleware: key required on every POST (and PATCH), scope
 	// from ScopeHeader, IDEM_LEASE and IDEM_RETENTION, observed by Metrics.
 	Idempotency *middleware.Middleware
-	// API serves the routes of DESIGN.md section 6 under /api, unprotected: put
+	// API serves the routes of docs/architecture.md section 6 under /api, unprotected: put
 	// Idempotency in front of it. It answers unknown routes with 404 problems.
 	API http.Handler
 	// Registry holds the application's metrics (never the global registry).

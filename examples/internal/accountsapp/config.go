@@ -1,11 +1,11 @@
 // Package accountsapp is what the two account servers (examples/nethttp and
-// examples/echo) share: the configuration of DESIGN.md section 6 read from the
+// examples/echo) share: the configuration of docs/architecture.md section 6 read from the
 // environment, the wiring of idempotency store, Celeriant, projection, account
 // service and middleware, the Prometheus observer, the /healthz, /readyz and
 // /metrics probes, and the HTTP server with its listening line and graceful
 // shutdown. A server only mounts the pieces on its router (a Mount).
 //
-// Environment (DESIGN.md section 6, plus the test-only table names):
+// Environment (docs/architecture.md section 6, plus the test-only table names):
 //
 //	ADDR                   listen address, default 127.0.0.1:8080
 //	IDEM_STORE             memory (default), postgres, redis or tiered (package storeenv)
@@ -32,7 +32,7 @@ import (
 // ErrConfig reports an environment the servers cannot run with.
 var ErrConfig = errors.New("accountsapp: bad configuration")
 
-// Defaults of the environment (DESIGN.md section 6).
+// Defaults of the environment (docs/architecture.md section 6).
 const (
 	DefaultAddr      = "127.0.0.1:8080"
 	DefaultLease     = 10 * time.Second

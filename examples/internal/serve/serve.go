@@ -1,5 +1,5 @@
 // Package serve runs the examples' HTTP servers: the listening line the public
-// contract promises (DESIGN.md section 6), server timeouts, and a graceful
+// contract promises (docs/architecture.md section 6), server timeouts, and a graceful
 // shutdown on SIGINT or SIGTERM.
 package serve
 

@@ -1,5 +1,5 @@
 // Package storeenv opens the idempotency store the examples' environment names
-// (DESIGN.md section 6): IDEM_STORE = memory (default), postgres, redis or tiered,
+// (docs/architecture.md section 6): IDEM_STORE = memory (default), postgres, redis or tiered,
 // with DATABASE_URL and REDIS_URL.
 package storeenv
 

@@ -1,5 +1,5 @@
 // Package apptest holds the HTTP tests both account servers (examples/nethttp and
-// examples/echo) run, so the two stay equal to DESIGN.md section 6 without copied
+// examples/echo) run, so the two stay equal to docs/architecture.md section 6 without copied
 // test files: each server's test calls Run with its Mount.
 package apptest
 

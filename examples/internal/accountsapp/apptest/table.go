@@ -26,7 +26,7 @@ type step struct {
 	replayed     bool
 }
 
-// Run drives the API of DESIGN.md section 6 over HTTP against servers built with
+// Run drives the API of docs/architecture.md section 6 over HTTP against servers built with
 // mount, on every backend of Backends: routes and exact JSON, the middleware's
 // decisions (replay, 422 mismatch, 400 missing or invalid key, 413, 409 in flight,
 // release of a 503 then a rerun), malformed input (400/422, never 500), the probes
