@@ -43,7 +43,6 @@ import (
 	"time"
 
 	"github.com/idemkey/idemkey/store"
-	"github.com/idemkey/idemkey/store/redis"
 )
 
 // Defaults of the options.
@@ -59,9 +58,32 @@ const (
 // in Event.Err; the store itself never returns it.
 var ErrFastTimeout = errors.New("idemkey/store/tiered: redis timeout")
 
+// Cache is the fast path in front of the backstop: it answers what it holds and
+// never decides a claim. *redis.Store (module github.com/idemkey/idemkey/store/redis)
+// implements it. Errors are the cache client's; the tiered store degrades to the
+// backstop on any of them.
+type Cache interface {
+	// Peek answers, without changing anything, what the cache alone can answer for
+	// a request with fingerprint fp: Completed (with the record), InFlight (a live
+	// marker of the same fingerprint) or Mismatch (completed for another
+	// fingerprint). ok is false when the cache cannot decide.
+	Peek(ctx context.Context, id store.ID, fp store.Fingerprint) (res store.ClaimResult, ok bool, err error)
+	// Mark writes an in-flight marker held by token (issued by the backstop) that
+	// expires with lease on the cache's clock.
+	Mark(ctx context.Context, id store.ID, fp store.Fingerprint, token store.Token, lease time.Duration) error
+	// Fill copies a completed record the backstop returned, unless the key already
+	// holds a record or a marker; it expires after ttl.
+	Fill(ctx context.Context, id store.ID, rec *store.Record, ttl time.Duration) error
+	// Complete, Release and Renew act on a marker written by Mark with the same
+	// token, as the store.Store methods of the same names do.
+	Complete(ctx context.Context, id store.ID, token store.Token, resp store.Response, retention time.Duration) error
+	Release(ctx context.Context, id store.ID, token store.Token) error
+	Renew(ctx context.Context, id store.ID, token store.Token, lease time.Duration) error
+}
+
 // Store is the tiered store. Build it with New; it is safe for concurrent use.
 type Store struct {
-	fast     *redis.Store
+	fast     Cache
 	backstop store.Store
 	timeout  time.Duration
 	cooldown time.Duration
@@ -101,7 +123,7 @@ func WithObserver(f func(Event)) Option { return func(s *Store) { s.observe = f 
 // authoritative store, e.g. *postgres.Store) decides. New does no I/O. A nil fast
 // store means the backstop alone; a nil backstop makes every call fail with
 // store.ErrInvalid.
-func New(fast *redis.Store, backstop store.Store, opts ...Option) *Store {
+func New(fast Cache, backstop store.Store, opts ...Option) *Store {
 	if backstop == nil {
 		backstop = noBackstop{}
 	}

@@ -1,0 +1,57 @@
+module github.com/idemkey/idemkey/examples
+
+go 1.26.0
+
+replace github.com/idemkey/idemkey => ..
+
+replace github.com/idemkey/idemkey/store/postgres => ../store/postgres
+
+replace github.com/idemkey/idemkey/store/redis => ../store/redis
+
+replace github.com/idemkey/idemkey/middleware/echo => ../middleware/echo
+
+replace github.com/idemkey/idemkey/celeriant => ../celeriant
+
+require (
+	github.com/google/uuid v1.6.0
+	github.com/idemkey/idemkey v0.0.0-00010101000000-000000000000
+	github.com/idemkey/idemkey/celeriant v0.0.0-00010101000000-000000000000
+	github.com/idemkey/idemkey/middleware/echo v0.0.0-00010101000000-000000000000
+	github.com/idemkey/idemkey/store/postgres v0.0.0-00010101000000-000000000000
+	github.com/idemkey/idemkey/store/redis v0.0.0-00010101000000-000000000000
+	github.com/jackc/pgx/v5 v5.13.0
+	github.com/jackc/puddle/v2 v2.2.3
+	github.com/labstack/echo/v4 v4.16.5
+	github.com/prometheus/client_golang v1.25.0
+	github.com/redis/go-redis/v9 v9.23.0
+	github.com/tsenart/vegeta/v12 v12.13.0
+)
+
+require (
+	github.com/beorn7/perks v1.0.1 // indirect
+	github.com/cespare/xxhash/v2 v2.3.0 // indirect
+	github.com/influxdata/tdigest v0.0.1 // indirect
+	github.com/jackc/pgpassfile v1.0.0 // indirect
+	github.com/jackc/pgservicefile v0.0.0-20240606120523-5a60cdf6a761 // indirect
+	github.com/josharian/intern v1.0.0 // indirect
+	github.com/labstack/gommon v0.5.0 // indirect
+	github.com/mailru/easyjson v0.7.7 // indirect
+	github.com/mattn/go-colorable v0.1.15 // indirect
+	github.com/mattn/go-isatty v0.0.22 // indirect
+	github.com/munnerz/goautoneg v0.0.0-20191010083416-a7dc8b61c822 // indirect
+	github.com/prometheus/client_model v0.6.3 // indirect
+	github.com/prometheus/common v0.72.0 // indirect
+	github.com/prometheus/procfs v0.22.0 // indirect
+	github.com/rs/dnscache v0.0.0-20230804202142-fc85eb664529 // indirect
+	github.com/valyala/bytebufferpool v1.0.0 // indirect
+	github.com/valyala/fasttemplate v1.2.2 // indirect
+	github.com/vmihailenco/msgpack/v5 v5.4.1 // indirect
+	github.com/vmihailenco/tagparser/v2 v2.0.0 // indirect
+	go.uber.org/atomic v1.12.0 // indirect
+	golang.org/x/crypto v0.57.0 // indirect
+	golang.org/x/net v0.60.0 // indirect
+	golang.org/x/sync v0.23.0 // indirect
+	golang.org/x/sys v0.48.0 // indirect
+	golang.org/x/text v0.42.0 // indirect
+	google.golang.org/protobuf v1.36.12 // indirect
+)
