@@ -1,0 +1,215 @@
+package peers
+
+import (
+	"bytes"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	fiber2 "github.com/gofiber/fiber/v2"
+	idem2 "github.com/gofiber/fiber/v2/middleware/idempotency"
+	fiber3 "github.com/gofiber/fiber/v3"
+	idem3 "github.com/gofiber/fiber/v3/middleware/idempotency"
+	"github.com/valyala/fasthttp"
+
+	"github.com/idemkey/idemkey/middleware"
+	"github.com/idemkey/idemkey/store/memory"
+)
+
+// body is a 1 KiB JSON request body; answer the handler's response.
+var (
+	body = func() []byte {
+		b := []byte(`{"fromAccountId":"acc-1","toAccountId":"acc-2","amountCents":1234,"memo":"`)
+		b = append(b, strings.Repeat("m", 1024-len(b)-2)...)
+		return append(b, `"}`...)
+	}()
+	answer = []byte(`{"balanceCents":98766,"aggregateVersion":42}`)
+)
+
+// keys are 36 bytes long, the only length Fiber's default validation accepts.
+func keys(n int) []string {
+	k := make([]string, n)
+	for i := range k {
+		k[i] = fmt.Sprintf("%036d", i)
+	}
+	return k
+}
+
+const lifetime = 24 * time.Hour
+
+// A runner serves one request with key and reports the status it answered.
+type runner interface {
+	serve(key string) int
+}
+
+// calls counts handler executions, so a benchmark checks that a first execution
+// ran the handler and a replay did not (Fiber marks no replay in its response).
+var calls int
+
+// bench runs the three paths of one framework: bare (the handler alone), first
+// (a new key every request) and replay (one key, completed before the loop).
+func bench(b *testing.B, bare, protected func() runner) {
+	b.Run("bare", func(b *testing.B) {
+		r := bare()
+		b.ReportAllocs()
+		for b.Loop() {
+			r.serve("k")
+		}
+	})
+	b.Run("first", func(b *testing.B) {
+		r := protected()
+		ks := keys(b.N + 1)
+		b.ReportAllocs()
+		b.ResetTimer()
+		before := calls
+		for i := 0; i < b.N; i++ {
+			if code := r.serve(ks[i]); code != http.StatusCreated {
+				b.Fatalf("status %d", code)
+			}
+		}
+		if calls-before != b.N {
+			b.Fatalf("%d handler runs for %d new keys", calls-before, b.N)
+		}
+	})
+	b.Run("replay", func(b *testing.B) {
+		r := protected()
+		key := keys(1)[0]
+		r.serve(key)
+		before := calls
+		b.ReportAllocs()
+		for b.Loop() {
+			if code := r.serve(key); code != http.StatusCreated {
+				b.Fatalf("status %d", code)
+			}
+		}
+		if calls != before {
+			b.Fatalf("%d handler runs on replays", calls-before)
+		}
+	})
+}
+
+func BenchmarkIdemkey(b *testing.B) {
+	handler := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		calls++
+		io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusCreated)
+		w.Write(answer)
+	})
+	bench(b, func() runner { return newNetHTTP(handler) }, func() runner {
+		m, err := middleware.New(memory.New(), middleware.ScopeFromHeader("X-Client-ID", "anonymous"),
+			middleware.WithRetention(lifetime), middleware.WithLogger(slog.New(slog.DiscardHandler)))
+		if err != nil {
+			b.Fatal(err)
+		}
+		return newNetHTTP(m.Handler(handler))
+	})
+}
+
+func BenchmarkFiberV2(b *testing.B) {
+	app := func(use bool) runner {
+		app := fiber2.New()
+		if use {
+			app.Use(idem2.New(idem2.Config{KeyHeader: "Idempotency-Key", Lifetime: lifetime}))
+		}
+		app.Post("/api/transfers", func(c *fiber2.Ctx) error {
+			calls++
+			_ = c.Body()
+			c.Set(fiber2.HeaderContentType, fiber2.MIMEApplicationJSON)
+			return c.Status(http.StatusCreated).Send(answer)
+		})
+		return newFast(app.Handler())
+	}
+	bench(b, func() runner { return app(false) }, func() runner { return app(true) })
+}
+
+func BenchmarkFiberV3(b *testing.B) {
+	app := func(use bool) runner {
+		app := fiber3.New()
+		if use {
+			app.Use(idem3.New(idem3.Config{KeyHeader: "Idempotency-Key", Lifetime: lifetime}))
+		}
+		app.Post("/api/transfers", func(c fiber3.Ctx) error {
+			calls++
+			_ = c.Body()
+			c.Set(fiber3.HeaderContentType, fiber3.MIMEApplicationJSON)
+			return c.Status(http.StatusCreated).Send(answer)
+		})
+		return newFast(app.Handler())
+	}
+	bench(b, func() runner { return app(false) }, func() runner { return app(true) })
+}
+
+// netHTTP serves through an http.Handler with a reused request and a writer that
+// keeps nothing.
+type netHTTP struct {
+	h    http.Handler
+	r    *http.Request
+	body bytes.Reader
+	w    discard
+}
+
+func newNetHTTP(h http.Handler) *netHTTP {
+	n := &netHTTP{h: h, w: discard{h: http.Header{}}}
+	n.r, _ = http.NewRequest(http.MethodPost, "http://svc/api/transfers", nil)
+	n.r.Header.Set("Content-Type", "application/json")
+	n.r.Header.Set("Idempotency-Key", "k")
+	n.r.Header.Set("X-Client-ID", "tenant-1")
+	n.r.ContentLength = int64(len(body))
+	n.r.Body = io.NopCloser(&n.body)
+	return n
+}
+
+func (n *netHTTP) serve(key string) int {
+	n.body.Reset(body)
+	n.r.Header["Idempotency-Key"][0] = key
+	clear(n.w.h)
+	n.w.code = 0
+	n.h.ServeHTTP(&n.w, n.r)
+	return n.w.code
+}
+
+type discard struct {
+	h    http.Header
+	code int
+}
+
+func (d *discard) Header() http.Header { return d.h }
+func (d *discard) WriteHeader(code int) {
+	if d.code == 0 {
+		d.code = code
+	}
+}
+func (d *discard) Write(p []byte) (int, error) {
+	if d.code == 0 {
+		d.code = http.StatusOK
+	}
+	return len(p), nil
+}
+
+// fast serves through a fasthttp handler (Fiber) with a reused request context.
+type fast struct {
+	h   fasthttp.RequestHandler
+	ctx fasthttp.RequestCtx
+}
+
+func newFast(h fasthttp.RequestHandler) *fast {
+	f := &fast{h: h}
+	f.ctx.Request.Header.SetMethod(fasthttp.MethodPost)
+	f.ctx.Request.SetRequestURI("/api/transfers")
+	f.ctx.Request.Header.SetContentType("application/json")
+	f.ctx.Request.Header.Set("X-Client-ID", "tenant-1")
+	return f
+}
+
+func (f *fast) serve(key string) int {
+	f.ctx.Response.Reset()
+	f.ctx.Request.Header.Set("Idempotency-Key", key)
+	f.ctx.Request.SetBody(body)
+	f.h(&f.ctx)
+	return f.ctx.Response.StatusCode()
+}
