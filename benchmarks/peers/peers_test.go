@@ -2,10 +2,12 @@ package peers
 
 import (
 	"bytes"
+	"flag"
 	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -20,15 +22,26 @@ import (
 	"github.com/idemkey/idemkey/store/memory"
 )
 
-// body is a 1 KiB JSON request body; answer the handler's response.
+// jsonBody returns a JSON request body of n bytes (n >= 80).
+func jsonBody(n int) []byte {
+	b := []byte(`{"fromAccountId":"acc-1","toAccountId":"acc-2","amountCents":1234,"memo":"`)
+	b = append(b, strings.Repeat("m", n-len(b)-2)...)
+	return append(b, `"}`...)
+}
+
+// body is the request body of the run: 1 KiB, or the size -peers.body names (a
+// typical payment request is about 128 bytes).
 var (
-	body = func() []byte {
-		b := []byte(`{"fromAccountId":"acc-1","toAccountId":"acc-2","amountCents":1234,"memo":"`)
-		b = append(b, strings.Repeat("m", 1024-len(b)-2)...)
-		return append(b, `"}`...)
-	}()
-	answer = []byte(`{"balanceCents":98766,"aggregateVersion":42}`)
+	bodySize = flag.Int("peers.body", 1024, "request body size in bytes")
+	body     []byte
+	answer   = []byte(`{"balanceCents":98766,"aggregateVersion":42}`)
 )
+
+func TestMain(m *testing.M) {
+	flag.Parse()
+	body = jsonBody(max(*bodySize, 80))
+	os.Exit(m.Run())
+}
 
 // keys are 36 bytes long, the only length Fiber's default validation accepts.
 func keys(n int) []string {
