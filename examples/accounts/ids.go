@@ -54,7 +54,7 @@ func SeededAccounts() []Account {
 }
 
 // EventIDFor returns the Celeriant EventId of the request whose Idempotency-Key is key
-// within scope (docs/architecture.md section 5): UUIDv5(EventIDNamespace, name), where name is the
+// within scope (docs/account-service.md section 1.2): UUIDv5(EventIDNamespace, name), where name is the
 // scope's length as an unsigned varint, then the scope bytes, then the key bytes. The
 // length prefix keeps ("ab","c") and ("a","bc") apart, so two scopes' keys never meet.
 // Any key is accepted, UUID-shaped or not, so every retry of a keyed request carries the

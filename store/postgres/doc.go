@@ -69,8 +69,8 @@
 //
 // Under READ COMMITTED, when a concurrent claim commits the same key after this
 // statement's snapshot, the INSERT sees the conflict but the read in the same
-// statement cannot see the row, so the statement returns nothing (docs/architecture.md
-// section 4). Claim detects it (and the related case of a stale snapshot row) and
+// statement cannot see the row, so the statement returns nothing (docs/stores.md
+// section 3.3). Claim detects it (and the related case of a stale snapshot row) and
 // re-runs the statement, so every call ends with a definite answer or an error.
 //
 // # Errors and failures

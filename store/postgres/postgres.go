@@ -46,7 +46,7 @@ const (
 	// within Postgres's 63-byte identifiers.
 	maxTableName = 48
 	// claimAttempts bounds how often Claim re-runs its statement when a concurrent
-	// transaction committed the key after the statement's snapshot (docs/architecture.md section 4).
+	// transaction committed the key after the statement's snapshot (docs/stores.md section 3.3).
 	claimAttempts = 5
 )
 

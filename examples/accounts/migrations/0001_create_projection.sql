@@ -1,4 +1,4 @@
--- examples/accounts Postgres projection, schema version 1 (REFERENCE.md section 4.2).
+-- examples/accounts Postgres projection, schema version 1 (docs/account-service.md section 4.2).
 -- {{balances}}, {{responses}} and {{responses_expires}} are replaced by the quoted
 -- (pgx.Identifier) names the projection is configured with. Every statement is idempotent.
 
