@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/idemkey/idemkey/store"
@@ -43,11 +44,19 @@ type call struct {
 	reqBuf  []byte
 	reqBody requestBody
 
+	// In-transaction completion (MarkCompleted), guarded by txMu: the handler may
+	// call it while a renewal holds mu.
+	txMu     sync.Mutex
+	returned bool // the handler returned; MarkCompleted is refused
+	inTx     bool
+	txResp   store.Response
+
 	// Lease renewal.
-	mu      sync.Mutex
-	stopped bool
-	timer   Timer
-	renewFn func()
+	renewLost atomic.Bool // a renewal found the lease lost
+	mu        sync.Mutex
+	stopped   bool
+	timer     Timer
+	renewFn   func()
 }
 
 // detachedCtx keeps the request context's values but not its cancellation, so
@@ -86,15 +95,24 @@ func (c *call) renew() {
 	err := c.m.store.Renew(&c.ctx, c.id, c.token, c.m.lease)
 	switch {
 	case errors.Is(err, store.ErrLeaseLost):
-		c.m.logger.LogAttrs(context.Background(), slog.LevelWarn,
-			"idempotency lease lost while the handler runs; its response will not be stored",
-			slog.String("scope", c.id.Scope), slog.String("key", c.id.Key))
+		// Logged when the handler returns: a record the handler completed in its own
+		// transaction also ends the lease, and is no loss.
+		c.renewLost.Store(true)
 		return // nothing left to renew
 	case err != nil:
 		c.m.logger.LogAttrs(context.Background(), slog.LevelWarn, "idempotency lease renewal failed; retrying",
 			slog.String("scope", c.id.Scope), slog.String("key", c.id.Key), slog.Any("error", err))
 	}
 	c.timer.Reset(c.m.lease / 3)
+}
+
+// handlerReturned closes the window of MarkCompleted and reports whether the
+// handler completed the record in its own transaction.
+func (c *call) handlerReturned() (inTx bool) {
+	c.txMu.Lock()
+	defer c.txMu.Unlock()
+	c.returned = true
+	return c.inTx
 }
 
 // stopRenewal stops the renewals and waits for one in progress. It reports
@@ -112,6 +130,10 @@ func (c *call) reset() {
 	c.w, c.id, c.token, c.ctx.parent = nil, store.ID{}, store.Token{}, nil
 	c.wroteHeader, c.status, c.hijacked, c.omitted = false, 0, false, false
 	c.writeFailed, c.written, c.declared = false, 0, 0
+	c.txMu.Lock()
+	c.returned, c.inTx, c.txResp = false, false, store.Response{}
+	c.txMu.Unlock()
+	c.renewLost.Store(false)
 	if cap(c.body) > maxPooledBuffer {
 		c.body = nil
 	}

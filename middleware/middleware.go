@@ -94,10 +94,12 @@ func ScopeFromHeader(name, fallback string) ScopeFunc {
 
 type ctxKey struct{}
 
-// keyCtx carries the request's store.ID; one allocation per request.
+// keyCtx carries the request's store.ID and, while its handler runs under a
+// claim, the claim and its call; one allocation per request.
 type keyCtx struct {
 	context.Context
-	id store.ID
+	claim Claim // only ID is set without a claim (fail open)
+	call  *call // nil without a claim
 }
 
 func (c *keyCtx) Value(k any) any {
@@ -112,7 +114,7 @@ func (c *keyCtx) Value(k any) any {
 // when the request passed through unprotected without a key.
 func KeyFromContext(ctx context.Context) (id store.ID, ok bool) {
 	if c, ok := ctx.Value(ctxKey{}).(*keyCtx); ok {
-		return c.id, true
+		return c.claim.ID, true
 	}
 	return store.ID{}, false
 }
@@ -306,7 +308,7 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 				slog.String("scope", id.Scope), slog.String("key", id.Key), slog.Any("error", err))
 			pooled = true
 			sw := &statusWriter{ResponseWriter: w}
-			next.ServeHTTP(sw, c.handlerRequest(r, id, body))
+			next.ServeHTTP(sw, c.handlerRequest(r, Claim{ID: id}, nil, body))
 			m.observe(ctx, Event{Decision: FailOpen, ID: id, Status: sw.status(), StoreLatency: latency, Err: err})
 			return
 		}
@@ -331,14 +333,16 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		m.writeProblem(w, http.StatusUnprocessableEntity, m.problems.mismatch, 0)
 		m.observe(ctx, Event{Decision: Mismatch, ID: id, Status: http.StatusUnprocessableEntity, StoreLatency: latency})
 	case store.Claimed:
-		pooled = m.execute(c, w, c.handlerRequest(r, id, body), next, id, res, latency)
+		claim := Claim{ID: id, Token: res.Token, Fingerprint: fp, Takeover: res.Takeover, Retention: m.retention}
+		pooled = m.execute(c, w, c.handlerRequest(r, claim, c, body), next, id, res, latency)
 	}
 }
 
 // handlerRequest returns the request the handler sees: the key in its context
-// (KeyFromContext) and, as its body, the bytes the middleware read.
-func (c *call) handlerRequest(r *http.Request, id store.ID, body []byte) *http.Request {
-	r = r.WithContext(&keyCtx{Context: r.Context(), id: id})
+// (KeyFromContext), the claim when it runs under one (ClaimFromContext; cl is
+// then the call) and, as its body, the bytes the middleware read.
+func (c *call) handlerRequest(r *http.Request, claim Claim, cl *call, body []byte) *http.Request {
+	r = r.WithContext(&keyCtx{Context: r.Context(), claim: claim, call: cl})
 	c.reqBody.Reset(body)
 	r.Body = &c.reqBody
 	return r
@@ -393,6 +397,7 @@ func (m *Middleware) execute(c *call, w http.ResponseWriter, r *http.Request, ne
 	}()
 	next.ServeHTTP(c, r)
 	returned = true
+	inTx := c.handlerReturned()
 	reusable = c.stopRenewal()
 
 	wroteNothing := !c.wroteHeader
@@ -402,7 +407,14 @@ func (m *Middleware) execute(c *call, w http.ResponseWriter, r *http.Request, ne
 	ev.Status = c.status
 	t0 := m.now()
 	var err error
-	if c.hijacked || c.status == http.StatusSwitchingProtocols || m.release(c.status) || c.incomplete(r.Context(), wroteNothing) {
+	if inTx {
+		// The handler completed the record in its own transaction (MarkCompleted):
+		// the store already holds it; a cache in front of it is told, best effort.
+		ev.Decision, ev.InTransaction = Executed, true
+		if n, ok := m.store.(store.CompletionNotifier); ok {
+			n.NotifyCompleted(&c.ctx, id, c.token, c.txResp, m.retention)
+		}
+	} else if c.hijacked || c.status == http.StatusSwitchingProtocols || m.release(c.status) || c.incomplete(r.Context(), wroteNothing) {
 		if c.hijacked {
 			ev.Status = 0
 		}
@@ -412,6 +424,11 @@ func (m *Middleware) execute(c *call, w http.ResponseWriter, r *http.Request, ne
 		}
 	} else {
 		ev.Decision = Executed
+		if c.renewLost.Load() {
+			m.logger.LogAttrs(r.Context(), slog.LevelWarn,
+				"idempotency lease lost while the handler ran; its response will not be stored",
+				slog.String("scope", id.Scope), slog.String("key", id.Key))
+		}
 		resp := store.Response{Status: c.status, Header: c.header, Body: c.body, BodyOmitted: c.omitted}
 		if c.omitted {
 			resp.Body = nil

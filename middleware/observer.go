@@ -73,6 +73,9 @@ type Event struct {
 	Status int
 	// Takeover is set when the claim took over an expired lease.
 	Takeover bool
+	// InTransaction is set on Executed when the handler completed the record in its
+	// own transaction (MarkCompleted) and the middleware did not call Complete.
+	InTransaction bool
 	// StoreLatency is the time spent in store calls on the request's path (claim,
 	// then complete or release); renewals are not counted.
 	StoreLatency time.Duration

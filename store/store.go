@@ -212,6 +212,17 @@ type Store interface {
 	Renew(ctx context.Context, id ID, token Token, lease time.Duration) error
 }
 
+// CompletionNotifier is an optional interface of stores that keep a copy of records
+// in front of an authoritative store (store/tiered). When a handler completed a
+// record in its own transaction on the authoritative store (store/postgres
+// CompleteTx) and committed, the middleware calls NotifyCompleted with the claim's
+// token and the committed response, so the copy can learn of it. Best effort: it
+// reports nothing, and never makes the record authoritative; resp must not be
+// kept past the call (a store copies what it keeps).
+type CompletionNotifier interface {
+	NotifyCompleted(ctx context.Context, id ID, token Token, resp Response, retention time.Duration)
+}
+
 // Validate checks the arguments every store requires of a claim. Backends call it
 // first and return its error unchanged (it wraps ErrInvalid).
 func (r ClaimRequest) Validate() error {

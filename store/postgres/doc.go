@@ -73,6 +73,27 @@
 // section 3.3). Claim detects it (and the related case of a stale snapshot row) and
 // re-runs the statement, so every call ends with a definite answer or an error.
 //
+// # Completion in the handler's transaction
+//
+// A handler whose side effect lives in the same database (a charge row, an order)
+// completes the idempotency record in its own transaction, so the row and the
+// record commit together (docs/architecture.md section 9): a crash before the
+// commit leaves neither (the retry runs once, after the lease), a crash after it
+// leaves both (the retry replays). CompleteTx is the token-fenced UPDATE in the
+// caller's pgx.Tx; CommitResponse does the common case in one call:
+//
+//	tx, err := pool.Begin(ctx)
+//	defer tx.Rollback(ctx)
+//	... tx.Exec(ctx, `INSERT INTO charges ...`)
+//	err = st.CommitResponse(ctx, tx, w, store.Response{Status: 201, Header: h, Body: body})
+//	// store.ErrLeaseLost: a retry took the key over; the charge rolled back: answer 409
+//	// ErrCommitUnknown or another error: answer 5xx (the middleware releases, fenced)
+//
+// The fence is the token: when the lease expired and a retry took the key over, the
+// stale holder's UPDATE matches no row, CompleteTx returns store.ErrLeaseLost and the
+// handler rolls back, so its side effect never commits. One statement inside the
+// handler's commit, no round trip after it (the middleware does not call Complete).
+//
 // # Errors and failures
 //
 // Complete, Release and Renew are one token-guarded UPDATE or DELETE each; zero

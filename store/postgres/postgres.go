@@ -311,6 +311,15 @@ func (s *Store) record(r *claimRow, fp store.Fingerprint) (*store.Record, error)
 // store.ErrInvalid, driver errors are wrapped. Headers are kept in the binary encoding
 // of the package doc.
 func (s *Store) Complete(ctx context.Context, id store.ID, token store.Token, resp store.Response, retention time.Duration) error {
+	if err := s.checkComplete(id, token, resp, retention); err != nil {
+		return err
+	}
+	tag, err := s.db.Exec(ctx, s.completeSQL, s.completeArgs(id, token, resp, retention)...)
+	return holderResult("complete", tag, err)
+}
+
+// checkComplete checks the arguments of Complete and CompleteTx (store.ErrInvalid).
+func (s *Store) checkComplete(id store.ID, token store.Token, resp store.Response, retention time.Duration) error {
 	if err := store.ValidateResponse(resp, retention); err != nil {
 		return err
 	}
@@ -320,13 +329,17 @@ func (s *Store) Complete(ctx context.Context, id store.ID, token store.Token, re
 	if s.maxBody > 0 && len(resp.Body) > s.maxBody {
 		return fmt.Errorf("%w: body of %d bytes over the cap of %d", store.ErrInvalid, len(resp.Body), s.maxBody)
 	}
+	return nil
+}
+
+// completeArgs returns the arguments of completeSQL.
+func (s *Store) completeArgs(id store.ID, token store.Token, resp store.Response, retention time.Duration) []any {
 	var body []byte
 	if len(resp.Body) > 0 {
 		body = resp.Body
 	}
-	tag, err := s.db.Exec(ctx, s.completeSQL, bytesOf(id.Scope), bytesOf(id.Key), token[:],
-		int16(resp.Status), encodeHeader(resp.Header), body, resp.BodyOmitted, millis(retention))
-	return holderResult("complete", tag, err)
+	return []any{bytesOf(id.Scope), bytesOf(id.Key), token[:],
+		int16(resp.Status), encodeHeader(resp.Header), body, resp.BodyOmitted, millis(retention)}
 }
 
 // Release implements store.Store in one statement: it deletes the record if token

@@ -94,7 +94,10 @@ type Store struct {
 	stats     counters
 }
 
-var _ store.Store = (*Store)(nil)
+var (
+	_ store.Store              = (*Store)(nil)
+	_ store.CompletionNotifier = (*Store)(nil)
+)
 
 // Option configures a Store.
 type Option func(*Store)
@@ -346,6 +349,21 @@ func (s *Store) Complete(ctx context.Context, id store.ID, token store.Token, re
 		})
 	}
 	return nil
+}
+
+// NotifyCompleted implements store.CompletionNotifier. A handler completed id's
+// record in its own transaction on the backstop (store/postgres CompleteTx) and
+// committed; the Redis marker of token becomes the completed record for retention,
+// best effort (the timeout, the cooldown and the counters of every Redis call
+// apply). Redis never decides: a copy that does not arrive only costs fast-path
+// hits, and the marker answers InFlight until its lease ends at the latest.
+func (s *Store) NotifyCompleted(ctx context.Context, id store.ID, token store.Token, resp store.Response, retention time.Duration) {
+	if retention < time.Millisecond {
+		return
+	}
+	_, _ = s.fastCall(ctx, "complete", func(ctx context.Context) error {
+		return s.fast.Complete(ctx, id, token, resp, retention)
+	})
 }
 
 // Release implements store.Store: the backstop forgets id if token holds it and

@@ -1,0 +1,96 @@
+package middleware
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"net/http/httptest"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/idemkey/idemkey/store"
+	"github.com/idemkey/idemkey/store/memory"
+)
+
+// notifyStore counts the middleware's calls and records NotifyCompleted.
+type notifyStore struct {
+	hookStore
+	mu       sync.Mutex
+	notified []store.Response
+}
+
+func (n *notifyStore) NotifyCompleted(_ context.Context, _ store.ID, _ store.Token, resp store.Response, _ time.Duration) {
+	n.mu.Lock()
+	n.notified = append(n.notified, resp)
+	n.mu.Unlock()
+}
+
+// TestMarkCompleted: a handler that completes the record itself (as in its own
+// transaction) and says so is not completed again nor released, whatever it
+// writes; its claim is in the context; a store that caches records is told; the
+// retry replays the committed record.
+func TestMarkCompleted(t *testing.T) {
+	mem := memory.New()
+	ns := &notifyStore{hookStore: hookStore{Store: mem}}
+	var (
+		leaked context.Context
+		claim  Claim
+		calls  int
+		events []Event
+	)
+	m, err := New(ns, GlobalScope, WithRetention(time.Hour), WithClock(&fakeClock{}), WithLogger(discardLogger()),
+		WithObserver(ObserverFunc(func(_ context.Context, ev Event) { events = append(events, ev) })))
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := m.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		calls++
+		ctx := r.Context()
+		var ok bool
+		if claim, ok = ClaimFromContext(ctx); !ok {
+			t.Error("no claim in the handler's context")
+			return
+		}
+		resp := store.Response{Status: 201, Body: []byte("committed")}
+		// What CompleteTx and the commit do, here on the memory store itself.
+		if err := mem.Complete(ctx, claim.ID, claim.Token, resp, claim.Retention); err != nil {
+			t.Error(err)
+		}
+		if err := MarkCompleted(ctx, resp); err != nil {
+			t.Error(err)
+		}
+		leaked = ctx
+		w.WriteHeader(http.StatusInternalServerError) // not released: the record is committed
+		w.Write([]byte("something else"))
+	}))
+	do := func() *httptest.ResponseRecorder {
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, req("POST", "/x", "k", "b"))
+		return w
+	}
+	if w := do(); w.Code != 500 || w.Body.String() != "something else" {
+		t.Fatalf("first: %d %q", w.Code, w.Body)
+	}
+	if ev := events[0]; ev.Decision != Executed || !ev.InTransaction || ns.completes.Load() != 0 || ns.releases.Load() != 0 {
+		t.Fatalf("event %+v, %d Complete, %d Release; want executed in transaction, none", ev, ns.completes.Load(), ns.releases.Load())
+	}
+	if len(ns.notified) != 1 || string(ns.notified[0].Body) != "committed" {
+		t.Fatalf("notified %+v", ns.notified)
+	}
+	if w := do(); w.Code != 201 || w.Body.String() != "committed" || calls != 1 {
+		t.Fatalf("retry: %d %q after %d calls; want the committed record", w.Code, w.Body, calls)
+	}
+	if claim.ID.Key != "k" || claim.Token.IsZero() || claim.Retention != time.Hour || claim.Takeover || claim.Fingerprint == (store.Fingerprint{}) {
+		t.Fatalf("claim %+v", claim)
+	}
+	if err := MarkCompleted(leaked, store.Response{Status: 200}); !errors.Is(err, ErrNoClaim) {
+		t.Fatalf("MarkCompleted after the handler returned: %v", err)
+	}
+	if _, ok := ClaimFromContext(context.Background()); ok {
+		t.Fatal("claim in a bare context")
+	}
+	if err := MarkCompleted(context.Background(), store.Response{Status: 200}); !errors.Is(err, ErrNoClaim) {
+		t.Fatalf("MarkCompleted without a claim: %v", err)
+	}
+}

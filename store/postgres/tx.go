@@ -1,0 +1,103 @@
+package postgres
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/idemkey/idemkey/middleware"
+	"github.com/idemkey/idemkey/store"
+)
+
+// ErrCommitUnknown is returned (wrapped, next to the driver's error) by
+// CommitResponse when the commit of the handler's transaction failed: whether it
+// committed is not known (the connection may have dropped after the server
+// committed). The handler answers 5xx; the middleware then releases the claim,
+// fenced by the token and by the record being uncompleted, so a record that did
+// commit is kept and replayed, and one that did not is forgotten and the retry runs.
+var ErrCommitUnknown = errors.New("idemkey/postgres: commit outcome unknown")
+
+// CompleteTx completes id's record inside the caller's transaction tx, fenced by
+// token: one UPDATE of the store's table, no other round trip. It is the
+// in-transaction form of Complete (same arguments, validation and encoding), for a
+// handler whose side effect lives in the same database: the record and the side
+// effect then commit or roll back together (docs/architecture.md section 9).
+//
+// Errors: store.ErrLeaseLost (wrapped) when token no longer owns the key (its lease
+// expired and a retry took the key over, or the record expired): the caller must
+// roll back, so a stale holder's side effect never commits. store.ErrInvalid for bad
+// arguments (nothing sent), otherwise the driver's error wrapped; tx is left to the
+// caller either way.
+//
+// tx may be any pgx.Tx: from pool.Begin (*pgxpool.Pool), conn.Begin on a checkout
+// or a *pgx.Conn, or a nested (savepoint) transaction, in the store's database (the
+// store's table is named as the store was configured). The UPDATE locks the record's
+// row until tx ends, so keep the transaction short after it: a retry that takes
+// over an expired lease waits for it. The record's completion time and retention
+// are counted from the transaction's start (Postgres now()).
+//
+// After commit, tell the middleware with middleware.MarkCompleted, or use
+// CommitResponse, which does both.
+func (s *Store) CompleteTx(ctx context.Context, tx pgx.Tx, id store.ID, token store.Token, resp store.Response, retention time.Duration) error {
+	if tx == nil {
+		return fmt.Errorf("%w: postgres: nil transaction", store.ErrInvalid)
+	}
+	if err := s.checkComplete(id, token, resp, retention); err != nil {
+		return err
+	}
+	tag, err := tx.Exec(ctx, s.completeSQL, s.completeArgs(id, token, resp, retention)...)
+	return holderResult("complete in transaction", tag, err)
+}
+
+// CommitResponse is the common end of a handler that writes its own rows in tx: it
+// takes the claim from ctx (middleware.ClaimFromContext), completes the record with
+// resp in tx (CompleteTx), commits tx, tells the middleware (middleware.MarkCompleted,
+// so it does not complete again) and writes resp to w: its headers, status and
+// body. resp is what every retry replays; write nothing else to w afterwards (if
+// the handler does, the client sees it, the retries still get resp). resp.Header
+// should hold only headers worth replaying (no Set-Cookie, Date, Content-Length).
+//
+// tx must be the top-level transaction (commit ends it in the database). On every
+// error tx is finished (rolled back, or its commit failed) and nothing was written
+// to w:
+//   - middleware.ErrNoClaim when ctx carries no claim (the route is not behind the
+//     middleware, or the request passed through without a key);
+//   - store.ErrLeaseLost (wrapped) when the claim was taken over: tx was rolled
+//     back, none of its rows exist; answer 409 (the retry that took over runs);
+//   - ErrCommitUnknown (wrapped, with the driver's error) when the commit failed:
+//     answer 5xx, see ErrCommitUnknown;
+//   - store.ErrInvalid for a response a store cannot keep, or the driver's error of
+//     the UPDATE: tx was rolled back.
+func (s *Store) CommitResponse(ctx context.Context, tx pgx.Tx, w http.ResponseWriter, resp store.Response) error {
+	if tx == nil {
+		return fmt.Errorf("%w: postgres: nil transaction", store.ErrInvalid)
+	}
+	claim, ok := middleware.ClaimFromContext(ctx)
+	if !ok {
+		_ = tx.Rollback(context.WithoutCancel(ctx))
+		return middleware.ErrNoClaim
+	}
+	if err := s.CompleteTx(ctx, tx, claim.ID, claim.Token, resp, claim.Retention); err != nil {
+		_ = tx.Rollback(context.WithoutCancel(ctx))
+		return err
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return fmt.Errorf("%w: %w", ErrCommitUnknown, err)
+	}
+	if err := middleware.MarkCompleted(ctx, resp); err != nil {
+		return err // unreachable: the claim was in ctx above
+	}
+	h := w.Header()
+	for k, v := range resp.Header {
+		h[k] = v
+	}
+	w.WriteHeader(resp.Status)
+	if len(resp.Body) > 0 {
+		_, _ = w.Write(resp.Body) // a failed write is the client's loss: retries replay resp
+	}
+	return nil
+}

@@ -1,0 +1,54 @@
+package tiered_test
+
+import (
+	"testing"
+	"time"
+
+	goredis "github.com/redis/go-redis/v9"
+
+	"github.com/idemkey/idemkey/store"
+	"github.com/idemkey/idemkey/store/redis"
+	"github.com/idemkey/idemkey/store/redis/redistest"
+	"github.com/idemkey/idemkey/store/tiered"
+)
+
+// TestCompletedInTransaction: a handler completed the record in its own
+// transaction on the Postgres backstop (CompleteTx) and committed; after
+// NotifyCompleted the Redis marker has become the record, so the retry is a
+// Redis-only replay. Without the notice Redis still answers in flight.
+func TestCompletedInTransaction(t *testing.T) {
+	shared := redistest.Shared(t)
+	c := goredis.NewClient(shared.Options())
+	t.Cleanup(func() { _ = c.Close() })
+	pool := pgPool(t)
+	pg := postgresBackstop(t, pool)
+	back := &probe{Store: pg}
+	s := tiered.New(redis.New(c, redis.WithPrefix(redistest.Prefix(t, shared))), back, tiered.WithTimeout(testTimeout))
+	ctx := t.Context()
+
+	req := store.ClaimRequest{ID: store.ID{Scope: "t", Key: "k"}, Fingerprint: fingerprint("a"), Lease: time.Minute, Retention: time.Hour}
+	res, err := s.Claim(ctx, req)
+	if err != nil || res.Outcome != store.Claimed {
+		t.Fatalf("Claim: %+v, %v", res, err)
+	}
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp := store.Response{Status: 201, Body: []byte("charged")}
+	if err := pg.CompleteTx(ctx, tx, req.ID, res.Token, resp, req.Retention); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := s.Claim(ctx, req); err != nil || got.Outcome != store.InFlight {
+		t.Fatalf("before the notice: %+v, %v; want the Redis marker's in flight", got, err)
+	}
+	s.NotifyCompleted(ctx, req.ID, res.Token, resp, req.Retention)
+	b0 := back.calls.Load()
+	got, err := s.Claim(ctx, req)
+	if err != nil || got.Outcome != store.Completed || string(got.Record.Body) != "charged" || back.calls.Load() != b0 {
+		t.Fatalf("after the notice: %+v, %v, %d backstop calls; want a Redis replay", got, err, back.calls.Load()-b0)
+	}
+}
