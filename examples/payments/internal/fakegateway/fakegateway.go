@@ -10,7 +10,8 @@
 // POST /charges deduplicates by key, as payment providers do: a second call with a
 // key it has seen answers the first call's charge, with Idempotent-Replayed: true,
 // and charges nothing; the same key with another amount or currency is a 422
-// problem. A missing key or a malformed body is a 400 problem. Charges live in
+// problem. A missing key or a malformed body is a 400 problem; fields other than
+// amountCents and currency (a customer, a description) are accepted and ignored. Charges live in
 // memory and die with the process.
 //
 // Faults (Faults; from the environment with FaultsFromEnv, per request from the
@@ -142,7 +143,7 @@ func New(faults Faults, logger *slog.Logger) *Gateway {
 func (g *Gateway) Charges() []Charge {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	return append([]Charge(nil), g.charges...)
+	return append(make([]Charge, 0, len(g.charges)), g.charges...) // never nil: GET /charges answers [] when empty
 }
 
 // ServeHTTP serves POST /charges and GET /charges.
@@ -175,8 +176,7 @@ func (g *Gateway) charge(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	var req ChargeRequest
-	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, 1<<16))
-	dec.DisallowUnknownFields()
+	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, 1<<16)) // other fields are ignored, as providers do
 	if err := dec.Decode(&req); err != nil || dec.More() {
 		writeProblem(w, http.StatusBadRequest, "malformed_request", "The body must be one JSON object {\"amountCents\": n, \"currency\": \"EUR\"}.")
 		return
