@@ -271,7 +271,7 @@ func TestSlowFaultHoldsTheKey(t *testing.T) {
 	firstDone := make(chan answer, 1)
 	go func() {
 		a, err := do(http.DefaultClient, http.MethodPost, base+"/payments", payBody,
-			"Authorization", "Bearer demo", "Idempotency-Key", "slow-1", "X-Fault", "slow=1500ms")
+			"Authorization", "Bearer demo", "Idempotency-Key", "slow-1", "X-Fault", "slow=2500ms")
 		if err != nil {
 			a.Body = err.Error()
 		}
