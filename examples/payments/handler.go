@@ -104,7 +104,7 @@ func (a *api) createPayment(w http.ResponseWriter, r *http.Request) {
 // in one transaction, then writes the 201 to w. On error nothing was written and
 // the transaction is rolled back.
 func (a *api) record(ctx context.Context, w http.ResponseWriter, f fault, principal, key string, pay Payment) error {
-	ctx, cancel := context.WithTimeout(ctx, dbTimeout)
+	ctx, cancel := context.WithTimeout(ctx, dbTimeout+f.slow)
 	defer cancel()
 	tx, err := a.pool.Begin(ctx)
 	if err != nil {
