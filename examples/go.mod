@@ -13,6 +13,7 @@ replace github.com/idemkey/idemkey/middleware/echo => ../middleware/echo
 replace github.com/idemkey/idemkey/celeriant => ../celeriant
 
 require (
+	github.com/chromedp/chromedp v0.23.0
 	github.com/google/uuid v1.6.0
 	github.com/idemkey/idemkey v0.0.0-00010101000000-000000000000
 	github.com/idemkey/idemkey/celeriant v0.0.0-00010101000000-000000000000
@@ -30,6 +31,8 @@ require (
 require (
 	github.com/beorn7/perks v1.0.1 // indirect
 	github.com/cespare/xxhash/v2 v2.3.0 // indirect
+	github.com/chromedp/cdproto v0.159.0 // indirect
+	github.com/go-json-experiment/json v0.0.0-20260213210345-44df1a37e875 // indirect
 	github.com/influxdata/tdigest v0.0.1 // indirect
 	github.com/jackc/pgpassfile v1.0.0 // indirect
 	github.com/jackc/pgservicefile v0.0.0-20240606120523-5a60cdf6a761 // indirect

@@ -1,0 +1,195 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemkey/idemkey/examples/payments/internal/fakegateway"
+	"github.com/idemkey/idemkey/store"
+	"github.com/idemkey/idemkey/store/postgres"
+)
+
+// databaseURL returns DATABASE_URL; without it the test fails under CI=true and
+// is skipped otherwise.
+func databaseURL(t testing.TB) string {
+	t.Helper()
+	url := os.Getenv("DATABASE_URL")
+	if url == "" {
+		if os.Getenv("CI") == "true" {
+			t.Fatal("DATABASE_URL is not set; CI=true requires a Postgres server")
+		}
+		t.Skip("DATABASE_URL is not set")
+	}
+	return url
+}
+
+// testPool connects to DATABASE_URL and picks a table prefix of the test's own;
+// its tables are dropped at cleanup.
+func testPool(t testing.TB) (*pgxpool.Pool, string) {
+	t.Helper()
+	pool, err := pgxpool.New(context.Background(), databaseURL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	prefix := "pay" + store.NewToken().String()[:10] + "_"
+	t.Cleanup(func() {
+		defer pool.Close()
+		_, err := pool.Exec(context.Background(), "DROP TABLE IF EXISTS "+
+			pgx.Identifier{prefix + "payments"}.Sanitize()+", "+
+			pgx.Identifier{prefix + "idemkey_records"}.Sanitize()+", "+
+			pgx.Identifier{prefix + "idemkey_records_migrations"}.Sanitize())
+		if err != nil {
+			t.Errorf("dropping the test's tables: %v", err)
+		}
+	})
+	return pool, prefix
+}
+
+// testServer is the payments handler in-process over httptest, on its own
+// tables, with an in-process fake gateway.
+type testServer struct {
+	URL      string
+	gateway  *fakegateway.Gateway
+	gwURL    string
+	pool     *pgxpool.Pool
+	prefix   string
+	payments *payments
+}
+
+// newTestServer serves the payments API on fresh tables; cfg's zero fields get
+// the defaults of loadConfig.
+func newTestServer(t *testing.T, env map[string]string) *testServer {
+	t.Helper()
+	pool, prefix := testPool(t)
+	g := fakegateway.New(fakegateway.Faults{}, nil)
+	gw := httptest.NewServer(g)
+	t.Cleanup(gw.Close)
+	ts := &testServer{gateway: g, gwURL: gw.URL, pool: pool, prefix: prefix}
+	ts.URL = ts.start(t, env, gw.URL)
+	return ts
+}
+
+// start serves another instance of the API on ts's tables, charging through
+// gatewayURL, and returns its URL.
+func (ts *testServer) start(t *testing.T, env map[string]string, gatewayURL string) string {
+	t.Helper()
+	full := map[string]string{"DATABASE_URL": "set", "PAYMENTS_TABLE_PREFIX": ts.prefix}
+	for k, v := range env {
+		full[k] = v
+	}
+	cfg, err := loadConfig(func(k string) string { return full[k] })
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	records, err := postgres.New(ts.pool, postgres.WithTable(cfg.tablePrefix+"idemkey_records"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := records.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	ts.payments = newPayments(ts.pool, cfg.tablePrefix)
+	if err := ts.payments.migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	gw, err := newGatewayClient(gatewayURL, 2*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	logger := slog.New(slog.NewTextHandler(io.Discard, nil))
+	h, err := newHandler(cfg, &api{pool: ts.pool, records: records, payments: ts.payments, gateway: gw, logger: logger}, logger)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(h)
+	t.Cleanup(srv.Close)
+	return srv.URL
+}
+
+func (ts *testServer) rows(t testing.TB) int {
+	t.Helper()
+	n, err := ts.payments.count(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// answer is an HTTP answer, read whole.
+type answer struct {
+	Status   int
+	Header   http.Header
+	Body     string
+	Replayed bool
+}
+
+// problemCode returns the "code" member of a problem body.
+func (a answer) problemCode() string {
+	var p struct{ Code string }
+	_ = json.Unmarshal([]byte(a.Body), &p)
+	return p.Code
+}
+
+func (a answer) payment(t testing.TB) Payment {
+	t.Helper()
+	var p Payment
+	if err := json.Unmarshal([]byte(a.Body), &p); err != nil || p.ID == "" {
+		t.Fatalf("not a payment: %d %s (%v)", a.Status, a.Body, err)
+	}
+	return p
+}
+
+// do sends a request; headers are name, value pairs. A transport error is returned.
+func do(client *http.Client, method, url, body string, headers ...string) (answer, error) {
+	req, err := http.NewRequest(method, url, strings.NewReader(body))
+	if err != nil {
+		return answer{}, err
+	}
+	if body != "" {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	for i := 0; i+1 < len(headers); i += 2 {
+		req.Header.Set(headers[i], headers[i+1])
+	}
+	resp, err := client.Do(req)
+	if err != nil {
+		return answer{}, err
+	}
+	defer resp.Body.Close()
+	var b bytes.Buffer
+	if _, err := b.ReadFrom(resp.Body); err != nil {
+		return answer{}, err
+	}
+	return answer{Status: resp.StatusCode, Header: resp.Header, Body: b.String(), Replayed: resp.Header.Get("Idempotent-Replayed") == "true"}, nil
+}
+
+// mustDo is do failing the test on a transport error.
+func mustDo(t testing.TB, method, url, body string, headers ...string) answer {
+	t.Helper()
+	a, err := do(http.DefaultClient, method, url, body, headers...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return a
+}
+
+// pay posts body to base's /payments with the demo token and key.
+func pay(t testing.TB, base, key, body string, headers ...string) answer {
+	t.Helper()
+	return mustDo(t, http.MethodPost, base+"/payments", body, append([]string{"Authorization", "Bearer demo", "Idempotency-Key", `"` + key + `"`}, headers...)...)
+}
+
+const payBody = `{"amountCents":1250,"currency":"EUR","customerId":"cust-1"}`
