@@ -95,10 +95,13 @@ func MayHaveLanded(ctx context.Context) context.Context {
 	return context.WithValue(ctx, mayHaveLandedKey{}, true)
 }
 
-func mayHaveLanded(ctx context.Context) bool {
+// MarkedMayHaveLanded reports whether ctx carries the MayHaveLanded mark.
+func MarkedMayHaveLanded(ctx context.Context) bool {
 	v, _ := ctx.Value(mayHaveLandedKey{}).(bool)
 	return v
 }
+
+func mayHaveLanded(ctx context.Context) bool { return MarkedMayHaveLanded(ctx) }
 
 // WithLandedLookback sets how far back, in server time from the aggregate's newest
 // batch, a request that may have landed (MayHaveLanded) searches the stream for its

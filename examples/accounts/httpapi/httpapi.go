@@ -81,6 +81,7 @@ const ProblemTypePrefix = "urn:idemkey:problem:"
 type Handler struct {
 	svc     Service
 	keyFunc KeyFunc
+	landed  LandedFunc
 	maxBody int64
 	log     *slog.Logger
 	mux     *http.ServeMux
@@ -92,6 +93,25 @@ type Option func(*Handler)
 // WithKeyFunc sets how the handler finds a request's idempotency scope and key (default:
 // never, so every write gets a random EventId).
 func WithKeyFunc(f KeyFunc) Option { return func(h *Handler) { h.keyFunc = f } }
+
+// LandedFunc reports whether an earlier run of the request may have written without
+// answering: the idempotency middleware's claim was a takeover of an expired lease.
+// Wire it to the middleware's claim accessor.
+type LandedFunc func(r *http.Request) bool
+
+// WithLandedFunc sets how the handler learns that a request may already have landed
+// (default: never). Such a write first searches the stream for its EventId
+// (accounts.MayHaveLanded), so a late retry after a takeover does not write twice.
+func WithLandedFunc(f LandedFunc) Option { return func(h *Handler) { h.landed = f } }
+
+// context returns the service context of r: r's, marked with accounts.MayHaveLanded
+// when the LandedFunc says so.
+func (h *Handler) context(r *http.Request) context.Context {
+	if h.landed != nil && h.landed(r) {
+		return accounts.MayHaveLanded(r.Context())
+	}
+	return r.Context()
+}
 
 // WithMaxBodyBytes sets the request body limit (default 64 KiB); n <= 0 is ignored.
 func WithMaxBodyBytes(n int64) Option {
@@ -168,12 +188,12 @@ func (f *problemFallback) Write(b []byte) (int, error) {
 	return len(b), nil // the mux's plain-text error body is dropped
 }
 
-// eventID returns the request's EventId: UUIDv5 over (scope, key) when the request has an
-// idempotency key, a fresh random one otherwise.
-func (h *Handler) eventID(r *http.Request) uuid.UUID {
+// eventID returns the request's EventId: UUIDv5 over (scope, key, operation) when the
+// request has an idempotency key, a fresh random one otherwise.
+func (h *Handler) eventID(r *http.Request, operation string) uuid.UUID {
 	if h.keyFunc != nil {
 		if scope, key, ok := h.keyFunc(r); ok {
-			return accounts.EventIDFor(scope, key)
+			return accounts.EventIDFor(scope, key, operation)
 		}
 	}
 	return accounts.NewEventID()
@@ -264,15 +284,15 @@ type amountBody struct {
 }
 
 func (h *Handler) deposit(w http.ResponseWriter, r *http.Request) {
-	h.oneAccount(w, r, h.svc.Deposit)
+	h.oneAccount(w, r, "deposit", h.svc.Deposit)
 }
 
 func (h *Handler) withdraw(w http.ResponseWriter, r *http.Request) {
-	h.oneAccount(w, r, h.svc.Withdraw)
+	h.oneAccount(w, r, "withdraw", h.svc.Withdraw)
 }
 
 func (h *Handler) oneAccount(w http.ResponseWriter, r *http.Request,
-	op func(context.Context, uuid.UUID, int32, uuid.UUID) (accounts.Result, error)) {
+	kind string, op func(context.Context, uuid.UUID, int32, uuid.UUID) (accounts.Result, error)) {
 	id, ok := pathID(w, r)
 	if !ok {
 		return
@@ -285,7 +305,7 @@ func (h *Handler) oneAccount(w http.ResponseWriter, r *http.Request,
 	if !ok {
 		return
 	}
-	res, err := op(r.Context(), id, amount, h.eventID(r))
+	res, err := op(h.context(r), id, amount, h.eventID(r, accounts.Operation(kind, amount, id)))
 	if err != nil {
 		h.fail(w, r, err)
 		return
@@ -318,7 +338,7 @@ func (h *Handler) transfer(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	res, err := h.svc.Transfer(r.Context(), from, to, amount, h.eventID(r))
+	res, err := h.svc.Transfer(h.context(r), from, to, amount, h.eventID(r, accounts.Operation("transfer", amount, from, to)))
 	if err != nil {
 		h.fail(w, r, err)
 		return

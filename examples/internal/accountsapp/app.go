@@ -123,7 +123,10 @@ func Open(ctx context.Context, cfg Config, getenv func(string) string, logger *s
 			return a, fmt.Errorf("%w: DATABASE_URL: %w", ErrConfig, err)
 		}
 		a.closers = append(a.closers, pool.Close)
-		pg, err := accounts.NewPostgresProjection(pool, accounts.WithTablePrefix(cfg.TablePrefix))
+		// The durable index remembers a write at least as long as the middleware
+		// remembers its key, so a retry within the retention never writes twice.
+		pg, err := accounts.NewPostgresProjection(pool, accounts.WithTablePrefix(cfg.TablePrefix),
+			accounts.WithPostgresWindow(max(cfg.Retention, accounts.DefaultWindow)))
 		if err != nil {
 			return a, err
 		}
@@ -136,7 +139,7 @@ func Open(ctx context.Context, cfg Config, getenv func(string) string, logger *s
 		proj = accounts.NewMemoryProjection()
 	}
 
-	a.Service, err = accounts.New(a.Events, proj, accounts.WithLogger(logger))
+	a.Service, err = accounts.New(a.Events, proj, accounts.WithLogger(logger), accounts.WithLandedLookback(cfg.Retention))
 	if err != nil {
 		return a, err
 	}
