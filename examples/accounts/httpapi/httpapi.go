@@ -20,30 +20,33 @@
 //	     200 {"from":{"balanceCents","aggregateVersion"},"to":{...}}
 //
 // Request bodies must be one JSON object; Content-Type is not checked. Field names are
-// matched as encoding/json does (case-insensitively).
+// matched exactly: another letter case, an unknown name or a repeated one is a 422.
 //
 // Errors (application/problem+json, members type, title, status, detail, code):
 //
 //	400 MALFORMED_REQUEST   body is not one JSON object, a path id is not a UUID, a bad query
 //	404 NOT_FOUND           no such route; 405 METHOD_NOT_ALLOWED (with Allow)
 //	413 PAYLOAD_TOO_LARGE   body over the limit (default 64 KiB)
-//	422 VALIDATION_ERROR    unknown field, wrong type, missing field, amount outside int32
-//	                        or not positive, an account id in the body that is not a UUID,
-//	                        a transfer to the same account
+//	422 VALIDATION_ERROR    unknown field (names are case-sensitive), repeated field, wrong
+//	                        type, missing field, amount outside int32 or not positive, an
+//	                        account id in the body that is not a UUID, the nil UUID as an
+//	                        account id (path or body), a transfer to the same account
 //	422 INSUFFICIENT_FUNDS  with balanceCents (the debited account's balance)
-//	409 CONFLICT            the write loop gave up; retry with the same key
+//	409 CONFLICT            the write loop gave up; retry with the same key (Retry-After: 1)
 //	503 SERVICE_UNAVAILABLE the event store cannot be reached, or the request's context
 //	                        ended mid-write (Retry-After: 1)
 //	500 INTERNAL_ERROR      anything else; the detail is logged, not returned
 package httpapi
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"io"
 	"log/slog"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -298,7 +301,7 @@ func (h *Handler) oneAccount(w http.ResponseWriter, r *http.Request,
 		return
 	}
 	var body amountBody
-	if !h.decode(w, r, &body) {
+	if !h.decode(w, r, &body, "amountCents") {
 		return
 	}
 	amount, ok := amountOf(w, body.AmountCents)
@@ -323,7 +326,7 @@ type transferBody struct {
 
 func (h *Handler) transfer(w http.ResponseWriter, r *http.Request) {
 	var body transferBody
-	if !h.decode(w, r, &body) {
+	if !h.decode(w, r, &body, "fromAccountId", "toAccountId", "amountCents") {
 		return
 	}
 	from, ok := bodyID(w, "fromAccountId", body.FromAccountID)
@@ -349,19 +352,28 @@ func (h *Handler) transfer(w http.ResponseWriter, r *http.Request) {
 	}{toJSON(res.From), toJSON(res.To)})
 }
 
-// decode reads exactly one JSON object into dst, refusing unknown fields. It answers the
-// problem itself and returns false on failure.
-func (h *Handler) decode(w http.ResponseWriter, r *http.Request, dst any) bool {
-	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, h.maxBody))
-	dec.DisallowUnknownFields()
-	err := dec.Decode(dst)
+// decode reads exactly one JSON object into dst, refusing unknown fields and field names
+// that match dst's only in another letter case or appear twice (encoding/json would
+// take {"amountCents":100,"AMOUNTCENTS":3} as 3). fields are dst's JSON names. It answers
+// the problem itself and returns false on failure.
+func (h *Handler) decode(w http.ResponseWriter, r *http.Request, dst any, fields ...string) bool {
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, h.maxBody))
+	if err == nil {
+		if name, dup, bad := fieldNames(body, fields); bad {
+			detail := "Unknown field \"" + name + "\"."
+			if dup {
+				detail = "Field " + name + " appears more than once."
+			}
+			writeProblem(w, problem{Status: http.StatusUnprocessableEntity, Code: "VALIDATION_ERROR", Detail: detail})
+			return false
+		}
+		dec := json.NewDecoder(bytes.NewReader(body))
+		dec.DisallowUnknownFields()
+		err = dec.Decode(dst)
+	}
 	if err == nil {
 		// Exactly one value: anything but whitespace after it is malformed.
-		if _, terr := dec.Token(); terr == nil {
-			err = errors.New("trailing data after the JSON object")
-		} else if !errors.Is(terr, io.EOF) {
-			err = terr
-		}
+		err = onlyOneValue(body)
 	}
 	if err == nil {
 		return true
@@ -383,6 +395,53 @@ func (h *Handler) decode(w http.ResponseWriter, r *http.Request, dst any) bool {
 			Detail: "Request body must be one JSON object."})
 	}
 	return false
+}
+
+// onlyOneValue fails unless body is exactly one JSON value (whitespace around it).
+func onlyOneValue(body []byte) error {
+	dec := json.NewDecoder(bytes.NewReader(body))
+	var v json.RawMessage
+	if err := dec.Decode(&v); err != nil {
+		return err
+	}
+	if _, err := dec.Token(); err == nil {
+		return errors.New("trailing data after the JSON object")
+	} else if !errors.Is(err, io.EOF) {
+		return err
+	}
+	return nil
+}
+
+// fieldNames checks the member names of the JSON object body against fields, compared
+// exactly: it returns the first name that is not one of them (bad), or one that appears
+// twice (bad, dup). A body that is not a well-formed object passes, for the decoder to
+// refuse with its own error.
+func fieldNames(body []byte, fields []string) (name string, dup, bad bool) {
+	dec := json.NewDecoder(bytes.NewReader(body))
+	if t, err := dec.Token(); err != nil || t != json.Delim('{') {
+		return "", false, false
+	}
+	var seen [4]bool // len(fields) <= 4
+	for dec.More() {
+		t, err := dec.Token()
+		if err != nil {
+			return "", false, false
+		}
+		name, _ = t.(string)
+		i := slices.Index(fields, name)
+		switch {
+		case i < 0:
+			return name, false, true
+		case seen[i]:
+			return name, true, true
+		}
+		seen[i] = true
+		var v json.RawMessage
+		if err := dec.Decode(&v); err != nil {
+			return "", false, false
+		}
+	}
+	return "", false, false
 }
 
 // expected names the type a body field must have.
@@ -418,6 +477,10 @@ func bodyID(w http.ResponseWriter, field string, v *string) (uuid.UUID, bool) {
 		writeProblem(w, problem{Status: http.StatusUnprocessableEntity, Code: "VALIDATION_ERROR", Detail: "Field " + field + " must be a UUID."})
 		return uuid.Nil, false
 	}
+	if id == uuid.Nil {
+		writeProblem(w, problem{Status: http.StatusUnprocessableEntity, Code: "VALIDATION_ERROR", Detail: "Field " + field + " must not be the nil UUID."})
+		return uuid.Nil, false
+	}
 	return id, true
 }
 
@@ -425,6 +488,10 @@ func pathID(w http.ResponseWriter, r *http.Request) (uuid.UUID, bool) {
 	id, err := uuid.Parse(r.PathValue("id"))
 	if err != nil {
 		writeProblem(w, problem{Status: http.StatusBadRequest, Code: "MALFORMED_REQUEST", Detail: "Account id in the path must be a UUID."})
+		return uuid.Nil, false
+	}
+	if id == uuid.Nil {
+		writeProblem(w, problem{Status: http.StatusUnprocessableEntity, Code: "VALIDATION_ERROR", Detail: "Account id must not be the nil UUID."})
 		return uuid.Nil, false
 	}
 	return id, true
@@ -458,6 +525,9 @@ func (h *Handler) fail(w http.ResponseWriter, r *http.Request, err error) {
 		writeProblem(w, problem{Status: http.StatusUnprocessableEntity, Code: "VALIDATION_ERROR", Detail: valid.Message})
 	case errors.Is(err, accounts.ErrConflict):
 		h.log.InfoContext(r.Context(), "accounts: write gave up", "path", r.URL.Path, "err", err)
+		// The loop gave up on concurrent updates or ambiguous outcomes: a retry with the
+		// same key a moment later usually succeeds.
+		w.Header().Set("Retry-After", "1")
 		writeProblem(w, problem{Status: http.StatusConflict, Code: "CONFLICT", Detail: "Account was modified concurrently. Please retry."})
 	case errors.Is(err, accounts.ErrUnavailable):
 		h.log.WarnContext(r.Context(), "accounts: event store or projection unavailable", "path", r.URL.Path, "err", err)

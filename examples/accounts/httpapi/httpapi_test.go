@@ -168,6 +168,12 @@ func TestBadInput(t *testing.T) {
 		{"wrong method", "DELETE", "/api/transfers", "", 405, "METHOD_NOT_ALLOWED"},
 		{"GET on a POST route", "GET", dep, "", 405, "METHOD_NOT_ALLOWED"},
 		{"root", "GET", "/", "", 404, "NOT_FOUND"},
+		{"field name in another case too", "POST", dep, `{"amountCents":100,"AMOUNTCENTS":3}`, 422, "VALIDATION_ERROR"},
+		{"field name in another case", "POST", dep, `{"AmountCents":100}`, 422, "VALIDATION_ERROR"},
+		{"field repeated", "POST", dep, `{"amountCents":100,"amountCents":3}`, 422, "VALIDATION_ERROR"},
+		{"deposit nil UUID path", "POST", "/api/accounts/" + uuid.Nil.String() + "/deposit", `{"amountCents":5}`, 422, "VALIDATION_ERROR"},
+		{"withdraw nil UUID path", "POST", "/api/accounts/" + uuid.Nil.String() + "/withdraw", `{"amountCents":5}`, 422, "VALIDATION_ERROR"},
+		{"balance nil UUID path", "GET", "/api/accounts/" + uuid.Nil.String() + "/balance", "", 422, "VALIDATION_ERROR"},
 	}
 	for _, c := range []struct{ name, body string }{
 		{"transfer non-UUID from", `{"fromAccountId":"x","toAccountId":"` + alice + `","amountCents":1}`},
@@ -177,6 +183,9 @@ func TestBadInput(t *testing.T) {
 		{"transfer missing amount", `{"fromAccountId":"` + alice + `","toAccountId":"` + alice + `"}`},
 		{"transfer amount overflow", `{"fromAccountId":"` + alice + `","toAccountId":"` + accounts.BobID.String() + `","amountCents":99999999999}`},
 		{"transfer unknown field", `{"fromAccountId":"` + alice + `","toAccountId":"` + accounts.BobID.String() + `","amountCents":1,"x":1}`},
+		{"transfer nil UUID from", `{"fromAccountId":"` + uuid.Nil.String() + `","toAccountId":"` + alice + `","amountCents":1}`},
+		{"transfer nil UUID to", `{"fromAccountId":"` + alice + `","toAccountId":"` + uuid.Nil.String() + `","amountCents":1}`},
+		{"transfer field in another case", `{"fromAccountId":"` + alice + `","toAccountId":"` + accounts.BobID.String() + `","amountCents":1,"TOACCOUNTID":"` + alice + `"}`},
 	} {
 		m, p, b := tr(c.body)
 		cases = append(cases, tcase{c.name, m, p, b, 422, "VALIDATION_ERROR"})
@@ -247,8 +256,8 @@ func TestErrorMapping(t *testing.T) {
 				if strings.Contains(w.Body.String(), "secret") || strings.Contains(w.Body.String(), "internal detail") {
 					t.Error("internal error text leaked")
 				}
-				if tc.status == 503 && w.Header().Get("Retry-After") == "" {
-					t.Error("503 without Retry-After")
+				if (tc.status == 503 || tc.status == 409) && w.Header().Get("Retry-After") != "1" {
+					t.Errorf("%d with Retry-After %q, want 1", tc.status, w.Header().Get("Retry-After"))
 				}
 			})
 		}
