@@ -123,10 +123,8 @@ func Open(ctx context.Context, cfg Config, getenv func(string) string, logger *s
 			return a, fmt.Errorf("%w: DATABASE_URL: %w", ErrConfig, err)
 		}
 		a.closers = append(a.closers, pool.Close)
-		// The durable index remembers a write at least as long as the middleware
-		// remembers its key, so a retry within the retention never writes twice.
 		pg, err := accounts.NewPostgresProjection(pool, accounts.WithTablePrefix(cfg.TablePrefix),
-			accounts.WithPostgresWindow(max(cfg.Retention, accounts.DefaultWindow)))
+			accounts.WithPostgresWindow(indexWindow(cfg.Retention)))
 		if err != nil {
 			return a, err
 		}
@@ -170,6 +168,13 @@ func Open(ctx context.Context, cfg Config, getenv func(string) string, logger *s
 	}
 	a.API = httpapi.New(a.Service, httpapi.WithLogger(logger), httpapi.WithKeyFunc(keyFromRequest))
 	return a, nil
+}
+
+// indexWindow is the Postgres projection's dedup window for a middleware retention: at
+// least the retention, so the durable index remembers a write as long as the middleware
+// remembers its key, and never below accounts.DefaultWindow.
+func indexWindow(retention time.Duration) time.Duration {
+	return max(retention, accounts.DefaultWindow)
 }
 
 // keyFromRequest hands the middleware's scope and key to the account service, which
