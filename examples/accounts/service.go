@@ -204,21 +204,26 @@ type oneAccount struct {
 	landed  bool // the request may have landed beyond the index (a takeover)
 
 	st       State
+	caught   bool // st is fresh from the caller's catch-up: the first Prepare uses it
 	seq      uint64
 	searched bool
 	answer   Result // set when Prepare finds the request landed
 }
 
 func (a *oneAccount) Prepare(ctx context.Context, _ int, reDerive bool) (bool, error) {
-	st, hit, ok, err := a.s.catchUp(ctx, a.acct, a.eventID)
-	if err != nil {
-		return false, err
+	if !a.caught {
+		st, hit, ok, err := a.s.catchUp(ctx, a.acct, a.eventID)
+		if err != nil {
+			return false, err
+		}
+		if ok {
+			a.answer = hit
+			return true, nil
+		}
+		a.st = st
 	}
-	if ok {
-		a.answer = hit
-		return true, nil
-	}
-	a.st = st
+	a.caught = false
+	st := a.st
 	if reDerive {
 		if a.landed && !a.searched {
 			a.searched = true
@@ -268,7 +273,13 @@ func (s *Service) writeOne(ctx context.Context, acct uuid.UUID, typ EventType, a
 	if eventID == uuid.Nil {
 		eventID = NewEventID()
 	}
-	a := &oneAccount{s: s, acct: acct, typ: typ, amount: amount, eventID: eventID, landed: mayHaveLanded(ctx)}
+	// The first catch-up runs here, so a retry answered from the index costs no
+	// allocation for the loop.
+	st, hit, ok, err := s.catchUp(ctx, acct, eventID)
+	if err != nil || ok {
+		return hit, err
+	}
+	a := &oneAccount{s: s, acct: acct, typ: typ, amount: amount, eventID: eventID, landed: mayHaveLanded(ctx), st: st, caught: true}
 	out, err := s.loop().Run(ctx, a)
 	switch {
 	case err != nil:

@@ -27,7 +27,11 @@ func (s *Service) Transfer(ctx context.Context, from, to uuid.UUID, amountCents 
 	if eventID == uuid.Nil {
 		eventID = NewEventID()
 	}
-	a := &transferAttempt{s: s, from: from, to: to, amount: amountCents, eventID: eventID, landed: mayHaveLanded(ctx)}
+	fs, ts, res, done, err := s.catchUpTransfer(ctx, from, to, eventID)
+	if err != nil || done {
+		return res, err
+	}
+	a := &transferAttempt{s: s, from: from, to: to, amount: amountCents, eventID: eventID, landed: mayHaveLanded(ctx), fs: fs, ts: ts, caught: true}
 	out, err := s.loop().Run(ctx, a)
 	switch {
 	case err != nil:
@@ -41,7 +45,7 @@ func (s *Service) Transfer(ctx context.Context, from, to uuid.UUID, amountCents 
 		}
 		return TransferResult{From: fs.result(), To: ts.result()}, nil
 	}
-	res := TransferResult{
+	res = TransferResult{
 		From: Result{BalanceCents: a.fs.BalanceCents - int64(amountCents), AggregateVersion: a.fs.Version + 1},
 		To:   Result{BalanceCents: a.ts.BalanceCents + int64(amountCents), AggregateVersion: a.ts.Version + 1},
 	}
@@ -61,18 +65,23 @@ type transferAttempt struct {
 	landed   bool
 
 	fs, ts     State
+	caught     bool // fs and ts are fresh from the caller's catch-up: the first Prepare uses them
 	fseq, tseq uint64
 	searched   bool
 	answer     TransferResult
 }
 
 func (a *transferAttempt) Prepare(ctx context.Context, _ int, reDerive bool) (bool, error) {
-	fs, ts, res, done, err := a.s.catchUpTransfer(ctx, a.from, a.to, a.eventID)
-	if err != nil || done {
-		a.answer = res
-		return done, err
+	if !a.caught {
+		fs, ts, res, done, err := a.s.catchUpTransfer(ctx, a.from, a.to, a.eventID)
+		if err != nil || done {
+			a.answer = res
+			return done, err
+		}
+		a.fs, a.ts = fs, ts
 	}
-	a.fs, a.ts = fs, ts
+	a.caught = false
+	fs, ts := a.fs, a.ts
 	if reDerive {
 		if a.landed && !a.searched {
 			a.searched = true
