@@ -39,7 +39,6 @@
 package httpapi
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -48,7 +47,6 @@ import (
 	"net/http"
 	"slices"
 	"strconv"
-	"strings"
 
 	"github.com/google/uuid"
 
@@ -301,7 +299,7 @@ func (h *Handler) oneAccount(w http.ResponseWriter, r *http.Request,
 		return
 	}
 	var body amountBody
-	if !h.decode(w, r, &body, "amountCents") {
+	if !h.decode(w, r, field{"amountCents", &body.AmountCents}) {
 		return
 	}
 	amount, ok := amountOf(w, body.AmountCents)
@@ -326,7 +324,7 @@ type transferBody struct {
 
 func (h *Handler) transfer(w http.ResponseWriter, r *http.Request) {
 	var body transferBody
-	if !h.decode(w, r, &body, "fromAccountId", "toAccountId", "amountCents") {
+	if !h.decode(w, r, field{"fromAccountId", &body.FromAccountID}, field{"toAccountId", &body.ToAccountID}, field{"amountCents", &body.AmountCents}) {
 		return
 	}
 	from, ok := bodyID(w, "fromAccountId", body.FromAccountID)
@@ -352,29 +350,26 @@ func (h *Handler) transfer(w http.ResponseWriter, r *http.Request) {
 	}{toJSON(res.From), toJSON(res.To)})
 }
 
-// decode reads exactly one JSON object into dst, refusing unknown fields and field names
-// that match dst's only in another letter case or appear twice (encoding/json would
-// take {"amountCents":100,"AMOUNTCENTS":3} as 3). fields are dst's JSON names. It answers
-// the problem itself and returns false on failure.
-func (h *Handler) decode(w http.ResponseWriter, r *http.Request, dst any, fields ...string) bool {
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, h.maxBody))
-	if err == nil {
-		if name, dup, bad := fieldNames(body, fields); bad {
-			detail := "Unknown field \"" + name + "\"."
-			if dup {
-				detail = "Field " + name + " appears more than once."
-			}
-			writeProblem(w, problem{Status: http.StatusUnprocessableEntity, Code: "VALIDATION_ERROR", Detail: detail})
-			return false
-		}
-		dec := json.NewDecoder(bytes.NewReader(body))
-		dec.DisallowUnknownFields()
-		err = dec.Decode(dst)
-	}
-	if err == nil {
-		// Exactly one value: anything but whitespace after it is malformed.
-		err = onlyOneValue(body)
-	}
+// field is one member a request body may carry: its JSON name, compared exactly, and
+// a pointer to where its value goes.
+type field struct {
+	name string
+	dst  any
+}
+
+// Errors of decodeObject that are the client's JSON, not its syntax.
+var (
+	errUnknownField  = errors.New("unknown field")
+	errRepeatedField = errors.New("repeated field")
+	errNotOneObject  = errors.New("not exactly one JSON object")
+)
+
+// decode reads exactly one JSON object whose members are among fields, each at most
+// once, with names compared exactly: encoding/json alone would match names in any
+// letter case and take {"amountCents":100,"AMOUNTCENTS":3} as 3. It answers the
+// problem itself and returns false on failure.
+func (h *Handler) decode(w http.ResponseWriter, r *http.Request, fields ...field) bool {
+	name, err := decodeObject(json.NewDecoder(http.MaxBytesReader(w, r.Body, h.maxBody)), fields)
 	if err == nil {
 		return true
 	}
@@ -384,12 +379,15 @@ func (h *Handler) decode(w http.ResponseWriter, r *http.Request, dst any, fields
 	case errors.As(err, &tooBig):
 		writeProblem(w, problem{Status: http.StatusRequestEntityTooLarge, Code: "PAYLOAD_TOO_LARGE",
 			Detail: "Request body is larger than " + strconv.FormatInt(tooBig.Limit, 10) + " bytes."})
-	case errors.As(err, &typeErr) && typeErr.Field != "":
+	case errors.Is(err, errUnknownField):
 		writeProblem(w, problem{Status: http.StatusUnprocessableEntity, Code: "VALIDATION_ERROR",
-			Detail: "Field " + typeErr.Field + " must be " + expected(typeErr.Field) + "."})
-	case strings.HasPrefix(err.Error(), "json: unknown field "):
+			Detail: "Unknown field " + strconv.Quote(name) + "."})
+	case errors.Is(err, errRepeatedField):
 		writeProblem(w, problem{Status: http.StatusUnprocessableEntity, Code: "VALIDATION_ERROR",
-			Detail: "Unknown field " + strings.TrimPrefix(err.Error(), "json: unknown field ") + "."})
+			Detail: "Field " + name + " appears more than once."})
+	case errors.As(err, &typeErr):
+		writeProblem(w, problem{Status: http.StatusUnprocessableEntity, Code: "VALIDATION_ERROR",
+			Detail: "Field " + name + " must be " + expected(name) + "."})
 	default:
 		writeProblem(w, problem{Status: http.StatusBadRequest, Code: "MALFORMED_REQUEST",
 			Detail: "Request body must be one JSON object."})
@@ -397,51 +395,44 @@ func (h *Handler) decode(w http.ResponseWriter, r *http.Request, dst any, fields
 	return false
 }
 
-// onlyOneValue fails unless body is exactly one JSON value (whitespace around it).
-func onlyOneValue(body []byte) error {
-	dec := json.NewDecoder(bytes.NewReader(body))
-	var v json.RawMessage
-	if err := dec.Decode(&v); err != nil {
-		return err
+// decodeObject reads one JSON object from dec into fields (at most 8) and checks that
+// nothing but whitespace follows it. name is the member an error is about.
+func decodeObject(dec *json.Decoder, fields []field) (name string, err error) {
+	t, err := dec.Token()
+	if err != nil {
+		return "", err
 	}
-	if _, err := dec.Token(); err == nil {
-		return errors.New("trailing data after the JSON object")
-	} else if !errors.Is(err, io.EOF) {
-		return err
+	if t != json.Delim('{') {
+		return "", errNotOneObject
 	}
-	return nil
-}
-
-// fieldNames checks the member names of the JSON object body against fields, compared
-// exactly: it returns the first name that is not one of them (bad), or one that appears
-// twice (bad, dup). A body that is not a well-formed object passes, for the decoder to
-// refuse with its own error.
-func fieldNames(body []byte, fields []string) (name string, dup, bad bool) {
-	dec := json.NewDecoder(bytes.NewReader(body))
-	if t, err := dec.Token(); err != nil || t != json.Delim('{') {
-		return "", false, false
-	}
-	var seen [4]bool // len(fields) <= 4
+	var seen uint8
 	for dec.More() {
-		t, err := dec.Token()
-		if err != nil {
-			return "", false, false
+		if t, err = dec.Token(); err != nil {
+			return "", err
 		}
 		name, _ = t.(string)
-		i := slices.Index(fields, name)
+		i := slices.IndexFunc(fields, func(f field) bool { return f.name == name })
 		switch {
 		case i < 0:
-			return name, false, true
-		case seen[i]:
-			return name, true, true
+			return name, errUnknownField
+		case seen&(1<<i) != 0:
+			return name, errRepeatedField
 		}
-		seen[i] = true
-		var v json.RawMessage
-		if err := dec.Decode(&v); err != nil {
-			return "", false, false
+		seen |= 1 << i
+		if err := dec.Decode(fields[i].dst); err != nil {
+			return name, err
 		}
 	}
-	return "", false, false
+	if _, err := dec.Token(); err != nil { // the closing brace
+		return "", err
+	}
+	switch _, err := dec.Token(); {
+	case err == nil:
+		return "", errNotOneObject
+	case !errors.Is(err, io.EOF):
+		return "", err
+	}
+	return "", nil
 }
 
 // expected names the type a body field must have.
