@@ -166,8 +166,17 @@ func Open(ctx context.Context, cfg Config, getenv func(string) string, logger *s
 	if err != nil {
 		return a, err
 	}
-	a.API = httpapi.New(a.Service, httpapi.WithLogger(logger), httpapi.WithKeyFunc(keyFromRequest))
+	a.API = httpapi.New(a.Service, httpapi.WithLogger(logger), httpapi.WithKeyFunc(keyFromRequest),
+		httpapi.WithLandedFunc(takeoverFromRequest))
 	return a, nil
+}
+
+// takeoverFromRequest tells the account service that the request's claim took over an
+// expired lease: the previous holder may have written before it died, so the service
+// searches the stream for the request's event before writing.
+func takeoverFromRequest(r *http.Request) bool {
+	c, ok := middleware.ClaimFromContext(r.Context())
+	return ok && c.Takeover
 }
 
 // indexWindow is the Postgres projection's dedup window for a middleware retention: at
