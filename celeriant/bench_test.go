@@ -8,11 +8,12 @@ import (
 
 	"github.com/idemkey/idemkey/celeriant"
 	"github.com/idemkey/idemkey/celeriant/celeriantsim"
+	"github.com/idemkey/idemkey/celeriant/internal/wire"
 )
 
 // BenchmarkEncodeWrite: one Write frame with one small event (the golden vector's shape).
 func BenchmarkEncodeWrite(b *testing.B) {
-	enc := celeriant.NewEncoder()
+	enc := wire.NewEncoder()
 	req := goldenWriteRequest()
 	b.ReportAllocs()
 	for b.Loop() {
@@ -28,8 +29,8 @@ func BenchmarkDecodeReadResponse100(b *testing.B) {
 		ev.ClientSeq, ev.EventSeq = uint64(i+1), uint64(i+1)
 		res.Batches = append(res.Batches, celeriant.Batch{Version: uint64(i + 1), ClientID: idClient, ServerTimestamp: 1700000000123, Events: []celeriant.Event{ev}})
 	}
-	body := celeriant.NewEncoder().ReadResponse(&res)[celeriant.HeaderSize:]
-	dec := celeriant.NewDecoder()
+	body := wire.NewEncoder().ReadResponse(&res)[wire.HeaderSize:]
+	dec := wire.NewDecoder()
 	b.SetBytes(int64(len(body)))
 	b.ReportAllocs()
 	for b.Loop() {

@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+
+	"github.com/idemkey/idemkey/celeriant/internal/wire"
 )
 
 // Config configures a Client. Only Addrs is required.
@@ -75,8 +77,8 @@ type pool struct {
 
 type conn struct {
 	nc       net.Conn
-	enc      *Encoder
-	dec      *Decoder
+	enc      *wire.Encoder
+	dec      *wire.Decoder
 	buf      []byte
 	lastUsed time.Time
 }
@@ -204,9 +206,9 @@ func (c *Client) Write(ctx context.Context, req WriteRequest) (WriteResult, erro
 		req.CorrelationID = c.nextCorrelation()
 	}
 	var res WriteResult
-	err := c.roundTrip(ctx, "write", true, req.CorrelationID, RespWrite,
-		func(e *Encoder) []byte { return e.WriteRequest(&req) },
-		func(d *Decoder, body []byte) (uuid.UUID, error) {
+	err := c.roundTrip(ctx, "write", true, req.CorrelationID, wire.RespWrite,
+		func(e *wire.Encoder) []byte { return e.WriteRequest(&req) },
+		func(d *wire.Decoder, body []byte) (uuid.UUID, error) {
 			var err error
 			res, err = d.WriteResponse(body)
 			return res.CorrelationID, err
@@ -226,9 +228,9 @@ func (c *Client) Read(ctx context.Context, req ReadRequest) (ReadResult, error) 
 		req.CorrelationID = c.nextCorrelation()
 	}
 	var res ReadResult
-	err = c.roundTrip(ctx, "read", false, req.CorrelationID, RespRead,
-		func(e *Encoder) []byte { return e.ReadRequest(&req) },
-		func(d *Decoder, body []byte) (uuid.UUID, error) {
+	err = c.roundTrip(ctx, "read", false, req.CorrelationID, wire.RespRead,
+		func(e *wire.Encoder) []byte { return e.ReadRequest(&req) },
+		func(d *wire.Decoder, body []byte) (uuid.UUID, error) {
 			var err error
 			res, err = d.ReadResponse(body)
 			return res.CorrelationID, err
@@ -241,9 +243,9 @@ func (c *Client) Read(ctx context.Context, req ReadRequest) (ReadResult, error) 
 func (c *Client) AggregateDetails(ctx context.Context, key AggregateKey) (AggregateDetails, error) {
 	corr := c.nextCorrelation()
 	var res AggregateDetails
-	err := c.roundTrip(ctx, "aggregate details", false, corr, RespAggregateDetails,
-		func(e *Encoder) []byte { return e.AggregateDetailsRequest(corr, key) },
-		func(d *Decoder, body []byte) (uuid.UUID, error) {
+	err := c.roundTrip(ctx, "aggregate details", false, corr, wire.RespAggregateDetails,
+		func(e *wire.Encoder) []byte { return e.AggregateDetailsRequest(corr, key) },
+		func(d *wire.Decoder, body []byte) (uuid.UUID, error) {
 			var err error
 			res, err = d.AggregateDetailsResponse(body)
 			return res.CorrelationID, err
@@ -252,8 +254,8 @@ func (c *Client) AggregateDetails(ctx context.Context, key AggregateKey) (Aggreg
 }
 
 // roundTrip sends one request and reads its answer, with the retry rules of Client.
-func (c *Client) roundTrip(ctx context.Context, op string, isWrite bool, corr uuid.UUID, want MessageType,
-	encode func(*Encoder) []byte, decode func(*Decoder, []byte) (uuid.UUID, error)) error {
+func (c *Client) roundTrip(ctx context.Context, op string, isWrite bool, corr uuid.UUID, want wire.MessageType,
+	encode func(*wire.Encoder) []byte, decode func(*wire.Decoder, []byte) (uuid.UUID, error)) error {
 	if _, ok := ctx.Deadline(); !ok {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, c.cfg.RequestTimeout)
@@ -289,8 +291,8 @@ func (c *Client) roundTrip(ctx context.Context, op string, isWrite bool, corr uu
 
 // attempt performs one request on one connection. retry reports a dead pooled
 // connection on a read-only request, worth one more try on a fresh connection.
-func (c *Client) attempt(ctx context.Context, addr, op string, isWrite, mayReuse bool, corr uuid.UUID, want MessageType,
-	encode func(*Encoder) []byte, decode func(*Decoder, []byte) (uuid.UUID, error)) (err error, retry bool) {
+func (c *Client) attempt(ctx context.Context, addr, op string, isWrite, mayReuse bool, corr uuid.UUID, want wire.MessageType,
+	encode func(*wire.Encoder) []byte, decode func(*wire.Decoder, []byte) (uuid.UUID, error)) (err error, retry bool) {
 	p := c.pool(addr)
 	select {
 	case p.sem <- struct{}{}:
@@ -323,7 +325,7 @@ func (c *Client) attempt(ctx context.Context, addr, op string, isWrite, mayReuse
 	defer func() { c.release(p, cn, healthy) }()
 
 	frame := encode(cn.enc)
-	if n := len(frame) - HeaderSize; int64(n) > int64(c.cfg.MaxRequestSize) {
+	if n := len(frame) - wire.HeaderSize; int64(n) > int64(c.cfg.MaxRequestSize) {
 		healthy = true
 		return invalidf("%s: request body of %d bytes over the %d-byte limit", op, n, c.cfg.MaxRequestSize), false
 	}
@@ -345,9 +347,9 @@ func (c *Client) attempt(ctx context.Context, addr, op string, isWrite, mayReuse
 		}
 		return c.lost(ctx, op, isWrite, werr), false
 	}
-	h, body, rerr := ReadFrame(cn.nc, cn.buf, func(h Header) error {
-		if h.Version != ProtocolVersion { // the server answers in the request's version
-			return errProtocolf("frame header: response version %d to a version %d request", h.Version, ProtocolVersion)
+	h, body, rerr := wire.ReadFrame(cn.nc, cn.buf, func(h wire.Header) error {
+		if h.Version != wire.ProtocolVersion { // the server answers in the request's version
+			return errProtocolf("frame header: response version %d to a version %d request", h.Version, wire.ProtocolVersion)
 		}
 		return h.CheckResponse(c.cfg.MaxResponseSize)
 	})
@@ -363,11 +365,13 @@ func (c *Client) attempt(ctx context.Context, addr, op string, isWrite, mayReuse
 	}
 	var got uuid.UUID
 	switch h.Type {
-	case RespError:
-		se, derr := cn.dec.ErrorResponse(body)
+	case wire.RespError:
+		ef, derr := cn.dec.ErrorResponse(body)
 		if derr != nil {
 			return c.lost(ctx, op, isWrite, derr), false
 		}
+		se := NewServerError(Code(ef.Code), ef.Message)
+		se.CorrelationID = ef.CorrelationID
 		// Accept an error without the echo (uuid.Nil): a connection-layer error path
 		// may not know the request's correlation id.
 		if se.CorrelationID != corr && se.CorrelationID != uuid.Nil {
@@ -484,7 +488,7 @@ func (c *Client) dial(ctx context.Context, addr string) (*conn, error) {
 		}
 		nc = tc
 	}
-	return &conn{nc: nc, enc: NewEncoder(), dec: NewDecoder()}, nil
+	return &conn{nc: nc, enc: wire.NewEncoder(), dec: wire.NewDecoder()}, nil
 }
 
 // release returns cn to p's idle list when healthy (else closes it) and frees its slot.

@@ -55,7 +55,15 @@
 //
 // # Wire level
 //
-// Encoder, Decoder, Header, ReadFrame and the message type constants expose the codec
-// for the simulator, tests and tools. The server answers malformed input by closing the
+// The codec (frame header, MessagePack bodies) is internal to this module: the client and
+// the simulator share it, applications never need it. It is written entirely in this
+// module against the MessagePack format (no MessagePack library), bounded against a
+// hostile peer: no recursion, no allocation ahead of the bytes received. An event's IV
+// is nil or exactly 12 bytes on the wire; an empty IV is sent as nil and an empty bin is
+// refused, as the server does. The server answers malformed input by closing the
 // connection without an error frame (docs/celeriant-protocol.md section 2.3).
+//
+// Package celeriant/writeloop is the idempotent write loop of docs/account-service.md
+// section 3 (outcome arms, ClientSeq and EventId derivation, the ownership point read,
+// back-off), for building Celeriant-backed handlers.
 package celeriant

@@ -7,6 +7,8 @@ import (
 	"strconv"
 
 	"github.com/google/uuid"
+
+	"github.com/idemkey/idemkey/celeriant/internal/wire"
 )
 
 // Transport-level errors. They are sentinels: match with errors.Is. The client wraps the
@@ -28,12 +30,10 @@ var (
 	ErrClosed = errors.New("celeriant: closed")
 	// ErrProtocol: a frame or message could not be decoded, or broke a rule of
 	// docs/celeriant-protocol.md sections 2-4. Decoding errors wrap it.
-	ErrProtocol = errors.New("celeriant: protocol error")
+	ErrProtocol = wire.ErrProtocol
 )
 
-func errProtocolf(format string, args ...any) error {
-	return fmt.Errorf("%w: "+format, append([]any{ErrProtocol}, args...)...)
-}
+func errProtocolf(format string, args ...any) error { return wire.Errorf(format, args...) }
 
 // Class sentinels: errors.Is(err, ErrConflict) is true for a *ServerError whose code is in
 // the class (docs/celeriant-protocol.md section 5).

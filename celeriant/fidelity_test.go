@@ -10,6 +10,7 @@ import (
 
 	"github.com/idemkey/idemkey/celeriant"
 	"github.com/idemkey/idemkey/celeriant/celeriantsim"
+	"github.com/idemkey/idemkey/celeriant/internal/wire"
 )
 
 // The vectors of docs/celeriant-protocol.md section 8.3 leave fields nil or equal to their neighbours,
@@ -27,11 +28,11 @@ func TestReadFiltersFieldOrder(t *testing.T) {
 		MinEventTimestamp: u(12), MaxEventTimestamp: u(13), MinEventSeq: u(14), MaxEventSeq: u(15),
 	}}
 	want := hx(t, "93 c0 93 B(11) B(22) B(33) 9f 01 02 91 03 B(04) B(05) B(06) B(07) 08 09 0a 0b 0c 0d 0e 0f")
-	got := celeriant.NewEncoder().ReadRequest(&req)[celeriant.HeaderSize:]
+	got := wire.NewEncoder().ReadRequest(&req)[wire.HeaderSize:]
 	if !bytes.Equal(got, want) {
 		t.Fatalf("got  %x\nwant %x", got, want)
 	}
-	back, err := celeriant.NewDecoder().ReadRequest(want)
+	back, err := wire.NewDecoder().ReadRequest(want)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -46,18 +47,18 @@ func TestWriteRequestFieldOrder(t *testing.T) {
 		AllowCreate: false, ExpectedVersion: celeriant.Version(8), EnforceClientIdempotency: true,
 	}}}
 	want := hx(t, "94 B(66) B(44) B(77) 81 93 B(11) B(22) B(33) 94 91 98 01 02 B(55) 03 04 05 c4 01 06 c4 0c 07 07 07 07 07 07 07 07 07 07 07 07 c2 08 c3")
-	got := celeriant.NewEncoder().WriteRequest(&req)[celeriant.HeaderSize:]
+	got := wire.NewEncoder().WriteRequest(&req)[wire.HeaderSize:]
 	if !bytes.Equal(got, want) {
 		t.Fatalf("got  %x\nwant %x", got, want)
 	}
-	back, err := celeriant.NewDecoder().WriteRequest(want)
+	back, err := wire.NewDecoder().WriteRequest(want)
 	if err != nil {
 		t.Fatal(err)
 	}
 	assertEqual(t, back, req)
 	// Without an expected version and event id: nil, not 0.
 	req.Writes[0].ExpectedVersion, req.Writes[0].Events[0].EventID = nil, uuid.Nil
-	got = celeriant.NewEncoder().WriteRequest(&req)[celeriant.HeaderSize:]
+	got = wire.NewEncoder().WriteRequest(&req)[wire.HeaderSize:]
 	want = bytes.Replace(want, hx(t, "02 B(55) 03"), hx(t, "02 c0 03"), 1)
 	want = bytes.Replace(want, hx(t, "c2 08 c3"), hx(t, "c2 c0 c3"), 1)
 	if !bytes.Equal(got, want) {
@@ -67,7 +68,7 @@ func TestWriteRequestFieldOrder(t *testing.T) {
 
 func TestAggregateDetailsResponseFieldOrder(t *testing.T) {
 	body := hx(t, "9a B(66) 01 02 03 c3 c2 c3 04 B(44) B(77)")
-	d, err := celeriant.NewDecoder().AggregateDetailsResponse(body)
+	d, err := wire.NewDecoder().AggregateDetailsResponse(body)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -75,7 +76,7 @@ func TestAggregateDetailsResponseFieldOrder(t *testing.T) {
 		IsDeleted: true, AllowRecreate: false, AllowSequenceContinuation: true, LastServerTimestamp: 4,
 		LastClientID: rep(0x44), LastUserID: rep(0x77)}
 	assertEqual(t, d, want)
-	if got := celeriant.NewEncoder().AggregateDetailsResponse(&want)[celeriant.HeaderSize:]; !bytes.Equal(got, body) {
+	if got := wire.NewEncoder().AggregateDetailsResponse(&want)[wire.HeaderSize:]; !bytes.Equal(got, body) {
 		t.Fatalf("encode: %x", got)
 	}
 }
@@ -98,13 +99,13 @@ func TestReadSizeCountsCorrelationID(t *testing.T) {
 		}
 		return r
 	}
-	enc := celeriant.NewEncoder()
+	enc := wire.NewEncoder()
 	withID := func(r celeriant.ReadRequest) int {
 		r.CorrelationID = idCorr
-		return len(enc.ReadRequest(&r)) - celeriant.HeaderSize
+		return len(enc.ReadRequest(&r)) - wire.HeaderSize
 	}
 	fits, over := types(915), types(916)
-	if withID(fits) != celeriant.MaxFixedBody || withID(over) != celeriant.MaxFixedBody+1 {
+	if withID(fits) != wire.MaxFixedBody || withID(over) != wire.MaxFixedBody+1 {
 		t.Fatalf("sizes %d and %d", withID(fits), withID(over))
 	}
 	sim := celeriantsim.New(celeriantsim.Options{})
@@ -114,6 +115,6 @@ func TestReadSizeCountsCorrelationID(t *testing.T) {
 		}
 	}
 	if res, err := c.Read(context.Background(), fits); err != nil || len(res.Batches) != 1 {
-		t.Fatalf("a read of exactly %d bytes: %+v %v", celeriant.MaxFixedBody, res, err)
+		t.Fatalf("a read of exactly %d bytes: %+v %v", wire.MaxFixedBody, res, err)
 	}
 }

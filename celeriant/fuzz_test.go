@@ -5,7 +5,7 @@ import (
 	"reflect"
 	"testing"
 
-	"github.com/idemkey/idemkey/celeriant"
+	"github.com/idemkey/idemkey/celeriant/internal/wire"
 )
 
 func fuzzSeeds(f *testing.F) {
@@ -22,10 +22,10 @@ func fuzzSeeds(f *testing.F) {
 func FuzzDecoders(f *testing.F) {
 	fuzzSeeds(f)
 	f.Fuzz(func(t *testing.T, body []byte) {
-		dec, enc := celeriant.NewDecoder(), celeriant.NewEncoder()
+		dec, enc := wire.NewDecoder(), wire.NewEncoder()
 		if req, err := dec.WriteRequest(body); err == nil {
 			frame := bytes.Clone(enc.WriteRequest(&req))
-			again, err := dec.WriteRequest(frame[celeriant.HeaderSize:])
+			again, err := dec.WriteRequest(frame[wire.HeaderSize:])
 			if err != nil || !reflect.DeepEqual(again, req) {
 				t.Fatalf("write request does not round-trip: %v\n%+v\n%+v", err, req, again)
 			}
@@ -35,7 +35,7 @@ func FuzzDecoders(f *testing.F) {
 		_, _ = dec.WriteResponse(body)
 		if res, err := dec.ReadResponse(body); err == nil {
 			frame := bytes.Clone(enc.ReadResponse(&res))
-			again, err := dec.ReadResponse(frame[celeriant.HeaderSize:])
+			again, err := dec.ReadResponse(frame[wire.HeaderSize:])
 			if err != nil || !reflect.DeepEqual(again, res) {
 				t.Fatalf("read response does not round-trip: %v\n%+v\n%+v", err, res, again)
 			}
@@ -53,7 +53,7 @@ func FuzzReadFrame(f *testing.F) {
 	f.Add(hx(f, "03000000 02000000 ffffffff ffffffff 00"))
 	f.Add([]byte{3})
 	f.Fuzz(func(t *testing.T, data []byte) {
-		h, body, err := celeriant.ReadFrame(bytes.NewReader(data), nil, func(h celeriant.Header) error { return h.CheckResponse(1 << 16) })
+		h, body, err := wire.ReadFrame(bytes.NewReader(data), nil, func(h wire.Header) error { return h.CheckResponse(1 << 16) })
 		if err == nil && uint32(len(body)) != h.CompressedLength {
 			t.Fatalf("body of %d bytes for header %+v", len(body), h)
 		}

@@ -7,10 +7,4 @@ replace github.com/idemkey/idemkey => ..
 require (
 	github.com/google/uuid v1.6.0
 	github.com/idemkey/idemkey v0.0.0-00010101000000-000000000000
-	github.com/vmihailenco/msgpack/v5 v5.4.1
-)
-
-require (
-	github.com/stretchr/testify v1.12.1 // indirect
-	github.com/vmihailenco/tagparser/v2 v2.0.0 // indirect
 )

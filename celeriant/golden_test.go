@@ -4,12 +4,14 @@ import (
 	"bytes"
 	"encoding/hex"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 
 	"github.com/google/uuid"
 
 	"github.com/idemkey/idemkey/celeriant"
+	"github.com/idemkey/idemkey/celeriant/internal/wire"
 )
 
 // hx turns the notation of docs/celeriant-protocol.md section 8.3 into bytes: hex byte groups
@@ -94,7 +96,7 @@ func goldenReadResult() celeriant.ReadResult {
 }
 
 func TestGoldenEncode(t *testing.T) {
-	enc := celeriant.NewEncoder()
+	enc := wire.NewEncoder()
 	wreq, rreq, rres := goldenWriteRequest(), goldenReadRequest(), goldenReadResult()
 	tests := []struct {
 		name       string
@@ -107,7 +109,7 @@ func TestGoldenEncode(t *testing.T) {
 		{"AggregateDetailsRequest", func() []byte { return enc.AggregateDetailsRequest(uuid.Nil, goldenKey) }, vDetReqHdr, vDetReqBody, 57},
 		{"WriteResponse", func() []byte { return enc.WriteResponse(&celeriant.WriteResult{Version: 5}) }, vWriteResHdr, vWriteResBody, 3},
 		{"ErrorResponse2002", func() []byte {
-			return enc.ErrorResponse(uuid.Nil, celeriant.CodeWriteClientIdempotency, `{"last_client_seq":7,"attempted_client_seq":7}`)
+			return enc.ErrorResponse(uuid.Nil, uint32(celeriant.CodeWriteClientIdempotency), `{"last_client_seq":7,"attempted_client_seq":7}`)
 		}, vErrHdr, vErrBody, 53},
 		{"ReadResponse", func() []byte { return enc.ReadResponse(&rres) }, vReadResHdr, vReadResBody, 94},
 	}
@@ -118,11 +120,11 @@ func TestGoldenEncode(t *testing.T) {
 			if !bytes.Equal(got, want) {
 				t.Fatalf("frame mismatch\n got %x\nwant %x", got, want)
 			}
-			h, err := celeriant.ParseHeader(got)
+			h, err := wire.ParseHeader(got)
 			if err != nil {
 				t.Fatal(err)
 			}
-			body := len(got) - celeriant.HeaderSize
+			body := len(got) - wire.HeaderSize
 			if body != tt.wantLength || int(h.CompressedLength) != body || int(h.UncompressedLength) != body {
 				t.Fatalf("lengths: header %d/%d, body %d, want %d", h.CompressedLength, h.UncompressedLength, body, tt.wantLength)
 			}
@@ -131,7 +133,7 @@ func TestGoldenEncode(t *testing.T) {
 }
 
 func TestGoldenDecode(t *testing.T) {
-	dec := celeriant.NewDecoder()
+	dec := wire.NewDecoder()
 	t.Run("WriteRequest", func(t *testing.T) {
 		got, err := dec.WriteRequest(hx(t, vWriteReqBody))
 		if err != nil {
@@ -159,10 +161,11 @@ func TestGoldenDecode(t *testing.T) {
 		}
 	})
 	t.Run("ErrorResponse", func(t *testing.T) {
-		se, err := dec.ErrorResponse(hx(t, vErrBody))
+		ef, err := dec.ErrorResponse(hx(t, vErrBody))
 		if err != nil {
 			t.Fatal(err)
 		}
+		se := celeriant.NewServerError(celeriant.Code(ef.Code), ef.Message)
 		if se.Code != 2002 || se.LastClientSeq != 7 || se.AttemptedClientSeq != 7 || !errors.Is(se, celeriant.ErrIdempotencyViolation) {
 			t.Fatalf("got %+v", se)
 		}
@@ -179,7 +182,7 @@ func TestGoldenDecode(t *testing.T) {
 // TestDecodeLeniency feeds the decoders what the server also accepts or may send:
 // non-minimal integer widths, a 7-element event, integer ids, extra trailing elements.
 func TestDecodeLeniency(t *testing.T) {
-	dec := celeriant.NewDecoder()
+	dec := wire.NewDecoder()
 	t.Run("non-minimal ints in WriteResponse", func(t *testing.T) {
 		for _, five := range []string{"cc 05", "cd 00 05", "ce 00 00 00 05", "cf 00 00 00 00 00 00 00 05", "d0 05", "d3 00 00 00 00 00 00 00 05"} {
 			got, err := dec.WriteResponse(hx(t, "92 c0 "+five))
@@ -219,7 +222,7 @@ func TestDecodeLeniency(t *testing.T) {
 }
 
 func TestDecodeRejects(t *testing.T) {
-	dec := celeriant.NewDecoder()
+	dec := wire.NewDecoder()
 	tests := []struct{ name, body string }{
 		{"bin16 id", "92 c0 93 c5 00 10 " + strings.Repeat("11 ", 16) + "B(22) B(33)"},
 		{"id of 15 bytes", "92 c0 93 c4 0f " + strings.Repeat("11 ", 15) + "B(22) B(33)"},
@@ -271,53 +274,96 @@ func TestDecodeRejects(t *testing.T) {
 	})
 }
 
+// TestEventIV: on the wire an event's iv is nil or exactly 12 bytes, as the server's
+// Option<[u8; 12]> serde helper reads and writes it; an empty bin (c4 00) or any other
+// length is malformed in a read response as in a write request, and an empty Event.IV
+// is sent as nil. Before this rule a response's empty iv decoded as an empty slice and
+// re-encoded as nil, so decode, encode, decode disagreed (FuzzDecoders found it).
+func TestEventIV(t *testing.T) {
+	dec := wire.NewDecoder()
+	iv := func(n int) string {
+		if n < 0 {
+			return "c0"
+		}
+		return fmt.Sprintf("c4 %02x ", n) + strings.Repeat("ab ", n)
+	}
+	for _, tt := range []struct {
+		n  int // -1: nil
+		ok bool
+	}{{-1, true}, {12, true}, {0, false}, {1, false}, {11, false}, {13, false}} {
+		t.Run(fmt.Sprintf("iv %d", tt.n), func(t *testing.T) {
+			res := strings.Replace(vReadResBody, "7d c0 c0", "7d "+iv(tt.n)+" c0", 1)
+			got, err := dec.ReadResponse(hx(t, res))
+			if tt.ok != (err == nil) || (err != nil && !errors.Is(err, celeriant.ErrProtocol)) {
+				t.Fatalf("read response: err = %v, want ok=%v", err, tt.ok)
+			}
+			if err == nil && len(got.Batches[0].Events[0].IV) != max(tt.n, 0) {
+				t.Fatalf("read response: iv %x", got.Batches[0].Events[0].IV)
+			}
+			req := strings.Replace(vWriteReqBody, "7d c0 c3 00 c3", "7d "+iv(tt.n)+" c3 00 c3", 1)
+			if _, err := dec.WriteRequest(hx(t, req)); tt.ok != (err == nil) || (err != nil && !errors.Is(err, celeriant.ErrProtocol)) {
+				t.Fatalf("write request: err = %v, want ok=%v", err, tt.ok)
+			}
+		})
+	}
+	t.Run("empty IV is sent as nil", func(t *testing.T) {
+		enc := wire.NewEncoder()
+		res := celeriant.ReadResult{CorrelationID: idCorr, Batches: []celeriant.Batch{{Version: 5, ClientID: idClient, ServerTimestamp: 1700000000123, Events: []celeriant.Event{goldenEvent}}}}
+		want := bytes.Clone(enc.ReadResponse(&res))
+		res.Batches[0].Events[0].IV = []byte{}
+		if got := enc.ReadResponse(&res); !bytes.Equal(got, want) {
+			t.Fatalf("empty IV encodes as\n%x, want\n%x", got, want)
+		}
+	})
+}
+
 // TestHeader covers the header layout and the server's rejection rules (docs/celeriant-protocol.md
 // sections 2.1-2.2, wire_header.rs vectors cited in section 8.3).
 func TestHeader(t *testing.T) {
-	h, err := celeriant.ParseHeader(hx(t, "02000000 78563412 ddccbbaa 44332211 01"))
+	h, err := wire.ParseHeader(hx(t, "02000000 78563412 ddccbbaa 44332211 01"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := celeriant.Header{Version: 2, Type: 0x12345678, CompressedLength: 0xAABBCCDD, UncompressedLength: 0x11223344, Compression: 1}
+	want := wire.Header{Version: 2, Type: 0x12345678, CompressedLength: 0xAABBCCDD, UncompressedLength: 0x11223344, Compression: 1}
 	if h != want {
 		t.Fatalf("got %+v want %+v", h, want)
 	}
-	if got := celeriant.AppendHeader(nil, want); !bytes.Equal(got, hx(t, "02000000 78563412 ddccbbaa 44332211 01")) {
+	if got := wire.AppendHeader(nil, want); !bytes.Equal(got, hx(t, "02000000 78563412 ddccbbaa 44332211 01")) {
 		t.Fatalf("AppendHeader = %x", got)
 	}
-	if _, err := celeriant.ParseHeader(make([]byte, 16)); !errors.Is(err, celeriant.ErrProtocol) {
+	if _, err := wire.ParseHeader(make([]byte, 16)); !errors.Is(err, celeriant.ErrProtocol) {
 		t.Fatalf("short header: %v", err)
 	}
 	const max = 1 << 20
-	ok := celeriant.Header{Version: 3, Type: celeriant.ReqWrite, CompressedLength: 100, UncompressedLength: 100}
+	ok := wire.Header{Version: 3, Type: wire.ReqWrite, CompressedLength: 100, UncompressedLength: 100}
 	tests := []struct {
 		name   string
-		mutate func(*celeriant.Header)
+		mutate func(*wire.Header)
 		ok     bool
 	}{
-		{"valid write", func(*celeriant.Header) {}, true},
-		{"version 2", func(h *celeriant.Header) { h.Version = 2 }, true},
-		{"version 1", func(h *celeriant.Header) { h.Version = 1 }, false},
-		{"version 4", func(h *celeriant.Header) { h.Version = 4 }, false},
-		{"compression 1 variable", func(h *celeriant.Header) { h.Compression, h.UncompressedLength = 1, 300 }, true},
-		{"compression 2", func(h *celeriant.Header) { h.Compression = 2 }, false},
-		{"compression 3", func(h *celeriant.Header) { h.Compression = 3 }, false},
-		{"compression 4", func(h *celeriant.Header) { h.Compression = 4 }, false},
-		{"compression 5", func(h *celeriant.Header) { h.Compression = 5 }, false},
-		{"compression 255", func(h *celeriant.Header) { h.Compression = 255 }, false},
-		{"at the limit", func(h *celeriant.Header) { h.CompressedLength, h.UncompressedLength = max, max }, true},
-		{"compressed over the limit", func(h *celeriant.Header) { h.CompressedLength, h.UncompressedLength = max+1, max+1 }, false},
-		{"uncompressed over the limit", func(h *celeriant.Header) { h.Compression, h.UncompressedLength = 1, max+1 }, false},
-		{"lengths differ uncompressed", func(h *celeriant.Header) { h.UncompressedLength = 101 }, false},
-		{"fixed at 1007", func(h *celeriant.Header) {
-			h.Type, h.CompressedLength, h.UncompressedLength = celeriant.ReqRead, 1007, 1007
+		{"valid write", func(*wire.Header) {}, true},
+		{"version 2", func(h *wire.Header) { h.Version = 2 }, true},
+		{"version 1", func(h *wire.Header) { h.Version = 1 }, false},
+		{"version 4", func(h *wire.Header) { h.Version = 4 }, false},
+		{"compression 1 variable", func(h *wire.Header) { h.Compression, h.UncompressedLength = 1, 300 }, true},
+		{"compression 2", func(h *wire.Header) { h.Compression = 2 }, false},
+		{"compression 3", func(h *wire.Header) { h.Compression = 3 }, false},
+		{"compression 4", func(h *wire.Header) { h.Compression = 4 }, false},
+		{"compression 5", func(h *wire.Header) { h.Compression = 5 }, false},
+		{"compression 255", func(h *wire.Header) { h.Compression = 255 }, false},
+		{"at the limit", func(h *wire.Header) { h.CompressedLength, h.UncompressedLength = max, max }, true},
+		{"compressed over the limit", func(h *wire.Header) { h.CompressedLength, h.UncompressedLength = max+1, max+1 }, false},
+		{"uncompressed over the limit", func(h *wire.Header) { h.Compression, h.UncompressedLength = 1, max+1 }, false},
+		{"lengths differ uncompressed", func(h *wire.Header) { h.UncompressedLength = 101 }, false},
+		{"fixed at 1007", func(h *wire.Header) {
+			h.Type, h.CompressedLength, h.UncompressedLength = wire.ReqRead, 1007, 1007
 		}, true},
-		{"fixed at 1008", func(h *celeriant.Header) {
-			h.Type, h.CompressedLength, h.UncompressedLength = celeriant.ReqRead, 1008, 1008
+		{"fixed at 1008", func(h *wire.Header) {
+			h.Type, h.CompressedLength, h.UncompressedLength = wire.ReqRead, 1008, 1008
 		}, false},
-		{"fixed compressed", func(h *celeriant.Header) { h.Type, h.Compression = celeriant.ReqAggregateDetails, 1 }, false},
-		{"unknown type 11", func(h *celeriant.Header) { h.Type = 11 }, false},
-		{"unknown type 0", func(h *celeriant.Header) { h.Type = 0 }, false},
+		{"fixed compressed", func(h *wire.Header) { h.Type, h.Compression = wire.ReqAggregateDetails, 1 }, false},
+		{"unknown type 11", func(h *wire.Header) { h.Type = 11 }, false},
+		{"unknown type 0", func(h *wire.Header) { h.Type = 0 }, false},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -334,11 +380,11 @@ func TestHeader(t *testing.T) {
 	}
 	// Responses: Write and Error are fixed-size, Read is variable.
 	for _, tt := range []struct {
-		typ celeriant.MessageType
+		typ wire.MessageType
 		n   uint32
 		ok  bool
-	}{{celeriant.RespError, 1007, true}, {celeriant.RespError, 1008, false}, {celeriant.RespWrite, 2000, false}, {celeriant.RespRead, 5000, true}, {13, 1, false}} {
-		h := celeriant.Header{Version: 3, Type: tt.typ, CompressedLength: tt.n, UncompressedLength: tt.n}
+	}{{wire.RespError, 1007, true}, {wire.RespError, 1008, false}, {wire.RespWrite, 2000, false}, {wire.RespRead, 5000, true}, {13, 1, false}} {
+		h := wire.Header{Version: 3, Type: tt.typ, CompressedLength: tt.n, UncompressedLength: tt.n}
 		if err := h.CheckResponse(max); (err == nil) != tt.ok {
 			t.Errorf("CheckResponse(%+v) = %v, want ok=%v", h, err, tt.ok)
 		}
@@ -346,19 +392,19 @@ func TestHeader(t *testing.T) {
 }
 
 func TestReadFrame(t *testing.T) {
-	check := func(h celeriant.Header) error { return h.CheckResponse(1 << 20) }
+	check := func(h wire.Header) error { return h.CheckResponse(1 << 20) }
 	full := append(hx(t, vWriteResHdr), hx(t, vWriteResBody)...)
-	h, body, err := celeriant.ReadFrame(bytes.NewReader(full), nil, check)
-	if err != nil || h.Type != celeriant.RespWrite || !bytes.Equal(body, hx(t, vWriteResBody)) {
+	h, body, err := wire.ReadFrame(bytes.NewReader(full), nil, check)
+	if err != nil || h.Type != wire.RespWrite || !bytes.Equal(body, hx(t, vWriteResBody)) {
 		t.Fatalf("got %+v %x %v", h, body, err)
 	}
 	for n := 0; n < len(full); n++ {
-		if _, _, err := celeriant.ReadFrame(bytes.NewReader(full[:n]), nil, check); err == nil {
+		if _, _, err := wire.ReadFrame(bytes.NewReader(full[:n]), nil, check); err == nil {
 			t.Fatalf("truncated to %d bytes: no error", n)
 		}
 	}
 	over := hx(t, "03000000 02000000 01001000 01001000 00")
-	if _, _, err := celeriant.ReadFrame(bytes.NewReader(over), nil, check); !errors.Is(err, celeriant.ErrProtocol) {
+	if _, _, err := wire.ReadFrame(bytes.NewReader(over), nil, check); !errors.Is(err, celeriant.ErrProtocol) {
 		t.Fatalf("over the limit: %v", err)
 	}
 }
@@ -368,16 +414,16 @@ func TestCheckRead(t *testing.T) {
 	if err != nil || req.Filters.FromVersion != 1 {
 		t.Fatalf("FromVersion 0: got %d, %v", req.Filters.FromVersion, err)
 	}
-	enc := celeriant.NewEncoder()
+	enc := wire.NewEncoder()
 	for _, n := range []int{0, 1, 15, 16, 200, 300, 1000} {
 		r := goldenReadRequest()
 		r.Filters.EventTypes = make([]uint64, n)
 		for i := range r.Filters.EventTypes {
 			r.Filters.EventTypes[i] = uint64(i * 1000)
 		}
-		size := len(enc.ReadRequest(&r)) - celeriant.HeaderSize
+		size := len(enc.ReadRequest(&r)) - wire.HeaderSize
 		_, err := celeriant.CheckRead(r)
-		if (err == nil) != (size <= celeriant.MaxFixedBody) {
+		if (err == nil) != (size <= wire.MaxFixedBody) {
 			t.Errorf("%d event types, %d bytes: CheckRead = %v", n, size, err)
 		}
 		if err != nil && !(errors.Is(err, celeriant.ErrNotSent) && errors.Is(err, celeriant.ErrInvalidRequest)) {

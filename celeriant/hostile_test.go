@@ -16,6 +16,7 @@ import (
 
 	"github.com/idemkey/idemkey/celeriant"
 	"github.com/idemkey/idemkey/celeriant/celeriantsim"
+	"github.com/idemkey/idemkey/celeriant/internal/wire"
 )
 
 // allocated returns the bytes fn allocates (all goroutines; the tests here do not run
@@ -35,11 +36,11 @@ func allocated(fn func()) uint64 {
 func TestSkipDeepNesting(t *testing.T) {
 	const depth = 16 << 20
 	body := append([]byte{0x94, 0xc0, 0x90, 0xc0}, bytes.Repeat([]byte{0x91}, depth)...)
-	if _, err := celeriant.NewDecoder().ReadResponse(body); !errors.Is(err, celeriant.ErrProtocol) {
+	if _, err := wire.NewDecoder().ReadResponse(body); !errors.Is(err, celeriant.ErrProtocol) {
 		t.Fatalf("truncated nesting: %v", err)
 	}
 	body = append(body, 0xc0)
-	res, err := celeriant.NewDecoder().ReadResponse(body)
+	res, err := wire.NewDecoder().ReadResponse(body)
 	if err != nil || len(res.Batches) != 0 {
 		t.Fatalf("complete nesting is a valid unknown field: %+v %v", res, err)
 	}
@@ -48,7 +49,7 @@ func TestSkipDeepNesting(t *testing.T) {
 // TestSkipValues: the iterative skip steps over every MessagePack type in an extra
 // trailing field, and refuses lengths the body cannot hold.
 func TestSkipValues(t *testing.T) {
-	dec := celeriant.NewDecoder()
+	dec := wire.NewDecoder()
 	for _, extra := range []string{
 		"c0", "c2", "c3", "7f", "e0", "cc ff", "cd ff ff", "ce 00 00 00 01", "cf 00 00 00 00 00 00 00 01",
 		"d0 80", "d1 80 00", "d2 80 00 00 00", "d3 80 00 00 00 00 00 00 00", "ca 00 00 00 00", "cb 00 00 00 00 00 00 00 00",
@@ -81,7 +82,7 @@ func TestDeclaredCountsDoNotAllocate(t *testing.T) {
 	tests := []struct {
 		name   string
 		prefix string
-		decode func(*celeriant.Decoder, []byte) error
+		decode func(*wire.Decoder, []byte) error
 	}{
 		{"batches, one per byte", "93 c0 " + dd(size), readResponse},
 		{"batches, one per 6 bytes", "93 c0 " + dd(size/6), readResponse},
@@ -92,7 +93,7 @@ func TestDeclaredCountsDoNotAllocate(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			body := append(hx(t, tt.prefix), make([]byte, size)...) // zeros: not the elements
-			dec := celeriant.NewDecoder()
+			dec := wire.NewDecoder()
 			var err error
 			n := allocated(func() { err = tt.decode(dec, body) })
 			if !errors.Is(err, celeriant.ErrProtocol) {
@@ -116,8 +117,8 @@ func hexBytes(b []byte) string {
 	return sb.String()
 }
 
-func readResponse(d *celeriant.Decoder, b []byte) error { _, err := d.ReadResponse(b); return err }
-func writeRequest(d *celeriant.Decoder, b []byte) error { _, err := d.WriteRequest(b); return err }
+func readResponse(d *wire.Decoder, b []byte) error { _, err := d.ReadResponse(b); return err }
+func writeRequest(d *wire.Decoder, b []byte) error { _, err := d.WriteRequest(b); return err }
 
 // TestWriteRequestManyEntries: duplicate-key collapsing stays linear, so a large
 // multi-aggregate request (here 100,000 entries, about 8 MB) decodes quickly; a scan of
@@ -133,9 +134,9 @@ func TestWriteRequestManyEntries(t *testing.T) {
 	dup := req.Writes[n/2]
 	dup.AllowCreate = false
 	req.Writes = append(req.Writes, dup) // the encoder does not check; the decoder collapses
-	body := bytes.Clone(celeriant.NewEncoder().WriteRequest(&req)[celeriant.HeaderSize:])
+	body := bytes.Clone(wire.NewEncoder().WriteRequest(&req)[wire.HeaderSize:])
 	start := time.Now()
-	got, err := celeriant.NewDecoder().WriteRequest(body)
+	got, err := wire.NewDecoder().WriteRequest(body)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -151,11 +152,11 @@ func TestWriteRequestManyEntries(t *testing.T) {
 // costs memory for what arrived, not for what was declared.
 func TestReadFrameMemoryFollowsData(t *testing.T) {
 	const declared = 16 << 20
-	frame := celeriant.AppendHeader(nil, celeriant.Header{Version: 3, Type: celeriant.ReqWrite, CompressedLength: declared, UncompressedLength: declared})
+	frame := wire.AppendHeader(nil, wire.Header{Version: 3, Type: wire.ReqWrite, CompressedLength: declared, UncompressedLength: declared})
 	frame = append(frame, 1, 2, 3)
-	check := func(h celeriant.Header) error { return h.CheckRequest(declared) }
+	check := func(h wire.Header) error { return h.CheckRequest(declared) }
 	var err error
-	n := allocated(func() { _, _, err = celeriant.ReadFrame(bytes.NewReader(frame), nil, check) })
+	n := allocated(func() { _, _, err = wire.ReadFrame(bytes.NewReader(frame), nil, check) })
 	if !errors.Is(err, io.ErrUnexpectedEOF) {
 		t.Fatalf("err = %v", err)
 	}
@@ -164,12 +165,12 @@ func TestReadFrameMemoryFollowsData(t *testing.T) {
 	}
 	// A complete large body still arrives intact, and a reused buffer is reused.
 	body := bytes.Repeat([]byte("0123456789abcdef"), 300_000)
-	frame = append(celeriant.AppendHeader(nil, celeriant.Header{Version: 3, Type: celeriant.ReqWrite, CompressedLength: uint32(len(body)), UncompressedLength: uint32(len(body))}), body...)
-	_, got, err := celeriant.ReadFrame(bytes.NewReader(frame), nil, check)
+	frame = append(wire.AppendHeader(nil, wire.Header{Version: 3, Type: wire.ReqWrite, CompressedLength: uint32(len(body)), UncompressedLength: uint32(len(body))}), body...)
+	_, got, err := wire.ReadFrame(bytes.NewReader(frame), nil, check)
 	if err != nil || !bytes.Equal(got, body) {
 		t.Fatalf("large body: %v", err)
 	}
-	_, again, err := celeriant.ReadFrame(bytes.NewReader(frame), got, check)
+	_, again, err := wire.ReadFrame(bytes.NewReader(frame), got, check)
 	if err != nil || !bytes.Equal(again, body) || &again[0] != &got[0] {
 		t.Fatalf("reuse: %v", err)
 	}
@@ -195,10 +196,10 @@ func TestIVLength(t *testing.T) {
 		t.Fatalf("IV read back: %+v %v", res, err)
 	}
 
-	enc, dec := celeriant.NewEncoder(), celeriant.NewDecoder()
+	enc, dec := wire.NewEncoder(), wire.NewDecoder()
 	g := goldenWriteRequest()
 	g.Writes[0].Events[0].IV = []byte{}
-	if got := enc.WriteRequest(&g); !bytes.Equal(got[celeriant.HeaderSize:], hx(t, vWriteReqBody)) {
+	if got := enc.WriteRequest(&g); !bytes.Equal(got[wire.HeaderSize:], hx(t, vWriteReqBody)) {
 		t.Fatalf("empty IV not sent as nil: %x", got)
 	}
 	bad := strings.Replace(vWriteReqBody, "7d c0 c3 00 c3", "7d c4 05 01 02 03 04 05 c3 00 c3", 1)
@@ -213,8 +214,8 @@ func TestIVLength(t *testing.T) {
 func TestResponseVersion(t *testing.T) {
 	addr := fakeServer(t, func(req []byte) []byte {
 		body := append(append([]byte{0x92}, req[1:19]...), 0x05) // echo the correlation id
-		h := celeriant.Header{Version: 2, Type: celeriant.RespWrite, CompressedLength: uint32(len(body)), UncompressedLength: uint32(len(body))}
-		return append(celeriant.AppendHeader(nil, h), body...)
+		h := wire.Header{Version: 2, Type: wire.RespWrite, CompressedLength: uint32(len(body)), UncompressedLength: uint32(len(body))}
+		return append(wire.AppendHeader(nil, h), body...)
 	})
 	c := newClient(t, celeriant.Config{Addrs: []string{addr}})
 	_, err := c.Write(context.Background(), simpleWrite(freshKey(), uuid.New(), 1))
@@ -227,7 +228,7 @@ func TestResponseVersion(t *testing.T) {
 // ErrTransport.
 func TestConnectionReset(t *testing.T) {
 	addr := serveConns(t, func(nc net.Conn) {
-		_, _, _ = celeriant.ReadFrame(nc, nil, func(celeriant.Header) error { return nil })
+		_, _, _ = wire.ReadFrame(nc, nil, func(wire.Header) error { return nil })
 		_ = nc.(*net.TCPConn).SetLinger(0) // close with RST
 		_ = nc.Close()
 	})
@@ -249,8 +250,8 @@ func TestSlowLorisServer(t *testing.T) {
 	stop := make(chan struct{})
 	addr := serveConns(t, func(nc net.Conn) {
 		defer nc.Close()
-		_, _, _ = celeriant.ReadFrame(nc, nil, func(celeriant.Header) error { return nil })
-		answer := celeriant.AppendHeader(nil, celeriant.Header{Version: 3, Type: celeriant.RespWrite, CompressedLength: 3, UncompressedLength: 3})
+		_, _, _ = wire.ReadFrame(nc, nil, func(wire.Header) error { return nil })
+		answer := wire.AppendHeader(nil, wire.Header{Version: 3, Type: wire.RespWrite, CompressedLength: 3, UncompressedLength: 3})
 		for _, b := range append(answer, 0x92, 0xc0, 0x01) {
 			select {
 			case <-stop:

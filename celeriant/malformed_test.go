@@ -13,30 +13,31 @@ import (
 
 	"github.com/idemkey/idemkey/celeriant"
 	"github.com/idemkey/idemkey/celeriant/celeriantsim"
+	"github.com/idemkey/idemkey/celeriant/internal/wire"
 )
 
 // TestSimClosesOnMalformedFrames: like the server, the simulator answers malformed input
 // by closing the connection without a frame, and keeps serving other connections.
 func TestSimClosesOnMalformedFrames(t *testing.T) {
 	_, addr := startSim(t, celeriantsim.Options{MaxRequestSize: 1 << 20})
-	enc := celeriant.NewEncoder()
+	enc := wire.NewEncoder()
 	valid := bytes.Clone(enc.AggregateDetailsRequest(uuid.Nil, goldenKey))
-	withHeader := func(h celeriant.Header, body []byte) []byte { return append(celeriant.AppendHeader(nil, h), body...) }
+	withHeader := func(h wire.Header, body []byte) []byte { return append(wire.AppendHeader(nil, h), body...) }
 	tests := []struct {
 		name  string
 		frame []byte
 	}{
 		{"truncated header", valid[:10]},
 		{"truncated body", valid[:len(valid)-3]},
-		{"version 9", withHeader(celeriant.Header{Version: 9, Type: 1, CompressedLength: 57, UncompressedLength: 57}, valid[17:])},
-		{"version 2 (bincode, not simulated)", withHeader(celeriant.Header{Version: 2, Type: 1, CompressedLength: 57, UncompressedLength: 57}, valid[17:])},
-		{"over the size limit", withHeader(celeriant.Header{Version: 3, Type: 3, CompressedLength: 2 << 20, UncompressedLength: 2 << 20}, nil)},
-		{"fixed-size over 1007", withHeader(celeriant.Header{Version: 3, Type: 1, CompressedLength: 1008, UncompressedLength: 1008}, make([]byte, 1008))},
-		{"compression 7", withHeader(celeriant.Header{Version: 3, Type: 3, CompressedLength: 3, UncompressedLength: 3, Compression: 7}, []byte{1, 2, 3})},
-		{"unknown type", withHeader(celeriant.Header{Version: 3, Type: 99, CompressedLength: 1, UncompressedLength: 1}, []byte{0xc0})},
-		{"watch (not simulated)", withHeader(celeriant.Header{Version: 3, Type: 6, CompressedLength: 1, UncompressedLength: 1}, []byte{0xc0})},
-		{"garbage msgpack", withHeader(celeriant.Header{Version: 3, Type: 3, CompressedLength: 5, UncompressedLength: 5}, []byte{0xc1, 0xff, 0x00, 0x93, 0xdd})},
-		{"write with 3 fields", withHeader(celeriant.Header{Version: 3, Type: 3, CompressedLength: 4, UncompressedLength: 4}, []byte{0x93, 0xc0, 0xc0, 0xc0})},
+		{"version 9", withHeader(wire.Header{Version: 9, Type: 1, CompressedLength: 57, UncompressedLength: 57}, valid[17:])},
+		{"version 2 (bincode, not simulated)", withHeader(wire.Header{Version: 2, Type: 1, CompressedLength: 57, UncompressedLength: 57}, valid[17:])},
+		{"over the size limit", withHeader(wire.Header{Version: 3, Type: 3, CompressedLength: 2 << 20, UncompressedLength: 2 << 20}, nil)},
+		{"fixed-size over 1007", withHeader(wire.Header{Version: 3, Type: 1, CompressedLength: 1008, UncompressedLength: 1008}, make([]byte, 1008))},
+		{"compression 7", withHeader(wire.Header{Version: 3, Type: 3, CompressedLength: 3, UncompressedLength: 3, Compression: 7}, []byte{1, 2, 3})},
+		{"unknown type", withHeader(wire.Header{Version: 3, Type: 99, CompressedLength: 1, UncompressedLength: 1}, []byte{0xc0})},
+		{"watch (not simulated)", withHeader(wire.Header{Version: 3, Type: 6, CompressedLength: 1, UncompressedLength: 1}, []byte{0xc0})},
+		{"garbage msgpack", withHeader(wire.Header{Version: 3, Type: 3, CompressedLength: 5, UncompressedLength: 5}, []byte{0xc1, 0xff, 0x00, 0x93, 0xdd})},
+		{"write with 3 fields", withHeader(wire.Header{Version: 3, Type: 3, CompressedLength: 4, UncompressedLength: 4}, []byte{0x93, 0xc0, 0xc0, 0xc0})},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -75,7 +76,7 @@ func fakeServer(t *testing.T, answer func(req []byte) []byte) string {
 	t.Helper()
 	return serveConns(t, func(nc net.Conn) {
 		defer nc.Close()
-		_, body, err := celeriant.ReadFrame(nc, nil, func(celeriant.Header) error { return nil })
+		_, body, err := wire.ReadFrame(nc, nil, func(wire.Header) error { return nil })
 		if err != nil {
 			return
 		}
@@ -88,8 +89,8 @@ func fakeServer(t *testing.T, answer func(req []byte) []byte) string {
 // TestClientMalformedAnswers: bad answers are errors (wrapping ErrProtocol where the bytes
 // were wrong), never panics; a write gets ErrOutcomeUnknown, a read ErrTransport.
 func TestClientMalformedAnswers(t *testing.T) {
-	hdr := func(typ celeriant.MessageType, n uint32, comp uint8) []byte {
-		return celeriant.AppendHeader(nil, celeriant.Header{Version: 3, Type: typ, CompressedLength: n, UncompressedLength: n, Compression: comp})
+	hdr := func(typ wire.MessageType, n uint32, comp uint8) []byte {
+		return wire.AppendHeader(nil, wire.Header{Version: 3, Type: typ, CompressedLength: n, UncompressedLength: n, Compression: comp})
 	}
 	tests := []struct {
 		name     string
@@ -98,15 +99,15 @@ func TestClientMalformedAnswers(t *testing.T) {
 	}{
 		{"close", nil, false},
 		{"truncated header", []byte{3, 0, 0}, false},
-		{"version 7", celeriant.AppendHeader(nil, celeriant.Header{Version: 7, Type: 3, CompressedLength: 1, UncompressedLength: 1}), true},
-		{"1 GiB body", hdr(celeriant.RespRead, 1<<30, 0), true},
-		{"compressed", append(hdr(celeriant.RespRead, 3, 1), 1, 2, 3), true},
-		{"garbage body", append(hdr(celeriant.RespWrite, 3, 0), 0xc1, 0xc1, 0xc1), true},
-		{"garbage read body", append(hdr(celeriant.RespRead, 4, 0), 0x93, 0xc0, 0xdd, 0xff), true},
-		{"garbage error body", append(hdr(celeriant.RespError, 3, 0), 0x93, 0xc0, 0xc0), true},
-		{"unexpected type", append(hdr(celeriant.RespTrimStart, 2, 0), 0x91, 0xc0), true},
-		{"wrong correlation id", append(hdr(celeriant.RespWrite, 20, 0), append(append([]byte{0x92, 0xc4, 0x10}, bytes.Repeat([]byte{9}, 16)...), 0x05)...), true},
-		{"short body", append(hdr(celeriant.RespWrite, 10, 0), 0x92), false},
+		{"version 7", wire.AppendHeader(nil, wire.Header{Version: 7, Type: 3, CompressedLength: 1, UncompressedLength: 1}), true},
+		{"1 GiB body", hdr(wire.RespRead, 1<<30, 0), true},
+		{"compressed", append(hdr(wire.RespRead, 3, 1), 1, 2, 3), true},
+		{"garbage body", append(hdr(wire.RespWrite, 3, 0), 0xc1, 0xc1, 0xc1), true},
+		{"garbage read body", append(hdr(wire.RespRead, 4, 0), 0x93, 0xc0, 0xdd, 0xff), true},
+		{"garbage error body", append(hdr(wire.RespError, 3, 0), 0x93, 0xc0, 0xc0), true},
+		{"unexpected type", append(hdr(wire.RespTrimStart, 2, 0), 0x91, 0xc0), true},
+		{"wrong correlation id", append(hdr(wire.RespWrite, 20, 0), append(append([]byte{0x92, 0xc4, 0x10}, bytes.Repeat([]byte{9}, 16)...), 0x05)...), true},
+		{"short body", append(hdr(wire.RespWrite, 10, 0), 0x92), false},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

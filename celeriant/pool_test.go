@@ -15,6 +15,7 @@ import (
 
 	"github.com/idemkey/idemkey/celeriant"
 	"github.com/idemkey/idemkey/celeriant/celeriantsim"
+	"github.com/idemkey/idemkey/celeriant/internal/wire"
 )
 
 // waitingForConnection reports whether some goroutine is blocked in Client.attempt's
@@ -122,7 +123,7 @@ func TestLateContextCallbackDoesNotPoisonPool(t *testing.T) {
 		if err != nil || dials.Add(1) > 1 {
 			return nc, err
 		}
-		first = &lateCancelConn{Conn: nc, cancel: cancel, answer: celeriant.HeaderSize + 20,
+		first = &lateCancelConn{Conn: nc, cancel: cancel, answer: wire.HeaderSize + 20,
 			pastCall: make(chan struct{}), release: make(chan struct{}), done: make(chan struct{})}
 		return first, nil
 	}

@@ -5,6 +5,8 @@ import (
 	"fmt"
 
 	"github.com/google/uuid"
+
+	"github.com/idemkey/idemkey/celeriant/internal/wire"
 )
 
 // ErrInvalidRequest is wrapped (together with ErrNotSent) by the errors of CheckWrite
@@ -27,8 +29,8 @@ func CheckWrite(req *WriteRequest) error {
 	}
 	for i := range req.Writes {
 		for j, ev := range req.Writes[i].Events {
-			if n := len(ev.IV); n != 0 && n != ivSize {
-				return invalidf("write: aggregate %s event %d: IV of %d bytes, want %d or none", req.Writes[i].Key, j, n, ivSize)
+			if n := len(ev.IV); n != 0 && n != wire.IVSize {
+				return invalidf("write: aggregate %s event %d: IV of %d bytes, want %d or none", req.Writes[i].Key, j, n, wire.IVSize)
 			}
 		}
 	}
@@ -51,8 +53,8 @@ func CheckRead(req ReadRequest) (ReadRequest, error) {
 	if req.Filters.FromVersion == 0 {
 		req.Filters.FromVersion = 1
 	}
-	if n := readRequestSize(&req); n > MaxFixedBody {
-		return req, invalidf("read: encoded request is %d bytes, over the %d-byte limit of a fixed-size message (too many EventTypes?)", n, MaxFixedBody)
+	if n := readRequestSize(&req); n > wire.MaxFixedBody {
+		return req, invalidf("read: encoded request is %d bytes, over the %d-byte limit of a fixed-size message (too many EventTypes?)", n, wire.MaxFixedBody)
 	}
 	return req, nil
 }

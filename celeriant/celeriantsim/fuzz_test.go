@@ -11,13 +11,14 @@ import (
 
 	"github.com/idemkey/idemkey/celeriant"
 	"github.com/idemkey/idemkey/celeriant/celeriantsim"
+	"github.com/idemkey/idemkey/celeriant/internal/wire"
 )
 
 // FuzzServer sends arbitrary bytes to the simulator's TCP server as one client
 // connection: the server must answer with well-formed frames or close the connection,
 // never panic (a panic in a connection goroutine kills the process) or hang.
 func FuzzServer(f *testing.F) {
-	enc := celeriant.NewEncoder()
+	enc := wire.NewEncoder()
 	k := celeriant.AggregateKey{Org: uuid.New(), Type: uuid.New(), ID: uuid.New()}
 	w := celeriant.WriteRequest{ClientID: uuid.New(), Writes: []celeriant.AggregateWrite{{
 		Key: k, Events: []celeriant.Event{evt(1)}, AllowCreate: true, ExpectedVersion: celeriant.Version(0), EnforceClientIdempotency: true,
@@ -56,7 +57,7 @@ func FuzzServer(f *testing.F) {
 		}
 		r := bytes.NewReader(answer)
 		for r.Len() > 0 {
-			if _, _, err := celeriant.ReadFrame(r, nil, func(h celeriant.Header) error { return h.CheckResponse(1 << 20) }); err != nil {
+			if _, _, err := wire.ReadFrame(r, nil, func(h wire.Header) error { return h.CheckResponse(1 << 20) }); err != nil {
 				t.Fatalf("malformed answer frame: %v", err)
 			}
 		}

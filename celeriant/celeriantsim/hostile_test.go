@@ -11,6 +11,7 @@ import (
 
 	"github.com/idemkey/idemkey/celeriant"
 	"github.com/idemkey/idemkey/celeriant/celeriantsim"
+	"github.com/idemkey/idemkey/celeriant/internal/wire"
 )
 
 // TestHostileClients: connections that declare a 16 MiB body and send a few bytes cost
@@ -25,7 +26,7 @@ func TestHostileClients(t *testing.T) {
 		t.Fatal(err)
 	}
 	const declared = celeriant.DefaultMaxRequestSize
-	frame := celeriant.AppendHeader(nil, celeriant.Header{Version: 3, Type: celeriant.ReqWrite, CompressedLength: declared, UncompressedLength: declared})
+	frame := wire.AppendHeader(nil, wire.Header{Version: 3, Type: wire.ReqWrite, CompressedLength: declared, UncompressedLength: declared})
 	frame = append(frame, 0x94, 0xc0)
 
 	var m0, m1 runtime.MemStats

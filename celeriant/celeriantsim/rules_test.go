@@ -12,6 +12,7 @@ import (
 
 	"github.com/idemkey/idemkey/celeriant"
 	"github.com/idemkey/idemkey/celeriant/celeriantsim"
+	"github.com/idemkey/idemkey/celeriant/internal/wire"
 )
 
 // TestWriteRules pins the rules of docs/celeriant-protocol.md sections 6.1-6.4 that the other tests do
@@ -236,14 +237,16 @@ func TestRawReadFromZero(t *testing.T) {
 	defer nc.Close()
 	_ = nc.SetDeadline(time.Now().Add(5 * time.Second))
 	corr := uuid.New()
-	if _, err := nc.Write(bytes.Clone(celeriant.NewEncoder().ReadRequest(&celeriant.ReadRequest{CorrelationID: corr, Key: k}))); err != nil {
+	if _, err := nc.Write(bytes.Clone(wire.NewEncoder().ReadRequest(&celeriant.ReadRequest{CorrelationID: corr, Key: k}))); err != nil {
 		t.Fatal(err)
 	}
-	h, body, err := celeriant.ReadFrame(nc, nil, func(h celeriant.Header) error { return h.CheckResponse(1 << 20) })
-	if err != nil || h.Type != celeriant.RespError {
+	h, body, err := wire.ReadFrame(nc, nil, func(h wire.Header) error { return h.CheckResponse(1 << 20) })
+	if err != nil || h.Type != wire.RespError {
 		t.Fatalf("answer %+v %v", h, err)
 	}
-	se, err := celeriant.NewDecoder().ErrorResponse(body)
+	ef, err := wire.NewDecoder().ErrorResponse(body)
+	se := celeriant.NewServerError(celeriant.Code(ef.Code), ef.Message)
+	se.CorrelationID = ef.CorrelationID
 	if err != nil || se.Code != celeriant.CodeReadUnavailableVersion || se.MinimumAvailable != 1 || se.Requested != 0 || se.CorrelationID != corr {
 		t.Fatalf("answer %+v %v", se, err)
 	}

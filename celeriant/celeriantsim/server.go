@@ -10,6 +10,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/idemkey/idemkey/celeriant"
+	"github.com/idemkey/idemkey/celeriant/internal/wire"
 )
 
 // ListenAndServe listens on addr (host:port; port 0 picks one) and serves the wire
@@ -104,15 +105,15 @@ func (s *Sim) serveConn(c net.Conn) {
 	}
 	var (
 		buf []byte
-		enc = celeriant.NewEncoder()
-		dec = celeriant.NewDecoder()
+		enc = wire.NewEncoder()
+		dec = wire.NewDecoder()
 		ctx = context.Background()
 	)
-	check := func(h celeriant.Header) error {
+	check := func(h wire.Header) error {
 		if err := h.CheckRequest(s.opts.MaxRequestSize); err != nil {
 			return err
 		}
-		if h.Version != celeriant.ProtocolVersion {
+		if h.Version != wire.ProtocolVersion {
 			return fmt.Errorf("protocol version %d not simulated", h.Version)
 		}
 		if h.Compression != 0 {
@@ -122,7 +123,7 @@ func (s *Sim) serveConn(c net.Conn) {
 	}
 	for {
 		_ = c.SetReadDeadline(time.Now().Add(s.opts.IdleTimeout))
-		h, body, err := celeriant.ReadFrame(c, buf, check)
+		h, body, err := wire.ReadFrame(c, buf, check)
 		buf = body
 		if err != nil {
 			s.log.Debug("celeriantsim: closing connection", "remote", c.RemoteAddr(), "err", err)
@@ -130,7 +131,7 @@ func (s *Sim) serveConn(c net.Conn) {
 		}
 		var frame []byte
 		switch h.Type {
-		case celeriant.ReqWrite:
+		case wire.ReqWrite:
 			req, err := dec.WriteRequest(body)
 			if err != nil {
 				s.log.Debug("celeriantsim: bad write request", "err", err)
@@ -141,7 +142,7 @@ func (s *Sim) serveConn(c net.Conn) {
 				return
 			}
 			frame = answer(enc, err, req.CorrelationID, func() []byte { return enc.WriteResponse(&res) })
-		case celeriant.ReqRead:
+		case wire.ReqRead:
 			req, err := dec.ReadRequest(body)
 			if err != nil {
 				s.log.Debug("celeriantsim: bad read request", "err", err)
@@ -150,7 +151,7 @@ func (s *Sim) serveConn(c net.Conn) {
 			_ = s.wait(ctx)
 			res, err := s.serveRead(&req)
 			frame = answer(enc, err, req.CorrelationID, func() []byte { return enc.ReadResponse(&res) })
-		case celeriant.ReqAggregateDetails:
+		case wire.ReqAggregateDetails:
 			corr, key, err := dec.AggregateDetailsRequest(body)
 			if err != nil {
 				s.log.Debug("celeriantsim: bad details request", "err", err)
@@ -170,14 +171,14 @@ func (s *Sim) serveConn(c net.Conn) {
 	}
 }
 
-func answer(enc *celeriant.Encoder, err error, corr uuid.UUID, ok func() []byte) []byte {
+func answer(enc *wire.Encoder, err error, corr uuid.UUID, ok func() []byte) []byte {
 	if err == nil {
 		return ok()
 	}
 	var se *celeriant.ServerError
 	if errors.As(err, &se) {
-		return enc.ErrorResponse(corr, se.Code, se.Message)
+		return enc.ErrorResponse(corr, uint32(se.Code), se.Message)
 	}
 	// Not reachable: the serve functions only return server errors.
-	return enc.ErrorResponse(corr, celeriant.CodeServerBusy, "{}")
+	return enc.ErrorResponse(corr, uint32(celeriant.CodeServerBusy), "{}")
 }

@@ -4,7 +4,7 @@
 //
 // Deposit, Withdraw and Transfer append events to Celeriant (any celeriant.EventStore:
 // the TCP client or the in-process simulator) with the write loop of docs/account-service.md
-// section 3:
+// section 3, run by package celeriant/writeloop:
 //
 //   - catch-up and the dedup-index check before the first attempt and every retry; an
 //     index hit returns the request's original answer;
@@ -17,8 +17,9 @@
 //   - at most 3 attempts with a 100 ms * 2^(n-1) + [0, 50 ms) backoff before attempts 2
 //     and 3 (WithMaxRetries, WithBackoff, WithSleep).
 //
-// The request's EventId is EventIDFor(scope, idempotency key), a UUIDv5, so any key (UUID
-// or not) is deduplicated and two scopes' keys never meet; a request without a key gets a
+// The request's EventId is EventIDFor(scope, idempotency key, Operation(...)), a UUIDv5,
+// so any key (UUID or not) is deduplicated, two scopes' keys never meet, and a key reused
+// for a different operation (route, accounts or amount) is a different request; a request without a key gets a
 // random EventId. A transfer is one all-or-nothing write to both accounts, one ClientSeq
 // per leg and the same EventId on both; a retry that hits either leg's index entry is
 // answered without writing (the partial-hit rule).
@@ -27,7 +28,11 @@
 // per replica (MemoryProjection) or in Postgres shared by replicas (PostgresProjection,
 // one SQL statement per persist). Entries live for the window (DefaultWindow, 90 s,
 // configurable), measured in server time for replayed events and from the write for the
-// writer's own entry. After the window a retry writes again: the window is a stated
+// writer's own entry (the examples' app sets the Postgres window to the middleware's
+// retention). A request marked MayHaveLanded (the middleware's claim was a takeover)
+// that misses the index searches the stream's recent history for its EventId, in server
+// time (WithLandedLookback), before deriving a ClientSeq: a late retry after a takeover
+// does not write twice. Otherwise, after the window a retry writes again: the window is a stated
 // property, not a safety boundary. The server's ClientSeq floor, not the index, is what
 // prevents double writes.
 //

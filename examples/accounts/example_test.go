@@ -20,7 +20,8 @@ func Example() {
 		return
 	}
 
-	eventID := accounts.EventIDFor("tenant-1", "order-42") // scope and Idempotency-Key
+	// Scope, Idempotency-Key and the operation the request asks for.
+	eventID := accounts.EventIDFor("tenant-1", "order-42", accounts.Operation("deposit", 2_500, accounts.AliceID))
 	first, _ := replicaA.Deposit(ctx, accounts.AliceID, 2_500, eventID)
 	retry, _ := replicaB.Deposit(ctx, accounts.AliceID, 2_500, eventID)
 	fmt.Printf("first: %d cents at v%d\n", first.BalanceCents, first.AggregateVersion)

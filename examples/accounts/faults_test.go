@@ -313,14 +313,14 @@ func TestFaults(t *testing.T) {
 		t.Run("k_non_uuid_key", func(t *testing.T) {
 			e, podA, acct := setup(t, mk, "fault-k")
 			podB := e.pod(0)
-			x := EventIDFor("tenant-a", "order 42 / not a uuid")
+			x := EventIDFor("tenant-a", "order 42 / not a uuid", Operation("deposit", 50, acct))
 			if r, err := podA.Deposit(ctx, acct, 50, x); err != nil || r != (Result{150, 2}) {
 				t.Fatalf("first: %+v, %v", r, err)
 			}
-			if r, err := podB.Deposit(ctx, acct, 50, EventIDFor("tenant-a", "order 42 / not a uuid")); err != nil || r != (Result{150, 2}) {
+			if r, err := podB.Deposit(ctx, acct, 50, EventIDFor("tenant-a", "order 42 / not a uuid", Operation("deposit", 50, acct))); err != nil || r != (Result{150, 2}) {
 				t.Fatalf("retry on pod_b: %+v, %v", r, err)
 			}
-			if r, err := podB.Deposit(ctx, acct, 50, EventIDFor("tenant-b", "order 42 / not a uuid")); err != nil || r != (Result{200, 3}) {
+			if r, err := podB.Deposit(ctx, acct, 50, EventIDFor("tenant-b", "order 42 / not a uuid", Operation("deposit", 50, acct))); err != nil || r != (Result{200, 3}) {
 				t.Fatalf("other scope: %+v, %v", r, err)
 			}
 			if e.countID(acct, x) != 1 || len(e.events(acct)) != 3 {

@@ -1,9 +1,11 @@
 package accounts
 
 import (
-	"encoding/binary"
+	"strconv"
 
 	"github.com/google/uuid"
+
+	"github.com/idemkey/idemkey/celeriant/writeloop"
 )
 
 // Identifiers of the reference account service (docs/account-service.md section 2.1). Every one is
@@ -54,18 +56,34 @@ func SeededAccounts() []Account {
 }
 
 // EventIDFor returns the Celeriant EventId of the request whose Idempotency-Key is key
-// within scope (docs/account-service.md section 1.2): UUIDv5(EventIDNamespace, name), where name is the
-// scope's length as an unsigned varint, then the scope bytes, then the key bytes. The
-// length prefix keeps ("ab","c") and ("a","bc") apart, so two scopes' keys never meet.
-// Any key is accepted, UUID-shaped or not, so every retry of a keyed request carries the
-// same EventId (this replaces the reference's "non-UUID key gets a random id",
-// docs/account-service.md section 6.2.1, option 7.5(c)). A request with no key gets NewEventID.
-func EventIDFor(scope, key string) uuid.UUID {
-	name := make([]byte, 0, binary.MaxVarintLen64+len(scope)+len(key))
-	name = binary.AppendUvarint(name, uint64(len(scope)))
-	name = append(name, scope...)
-	name = append(name, key...)
-	return uuid.NewSHA1(EventIDNamespace, name)
+// within scope, performing operation (docs/account-service.md section 1.2):
+// writeloop.EventID(EventIDNamespace, scope, key, operation), a UUIDv5 over the three
+// parts, each preceded by its length as an unsigned varint, so two scopes' keys never
+// meet. operation names the route and its decided arguments (Operation builds it): a
+// retry of the same operation finds its event, a different operation reusing the key
+// after the middleware forgot it (a lost record, a retention shorter than the dedup
+// window) gets its own EventId and executes instead of being answered with the first
+// one's result. Any key is accepted, UUID-shaped or not (this replaces the reference's
+// "non-UUID key gets a random id", docs/account-service.md section 6.2.1, option 7.5(c)).
+// A request with no key gets NewEventID.
+func EventIDFor(scope, key, operation string) uuid.UUID {
+	return writeloop.EventID(EventIDNamespace, scope, key, operation)
+}
+
+// Operation is the operation part of EventIDFor for a write: its kind ("deposit",
+// "withdraw" or "transfer"), the account ids in canonical form and the amount in cents,
+// e.g. "deposit 6128e305-7e13-5ce6-ba25-6a4b44cc9f0e 100". For a transfer pass the from
+// and to accounts.
+func Operation(kind string, amountCents int32, accounts ...uuid.UUID) string {
+	b := make([]byte, 0, len(kind)+12+37*len(accounts))
+	b = append(b, kind...)
+	for _, a := range accounts {
+		b = append(b, ' ')
+		b = append(b, a.String()...)
+	}
+	b = append(b, ' ')
+	b = strconv.AppendInt(b, int64(amountCents), 10)
+	return string(b)
 }
 
 // NewEventID returns a fresh random (version 4) EventId, for a write that carries no

@@ -11,6 +11,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/idemkey/idemkey/celeriant"
+	"github.com/idemkey/idemkey/celeriant/writeloop"
 )
 
 // Defaults of the write loop (docs/account-service.md section 3).
@@ -23,6 +24,9 @@ const (
 	// DefaultBackoffJitter is the width of the uniform jitter added to each backoff:
 	// [0, 50 ms).
 	DefaultBackoffJitter = 50 * time.Millisecond
+	// DefaultLandedLookback is the search depth of a request that may have landed
+	// (MayHaveLanded): 24 h, the idempotency middleware's default retention.
+	DefaultLandedLookback = 24 * time.Hour
 )
 
 // Service is the account service: deposits, withdrawals and transfers written to
@@ -39,6 +43,7 @@ type Service struct {
 	backoffJitter time.Duration
 	sleep         func(ctx context.Context, d time.Duration) error
 	jitter        func(n int64) int64
+	lookback      time.Duration
 	log           *slog.Logger
 }
 
@@ -77,6 +82,39 @@ func WithSleep(sleep func(ctx context.Context, d time.Duration) error) Option {
 	}
 }
 
+// mayHaveLandedKey is the context key of MayHaveLanded.
+type mayHaveLandedKey struct{}
+
+// MayHaveLanded returns ctx marked so that a write of the service under it first
+// searches the stream for its EventId (writeloop.FindEvent, bounded by the landed
+// lookback) when the dedup index misses, before deriving a new ClientSeq. Mark a request
+// whose earlier run may have written without answering: the idempotency middleware's
+// claim was a takeover of an expired lease. It costs two Celeriant round trips on such
+// a request, none on others.
+func MayHaveLanded(ctx context.Context) context.Context {
+	return context.WithValue(ctx, mayHaveLandedKey{}, true)
+}
+
+// MarkedMayHaveLanded reports whether ctx carries the MayHaveLanded mark.
+func MarkedMayHaveLanded(ctx context.Context) bool {
+	v, _ := ctx.Value(mayHaveLandedKey{}).(bool)
+	return v
+}
+
+func mayHaveLanded(ctx context.Context) bool { return MarkedMayHaveLanded(ctx) }
+
+// WithLandedLookback sets how far back, in server time from the aggregate's newest
+// batch, a request that may have landed (MayHaveLanded) searches the stream for its
+// EventId (default DefaultLandedLookback, the middleware's default retention). Set it to
+// the idempotency middleware's retention. Non-positive values are ignored.
+func WithLandedLookback(d time.Duration) Option {
+	return func(s *Service) {
+		if d > 0 {
+			s.lookback = d
+		}
+	}
+}
+
 // WithLogger sets the logger (default slog.Default()).
 func WithLogger(l *slog.Logger) Option {
 	return func(s *Service) {
@@ -100,8 +138,8 @@ func New(store celeriant.EventStore, proj Projection, opts ...Option) (*Service,
 		maxRetries:    DefaultMaxRetries,
 		backoffBase:   DefaultBackoffBase,
 		backoffJitter: DefaultBackoffJitter,
-		sleep:         sleepCtx,
 		jitter:        rand.Int64N,
+		lookback:      DefaultLandedLookback,
 		log:           slog.Default(),
 	}
 	for _, o := range opts {
@@ -111,26 +149,6 @@ func New(store celeriant.EventStore, proj Projection, opts ...Option) (*Service,
 		return nil, errors.New("accounts: the client id must not be nil")
 	}
 	return s, nil
-}
-
-func sleepCtx(ctx context.Context, d time.Duration) error {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
-}
-
-// backoff sleeps before attempt n (n >= 2).
-func (s *Service) backoff(ctx context.Context, attempt int) error {
-	d := s.backoffBase << (attempt - 1)
-	if s.backoffJitter > 0 {
-		d += time.Duration(s.jitter(int64(s.backoffJitter)))
-	}
-	return s.sleep(ctx, d)
 }
 
 // Key returns the Celeriant aggregate key of an account.
@@ -161,87 +179,168 @@ func validateAmount(amount int32) error {
 	return nil
 }
 
-// writeOne is the write loop of docs/account-service.md section 3.2 for a one-account event.
+// loop returns the service's write loop settings.
+func (s *Service) loop() writeloop.Loop {
+	return writeloop.Loop{MaxAttempts: s.maxRetries, Backoff: writeloop.Backoff{
+		Base: noWait(s.backoffBase), Jitter: noWait(s.backoffJitter), Rand: s.jitter, Sleep: s.sleep,
+	}}
+}
+
+// noWait marks a zero backoff setting (the writeloop defaults apply to 0).
+func noWait(d time.Duration) time.Duration {
+	if d == 0 {
+		return -1
+	}
+	return d
+}
+
+// oneAccount is the Attempt of a deposit or withdrawal (docs/account-service.md section 3.2).
+type oneAccount struct {
+	s       *Service
+	acct    uuid.UUID
+	typ     EventType
+	amount  int32
+	eventID uuid.UUID
+	landed  bool // the request may have landed beyond the index (a takeover)
+
+	st       State
+	caught   bool // st is fresh from the caller's catch-up: the first Prepare uses it
+	seq      uint64
+	searched bool
+	answer   Result // set when Prepare finds the request landed
+}
+
+func (a *oneAccount) Prepare(ctx context.Context, _ int, reDerive bool) (bool, error) {
+	if !a.caught {
+		st, hit, ok, err := a.s.catchUp(ctx, a.acct, a.eventID)
+		if err != nil {
+			return false, err
+		}
+		if ok {
+			a.answer = hit
+			return true, nil
+		}
+		a.st = st
+	}
+	a.caught = false
+	st := a.st
+	if reDerive {
+		if a.landed && !a.searched {
+			a.searched = true
+			res, found, err := a.s.searchLanded(ctx, a.acct, st, a.eventID)
+			if err != nil || found {
+				a.answer = res
+				return found, err
+			}
+		}
+		a.seq = st.MaxClientSeq + 1
+	}
+	// Business rules on this attempt's fresh state, after the index check: a retry of a
+	// landed request gets its original answer even if it would now be refused.
+	if err := validateAmount(a.amount); err != nil {
+		return false, err
+	}
+	if a.typ == Withdrawn && st.BalanceCents < int64(a.amount) {
+		return false, &InsufficientFundsError{BalanceCents: st.BalanceCents, RequestedCents: int64(a.amount)}
+	}
+	return false, nil
+}
+
+func (a *oneAccount) Write(ctx context.Context) error {
+	_, err := a.s.store.Write(ctx, celeriant.WriteRequest{
+		ClientID: a.s.clientID,
+		Writes: []celeriant.AggregateWrite{{
+			Key:                      Key(a.acct),
+			Events:                   []celeriant.Event{{ClientSeq: a.seq, EventID: a.eventID, TypeMajor: uint64(a.typ), Value: encodePayload(a.typ, a.amount, uuid.Nil)}},
+			AllowCreate:              true,
+			ExpectedVersion:          celeriant.Version(a.st.Version),
+			EnforceClientIdempotency: true,
+		}},
+	})
+	if writeloop.Classify(err) == writeloop.Hold {
+		a.s.log.DebugContext(ctx, "accounts: holding ClientSeq", "account", a.acct, "seq", a.seq, "err", err)
+	}
+	return err
+}
+
+func (a *oneAccount) Owner(ctx context.Context) (writeloop.Verdict, error) {
+	v, err := writeloop.WhoOwnsSeq(ctx, a.s.store, Key(a.acct), a.s.clientID, a.seq, a.eventID)
+	return v, a.s.fatal(err)
+}
+
+// writeOne runs the write loop for a one-account event.
 func (s *Service) writeOne(ctx context.Context, acct uuid.UUID, typ EventType, amount int32, eventID uuid.UUID) (Result, error) {
 	if eventID == uuid.Nil {
 		eventID = NewEventID()
 	}
-	// Attempt 0: also answers "did this request already land?".
+	// The first catch-up runs here, so a retry answered from the index costs no
+	// allocation for the loop.
 	st, hit, ok, err := s.catchUp(ctx, acct, eventID)
 	if err != nil || ok {
 		return hit, err
 	}
-	key := Key(acct)
-	value := encodePayload(typ, amount, uuid.Nil)
-	seq, reDerive := st.MaxClientSeq+1, false
-	for attempt := 1; attempt <= s.maxRetries; attempt++ {
-		if attempt > 1 {
-			if err := s.backoff(ctx, attempt); err != nil {
-				return Result{}, err
-			}
-			// Catch-up and the index check before every retry, then re-derive: this order
-			// stops "ambiguous failure, then 2003, then blind re-derive" from writing twice.
-			if st, hit, ok, err = s.catchUp(ctx, acct, eventID); err != nil || ok {
-				return hit, err
-			}
-			if reDerive {
-				seq, reDerive = st.MaxClientSeq+1, false
-			}
+	a := &oneAccount{s: s, acct: acct, typ: typ, amount: amount, eventID: eventID, landed: mayHaveLanded(ctx), st: st, caught: true}
+	out, err := s.loop().Run(ctx, a)
+	switch {
+	case err != nil:
+		return Result{}, s.loopError(err, acct.String())
+	case out == writeloop.Found:
+		return a.answer, nil
+	case out == writeloop.Owned:
+		st, hit, ok, err := s.catchUp(ctx, acct, eventID)
+		if err != nil || ok {
+			return hit, err
 		}
-		// Business rules on this attempt's fresh state, after the index check: a retry of
-		// a landed request gets its original answer even if it would now be refused.
-		if err := validateAmount(amount); err != nil {
-			return Result{}, err
+		// Landed but not indexed (aged out): the current state, not the original.
+		return st.result(), nil
+	}
+	res := Result{BalanceCents: a.st.BalanceCents + int64(amount), AggregateVersion: a.st.Version + 1}
+	if typ == Withdrawn {
+		res.BalanceCents = a.st.BalanceCents - int64(amount)
+	}
+	s.record(ctx, acct, eventID, res, a.st.Version, a.seq)
+	return res, nil
+}
+
+// loopError maps the write loop's own errors to ErrConflict (409) and the rest through
+// fatal.
+func (s *Service) loopError(err error, what string) error {
+	switch {
+	case errors.Is(err, writeloop.ErrExhausted):
+		return &ConflictError{Reason: fmt.Sprintf("write to %s did not complete: concurrent updates or timeouts; retry the request: %v", what, err)}
+	case errors.Is(err, writeloop.ErrUnverifiable):
+		return &ConflictError{Reason: fmt.Sprintf("state of %s unverifiable after idempotency violation; retry the request: %v", what, err)}
+	}
+	return s.fatal(err)
+}
+
+// searchLanded looks eventID up in acct's recent history (writeloop.FindEvent over the
+// landed lookback, server time) for a request that may have landed beyond the dedup
+// index. found: the answer is the balance after that event and its batch's version,
+// computed from st (caught up) minus the events after it.
+func (s *Service) searchLanded(ctx context.Context, acct uuid.UUID, st State, eventID uuid.UUID) (Result, bool, error) {
+	v, found, err := writeloop.FindEvent(ctx, s.store, Key(acct), s.clientID, eventID, s.lookback)
+	if err != nil || !found {
+		return Result{}, false, s.fatal(err)
+	}
+	res := Result{BalanceCents: st.BalanceCents, AggregateVersion: v}
+	if v < st.Version {
+		batches, err := s.readFrom(ctx, acct, v+1)
+		if err != nil {
+			return Result{}, false, err
 		}
-		newBal := st.BalanceCents + int64(amount)
-		if typ == Withdrawn {
-			if st.BalanceCents < int64(amount) {
-				return Result{}, &InsufficientFundsError{BalanceCents: st.BalanceCents, RequestedCents: int64(amount)}
+		for _, b := range batches {
+			if b.Version > st.Version {
+				break
 			}
-			newBal = st.BalanceCents - int64(amount)
-		}
-		_, err := s.store.Write(ctx, celeriant.WriteRequest{
-			ClientID: s.clientID,
-			Writes: []celeriant.AggregateWrite{{
-				Key:                      key,
-				Events:                   []celeriant.Event{{ClientSeq: seq, EventID: eventID, TypeMajor: uint64(typ), Value: value}},
-				AllowCreate:              true,
-				ExpectedVersion:          celeriant.Version(st.Version),
-				EnforceClientIdempotency: true,
-			}},
-		})
-		switch arm := classify(err); arm {
-		case armSuccess:
-			res := Result{BalanceCents: newBal, AggregateVersion: st.Version + 1}
-			s.record(ctx, acct, eventID, res, st.Version, seq)
-			return res, nil
-		case armReDerive:
-			reDerive = true
-		case armHold:
-			s.log.DebugContext(ctx, "accounts: holding ClientSeq", "account", acct, "seq", seq, "attempt", attempt, "err", err)
-		case armOwnership:
-			v, err := s.whoOwnsSeq(ctx, acct, seq, eventID)
-			if err != nil {
-				return Result{}, err
+			for _, ev := range b.Events {
+				res.BalanceCents -= delta(ev.TypeMajor, ev.Value)
 			}
-			switch v {
-			case ours:
-				st, hit, ok, err := s.catchUp(ctx, acct, eventID)
-				if err != nil || ok {
-					return hit, err
-				}
-				// Landed but not indexed (aged out): the current state, not the original.
-				return st.result(), nil
-			case sibling:
-				reDerive = true
-			default:
-				return Result{}, &ConflictError{Reason: fmt.Sprintf("state of %s unverifiable after idempotency violation at seq %d; retry the request", acct, seq)}
-			}
-		default:
-			return Result{}, s.fatal(err)
 		}
 	}
-	return Result{}, &ConflictError{Reason: fmt.Sprintf("write to %s did not complete after %d attempts: concurrent updates or timeouts; retry the request", acct, s.maxRetries)}
+	s.log.InfoContext(ctx, "accounts: a retry after a takeover found its event in the stream; not writing again",
+		"account", acct, "event_id", eventID, "version", v)
+	return res, true, nil
 }
 
 // record runs the projection's recordWrite. A failure is logged and swallowed
@@ -252,34 +351,6 @@ func (s *Service) record(ctx context.Context, acct, eventID uuid.UUID, res Resul
 		s.log.WarnContext(ctx, "accounts: recording a write in the projection failed; the next catch-up heals it",
 			"account", acct, "event_id", eventID, "version", res.AggregateVersion, "err", err)
 	}
-}
-
-type arm int
-
-const (
-	armSuccess   arm = iota
-	armReDerive      // 2003: nothing appended; catch up, fresh seq
-	armHold          // ambiguous outcome (incl. 2007) or 2013: hold the seq, fresh version
-	armOwnership     // 2002: who owns the seq?
-	armFatal         // anything else: propagate
-)
-
-// classify maps a write's outcome to its arm (docs/account-service.md section 3.3).
-func classify(err error) arm {
-	switch {
-	case err == nil:
-		return armSuccess
-	case celeriant.IsConflict(err):
-		return armReDerive
-	case celeriant.IsOutcomeUnknown(err), celeriant.IsInflightDuplicate(err),
-		errors.Is(err, celeriant.CodeWriteReplicationError):
-		// 2007 (replication failed, not acknowledged) is an ambiguous outcome too
-		// (docs/celeriant-protocol.md section 5); the reference propagates it, holding is safe.
-		return armHold
-	case celeriant.IsIdempotencyViolation(err):
-		return armOwnership
-	}
-	return armFatal
 }
 
 // fatal wraps an error that ends the request. Failures to reach the event store (nothing
@@ -295,55 +366,6 @@ func (s *Service) fatal(err error) error {
 		return fmt.Errorf("%w: %w", ErrUnavailable, err)
 	}
 	return err
-}
-
-// verdict is the answer of whoOwnsSeq.
-type verdict int
-
-const (
-	unwritten verdict = iota // no event of ours at that seq is visible: never guess (409)
-	ours                     // our EventId holds the seq: the write landed
-	sibling                  // another request of the service's client id holds it
-)
-
-func (v verdict) String() string { return [...]string{"Unwritten", "Ours", "Sibling"}[v] }
-
-// whoOwnsSeq makes the point read of docs/account-service.md section 3.4: the batches of the
-// service's client id that hold seq on acct, trimmed to the events with exactly that
-// seq. 1001 reads as Unwritten; 1000 (trimmed) re-reads once from the minimum available
-// version (the gap docs/account-service.md section 6.1.1 admits).
-func (s *Service) whoOwnsSeq(ctx context.Context, acct uuid.UUID, seq uint64, eventID uuid.UUID) (verdict, error) {
-	req := celeriant.ReadRequest{Key: Key(acct), Filters: celeriant.ReadFilters{
-		FromVersion:     1,
-		IncludeClientID: s.clientID,
-		MinClientSeq:    celeriant.Uint64(seq),
-		MaxClientSeq:    celeriant.Uint64(seq),
-	}}
-	res, err := s.store.Read(ctx, req)
-	if minAvail, ok := celeriant.IsUnavailableVersion(err); ok && minAvail > req.Filters.FromVersion {
-		req.Filters.FromVersion = minAvail
-		res, err = s.store.Read(ctx, req)
-	}
-	switch {
-	case celeriant.IsNotFound(err):
-		return unwritten, nil
-	case err != nil:
-		return unwritten, s.fatal(fmt.Errorf("accounts: ownership read of %s seq %d: %w", acct, seq, err))
-	}
-	for _, b := range res.Batches {
-		if b.ClientID != s.clientID {
-			continue
-		}
-		for _, ev := range b.Events {
-			if ev.ClientSeq == seq {
-				if ev.EventID == eventID {
-					return ours, nil
-				}
-				return sibling, nil
-			}
-		}
-	}
-	return unwritten, nil
 }
 
 // readFrom reads acct's stream from version from to the tip, following pages. A missing

@@ -31,20 +31,30 @@ func TestIDs(t *testing.T) {
 }
 
 func TestEventIDFor(t *testing.T) {
-	a := EventIDFor("tenant", "key-1")
-	if a != EventIDFor("tenant", "key-1") {
+	dep := Operation("deposit", 100, AliceID)
+	if dep != "deposit 6128e305-7e13-5ce6-ba25-6a4b44cc9f0e 100" {
+		t.Fatalf("Operation = %q", dep)
+	}
+	a := EventIDFor("tenant", "key-1", dep)
+	if a != EventIDFor("tenant", "key-1", dep) {
 		t.Fatal("EventIDFor is not deterministic")
 	}
 	if a.Version() != 5 {
 		t.Errorf("version %d, want 5", a.Version())
 	}
 	// Pinned vector: changing the derivation would make retries after a deploy write twice.
-	if want := uuid.NewSHA1(EventIDNamespace, []byte("\x06tenantkey-1")); a != want {
-		t.Errorf("EventIDFor(tenant, key-1) = %s, want %s", a, want)
+	if want := uuid.NewSHA1(EventIDNamespace, []byte("\x06tenant\x05key-1\x30"+dep)); a != want {
+		t.Errorf("EventIDFor(tenant, key-1, %q) = %s, want %s", dep, a, want)
 	}
 	distinct := []uuid.UUID{
-		EventIDFor("ab", "c"), EventIDFor("a", "bc"), EventIDFor("", "abc"), EventIDFor("abc", ""),
-		EventIDFor("tenant", "key-2"), EventIDFor("other", "key-1"), a,
+		EventIDFor("ab", "c", dep), EventIDFor("a", "bc", dep), EventIDFor("", "abc", dep), EventIDFor("abc", "", dep),
+		EventIDFor("tenant", "key-2", dep), EventIDFor("other", "key-1", dep), a,
+		// The same key for another operation: another EventId.
+		EventIDFor("tenant", "key-1", Operation("deposit", 101, AliceID)),
+		EventIDFor("tenant", "key-1", Operation("withdraw", 100, AliceID)),
+		EventIDFor("tenant", "key-1", Operation("deposit", 100, BobID)),
+		EventIDFor("tenant", "key-1", Operation("transfer", 100, AliceID, BobID)),
+		EventIDFor("tenant", "key-1", Operation("transfer", 100, BobID, AliceID)),
 	}
 	seen := map[uuid.UUID]bool{}
 	for _, id := range distinct {
@@ -55,7 +65,7 @@ func TestEventIDFor(t *testing.T) {
 	}
 	// A UUID-shaped key is hashed too: two tenants' identical UUID keys never meet.
 	k := "6f9619ff-8b86-d011-b42d-00cf4fc964ff"
-	if EventIDFor("t1", k) == EventIDFor("t2", k) || EventIDFor("t1", k) == uuid.MustParse(k) {
+	if EventIDFor("t1", k, dep) == EventIDFor("t2", k, dep) || EventIDFor("t1", k, dep) == uuid.MustParse(k) {
 		t.Error("UUID keys must be scoped")
 	}
 	if NewEventID() == NewEventID() || NewEventID().Version() != 4 {

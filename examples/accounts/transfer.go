@@ -7,6 +7,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/idemkey/idemkey/celeriant"
+	"github.com/idemkey/idemkey/celeriant/writeloop"
 )
 
 // Transfer moves amountCents from one account to another with one all-or-nothing write to
@@ -30,89 +31,122 @@ func (s *Service) Transfer(ctx context.Context, from, to uuid.UUID, amountCents 
 	if err != nil || done {
 		return res, err
 	}
-	fromKey, toKey := Key(from), Key(to)
-	outValue := encodePayload(TransferredOut, amountCents, to)
-	inValue := encodePayload(TransferredIn, amountCents, from)
-	fseq, tseq, reDerive := fs.MaxClientSeq+1, ts.MaxClientSeq+1, false
-	for attempt := 1; attempt <= s.maxRetries; attempt++ {
-		if attempt > 1 {
-			if err := s.backoff(ctx, attempt); err != nil {
-				return TransferResult{}, err
-			}
-			if fs, ts, res, done, err = s.catchUpTransfer(ctx, from, to, eventID); err != nil || done {
-				return res, err
-			}
-			if reDerive {
-				fseq, tseq, reDerive = fs.MaxClientSeq+1, ts.MaxClientSeq+1, false
-			}
+	a := &transferAttempt{s: s, from: from, to: to, amount: amountCents, eventID: eventID, landed: mayHaveLanded(ctx), fs: fs, ts: ts, caught: true}
+	out, err := s.loop().Run(ctx, a)
+	switch {
+	case err != nil:
+		return TransferResult{}, s.loopError(err, fmt.Sprintf("transfer %s -> %s", from, to))
+	case out == writeloop.Found:
+		return a.answer, nil
+	case out == writeloop.Owned:
+		fs, ts, res, done, err := s.catchUpTransfer(ctx, from, to, eventID)
+		if err != nil || done {
+			return res, err
 		}
-		if err := validateAmount(amountCents); err != nil {
-			return TransferResult{}, err
-		}
-		if fs.BalanceCents < int64(amountCents) {
-			return TransferResult{}, &InsufficientFundsError{BalanceCents: fs.BalanceCents, RequestedCents: int64(amountCents)}
-		}
-		_, err := s.store.Write(ctx, celeriant.WriteRequest{
-			ClientID: s.clientID,
-			Writes: []celeriant.AggregateWrite{
-				{
-					Key:                      fromKey,
-					Events:                   []celeriant.Event{{ClientSeq: fseq, EventID: eventID, TypeMajor: uint64(TransferredOut), Value: outValue}},
-					AllowCreate:              true,
-					ExpectedVersion:          celeriant.Version(fs.Version),
-					EnforceClientIdempotency: true,
-				},
-				{
-					Key:                      toKey,
-					Events:                   []celeriant.Event{{ClientSeq: tseq, EventID: eventID, TypeMajor: uint64(TransferredIn), Value: inValue}},
-					AllowCreate:              true,
-					ExpectedVersion:          celeriant.Version(ts.Version),
-					EnforceClientIdempotency: true,
-				},
-			},
-		})
-		switch classify(err) {
-		case armSuccess:
-			out := TransferResult{
-				From: Result{BalanceCents: fs.BalanceCents - int64(amountCents), AggregateVersion: fs.Version + 1},
-				To:   Result{BalanceCents: ts.BalanceCents + int64(amountCents), AggregateVersion: ts.Version + 1},
-			}
-			// Two separate records, not atomic with each other: each is self-consistent
-			// for its own account (docs/account-service.md section 6.2.8).
-			s.record(ctx, from, eventID, out.From, fs.Version, fseq)
-			s.record(ctx, to, eventID, out.To, ts.Version, tseq)
-			return out, nil
-		case armReDerive:
-			reDerive = true
-		case armHold:
-			s.log.DebugContext(ctx, "accounts: holding transfer ClientSeqs", "from", from, "to", to, "from_seq", fseq, "to_seq", tseq, "attempt", attempt, "err", err)
-		case armOwnership:
-			// The error does not say which leg; Unwritten on one leg just means the
-			// violation was on the other.
-			v, err := s.whoOwnsSeq(ctx, from, fseq, eventID)
-			if err == nil && v == unwritten {
-				v, err = s.whoOwnsSeq(ctx, to, tseq, eventID)
-			}
-			if err != nil {
-				return TransferResult{}, err
-			}
-			switch v {
-			case ours:
-				fs, ts, res, done, err := s.catchUpTransfer(ctx, from, to, eventID)
-				if err != nil || done {
-					return res, err
-				}
-				return TransferResult{From: fs.result(), To: ts.result()}, nil
-			case sibling:
-				reDerive = true
-			default:
-				return TransferResult{}, &ConflictError{Reason: fmt.Sprintf("transfer %s -> %s unverifiable after idempotency violation at seqs %d/%d; retry the request", from, to, fseq, tseq)}
-			}
-		default:
-			return TransferResult{}, s.fatal(err)
-		}
+		return TransferResult{From: fs.result(), To: ts.result()}, nil
 	}
-	return TransferResult{}, &ConflictError{Reason: fmt.Sprintf("transfer %s -> %s did not complete after %d attempts: concurrent updates or timeouts; retry the request", from, to, s.maxRetries)}
+	res = TransferResult{
+		From: Result{BalanceCents: a.fs.BalanceCents - int64(amountCents), AggregateVersion: a.fs.Version + 1},
+		To:   Result{BalanceCents: a.ts.BalanceCents + int64(amountCents), AggregateVersion: a.ts.Version + 1},
+	}
+	// Two separate records, not atomic with each other: each is self-consistent for its
+	// own account (docs/account-service.md section 6.2.8).
+	s.record(ctx, from, eventID, res.From, a.fs.Version, a.fseq)
+	s.record(ctx, to, eventID, res.To, a.ts.Version, a.tseq)
+	return res, nil
+}
+
+// transferAttempt is the Attempt of a transfer: one write to both accounts.
+type transferAttempt struct {
+	s        *Service
+	from, to uuid.UUID
+	amount   int32
+	eventID  uuid.UUID
+	landed   bool
+
+	fs, ts     State
+	caught     bool // fs and ts are fresh from the caller's catch-up: the first Prepare uses them
+	fseq, tseq uint64
+	searched   bool
+	answer     TransferResult
+}
+
+func (a *transferAttempt) Prepare(ctx context.Context, _ int, reDerive bool) (bool, error) {
+	if !a.caught {
+		fs, ts, res, done, err := a.s.catchUpTransfer(ctx, a.from, a.to, a.eventID)
+		if err != nil || done {
+			a.answer = res
+			return done, err
+		}
+		a.fs, a.ts = fs, ts
+	}
+	a.caught = false
+	fs, ts := a.fs, a.ts
+	if reDerive {
+		if a.landed && !a.searched {
+			a.searched = true
+			// The write is all-or-nothing: found on the from leg means both landed.
+			fres, found, err := a.s.searchLanded(ctx, a.from, fs, a.eventID)
+			if err != nil {
+				return false, err
+			}
+			if found {
+				tres, tfound, err := a.s.searchLanded(ctx, a.to, ts, a.eventID)
+				if err != nil {
+					return false, err
+				}
+				if !tfound {
+					tres = ts.result()
+				}
+				a.answer = TransferResult{From: fres, To: tres}
+				return true, nil
+			}
+		}
+		a.fseq, a.tseq = fs.MaxClientSeq+1, ts.MaxClientSeq+1
+	}
+	if err := validateAmount(a.amount); err != nil {
+		return false, err
+	}
+	if fs.BalanceCents < int64(a.amount) {
+		return false, &InsufficientFundsError{BalanceCents: fs.BalanceCents, RequestedCents: int64(a.amount)}
+	}
+	return false, nil
+}
+
+func (a *transferAttempt) Write(ctx context.Context) error {
+	_, err := a.s.store.Write(ctx, celeriant.WriteRequest{
+		ClientID: a.s.clientID,
+		Writes: []celeriant.AggregateWrite{
+			{
+				Key:                      Key(a.from),
+				Events:                   []celeriant.Event{{ClientSeq: a.fseq, EventID: a.eventID, TypeMajor: uint64(TransferredOut), Value: encodePayload(TransferredOut, a.amount, a.to)}},
+				AllowCreate:              true,
+				ExpectedVersion:          celeriant.Version(a.fs.Version),
+				EnforceClientIdempotency: true,
+			},
+			{
+				Key:                      Key(a.to),
+				Events:                   []celeriant.Event{{ClientSeq: a.tseq, EventID: a.eventID, TypeMajor: uint64(TransferredIn), Value: encodePayload(TransferredIn, a.amount, a.from)}},
+				AllowCreate:              true,
+				ExpectedVersion:          celeriant.Version(a.ts.Version),
+				EnforceClientIdempotency: true,
+			},
+		},
+	})
+	if writeloop.Classify(err) == writeloop.Hold {
+		a.s.log.DebugContext(ctx, "accounts: holding transfer ClientSeqs", "from", a.from, "to", a.to, "from_seq", a.fseq, "to_seq", a.tseq, "err", err)
+	}
+	return err
+}
+
+// Owner attributes a 2002: the error does not say which leg, and Unwritten on one leg
+// just means the violation was on the other.
+func (a *transferAttempt) Owner(ctx context.Context) (writeloop.Verdict, error) {
+	v, err := writeloop.WhoOwnsSeq(ctx, a.s.store, Key(a.from), a.s.clientID, a.fseq, a.eventID)
+	if err == nil && v == writeloop.Unwritten {
+		v, err = writeloop.WhoOwnsSeq(ctx, a.s.store, Key(a.to), a.s.clientID, a.tseq, a.eventID)
+	}
+	return v, a.s.fatal(err)
 }
 
 // catchUpTransfer catches up both accounts with the request's EventId and applies the

@@ -133,7 +133,7 @@ func TestEndToEndStorm(t *testing.T) {
 	}
 	total := 0
 	for i := range keys {
-		n := seen[accounts.EventIDFor(scope, keyName(i))]
+		n := seen[accounts.EventIDFor(scope, keyName(i), accounts.Operation("deposit", int32(amount(i)), accts[i%nAccount]))]
 		total += n
 		if n != 1 {
 			t.Errorf("key %s: %d events in the log, want exactly 1", keyName(i), n)

@@ -38,7 +38,7 @@ func BenchmarkDepositReplay(b *testing.B) {
 		}
 	})
 	b.Run("service", func(b *testing.B) {
-		eventID := accounts.EventIDFor("tenant", "key-1")
+		eventID := accounts.EventIDFor("tenant", "key-1", accounts.Operation("deposit", 100, accounts.AliceID))
 		b.ReportAllocs()
 		for b.Loop() {
 			if _, err := svc.Deposit(context.Background(), accounts.AliceID, 100, eventID); err != nil {

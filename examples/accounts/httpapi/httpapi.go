@@ -20,18 +20,19 @@
 //	     200 {"from":{"balanceCents","aggregateVersion"},"to":{...}}
 //
 // Request bodies must be one JSON object; Content-Type is not checked. Field names are
-// matched as encoding/json does (case-insensitively).
+// matched exactly: another letter case, an unknown name or a repeated one is a 422.
 //
 // Errors (application/problem+json, members type, title, status, detail, code):
 //
 //	400 MALFORMED_REQUEST   body is not one JSON object, a path id is not a UUID, a bad query
 //	404 NOT_FOUND           no such route; 405 METHOD_NOT_ALLOWED (with Allow)
 //	413 PAYLOAD_TOO_LARGE   body over the limit (default 64 KiB)
-//	422 VALIDATION_ERROR    unknown field, wrong type, missing field, amount outside int32
-//	                        or not positive, an account id in the body that is not a UUID,
-//	                        a transfer to the same account
+//	422 VALIDATION_ERROR    unknown field (names are case-sensitive), repeated field, wrong
+//	                        type, missing field, amount outside int32 or not positive, an
+//	                        account id in the body that is not a UUID, the nil UUID as an
+//	                        account id (path or body), a transfer to the same account
 //	422 INSUFFICIENT_FUNDS  with balanceCents (the debited account's balance)
-//	409 CONFLICT            the write loop gave up; retry with the same key
+//	409 CONFLICT            the write loop gave up; retry with the same key (Retry-After: 1)
 //	503 SERVICE_UNAVAILABLE the event store cannot be reached, or the request's context
 //	                        ended mid-write (Retry-After: 1)
 //	500 INTERNAL_ERROR      anything else; the detail is logged, not returned
@@ -44,8 +45,8 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"slices"
 	"strconv"
-	"strings"
 
 	"github.com/google/uuid"
 
@@ -81,6 +82,7 @@ const ProblemTypePrefix = "urn:idemkey:problem:"
 type Handler struct {
 	svc     Service
 	keyFunc KeyFunc
+	landed  LandedFunc
 	maxBody int64
 	log     *slog.Logger
 	mux     *http.ServeMux
@@ -92,6 +94,25 @@ type Option func(*Handler)
 // WithKeyFunc sets how the handler finds a request's idempotency scope and key (default:
 // never, so every write gets a random EventId).
 func WithKeyFunc(f KeyFunc) Option { return func(h *Handler) { h.keyFunc = f } }
+
+// LandedFunc reports whether an earlier run of the request may have written without
+// answering: the idempotency middleware's claim was a takeover of an expired lease.
+// Wire it to the middleware's claim accessor.
+type LandedFunc func(r *http.Request) bool
+
+// WithLandedFunc sets how the handler learns that a request may already have landed
+// (default: never). Such a write first searches the stream for its EventId
+// (accounts.MayHaveLanded), so a late retry after a takeover does not write twice.
+func WithLandedFunc(f LandedFunc) Option { return func(h *Handler) { h.landed = f } }
+
+// context returns the service context of r: r's, marked with accounts.MayHaveLanded
+// when the LandedFunc says so.
+func (h *Handler) context(r *http.Request) context.Context {
+	if h.landed != nil && h.landed(r) {
+		return accounts.MayHaveLanded(r.Context())
+	}
+	return r.Context()
+}
 
 // WithMaxBodyBytes sets the request body limit (default 64 KiB); n <= 0 is ignored.
 func WithMaxBodyBytes(n int64) Option {
@@ -168,12 +189,12 @@ func (f *problemFallback) Write(b []byte) (int, error) {
 	return len(b), nil // the mux's plain-text error body is dropped
 }
 
-// eventID returns the request's EventId: UUIDv5 over (scope, key) when the request has an
-// idempotency key, a fresh random one otherwise.
-func (h *Handler) eventID(r *http.Request) uuid.UUID {
+// eventID returns the request's EventId: UUIDv5 over (scope, key, operation) when the
+// request has an idempotency key, a fresh random one otherwise.
+func (h *Handler) eventID(r *http.Request, operation string) uuid.UUID {
 	if h.keyFunc != nil {
 		if scope, key, ok := h.keyFunc(r); ok {
-			return accounts.EventIDFor(scope, key)
+			return accounts.EventIDFor(scope, key, operation)
 		}
 	}
 	return accounts.NewEventID()
@@ -264,28 +285,28 @@ type amountBody struct {
 }
 
 func (h *Handler) deposit(w http.ResponseWriter, r *http.Request) {
-	h.oneAccount(w, r, h.svc.Deposit)
+	h.oneAccount(w, r, "deposit", h.svc.Deposit)
 }
 
 func (h *Handler) withdraw(w http.ResponseWriter, r *http.Request) {
-	h.oneAccount(w, r, h.svc.Withdraw)
+	h.oneAccount(w, r, "withdraw", h.svc.Withdraw)
 }
 
 func (h *Handler) oneAccount(w http.ResponseWriter, r *http.Request,
-	op func(context.Context, uuid.UUID, int32, uuid.UUID) (accounts.Result, error)) {
+	kind string, op func(context.Context, uuid.UUID, int32, uuid.UUID) (accounts.Result, error)) {
 	id, ok := pathID(w, r)
 	if !ok {
 		return
 	}
 	var body amountBody
-	if !h.decode(w, r, &body) {
+	if !h.decode(w, r, field{"amountCents", &body.AmountCents}) {
 		return
 	}
 	amount, ok := amountOf(w, body.AmountCents)
 	if !ok {
 		return
 	}
-	res, err := op(r.Context(), id, amount, h.eventID(r))
+	res, err := op(h.context(r), id, amount, h.eventID(r, accounts.Operation(kind, amount, id)))
 	if err != nil {
 		h.fail(w, r, err)
 		return
@@ -303,7 +324,7 @@ type transferBody struct {
 
 func (h *Handler) transfer(w http.ResponseWriter, r *http.Request) {
 	var body transferBody
-	if !h.decode(w, r, &body) {
+	if !h.decode(w, r, field{"fromAccountId", &body.FromAccountID}, field{"toAccountId", &body.ToAccountID}, field{"amountCents", &body.AmountCents}) {
 		return
 	}
 	from, ok := bodyID(w, "fromAccountId", body.FromAccountID)
@@ -318,7 +339,7 @@ func (h *Handler) transfer(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	res, err := h.svc.Transfer(r.Context(), from, to, amount, h.eventID(r))
+	res, err := h.svc.Transfer(h.context(r), from, to, amount, h.eventID(r, accounts.Operation("transfer", amount, from, to)))
 	if err != nil {
 		h.fail(w, r, err)
 		return
@@ -329,20 +350,26 @@ func (h *Handler) transfer(w http.ResponseWriter, r *http.Request) {
 	}{toJSON(res.From), toJSON(res.To)})
 }
 
-// decode reads exactly one JSON object into dst, refusing unknown fields. It answers the
+// field is one member a request body may carry: its JSON name, compared exactly, and
+// a pointer to where its value goes.
+type field struct {
+	name string
+	dst  any
+}
+
+// Errors of decodeObject that are the client's JSON, not its syntax.
+var (
+	errUnknownField  = errors.New("unknown field")
+	errRepeatedField = errors.New("repeated field")
+	errNotOneObject  = errors.New("not exactly one JSON object")
+)
+
+// decode reads exactly one JSON object whose members are among fields, each at most
+// once, with names compared exactly: encoding/json alone would match names in any
+// letter case and take {"amountCents":100,"AMOUNTCENTS":3} as 3. It answers the
 // problem itself and returns false on failure.
-func (h *Handler) decode(w http.ResponseWriter, r *http.Request, dst any) bool {
-	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, h.maxBody))
-	dec.DisallowUnknownFields()
-	err := dec.Decode(dst)
-	if err == nil {
-		// Exactly one value: anything but whitespace after it is malformed.
-		if _, terr := dec.Token(); terr == nil {
-			err = errors.New("trailing data after the JSON object")
-		} else if !errors.Is(terr, io.EOF) {
-			err = terr
-		}
-	}
+func (h *Handler) decode(w http.ResponseWriter, r *http.Request, fields ...field) bool {
+	name, err := decodeObject(json.NewDecoder(http.MaxBytesReader(w, r.Body, h.maxBody)), fields)
 	if err == nil {
 		return true
 	}
@@ -352,17 +379,60 @@ func (h *Handler) decode(w http.ResponseWriter, r *http.Request, dst any) bool {
 	case errors.As(err, &tooBig):
 		writeProblem(w, problem{Status: http.StatusRequestEntityTooLarge, Code: "PAYLOAD_TOO_LARGE",
 			Detail: "Request body is larger than " + strconv.FormatInt(tooBig.Limit, 10) + " bytes."})
-	case errors.As(err, &typeErr) && typeErr.Field != "":
+	case errors.Is(err, errUnknownField):
 		writeProblem(w, problem{Status: http.StatusUnprocessableEntity, Code: "VALIDATION_ERROR",
-			Detail: "Field " + typeErr.Field + " must be " + expected(typeErr.Field) + "."})
-	case strings.HasPrefix(err.Error(), "json: unknown field "):
+			Detail: "Unknown field " + strconv.Quote(name) + "."})
+	case errors.Is(err, errRepeatedField):
 		writeProblem(w, problem{Status: http.StatusUnprocessableEntity, Code: "VALIDATION_ERROR",
-			Detail: "Unknown field " + strings.TrimPrefix(err.Error(), "json: unknown field ") + "."})
+			Detail: "Field " + name + " appears more than once."})
+	case errors.As(err, &typeErr):
+		writeProblem(w, problem{Status: http.StatusUnprocessableEntity, Code: "VALIDATION_ERROR",
+			Detail: "Field " + name + " must be " + expected(name) + "."})
 	default:
 		writeProblem(w, problem{Status: http.StatusBadRequest, Code: "MALFORMED_REQUEST",
 			Detail: "Request body must be one JSON object."})
 	}
 	return false
+}
+
+// decodeObject reads one JSON object from dec into fields (at most 8) and checks that
+// nothing but whitespace follows it. name is the member an error is about.
+func decodeObject(dec *json.Decoder, fields []field) (name string, err error) {
+	t, err := dec.Token()
+	if err != nil {
+		return "", err
+	}
+	if t != json.Delim('{') {
+		return "", errNotOneObject
+	}
+	var seen uint8
+	for dec.More() {
+		if t, err = dec.Token(); err != nil {
+			return "", err
+		}
+		name, _ = t.(string)
+		i := slices.IndexFunc(fields, func(f field) bool { return f.name == name })
+		switch {
+		case i < 0:
+			return name, errUnknownField
+		case seen&(1<<i) != 0:
+			return name, errRepeatedField
+		}
+		seen |= 1 << i
+		if err := dec.Decode(fields[i].dst); err != nil {
+			return name, err
+		}
+	}
+	if _, err := dec.Token(); err != nil { // the closing brace
+		return "", err
+	}
+	switch _, err := dec.Token(); {
+	case err == nil:
+		return "", errNotOneObject
+	case !errors.Is(err, io.EOF):
+		return "", err
+	}
+	return "", nil
 }
 
 // expected names the type a body field must have.
@@ -398,6 +468,10 @@ func bodyID(w http.ResponseWriter, field string, v *string) (uuid.UUID, bool) {
 		writeProblem(w, problem{Status: http.StatusUnprocessableEntity, Code: "VALIDATION_ERROR", Detail: "Field " + field + " must be a UUID."})
 		return uuid.Nil, false
 	}
+	if id == uuid.Nil {
+		writeProblem(w, problem{Status: http.StatusUnprocessableEntity, Code: "VALIDATION_ERROR", Detail: "Field " + field + " must not be the nil UUID."})
+		return uuid.Nil, false
+	}
 	return id, true
 }
 
@@ -405,6 +479,10 @@ func pathID(w http.ResponseWriter, r *http.Request) (uuid.UUID, bool) {
 	id, err := uuid.Parse(r.PathValue("id"))
 	if err != nil {
 		writeProblem(w, problem{Status: http.StatusBadRequest, Code: "MALFORMED_REQUEST", Detail: "Account id in the path must be a UUID."})
+		return uuid.Nil, false
+	}
+	if id == uuid.Nil {
+		writeProblem(w, problem{Status: http.StatusUnprocessableEntity, Code: "VALIDATION_ERROR", Detail: "Account id must not be the nil UUID."})
 		return uuid.Nil, false
 	}
 	return id, true
@@ -438,6 +516,9 @@ func (h *Handler) fail(w http.ResponseWriter, r *http.Request, err error) {
 		writeProblem(w, problem{Status: http.StatusUnprocessableEntity, Code: "VALIDATION_ERROR", Detail: valid.Message})
 	case errors.Is(err, accounts.ErrConflict):
 		h.log.InfoContext(r.Context(), "accounts: write gave up", "path", r.URL.Path, "err", err)
+		// The loop gave up on concurrent updates or ambiguous outcomes: a retry with the
+		// same key a moment later usually succeeds.
+		w.Header().Set("Retry-After", "1")
 		writeProblem(w, problem{Status: http.StatusConflict, Code: "CONFLICT", Detail: "Account was modified concurrently. Please retry."})
 	case errors.Is(err, accounts.ErrUnavailable):
 		h.log.WarnContext(r.Context(), "accounts: event store or projection unavailable", "path", r.URL.Path, "err", err)

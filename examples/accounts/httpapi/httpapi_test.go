@@ -29,6 +29,7 @@ type fakeService struct {
 	amount  int32
 	eventID uuid.UUID
 	version uint64
+	landed  bool // the context carried accounts.MayHaveLanded
 }
 
 func (f *fakeService) Accounts() []accounts.Account { return accounts.SeededAccounts() }
@@ -50,17 +51,20 @@ func (f *fakeService) History(_ context.Context, acct uuid.UUID, from uint64) (a
 	}, f.err
 }
 
-func (f *fakeService) Deposit(_ context.Context, acct uuid.UUID, amount int32, eventID uuid.UUID) (accounts.Result, error) {
+func (f *fakeService) Deposit(ctx context.Context, acct uuid.UUID, amount int32, eventID uuid.UUID) (accounts.Result, error) {
+	f.landed = accounts.MarkedMayHaveLanded(ctx)
 	f.calls, f.op, f.acct, f.amount, f.eventID = f.calls+1, "deposit", acct, amount, eventID
 	return accounts.Result{BalanceCents: 100, AggregateVersion: 1}, f.err
 }
 
-func (f *fakeService) Withdraw(_ context.Context, acct uuid.UUID, amount int32, eventID uuid.UUID) (accounts.Result, error) {
+func (f *fakeService) Withdraw(ctx context.Context, acct uuid.UUID, amount int32, eventID uuid.UUID) (accounts.Result, error) {
+	f.landed = accounts.MarkedMayHaveLanded(ctx)
 	f.calls, f.op, f.acct, f.amount, f.eventID = f.calls+1, "withdraw", acct, amount, eventID
 	return accounts.Result{BalanceCents: 50, AggregateVersion: 2}, f.err
 }
 
-func (f *fakeService) Transfer(_ context.Context, from, to uuid.UUID, amount int32, eventID uuid.UUID) (accounts.TransferResult, error) {
+func (f *fakeService) Transfer(ctx context.Context, from, to uuid.UUID, amount int32, eventID uuid.UUID) (accounts.TransferResult, error) {
+	f.landed = accounts.MarkedMayHaveLanded(ctx)
 	f.calls, f.op, f.acct, f.to, f.amount, f.eventID = f.calls+1, "transfer", from, to, amount, eventID
 	return accounts.TransferResult{From: accounts.Result{BalanceCents: 1, AggregateVersion: 2}, To: accounts.Result{BalanceCents: 3, AggregateVersion: 4}}, f.err
 }
@@ -164,6 +168,12 @@ func TestBadInput(t *testing.T) {
 		{"wrong method", "DELETE", "/api/transfers", "", 405, "METHOD_NOT_ALLOWED"},
 		{"GET on a POST route", "GET", dep, "", 405, "METHOD_NOT_ALLOWED"},
 		{"root", "GET", "/", "", 404, "NOT_FOUND"},
+		{"field name in another case too", "POST", dep, `{"amountCents":100,"AMOUNTCENTS":3}`, 422, "VALIDATION_ERROR"},
+		{"field name in another case", "POST", dep, `{"AmountCents":100}`, 422, "VALIDATION_ERROR"},
+		{"field repeated", "POST", dep, `{"amountCents":100,"amountCents":3}`, 422, "VALIDATION_ERROR"},
+		{"deposit nil UUID path", "POST", "/api/accounts/" + uuid.Nil.String() + "/deposit", `{"amountCents":5}`, 422, "VALIDATION_ERROR"},
+		{"withdraw nil UUID path", "POST", "/api/accounts/" + uuid.Nil.String() + "/withdraw", `{"amountCents":5}`, 422, "VALIDATION_ERROR"},
+		{"balance nil UUID path", "GET", "/api/accounts/" + uuid.Nil.String() + "/balance", "", 422, "VALIDATION_ERROR"},
 	}
 	for _, c := range []struct{ name, body string }{
 		{"transfer non-UUID from", `{"fromAccountId":"x","toAccountId":"` + alice + `","amountCents":1}`},
@@ -173,6 +183,9 @@ func TestBadInput(t *testing.T) {
 		{"transfer missing amount", `{"fromAccountId":"` + alice + `","toAccountId":"` + alice + `"}`},
 		{"transfer amount overflow", `{"fromAccountId":"` + alice + `","toAccountId":"` + accounts.BobID.String() + `","amountCents":99999999999}`},
 		{"transfer unknown field", `{"fromAccountId":"` + alice + `","toAccountId":"` + accounts.BobID.String() + `","amountCents":1,"x":1}`},
+		{"transfer nil UUID from", `{"fromAccountId":"` + uuid.Nil.String() + `","toAccountId":"` + alice + `","amountCents":1}`},
+		{"transfer nil UUID to", `{"fromAccountId":"` + alice + `","toAccountId":"` + uuid.Nil.String() + `","amountCents":1}`},
+		{"transfer field in another case", `{"fromAccountId":"` + alice + `","toAccountId":"` + accounts.BobID.String() + `","amountCents":1,"TOACCOUNTID":"` + alice + `"}`},
 	} {
 		m, p, b := tr(c.body)
 		cases = append(cases, tcase{c.name, m, p, b, 422, "VALIDATION_ERROR"})
@@ -243,8 +256,8 @@ func TestErrorMapping(t *testing.T) {
 				if strings.Contains(w.Body.String(), "secret") || strings.Contains(w.Body.String(), "internal detail") {
 					t.Error("internal error text leaked")
 				}
-				if tc.status == 503 && w.Header().Get("Retry-After") == "" {
-					t.Error("503 without Retry-After")
+				if (tc.status == 503 || tc.status == 409) && w.Header().Get("Retry-After") != "1" {
+					t.Errorf("%d with Retry-After %q, want 1", tc.status, w.Header().Get("Retry-After"))
 				}
 			})
 		}
@@ -255,6 +268,31 @@ func TestRedirectPassesThrough(t *testing.T) {
 	w := do(New(&fakeService{}, quiet), "GET", "/api//accounts", "")
 	if w.Code/100 != 3 || w.Header().Get("Location") != "/api/accounts" {
 		t.Errorf("status %d, Location %q", w.Code, w.Header().Get("Location"))
+	}
+}
+
+// TestLandedFunc: the handler marks the service call's context with
+// accounts.MayHaveLanded exactly when its LandedFunc says so, on every write route.
+func TestLandedFunc(t *testing.T) {
+	alice, bob := accounts.AliceID.String(), accounts.BobID.String()
+	for _, route := range []struct{ path, body string }{
+		{"/api/accounts/" + alice + "/deposit", `{"amountCents":5}`},
+		{"/api/accounts/" + alice + "/withdraw", `{"amountCents":5}`},
+		{"/api/transfers", `{"fromAccountId":"` + alice + `","toAccountId":"` + bob + `","amountCents":5}`},
+	} {
+		for _, takeover := range []bool{false, true} {
+			f := &fakeService{}
+			h := New(f, quiet, WithLandedFunc(func(r *http.Request) bool { return r.Header.Get("X-Takeover") == "1" }))
+			req := httptest.NewRequest("POST", route.path, strings.NewReader(route.body))
+			if takeover {
+				req.Header.Set("X-Takeover", "1")
+			}
+			w := httptest.NewRecorder()
+			h.ServeHTTP(w, req)
+			if w.Code != 200 || f.landed != takeover {
+				t.Errorf("%s takeover=%v: status %d, marked %v", route.path, takeover, w.Code, f.landed)
+			}
+		}
 	}
 }
 
@@ -279,8 +317,8 @@ func TestKeyFunc(t *testing.T) {
 		}
 		return f.eventID
 	}
-	if got := send("tenant", "k1"); got != accounts.EventIDFor("tenant", "k1") {
-		t.Errorf("EventId %s, want EventIDFor(tenant, k1)", got)
+	if got := send("tenant", "k1"); got != accounts.EventIDFor("tenant", "k1", accounts.Operation("deposit", 5, accounts.AliceID)) {
+		t.Errorf("EventId %s, want EventIDFor(tenant, k1, deposit of 5 to Alice)", got)
 	}
 	if send("tenant", "k1") != send("tenant", "k1") || send("a", "k1") == send("b", "k1") {
 		t.Error("EventId must be stable per (scope, key) and differ across scopes")

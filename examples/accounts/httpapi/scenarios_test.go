@@ -99,9 +99,18 @@ func TestScenariosOverHTTP(t *testing.T) {
 	c, b = call(0, dep, "k1", `{"amountCents":100}`)
 	expect("8c", c, b, 200, `{"balanceCents":100,"aggregateVersion":1}`)
 
-	// The log itself: 8 events on acct, 1 on acct2, each keyed request exactly once.
+	// The key k1 reused for other operations once the middleware forgot it (nothing in
+	// front of this handler remembers it): each is its own request, not k1's deposit.
+	c, b = call(0, "/api/transfers", "k1", `{"fromAccountId":"`+acct.String()+`","toAccountId":"`+acct2.String()+`","amountCents":20000}`)
+	if c != 422 || !strings.Contains(b, `"code":"INSUFFICIENT_FUNDS"`) {
+		t.Fatalf("k1 as a transfer over the balance: %d %s, want 422 INSUFFICIENT_FUNDS", c, b)
+	}
+	c, b = call(1, "/api/accounts/"+acct.String()+"/withdraw", "k1", `{"amountCents":5}`)
+	expect("k1 as a withdrawal", c, b, 200, `{"balanceCents":111,"aggregateVersion":9}`)
+
+	// The log itself: 9 events on acct, 1 on acct2, each keyed request exactly once.
 	count := map[uuid.UUID]int{}
-	for id, want := range map[uuid.UUID]int{acct: 8, acct2: 1} {
+	for id, want := range map[uuid.UUID]int{acct: 9, acct2: 1} {
 		batches, err := celeriant.ReadAll(context.Background(), sim, celeriant.ReadRequest{Key: accounts.Key(id), Filters: celeriant.ReadFilters{FromVersion: 1}})
 		if err != nil {
 			t.Fatal(err)
@@ -115,12 +124,12 @@ func TestScenariosOverHTTP(t *testing.T) {
 			}
 		}
 	}
-	for _, k := range []string{"k1", "k2", "k3", "k4", "k5", "k8", "k9"} {
-		if n := count[accounts.EventIDFor("scenario-tenant", k)]; n != 1 {
+	for k, amount := range map[string]int32{"k1": 100, "k2": 50, "k3": 25, "k4": 10, "k5": 20, "k8": 7, "k9": 9} {
+		if n := count[accounts.EventIDFor("scenario-tenant", k, accounts.Operation("deposit", amount, acct))]; n != 1 {
 			t.Errorf("%s landed %d times", k, n)
 		}
 	}
-	if n := count[accounts.EventIDFor("scenario-tenant", "k7")]; n != 2 { // one per leg
+	if n := count[accounts.EventIDFor("scenario-tenant", "k7", accounts.Operation("transfer", 105, acct, acct2))]; n != 2 { // one per leg
 		t.Errorf("k7 on %d legs, want 2", n)
 	}
 }

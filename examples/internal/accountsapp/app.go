@@ -123,7 +123,8 @@ func Open(ctx context.Context, cfg Config, getenv func(string) string, logger *s
 			return a, fmt.Errorf("%w: DATABASE_URL: %w", ErrConfig, err)
 		}
 		a.closers = append(a.closers, pool.Close)
-		pg, err := accounts.NewPostgresProjection(pool, accounts.WithTablePrefix(cfg.TablePrefix))
+		pg, err := accounts.NewPostgresProjection(pool, accounts.WithTablePrefix(cfg.TablePrefix),
+			accounts.WithPostgresWindow(indexWindow(cfg.Retention)))
 		if err != nil {
 			return a, err
 		}
@@ -136,7 +137,7 @@ func Open(ctx context.Context, cfg Config, getenv func(string) string, logger *s
 		proj = accounts.NewMemoryProjection()
 	}
 
-	a.Service, err = accounts.New(a.Events, proj, accounts.WithLogger(logger))
+	a.Service, err = accounts.New(a.Events, proj, accounts.WithLogger(logger), accounts.WithLandedLookback(cfg.Retention))
 	if err != nil {
 		return a, err
 	}
@@ -165,8 +166,24 @@ func Open(ctx context.Context, cfg Config, getenv func(string) string, logger *s
 	if err != nil {
 		return a, err
 	}
-	a.API = httpapi.New(a.Service, httpapi.WithLogger(logger), httpapi.WithKeyFunc(keyFromRequest))
+	a.API = httpapi.New(a.Service, httpapi.WithLogger(logger), httpapi.WithKeyFunc(keyFromRequest),
+		httpapi.WithLandedFunc(takeoverFromRequest))
 	return a, nil
+}
+
+// takeoverFromRequest tells the account service that the request's claim took over an
+// expired lease: the previous holder may have written before it died, so the service
+// searches the stream for the request's event before writing.
+func takeoverFromRequest(r *http.Request) bool {
+	c, ok := middleware.ClaimFromContext(r.Context())
+	return ok && c.Takeover
+}
+
+// indexWindow is the Postgres projection's dedup window for a middleware retention: at
+// least the retention, so the durable index remembers a write as long as the middleware
+// remembers its key, and never below accounts.DefaultWindow.
+func indexWindow(retention time.Duration) time.Duration {
+	return max(retention, accounts.DefaultWindow)
 }
 
 // keyFromRequest hands the middleware's scope and key to the account service, which

@@ -5,6 +5,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/idemkey/idemkey/examples/accounts"
 )
 
 func TestLoadConfig(t *testing.T) {
@@ -43,5 +45,17 @@ func TestLoadConfig(t *testing.T) {
 				t.Fatalf("got %+v, %v; want %+v", got, err, tc.want)
 			}
 		})
+	}
+}
+
+func TestIndexWindow(t *testing.T) {
+	for retention, want := range map[time.Duration]time.Duration{
+		24 * time.Hour:  24 * time.Hour,
+		2 * time.Second: accounts.DefaultWindow,
+		0:               accounts.DefaultWindow,
+	} {
+		if got := indexWindow(retention); got != want {
+			t.Errorf("indexWindow(%v) = %v, want %v", retention, got, want)
+		}
 	}
 }

@@ -149,19 +149,19 @@ func runTable(t *testing.T, s *Server) {
 
 	// From the log: every key wrote once, in its own scope.
 	for _, c := range []struct {
-		acct         uuid.UUID
-		scope, key   string
-		want         int
-		whatItProves string
+		acct           uuid.UUID
+		scope, key, op string
+		want           int
+		whatItProves   string
 	}{
-		{x, "anonymous", "d1", 1, "a replayed deposit does not write again"},
-		{x, "other", "d1", 1, "another client's key is its own"},
-		{x, "anonymous", "w1", 0, "a refused withdraw writes nothing"},
-		{x, "anonymous", "t1", 1, "the transfer's debit leg"},
-		{y, "anonymous", "t1", 1, "the transfer's credit leg"},
-		{x, "anonymous", "m8", 0, "invalid input writes nothing"},
+		{x, "anonymous", "d1", accounts.Operation("deposit", 100, x), 1, "a replayed deposit does not write again"},
+		{x, "other", "d1", accounts.Operation("deposit", 100, x), 1, "another client's key is its own"},
+		{x, "anonymous", "w1", accounts.Operation("withdraw", 1000, x), 0, "a refused withdraw writes nothing"},
+		{x, "anonymous", "t1", accounts.Operation("transfer", 50, x, y), 1, "the transfer's debit leg"},
+		{y, "anonymous", "t1", accounts.Operation("transfer", 50, x, y), 1, "the transfer's credit leg"},
+		{x, "anonymous", "m8", accounts.Operation("deposit", 2147483647, x), 0, "invalid input writes nothing"},
 	} {
-		if n := EventCount(t, s.App.Events, c.acct, accounts.EventIDFor(c.scope, c.key)); n != c.want {
+		if n := EventCount(t, s.App.Events, c.acct, accounts.EventIDFor(c.scope, c.key, c.op)); n != c.want {
 			t.Errorf("%s/%s: %d events in the log, want %d (%s)", c.scope, c.key, n, c.want, c.whatItProves)
 		}
 	}
@@ -187,7 +187,7 @@ func inFlight(t *testing.T, s *Server) {
 	if r := Do(t, "POST", path, "slow", "", `{"amountCents":7}`); r.Status != 200 || r.Header.Get("Idempotent-Replayed") != "true" {
 		t.Errorf("retry after: %d %v", r.Status, r.Header)
 	}
-	if n := EventCount(t, s.App.Events, acct, accounts.EventIDFor("anonymous", "slow")); n != 1 {
+	if n := EventCount(t, s.App.Events, acct, accounts.EventIDFor("anonymous", "slow", accounts.Operation("deposit", 7, acct))); n != 1 {
 		t.Errorf("%d events, want 1", n)
 	}
 }
@@ -206,7 +206,7 @@ func busy(t *testing.T, s *Server) {
 	if r.Status != 200 || r.Header.Get("Idempotent-Replayed") != "" || strings.TrimSpace(r.Body) != `{"balanceCents":9,"aggregateVersion":1}` {
 		t.Fatalf("retry: %d %v %s", r.Status, r.Header, r.Body)
 	}
-	if n := EventCount(t, s.App.Events, acct, accounts.EventIDFor("anonymous", "busy")); n != 1 {
+	if n := EventCount(t, s.App.Events, acct, accounts.EventIDFor("anonymous", "busy", accounts.Operation("deposit", 9, acct))); n != 1 {
 		t.Errorf("%d events, want 1", n)
 	}
 }

@@ -1,4 +1,4 @@
-package celeriant
+package wire
 
 import (
 	"bytes"
@@ -8,7 +8,6 @@ import (
 	"slices"
 
 	"github.com/google/uuid"
-	"github.com/vmihailenco/msgpack/v5"
 )
 
 // Frame constants (docs/celeriant-protocol.md sections 2.1 and 2.2).
@@ -200,42 +199,129 @@ func readBody(r io.Reader, buf []byte, n int) ([]byte, error) {
 	return buf, nil
 }
 
-// Encoder builds whole frames (header and MessagePack body, docs/celeriant-protocol.md sections 2-4)
-// with the minimal integer widths rmp-serde produces. It reuses one buffer: the returned
-// frame is valid until the next call. Not safe for concurrent use.
+// MessagePack format bytes used by this codec (the MessagePack specification's
+// format names; docs/celeriant-protocol.md section 3). The codec is entirely ours: the
+// server's rmp-serde output has fixed shapes (positional arrays, minimal integer widths,
+// bin for byte strings, 16-byte bin for 128-bit ids), a hostile peer must not be able to
+// make it recurse or allocate ahead of the bytes it sent, and ids and bins are read in
+// place, none of which a general-purpose MessagePack library offers together.
+const (
+	fmtPosFixintMax = 0x7f // 0x00-0x7f: positive fixint
+	fmtFixmap       = 0x80 // 0x80-0x8f: fixmap, low 4 bits = entries
+	fmtFixmapMax    = 0x8f
+	fmtFixarray     = 0x90 // 0x90-0x9f: fixarray, low 4 bits = elements
+	fmtFixarrayMax  = 0x9f
+	fmtFixstr       = 0xa0 // 0xa0-0xbf: fixstr, low 5 bits = bytes
+	fmtFixstrMax    = 0xbf
+	fmtNil          = 0xc0
+	fmtNeverUsed    = 0xc1
+	fmtFalse        = 0xc2
+	fmtTrue         = 0xc3
+	fmtBin8         = 0xc4
+	fmtBin16        = 0xc5
+	fmtBin32        = 0xc6
+	fmtExt8         = 0xc7
+	fmtExt16        = 0xc8
+	fmtExt32        = 0xc9
+	fmtFloat32      = 0xca
+	fmtFloat64      = 0xcb
+	fmtUint8        = 0xcc
+	fmtUint16       = 0xcd
+	fmtUint32       = 0xce
+	fmtUint64       = 0xcf
+	fmtInt8         = 0xd0
+	fmtInt16        = 0xd1
+	fmtInt32        = 0xd2
+	fmtInt64        = 0xd3
+	fmtFixext1      = 0xd4 // 0xd4-0xd8: fixext 1, 2, 4, 8, 16
+	fmtFixext16     = 0xd8
+	fmtStr8         = 0xd9
+	fmtStr16        = 0xda
+	fmtStr32        = 0xdb
+	fmtArray16      = 0xdc
+	fmtArray32      = 0xdd
+	fmtMap16        = 0xde
+	fmtMap32        = 0xdf
+	fmtNegFixint    = 0xe0 // 0xe0-0xff: negative fixint
+)
+
+// Encoder builds whole frames (header and MessagePack body, docs/celeriant-protocol.md
+// sections 2-4) with the minimal integer and length widths rmp-serde produces. It
+// reuses one buffer: the returned frame is valid until the next call. Not safe for
+// concurrent use.
 type Encoder struct {
-	buf bytes.Buffer
-	enc *msgpack.Encoder
+	b []byte
 }
 
 // NewEncoder returns an Encoder.
-func NewEncoder() *Encoder {
-	e := &Encoder{}
-	e.enc = msgpack.NewEncoder(&e.buf)
-	return e
-}
+func NewEncoder() *Encoder { return &Encoder{} }
 
 var zeroHeader [HeaderSize]byte
 
-func (e *Encoder) begin() { e.buf.Reset(); e.buf.Write(zeroHeader[:]) }
+func (e *Encoder) begin() { e.b = append(e.b[:0], zeroHeader[:]...) }
 
 func (e *Encoder) finish(t MessageType) []byte {
-	b := e.buf.Bytes()
-	n := uint32(len(b) - HeaderSize)
-	AppendHeader(b[:0], Header{Version: ProtocolVersion, Type: t, CompressedLength: n, UncompressedLength: n})
-	return b
+	n := uint32(len(e.b) - HeaderSize)
+	AppendHeader(e.b[:0], Header{Version: ProtocolVersion, Type: t, CompressedLength: n, UncompressedLength: n})
+	return e.b
 }
 
-// Writes into a bytes.Buffer cannot fail, so the msgpack errors are dropped below.
+// length writes a container or byte-string header: the fix form (fix, when fixMax > 0
+// and n fits in it), else the 8-bit (f8 != 0), 16-bit or 32-bit form.
+func (e *Encoder) length(n int, fix, fixMax, f8, f16, f32 byte) {
+	switch {
+	case fixMax > 0 && n <= int(fixMax-fix):
+		e.b = append(e.b, fix|byte(n))
+	case f8 != 0 && n <= 0xff:
+		e.b = append(e.b, f8, byte(n))
+	case n <= 0xffff:
+		e.b = append(e.b, f16)
+		e.b = binary.BigEndian.AppendUint16(e.b, uint16(n))
+	default:
+		e.b = append(e.b, f32)
+		e.b = binary.BigEndian.AppendUint32(e.b, uint32(n))
+	}
+}
 
-func (e *Encoder) arr(n int)   { _ = e.enc.EncodeArrayLen(n) }
-func (e *Encoder) u(v uint64)  { _ = e.enc.EncodeUint(v) }
-func (e *Encoder) nil_()       { _ = e.enc.EncodeNil() }
-func (e *Encoder) bool(v bool) { _ = e.enc.EncodeBool(v) }
+func (e *Encoder) arr(n int)    { e.length(n, fmtFixarray, fmtFixarrayMax, 0, fmtArray16, fmtArray32) }
+func (e *Encoder) mapLen(n int) { e.length(n, fmtFixmap, fmtFixmapMax, 0, fmtMap16, fmtMap32) }
+func (e *Encoder) nil_()        { e.b = append(e.b, fmtNil) }
+
+func (e *Encoder) bool(v bool) {
+	if v {
+		e.b = append(e.b, fmtTrue)
+	} else {
+		e.b = append(e.b, fmtFalse)
+	}
+}
+
+// u writes v in the smallest unsigned form.
+func (e *Encoder) u(v uint64) {
+	switch {
+	case v <= fmtPosFixintMax:
+		e.b = append(e.b, byte(v))
+	case v <= 0xff:
+		e.b = append(e.b, fmtUint8, byte(v))
+	case v <= 0xffff:
+		e.b = append(e.b, fmtUint16)
+		e.b = binary.BigEndian.AppendUint16(e.b, uint16(v))
+	case v <= 0xffffffff:
+		e.b = append(e.b, fmtUint32)
+		e.b = binary.BigEndian.AppendUint32(e.b, uint32(v))
+	default:
+		e.b = append(e.b, fmtUint64)
+		e.b = binary.BigEndian.AppendUint64(e.b, v)
+	}
+}
 
 func (e *Encoder) bin(v []byte) {
-	_ = e.enc.EncodeBytesLen(len(v))
-	e.buf.Write(v)
+	e.length(len(v), 0, 0, fmtBin8, fmtBin16, fmtBin32)
+	e.b = append(e.b, v...)
+}
+
+func (e *Encoder) str(v string) {
+	e.length(len(v), fmtFixstr, fmtFixstrMax, fmtStr8, fmtStr16, fmtStr32)
+	e.b = append(e.b, v...)
 }
 
 // id writes a u128 as bin8 of 16 big-endian bytes (the UUID bytes as they are).
@@ -264,6 +350,8 @@ func (e *Encoder) key(k AggregateKey) {
 	e.id(k.ID)
 }
 
+// event writes the 8-element event. An empty IV is written as nil: on the wire an IV is
+// absent or exactly 12 bytes (the server's Option<[u8; 12]>), never an empty bin.
 func (e *Encoder) event(ev *Event) {
 	e.arr(8)
 	e.u(ev.ClientSeq)
@@ -288,7 +376,7 @@ func (e *Encoder) WriteRequest(req *WriteRequest) []byte {
 	e.optID(req.CorrelationID)
 	e.id(req.ClientID)
 	e.optID(req.UserID)
-	_ = e.enc.EncodeMapLen(len(req.Writes))
+	e.mapLen(len(req.Writes))
 	for i := range req.Writes {
 		w := &req.Writes[i]
 		e.key(w.Key)
@@ -404,12 +492,12 @@ func (e *Encoder) AggregateDetailsResponse(d *AggregateDetails) []byte {
 }
 
 // ErrorResponse encodes an ErrorResponse frame (type 7, section 4.8).
-func (e *Encoder) ErrorResponse(correlationID uuid.UUID, code Code, message string) []byte {
+func (e *Encoder) ErrorResponse(correlationID uuid.UUID, code uint32, message string) []byte {
 	e.begin()
 	e.arr(3)
 	e.optID(correlationID)
 	e.u(uint64(code))
-	_ = e.enc.EncodeString(message)
+	e.str(message)
 	return e.finish(RespError)
 }
 
@@ -421,7 +509,6 @@ func (e *Encoder) ErrorResponse(correlationID uuid.UUID, code Code, message stri
 // wraps ErrProtocol. Not safe for concurrent use.
 type Decoder struct {
 	r bytes.Reader
-	d *msgpack.Decoder
 	// arena is a private copy of the body being decoded; bin values are capped
 	// sub-slices of it (one allocation per message instead of one per event).
 	arena []byte
@@ -429,13 +516,10 @@ type Decoder struct {
 
 // NewDecoder returns a Decoder.
 func NewDecoder() *Decoder {
-	x := &Decoder{}
-	x.d = msgpack.NewDecoder(&x.r)
-	return x
+	return &Decoder{}
 }
 
-// reset starts decoding body. The msgpack decoder reads x.r directly (bytes.Reader is a
-// ByteScanner, so it adds no buffer), which lets id and bin read x.r themselves.
+// reset starts decoding body.
 func (x *Decoder) reset(body []byte, withArena bool) {
 	x.arena = nil
 	if withArena {
@@ -443,7 +527,6 @@ func (x *Decoder) reset(body []byte, withArena bool) {
 		body = x.arena
 	}
 	x.r.Reset(body)
-	x.d.Reset(&x.r)
 }
 
 func wrapDecode(what string, err error) error {
@@ -462,18 +545,62 @@ func (x *Decoder) arrayLen() (int, error) {
 		return 0, io.ErrUnexpectedEOF
 	}
 	switch {
-	case c >= 0x90 && c <= 0x9f:
+	case c >= fmtFixarray && c <= fmtFixarrayMax:
 		return int(c & 0x0f), nil
-	case c == 0xdc:
+	case c == fmtArray16:
 		v, err := x.be(2)
 		return int(v), err
-	case c == 0xdd:
+	case c == fmtArray32:
 		v, err := x.be(4)
 		return int(v), err
-	case c == 0xc0:
+	case c == fmtNil:
 		return -1, nil
 	}
 	return 0, fmt.Errorf("code %#x where an array is required", c)
+}
+
+// mapLen reads a map header (nil is refused).
+func (x *Decoder) mapLen() (int, error) {
+	c, err := x.r.ReadByte()
+	if err != nil {
+		return 0, io.ErrUnexpectedEOF
+	}
+	switch {
+	case c >= fmtFixmap && c <= fmtFixmapMax:
+		return int(c & 0x0f), nil
+	case c == fmtMap16:
+		v, err := x.be(2)
+		return int(v), err
+	case c == fmtMap32:
+		v, err := x.be(4)
+		return int(v), err
+	}
+	return 0, fmt.Errorf("code %#x where a map is required", c)
+}
+
+// str reads a str value (fixstr, str8, str16 or str32) whose bytes are all present.
+func (x *Decoder) str() (string, error) {
+	c, err := x.r.ReadByte()
+	if err != nil {
+		return "", io.ErrUnexpectedEOF
+	}
+	var n uint64
+	switch {
+	case c >= fmtFixstr && c <= fmtFixstrMax:
+		n = uint64(c & 0x1f)
+	case c == fmtStr8, c == fmtStr16, c == fmtStr32:
+		if n, err = x.be(1 << (c - fmtStr8)); err != nil {
+			return "", err
+		}
+	default:
+		return "", fmt.Errorf("code %#x where str is required", c)
+	}
+	if n > uint64(x.r.Len()) {
+		return "", fmt.Errorf("str of %d bytes in %d", n, x.r.Len())
+	}
+	b := make([]byte, n)
+	_, _ = x.r.Read(b)
+	return string(b), nil
 }
 
 func (x *Decoder) arr(min, max int) (n int, err error) {
@@ -487,12 +614,14 @@ func (x *Decoder) arr(min, max int) (n int, err error) {
 	return n, nil
 }
 
+// IVSize is the length of an Event.IV when present: an AES-GCM nonce.
+const IVSize = 12
+
 // Smallest encodings of the list elements, used to refuse element counts the unread
 // bytes cannot hold: a 7-element event of one-byte fields and an empty bin (9 bytes), a
 // batch with an integer client id and no events (6), a writes map entry with integer
 // ids and no events (9).
 const (
-	ivSize       = 12 // AES-GCM nonce, Event.IV
 	minEventSize = 9
 	minBatchSize = 6
 	minEntrySize = 9
@@ -517,9 +646,9 @@ func (x *Decoder) list(minSize int) (int, error) {
 	return n, nil
 }
 
-// skip skips n values. It is iterative (a peer may nest arrays millions deep; the
-// msgpack package's recursive Skip would overflow the stack, a fatal error) and checks
-// every declared length against the unread bytes.
+// skip skips n values. It is iterative (a peer may nest arrays millions deep; a
+// recursive skip would overflow the stack, a fatal error) and checks every declared
+// length against the unread bytes.
 func (x *Decoder) skip(n int) error {
 	pending := uint64(max(n, 0))
 	for pending > 0 {
@@ -533,39 +662,39 @@ func (x *Decoder) skip(n int) error {
 			err  error
 		)
 		switch {
-		case c <= 0x7f || c >= 0xe0 || c == 0xc0 || c == 0xc2 || c == 0xc3: // fixint, nil, bool
-		case c <= 0x8f: // fixmap
+		case c <= fmtPosFixintMax || c >= fmtNegFixint || c == fmtNil || c == fmtFalse || c == fmtTrue:
+		case c <= fmtFixmapMax:
 			pending += 2 * uint64(c&0x0f)
-		case c <= 0x9f: // fixarray
+		case c <= fmtFixarrayMax:
 			pending += uint64(c & 0x0f)
-		case c <= 0xbf: // fixstr
+		case c <= fmtFixstrMax:
 			data = uint64(c & 0x1f)
-		case c == 0xc4 || c == 0xd9: // bin8, str8
+		case c == fmtBin8 || c == fmtStr8:
 			data, err = x.be(1)
-		case c == 0xc5 || c == 0xda: // bin16, str16
+		case c == fmtBin16 || c == fmtStr16:
 			data, err = x.be(2)
-		case c == 0xc6 || c == 0xdb: // bin32, str32
+		case c == fmtBin32 || c == fmtStr32:
 			data, err = x.be(4)
-		case c >= 0xc7 && c <= 0xc9: // ext8/16/32: length, then a type byte
-			data, err = x.be(1 << (c - 0xc7))
+		case c >= fmtExt8 && c <= fmtExt32: // length, then a type byte
+			data, err = x.be(1 << (c - fmtExt8))
 			data++
-		case c == 0xca:
+		case c == fmtFloat32:
 			data = 4
-		case c == 0xcb:
+		case c == fmtFloat64:
 			data = 8
-		case c >= 0xcc && c <= 0xcf:
-			data = 1 << (c - 0xcc)
-		case c >= 0xd0 && c <= 0xd3:
-			data = 1 << (c - 0xd0)
-		case c >= 0xd4 && c <= 0xd8: // fixext 1..16 and a type byte
-			data = 1 + 1<<(c-0xd4)
-		case c == 0xdc || c == 0xdd: // array16/32
+		case c >= fmtUint8 && c <= fmtUint64:
+			data = 1 << (c - fmtUint8)
+		case c >= fmtInt8 && c <= fmtInt64:
+			data = 1 << (c - fmtInt8)
+		case c >= fmtFixext1 && c <= fmtFixext16: // a type byte and 1..16 data bytes
+			data = 1 + 1<<(c-fmtFixext1)
+		case c == fmtArray16 || c == fmtArray32:
 			var m uint64
-			m, err = x.be(2 << (c - 0xdc))
+			m, err = x.be(2 << (c - fmtArray16))
 			pending += m
-		case c == 0xde || c == 0xdf: // map16/32
+		case c == fmtMap16 || c == fmtMap32:
 			var m uint64
-			m, err = x.be(2 << (c - 0xde))
+			m, err = x.be(2 << (c - fmtMap16))
 			pending += 2 * m
 		default:
 			return fmt.Errorf("code %#x is not MessagePack", c)
@@ -581,8 +710,7 @@ func (x *Decoder) skip(n int) error {
 	return nil
 }
 
-// The hot scalar paths below read x.r directly (concrete calls, no interface dispatch);
-// the msgpack decoder keeps no read-ahead, so both can share the reader.
+// The scalar readers below read x.r directly (concrete calls, no interface dispatch).
 
 func (x *Decoder) peek() (byte, error) {
 	c, err := x.r.ReadByte()
@@ -598,7 +726,7 @@ func (x *Decoder) isNil() (bool, error) {
 	if err != nil {
 		return false, err
 	}
-	if c == 0xc0 {
+	if c == fmtNil {
 		_, _ = x.r.ReadByte()
 		return true, nil
 	}
@@ -621,12 +749,12 @@ func (x *Decoder) u() (uint64, error) {
 		return 0, io.ErrUnexpectedEOF
 	}
 	switch {
-	case c <= 0x7f:
+	case c <= fmtPosFixintMax:
 		return uint64(c), nil
-	case c >= 0xcc && c <= 0xcf: // uint8..uint64
-		return x.be(1 << (c - 0xcc))
-	case c >= 0xd0 && c <= 0xd3: // int8..int64
-		n := 1 << (c - 0xd0)
+	case c >= fmtUint8 && c <= fmtUint64:
+		return x.be(1 << (c - fmtUint8))
+	case c >= fmtInt8 && c <= fmtInt64:
+		n := 1 << (c - fmtInt8)
 		v, err := x.be(n)
 		if err != nil {
 			return 0, err
@@ -635,7 +763,7 @@ func (x *Decoder) u() (uint64, error) {
 			return 0, fmt.Errorf("negative integer where unsigned is required")
 		}
 		return v, nil
-	case c >= 0xe0:
+	case c >= fmtNegFixint:
 		return 0, fmt.Errorf("negative integer where unsigned is required")
 	}
 	return 0, fmt.Errorf("code %#x where an unsigned integer is required", c)
@@ -658,9 +786,9 @@ func (x *Decoder) bool() (bool, error) {
 		return false, io.ErrUnexpectedEOF
 	}
 	switch c {
-	case 0xc2:
+	case fmtFalse:
 		return false, nil
-	case 0xc3:
+	case fmtTrue:
 		return true, nil
 	}
 	return false, fmt.Errorf("code %#x where a bool is required", c)
@@ -672,7 +800,7 @@ func (x *Decoder) id() (uuid.UUID, error) {
 	if err != nil {
 		return u, err
 	}
-	if c == 0xc4 {
+	if c == fmtBin8 {
 		_, _ = x.r.ReadByte()
 		n, err := x.be(1)
 		if err != nil {
@@ -706,11 +834,11 @@ func (x *Decoder) bin() ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
-	if c != 0xc4 && c != 0xc5 && c != 0xc6 {
+	if c != fmtBin8 && c != fmtBin16 && c != fmtBin32 {
 		return nil, fmt.Errorf("code %#x where bin is required", c)
 	}
 	_, _ = x.r.ReadByte()
-	v, err := x.be(1 << (c - 0xc4)) // bin8/16/32: 1, 2 or 4 length bytes
+	v, err := x.be(1 << (c - fmtBin8)) // 1, 2 or 4 length bytes
 	if err != nil {
 		return nil, err
 	}
@@ -782,9 +910,10 @@ func (x *Decoder) event(ev *Event, strict bool) (err error) {
 			if ev.IV, err = x.bin(); err != nil {
 				return err
 			}
-			// The server reads the iv as Option<[u8; 12]> and refuses other lengths.
-			if strict && len(ev.IV) != ivSize {
-				return fmt.Errorf("iv of %d bytes, want %d", len(ev.IV), ivSize)
+			// The server reads and writes the iv as Option<[u8; 12]>: nil or exactly 12
+			// bytes, another length (an empty bin too) is malformed in both directions.
+			if len(ev.IV) != IVSize {
+				return fmt.Errorf("iv of %d bytes, want %d", len(ev.IV), IVSize)
 			}
 		}
 	}
@@ -823,7 +952,7 @@ func (x *Decoder) WriteRequest(body []byte) (req WriteRequest, err error) {
 		if req.UserID, err = x.optID(); err != nil {
 			return err
 		}
-		n, err := x.d.DecodeMapLen()
+		n, err := x.mapLen()
 		if err != nil {
 			return err
 		}
@@ -1059,8 +1188,16 @@ func (x *Decoder) AggregateDetailsResponse(body []byte) (d AggregateDetails, err
 	return d, wrapDecode("aggregate details response", err)
 }
 
-// ErrorResponse decodes an ErrorResponse body into a *ServerError.
-func (x *Decoder) ErrorResponse(body []byte) (*ServerError, error) {
+// ErrorFrame is a decoded ErrorResponse (docs/celeriant-protocol.md section 4.8); package
+// celeriant turns it into a *ServerError.
+type ErrorFrame struct {
+	CorrelationID uuid.UUID // uuid.Nil when absent
+	Code          uint32    // the server's error_code
+	Message       string    // the server's text, usually a small JSON object
+}
+
+// ErrorResponse decodes an ErrorResponse body.
+func (x *Decoder) ErrorResponse(body []byte) (ErrorFrame, error) {
 	x.reset(body, false)
 	var (
 		corr uuid.UUID
@@ -1081,22 +1218,13 @@ func (x *Decoder) ErrorResponse(body []byte) (*ServerError, error) {
 		if code > 0xffffffff {
 			return fmt.Errorf("error code %d over u32", code)
 		}
-		c, err := x.d.PeekCode()
-		if err != nil {
-			return err
-		}
-		if !(c >= 0xa0 && c <= 0xbf) && c != 0xd9 && c != 0xda && c != 0xdb {
-			return fmt.Errorf("code %#x where str is required", c)
-		}
-		if msg, err = x.d.DecodeString(); err != nil {
+		if msg, err = x.str(); err != nil {
 			return err
 		}
 		return x.skip(n - 3)
 	}()
 	if err != nil {
-		return nil, wrapDecode("error response", err)
+		return ErrorFrame{}, wrapDecode("error response", err)
 	}
-	se := NewServerError(Code(code), msg)
-	se.CorrelationID = corr
-	return se, nil
+	return ErrorFrame{CorrelationID: corr, Code: uint32(code), Message: msg}, nil
 }
