@@ -2,6 +2,7 @@ package tiered
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"sync/atomic"
@@ -55,11 +56,13 @@ func (s *Store) recovered() {
 // Ping implements store.Pinger: the backstop decides readiness, the cache only
 // degrades it. It pings the backstop (when it implements store.Pinger) and
 // returns its error, wrapped, if it fails: the store cannot answer. Then it pings
-// the cache (when it implements store.Pinger, as *redis.Store does) within the
-// fast path's timeout (WithTimeout): on failure it returns an error wrapping
-// store.ErrDegraded, counted and logged like any fast-path error (Op "ping"), so a
-// probe sees an outage even without traffic; on success an outage ends. A cache
-// without Ping reports the state its last call left (Stats.Degraded).
+// the cache (when it implements store.Pinger, as *redis.Store does), even while
+// cooling down, within ctx's deadline rather than the fast path's timeout (a
+// readiness probe is not a request's latency; give ctx a deadline): on failure it
+// returns an error wrapping store.ErrDegraded, counted and logged like any
+// fast-path error (Op "ping"), so a probe sees an outage even without traffic; on
+// success an outage ends. A cache without Ping reports the state its last call
+// left (Stats.Degraded). A ctx cancelled by the caller is returned as such.
 func (s *Store) Ping(ctx context.Context) error {
 	if err := store.Ping(ctx, s.backstop); err != nil {
 		return fmt.Errorf("idemkey/store/tiered: backstop: %w", err)
@@ -74,11 +77,14 @@ func (s *Store) Ping(ctx context.Context) error {
 		}
 		return nil
 	}
-	if _, err := s.fastCall(ctx, "ping", p.Ping); err != nil {
-		if ctx.Err() != nil {
-			return fmt.Errorf("idemkey/store/tiered: ping: %w", ctx.Err())
-		}
-		return fmt.Errorf("%w: tiered: redis fast path: %w", store.ErrDegraded, err)
+	err := p.Ping(ctx)
+	switch {
+	case err == nil:
+		s.recovered()
+		return nil
+	case errors.Is(ctx.Err(), context.Canceled):
+		return fmt.Errorf("idemkey/store/tiered: ping: %w", ctx.Err())
 	}
-	return nil
+	s.event("ping", FastError, err)
+	return fmt.Errorf("%w: tiered: redis fast path: %w", store.ErrDegraded, err)
 }

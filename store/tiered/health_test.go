@@ -189,3 +189,45 @@ func TestPingEndsOutage(t *testing.T) {
 		t.Errorf("Ping after a failed Redis call, cache without Ping = %v; want ErrDegraded", err)
 	}
 }
+
+// slowCache is a live cache whose Ping needs more time than the fast path's
+// timeout grants, and hangs until ctx is done when hung is set.
+type slowCache struct {
+	fakeCache
+	hung bool
+}
+
+func (c *slowCache) Ping(ctx context.Context) error {
+	if c.hung {
+		<-ctx.Done()
+		return ctx.Err()
+	}
+	if dl, ok := ctx.Deadline(); ok && time.Until(dl) < time.Second {
+		return context.DeadlineExceeded // it would not have answered in time
+	}
+	return nil
+}
+
+// TestPingDeadlines: Ping gives the cache the caller's deadline, not the fast
+// path's timeout; a hung cache is degraded once that deadline passes; the caller's
+// own cancellation is neither degraded nor an outage.
+func TestPingDeadlines(t *testing.T) {
+	quiet := tiered.WithLogger(slog.New(slog.DiscardHandler))
+	s := tiered.New(&slowCache{}, memory.New(), quiet) // fast-path timeout: 50 ms
+	if err := s.Ping(context.Background()); err != nil {
+		t.Errorf("Ping of a slow but live cache = %v, want nil", err)
+	}
+
+	s = tiered.New(&slowCache{hung: true}, memory.New(), quiet)
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if err := s.Ping(ctx); err == nil || errors.Is(err, store.ErrDegraded) || s.Stats().Outages != 0 {
+		t.Errorf("Ping with a cancelled context = %v, %+v; want the cancellation, no outage", err, s.Stats())
+	}
+
+	ctx, cancel = context.WithTimeout(context.Background(), time.Millisecond)
+	defer cancel()
+	if err := s.Ping(ctx); !errors.Is(err, store.ErrDegraded) || s.Stats().Outages != 1 {
+		t.Errorf("Ping of a hung cache = %v, %+v; want degraded and an outage", err, s.Stats())
+	}
+}

@@ -267,12 +267,12 @@ func (s *Store) fastUp(op string) bool {
 // f's error (nil when skipped: callers treat "skipped" like "no answer"), and
 // whether f ran.
 //
-// Completing and dropping a marker (and Ping) are attempted even while cooling down: skipping
+// Completing and dropping a marker are attempted even while cooling down: skipping
 // them would leave a marker answering InFlight for the rest of its lease although
 // the backstop has moved on. (Redis being down makes them fail fast; only a hung
 // Redis costs them the timeout.)
 func (s *Store) fastCall(ctx context.Context, op string, f func(ctx context.Context) error) (ran bool, err error) {
-	if s.fast == nil || op != "complete" && op != "release" && op != "ping" && !s.fastUp(op) {
+	if s.fast == nil || op != "complete" && op != "release" && !s.fastUp(op) {
 		return false, nil
 	}
 	fctx, cancel := context.WithTimeout(ctx, s.timeout)

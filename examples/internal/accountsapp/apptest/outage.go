@@ -62,6 +62,23 @@ func metric(t testing.TB, s *Server, series string) float64 {
 	return v
 }
 
+// waitReady polls /readyz until it answers ready: each probe pings Redis, and
+// go-redis redials a pool whose dials failed on its own schedule.
+func waitReady(t testing.TB, s *Server) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		r := Do(t, "GET", s.URL+"/readyz", "", "", "")
+		if r.Status == 200 && strings.TrimSpace(r.Body) == `{"status":"ready","checks":{"celeriant":"ok","store":"ok"}}` {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("readyz never ready: %d %s", r.Status, r.Body)
+		}
+		time.Sleep(50 * time.Millisecond) // an external process's recovery: polled
+	}
+}
+
 func fallThrough(t testing.TB, s *Server) float64 {
 	return metric(t, s, `idemkey_tiered_fall_through_total{reason="error"}`) +
 		metric(t, s, `idemkey_tiered_fall_through_total{reason="skipped"}`)
@@ -93,13 +110,16 @@ func RedisOutage(t *testing.T, wire accountsapp.Wire) {
 	if r := Do(t, "POST", path, "before", "", `{"amountCents":5}`); r.Status != 200 {
 		t.Fatalf("deposit with Redis up: %d %s", r.Status, r.Body)
 	}
-	if r := Do(t, "GET", s.URL+"/readyz", "", "", ""); r.Status != 200 ||
-		strings.TrimSpace(r.Body) != `{"status":"ready","checks":{"celeriant":"ok","store":"ok"}}` {
-		t.Fatalf("readyz with Redis up: %d %s", r.Status, r.Body)
+	// A loaded machine can miss the fast path's 50 ms timeout even with Redis up,
+	// which is an outage of its own: wait for a successful ping (it ends any), then
+	// count from there. Nothing calls Redis between this and the kill.
+	waitReady(t, s)
+	if metric(t, s, "idemkey_tiered_degraded") != 0 {
+		t.Fatal("degraded with Redis up and answering")
 	}
-	if fallThrough(t, s) != 0 || metric(t, s, "idemkey_tiered_degraded") != 0 {
-		t.Fatal("fall-throughs or degraded with Redis up")
-	}
+	outages0 := metric(t, s, "idemkey_tiered_outages_total")
+	warnings0 := logs.count("level=WARN", "fast path down")
+	recoveries0 := logs.count("level=INFO", "fast path recovered")
 
 	rdb.Stop()
 	before := fallThrough(t, s)
@@ -114,8 +134,8 @@ func RedisOutage(t *testing.T, wire accountsapp.Wire) {
 	if after := fallThrough(t, s); after <= before {
 		t.Errorf("fall-through counter %v -> %v with Redis down; want it rising", before, after)
 	}
-	if metric(t, s, "idemkey_tiered_degraded") != 1 || metric(t, s, "idemkey_tiered_outages_total") != 1 {
-		t.Error("degraded gauge not 1, or outages not 1, with Redis down")
+	if metric(t, s, "idemkey_tiered_degraded") != 1 || metric(t, s, "idemkey_tiered_outages_total") != outages0+1 {
+		t.Error("degraded gauge not 1, or not one more outage, with Redis down")
 	}
 	for range 3 {
 		r := Do(t, "GET", s.URL+"/readyz", "", "", "")
@@ -123,30 +143,21 @@ func RedisOutage(t *testing.T, wire accountsapp.Wire) {
 			t.Fatalf("readyz with Redis down: %d %s; want 200 degraded", r.Status, r.Body)
 		}
 	}
-	if n := logs.count("level=WARN", "fast path down"); n != 1 {
-		t.Errorf("%d outage warnings for one outage, want 1:\n%s", n, logs.b.String())
+	if n := logs.count("level=WARN", "fast path down") - warnings0; n != 1 {
+		t.Errorf("%d outage warnings for one outage, want 1", n)
 	}
 	if n := logs.count("readiness check failed"); n != 0 {
 		t.Errorf("a degraded store was logged as a failed check %d times", n)
 	}
 
 	rdb.Restart(t)
-	deadline := time.Now().Add(20 * time.Second)
-	for {
-		r := Do(t, "GET", s.URL+"/readyz", "", "", "")
-		if r.Status == 200 && strings.Contains(r.Body, `"status":"ready"`) {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("readyz after Redis came back: %d %s", r.Status, r.Body)
-		}
-		time.Sleep(50 * time.Millisecond) // go-redis redials on its own schedule
-	}
+	waitReady(t, s)
 	if metric(t, s, "idemkey_tiered_degraded") != 0 {
 		t.Error("still degraded after Redis came back")
 	}
-	if n := logs.count("level=INFO", "fast path recovered"); n != 1 {
-		t.Errorf("%d recovery lines, want 1", n)
+	// At least one: a slow first call after the restart may be an outage of its own.
+	if n := logs.count("level=INFO", "fast path recovered") - recoveries0; n < 1 {
+		t.Errorf("no recovery line after Redis came back")
 	}
 	if r := Do(t, "POST", path, "after", "", `{"amountCents":1}`); r.Status != 200 {
 		t.Errorf("deposit after Redis came back: %d %s", r.Status, r.Body)
