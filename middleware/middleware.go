@@ -80,8 +80,14 @@ type ScopeFunc func(r *http.Request) string
 func GlobalScope(*http.Request) string { return "" }
 
 // ScopeFromHeader returns a ScopeFunc that reads the request header name, and
-// returns fallback when it is absent or empty. Only use it behind something that
-// authenticates that header (a gateway), or for tests and examples.
+// returns fallback when it is absent or empty (the first line when it is sent on
+// several).
+//
+// It is a stand-in for tests and demos: any client can send any header value and
+// so read another client's stored responses by guessing its keys. In production
+// scope by the authenticated principal (WithPrincipal and ScopeFromPrincipal), or
+// use ScopeFromHeader only behind a gateway that authenticates the header and
+// strips it from client requests.
 func ScopeFromHeader(name, fallback string) ScopeFunc {
 	name = textproto.CanonicalMIMEHeaderKey(name)
 	return func(r *http.Request) string {

@@ -13,7 +13,7 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/idemkey/idemkey/examples/internal/storeenv"
+	"github.com/idemkey/idemkey/examples/internal/setup"
 	"github.com/idemkey/idemkey/store/memory"
 )
 
@@ -27,7 +27,7 @@ type fixtureClient struct {
 
 func newFixture(t *testing.T, replayHeader string) *fixtureClient {
 	t.Helper()
-	cfg, err := loadConfig(func(k string) string {
+	env, err := setup.Load(func(k string) string {
 		if k == "IDEM_REPLAY_HEADER" {
 			return replayHeader
 		}
@@ -36,8 +36,7 @@ func newFixture(t *testing.T, replayHeader string) *fixtureClient {
 	if err != nil {
 		t.Fatal(err)
 	}
-	st := &storeenv.Store{Store: memory.New(), Name: "memory", Close: func() {}}
-	h, err := newHandler(cfg, st, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	h, err := newHandler(env, memory.New(), slog.New(slog.NewTextHandler(io.Discard, nil)))
 	if err != nil {
 		t.Fatal(err)
 	}

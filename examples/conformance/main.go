@@ -4,7 +4,7 @@
 //
 //	go run ./examples/conformance
 //
-// Environment (docs/architecture.md section 6):
+// Environment (docs/architecture.md section 6; see package setup):
 //
 //	ADDR                listen address, default 127.0.0.1:8080
 //	IDEM_STORE          memory (default), postgres, redis or tiered
@@ -28,77 +28,89 @@ import (
 	"time"
 
 	"github.com/idemkey/idemkey/examples/internal/serve"
-	"github.com/idemkey/idemkey/examples/internal/storeenv"
+	"github.com/idemkey/idemkey/examples/internal/setup"
+	"github.com/idemkey/idemkey/middleware"
+	"github.com/idemkey/idemkey/store"
+	"github.com/idemkey/idemkey/store/memory"
+	"github.com/idemkey/idemkey/store/postgres"
+	"github.com/idemkey/idemkey/store/redis"
+	"github.com/idemkey/idemkey/store/tiered"
 )
 
 func main() { serve.Main("conformance", run) }
 
-// config is the environment the fixture runs with.
-type config struct {
-	addr         string
-	lease        time.Duration
-	retention    time.Duration
-	replayHeader string
-}
-
-func loadConfig(getenv func(string) string) (config, error) {
-	c := config{addr: "127.0.0.1:8080", lease: 10 * time.Second, retention: 24 * time.Hour, replayHeader: getenv("IDEM_REPLAY_HEADER")}
-	if v := getenv("ADDR"); v != "" {
-		c.addr = v
-	}
-	for _, d := range []struct {
-		name string
-		dst  *time.Duration
-	}{{"IDEM_LEASE", &c.lease}, {"IDEM_RETENTION", &c.retention}} {
-		v := getenv(d.name)
-		if v == "" {
-			continue
-		}
-		parsed, err := time.ParseDuration(v)
-		if err != nil || parsed <= 0 {
-			return c, fmt.Errorf("%s=%q: want a positive Go duration such as 10s", d.name, v)
-		}
-		*d.dst = parsed
-	}
-	if c.retention < c.lease {
-		return c, fmt.Errorf("IDEM_RETENTION (%v) must be at least IDEM_LEASE (%v)", c.retention, c.lease)
-	}
-	return c, nil
-}
-
-// run serves until ctx is done, then drains in-flight requests.
+// run parses the environment, opens its connections (package setup), builds the
+// store and the fixture behind the middleware, and serves until ctx is done, then
+// drains in-flight requests.
 func run(ctx context.Context, getenv func(string) string, stdout io.Writer, logger *slog.Logger) error {
-	cfg, err := loadConfig(getenv)
+	env, err := setup.Load(getenv)
 	if err != nil {
 		return err
 	}
-	st, err := storeenv.Open(ctx, getenv)
+	conns, err := setup.Connect(ctx, env)
 	if err != nil {
 		return err
 	}
-	defer st.Close()
-
-	handler, err := newHandler(cfg, st, logger)
+	defer conns.Close()
+	st, err := newStore(ctx, env, conns, logger)
 	if err != nil {
 		return err
 	}
-	return serve.ListenAndServe(ctx, cfg.addr, handler, stdout, logger, "store", st.Name)
+	handler, err := newHandler(env, st, logger)
+	if err != nil {
+		return err
+	}
+	return serve.ListenAndServe(ctx, env.Addr, handler, stdout, logger, "store", env.Store)
 }
 
 // newHandler mounts the fixture: /reset and /healthz outside the middleware,
-// everything else behind it.
-func newHandler(cfg config, st *storeenv.Store, logger *slog.Logger) (http.Handler, error) {
+// everything else behind it. POST and PATCH require a key, GET passes through.
+func newHandler(env setup.Env, st store.Store, logger *slog.Logger) (http.Handler, error) {
 	f := &fixture{}
-	protected, err := protect(cfg, st, f, logger)
+	opts := []middleware.Option{
+		middleware.WithLease(env.Lease),
+		middleware.WithRetention(env.Retention),
+		middleware.WithKeyRequired(true),
+		middleware.WithLogger(logger),
+	}
+	if env.ReplayHeader != "" {
+		opts = append(opts, middleware.WithReplayedHeader(env.ReplayHeader))
+	}
+	idem, err := middleware.New(st, f.scope, opts...)
 	if err != nil {
 		return nil, err
 	}
+
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /reset", f.reset)
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 		io.WriteString(w, "ok\n")
 	})
-	mux.Handle("/", protected)
+	mux.Handle("/", idem.Handler(f.routes()))
 	return mux, nil
+}
+
+// newStore builds the idempotency store IDEM_STORE names on the shared
+// connections. Postgres decides every claim of the postgres and tiered stores;
+// tiered puts Redis in front as a cache.
+func newStore(ctx context.Context, env setup.Env, conns *setup.Conns, logger *slog.Logger) (store.Store, error) {
+	switch env.Store {
+	case "memory":
+		return memory.New(), nil
+	case "redis":
+		return redis.New(conns.Redis, redis.WithPrefix(env.RedisPrefix)), nil
+	}
+	pg, err := postgres.New(conns.Pool, postgres.WithTable(env.IdemTable), postgres.WithLogger(logger))
+	if err == nil {
+		err = pg.Migrate(ctx)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("postgres store: %w", err)
+	}
+	conns.OnClose(pg.StartSweeper(context.Background(), time.Minute))
+	if env.Store == "postgres" {
+		return pg, nil
+	}
+	return tiered.New(redis.New(conns.Redis, redis.WithPrefix(env.RedisPrefix)), pg, tiered.WithLogger(logger)), nil
 }

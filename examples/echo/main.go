@@ -1,7 +1,7 @@
 // Command echo serves the account API of docs/architecture.md section 6 with echo v4: the same
-// account service, middleware and environment as examples/nethttp (package
-// accountsapp), with the middleware attached through the echo adapter
-// (middleware/echo) on the /api group.
+// account service, middleware and environment as examples/nethttp, with the
+// middleware attached through the echo adapter (middleware/echo) on the /api
+// group.
 //
 //	go run ./examples/echo
 //
@@ -10,24 +10,73 @@
 package main
 
 import (
+	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net/http"
+	"time"
 
 	"github.com/labstack/echo/v4"
+	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/idemkey/idemkey/examples/accounts/httpapi"
 	"github.com/idemkey/idemkey/examples/internal/accountsapp"
+	"github.com/idemkey/idemkey/examples/internal/setup"
+	"github.com/idemkey/idemkey/middleware"
 	idemecho "github.com/idemkey/idemkey/middleware/echo"
+	idemprom "github.com/idemkey/idemkey/observer/prometheus"
+	"github.com/idemkey/idemkey/store"
+	"github.com/idemkey/idemkey/store/memory"
+	"github.com/idemkey/idemkey/store/postgres"
+	"github.com/idemkey/idemkey/store/redis"
+	"github.com/idemkey/idemkey/store/tiered"
 )
 
-func main() { accountsapp.Main("echo", newHandler) }
+// main parses the environment, opens its connections (one Postgres pool, one
+// Redis client: package setup), calls wire and serves until SIGINT or SIGTERM.
+func main() { accountsapp.Main("echo", wire) }
 
-// newHandler routes with echo: the probes outside the middleware, the API routes in
-// an /api group behind accountsapp.ScopeGuard and the middleware. Echo routes the
+// wire builds the server: the idempotency store, its metrics, the middleware,
+// the account service, and the echo routes.
+func wire(ctx context.Context, env setup.Env, conns *setup.Conns, logger *slog.Logger) (*accountsapp.App, http.Handler, error) {
+	st, storeStats, err := newStore(ctx, env, conns, logger)
+	if err != nil {
+		return nil, nil, err
+	}
+
+	// Metrics: every decision of the middleware, and the stores' own counters
+	// (the tiered store's fall-throughs to Postgres, the Postgres claim retries).
+	reg := prometheus.NewRegistry()
+	observer, err := idemprom.NewObserver(reg)
+	if err != nil {
+		return nil, nil, err
+	}
+	if err := reg.Register(idemprom.NewCollector(storeStats...)); err != nil {
+		return nil, nil, err
+	}
+
+	// Keys are scoped by the principal accountsapp.ClientID puts in the context.
+	idem, err := middleware.New(st, middleware.ScopeFromPrincipal(accountsapp.AnonymousScope),
+		middleware.WithLease(env.Lease), middleware.WithRetention(env.Retention),
+		middleware.WithObserver(observer), middleware.WithLogger(logger))
+	if err != nil {
+		return nil, nil, err
+	}
+
+	app, err := accountsapp.Open(ctx, env, conns, st, reg, logger)
+	if err != nil {
+		return nil, nil, err
+	}
+	return app, routes(app, idem), nil
+}
+
+// routes routes with echo: the probes outside the middleware, the API routes in
+// an /api group behind accountsapp.ClientID and the middleware. Echo routes the
 // requests; the account handler serves them (it reads the path itself). Anything
 // else under /api reaches the account handler too, so 404 and 405 answers match
 // the net/http server's.
-func newHandler(a *accountsapp.App) http.Handler {
+func routes(a *accountsapp.App, idem *middleware.Middleware) http.Handler {
 	e := echo.New()
 	e.HideBanner, e.HidePort = true, true
 	e.HTTPErrorHandler = problemErrors(a.Logger)
@@ -36,7 +85,7 @@ func newHandler(a *accountsapp.App) http.Handler {
 	e.Any("/metrics", echo.WrapHandler(a.MetricsHandler()))
 
 	api := echo.WrapHandler(a.API)
-	g := e.Group("/api", echo.WrapMiddleware(accountsapp.ScopeGuard), idemecho.Middleware(a.Idempotency))
+	g := e.Group("/api", echo.WrapMiddleware(accountsapp.ClientID), idemecho.Middleware(idem))
 	g.GET("/accounts", api)
 	g.GET("/accounts/:id/balance", api)
 	g.GET("/accounts/:id/history", api)
@@ -45,6 +94,32 @@ func newHandler(a *accountsapp.App) http.Handler {
 	g.POST("/transfers", api)
 	g.Any("/*", api)
 	return e
+}
+
+// newStore builds the idempotency store IDEM_STORE names on the shared
+// connections, and what of it the metrics export. Postgres decides every claim
+// of the postgres and tiered stores; tiered puts Redis in front as a cache.
+func newStore(ctx context.Context, env setup.Env, conns *setup.Conns, logger *slog.Logger) (store.Store, []idemprom.CollectorOption, error) {
+	switch env.Store {
+	case "memory":
+		return memory.New(), nil, nil
+	case "redis":
+		return redis.New(conns.Redis, redis.WithPrefix(env.RedisPrefix)), nil, nil
+	}
+	pg, err := postgres.New(conns.Pool, postgres.WithTable(env.IdemTable), postgres.WithLogger(logger))
+	if err == nil {
+		err = pg.Migrate(ctx)
+	}
+	if err != nil {
+		return nil, nil, fmt.Errorf("postgres store: %w", err)
+	}
+	conns.OnClose(pg.StartSweeper(context.Background(), time.Minute))
+	stats := []idemprom.CollectorOption{idemprom.WithClaimRetries(func() int64 { return pg.Stats().ClaimRetries })}
+	if env.Store == "postgres" {
+		return pg, stats, nil
+	}
+	ts := tiered.New(redis.New(conns.Redis, redis.WithPrefix(env.RedisPrefix)), pg, tiered.WithLogger(logger))
+	return ts, append(stats, idemprom.WithTiered(ts)), nil
 }
 
 // problemErrors renders echo's own errors (unknown route, wrong method) as the
@@ -79,5 +154,5 @@ func writeEchoError(logger *slog.Logger, err error, c echo.Context) {
 	if status == http.StatusInternalServerError {
 		logger.ErrorContext(c.Request().Context(), "echo: internal error", "err", err)
 	}
-	accountsapp.WriteProblem(c.Response(), status, code, detail)
+	httpapi.WriteProblem(c.Response(), status, code, detail)
 }

@@ -6,7 +6,7 @@
 // On embedded defaults it needs nothing else: the memory idempotency store, an
 // in-process Celeriant simulator and the memory projection. Environment: ADDR,
 // IDEM_STORE, DATABASE_URL, REDIS_URL, CELERIANT_ADDR, PROJECTION, IDEM_LEASE,
-// IDEM_RETENTION (see package accountsapp). Routes:
+// IDEM_RETENTION (see package setup). Routes:
 //
 //	GET  /api/accounts, /api/accounts/{id}/balance, /api/accounts/{id}/history
 //	POST /api/accounts/{id}/deposit, /api/accounts/{id}/withdraw, /api/transfers
@@ -18,21 +18,94 @@
 package main
 
 import (
+	"context"
+	"fmt"
+	"log/slog"
 	"net/http"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/idemkey/idemkey/examples/internal/accountsapp"
+	"github.com/idemkey/idemkey/examples/internal/setup"
+	"github.com/idemkey/idemkey/middleware"
+	idemprom "github.com/idemkey/idemkey/observer/prometheus"
+	"github.com/idemkey/idemkey/store"
+	"github.com/idemkey/idemkey/store/memory"
+	"github.com/idemkey/idemkey/store/postgres"
+	"github.com/idemkey/idemkey/store/redis"
+	"github.com/idemkey/idemkey/store/tiered"
 )
 
-func main() { accountsapp.Main("nethttp", newHandler) }
+// main parses the environment, opens its connections (one Postgres pool, one
+// Redis client: package setup), calls wire and serves until SIGINT or SIGTERM.
+func main() { accountsapp.Main("nethttp", wire) }
 
-// newHandler routes the probes outside the middleware and /api behind it; any
-// other path gets the API's 404 problem.
-func newHandler(a *accountsapp.App) http.Handler {
+// wire builds the server: the idempotency store, its metrics, the middleware,
+// the account service, and the routes.
+func wire(ctx context.Context, env setup.Env, conns *setup.Conns, logger *slog.Logger) (*accountsapp.App, http.Handler, error) {
+	st, storeStats, err := newStore(ctx, env, conns, logger)
+	if err != nil {
+		return nil, nil, err
+	}
+
+	// Metrics: every decision of the middleware, and the stores' own counters
+	// (the tiered store's fall-throughs to Postgres, the Postgres claim retries).
+	reg := prometheus.NewRegistry()
+	observer, err := idemprom.NewObserver(reg)
+	if err != nil {
+		return nil, nil, err
+	}
+	if err := reg.Register(idemprom.NewCollector(storeStats...)); err != nil {
+		return nil, nil, err
+	}
+
+	// Keys are scoped by the principal accountsapp.ClientID puts in the context.
+	idem, err := middleware.New(st, middleware.ScopeFromPrincipal(accountsapp.AnonymousScope),
+		middleware.WithLease(env.Lease), middleware.WithRetention(env.Retention),
+		middleware.WithObserver(observer), middleware.WithLogger(logger))
+	if err != nil {
+		return nil, nil, err
+	}
+
+	app, err := accountsapp.Open(ctx, env, conns, st, reg, logger)
+	if err != nil {
+		return nil, nil, err
+	}
+
+	// The probes outside the middleware, /api behind the client ID and the
+	// middleware; any other path gets the API's 404 problem.
 	mux := http.NewServeMux()
-	mux.HandleFunc("/healthz", a.Healthz)
-	mux.HandleFunc("/readyz", a.Readyz)
-	mux.Handle("/metrics", a.MetricsHandler())
-	mux.Handle("/api/", a.ProtectedAPI())
-	mux.Handle("/", a.API)
-	return mux
+	mux.HandleFunc("/healthz", app.Healthz)
+	mux.HandleFunc("/readyz", app.Readyz)
+	mux.Handle("/metrics", app.MetricsHandler())
+	mux.Handle("/api/", accountsapp.ClientID(idem.Handler(app.API)))
+	mux.Handle("/", app.API)
+	return app, mux, nil
+}
+
+// newStore builds the idempotency store IDEM_STORE names on the shared
+// connections, and what of it the metrics export. Postgres decides every claim
+// of the postgres and tiered stores; tiered puts Redis in front as a cache.
+func newStore(ctx context.Context, env setup.Env, conns *setup.Conns, logger *slog.Logger) (store.Store, []idemprom.CollectorOption, error) {
+	switch env.Store {
+	case "memory":
+		return memory.New(), nil, nil
+	case "redis":
+		return redis.New(conns.Redis, redis.WithPrefix(env.RedisPrefix)), nil, nil
+	}
+	pg, err := postgres.New(conns.Pool, postgres.WithTable(env.IdemTable), postgres.WithLogger(logger))
+	if err == nil {
+		err = pg.Migrate(ctx)
+	}
+	if err != nil {
+		return nil, nil, fmt.Errorf("postgres store: %w", err)
+	}
+	conns.OnClose(pg.StartSweeper(context.Background(), time.Minute))
+	stats := []idemprom.CollectorOption{idemprom.WithClaimRetries(func() int64 { return pg.Stats().ClaimRetries })}
+	if env.Store == "postgres" {
+		return pg, stats, nil
+	}
+	ts := tiered.New(redis.New(conns.Redis, redis.WithPrefix(env.RedisPrefix)), pg, tiered.WithLogger(logger))
+	return ts, append(stats, idemprom.WithTiered(ts)), nil
 }

@@ -7,4 +7,4 @@ import (
 )
 
 // TestAPI runs the shared API table (package apptest) against this server.
-func TestAPI(t *testing.T) { apptest.Run(t, newHandler) }
+func TestAPI(t *testing.T) { apptest.Run(t, wire) }

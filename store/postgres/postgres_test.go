@@ -262,7 +262,7 @@ func TestClaimHazardDeterministic(t *testing.T) {
 		}
 		time.Sleep(5 * time.Millisecond) // polling the server's lock table
 	}
-	before := s.claimRetries.Load()
+	before := s.Stats().ClaimRetries
 	if err := tx.Commit(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -273,7 +273,7 @@ func TestClaimHazardDeterministic(t *testing.T) {
 	if a.res.Outcome != store.InFlight || a.res.RetryAfter <= 0 {
 		t.Fatalf("Claim: %+v; want in flight with the holder's remaining lease", a.res)
 	}
-	if got := s.claimRetries.Load() - before; got != 1 {
+	if got := s.Stats().ClaimRetries - before; got != 1 {
 		t.Fatalf("the statement was re-run %d times; want 1 (the hazard was not hit?)", got)
 	}
 }
@@ -317,7 +317,7 @@ func TestClaimHazardStorm(t *testing.T) {
 			t.Fatalf("key %s: outcomes %v; want 1 claimed, %d in flight", id.Key, counts, claimers-1)
 		}
 	}
-	retries := s.claimRetries.Load()
+	retries := s.Stats().ClaimRetries
 	t.Logf("claim statements re-run after the READ COMMITTED hazard: %d of %d claims", retries, keys*claimers)
 	if retries == 0 {
 		t.Error("the storm never hit the hazard; the test no longer provokes what it guards")

@@ -94,6 +94,7 @@ var cases = []struct {
 	{"BodiesRoundTrip", testBodiesRoundTrip},
 	{"OmittedBody", testOmittedBody},
 	{"InvalidArguments", testInvalid},
+	{"PingLive", testPing},
 }
 
 func fp(s string) store.Fingerprint {

@@ -92,6 +92,7 @@ type Store struct {
 	downUntil atomic.Int64 // monotonic nanoseconds since start; fast path skipped before it
 	start     time.Time
 	stats     counters
+	health    health // outage state, logged once per outage (health.go)
 }
 
 var (
@@ -175,7 +176,8 @@ func (k EventKind) String() string {
 
 // Event is one fast-path event, passed to the WithObserver callback.
 type Event struct {
-	// Op is the Redis operation: "peek", "mark", "fill", "complete", "release", "renew".
+	// Op is the Redis operation: "peek", "mark", "fill", "complete", "release", "renew",
+	// or "ping" (Ping).
 	// FastAnswer and FastMiss come only from "peek", Backfill only from "fill".
 	Op string
 	// Kind classifies the event; Stats counts one per event.
@@ -200,6 +202,14 @@ type Stats struct {
 	FastSkipped int64
 	// Backfills counts backstop replays copied into Redis.
 	Backfills int64
+	// Outages counts the times the fast path went down: a Redis error (not
+	// store.ErrCorrupt or store.ErrInvalid) while it was up. Each is logged once
+	// (WithLogger), and its end once.
+	Outages int64
+	// Degraded is set from an outage's first Redis error until the next Redis call
+	// that succeeds; meanwhile the store serves from the backstop alone and Ping
+	// reports store.ErrDegraded.
+	Degraded bool
 }
 
 type counters struct {
@@ -214,6 +224,8 @@ func (s *Store) Stats() Stats {
 		FastErrors:  s.stats.errors.Load(),
 		FastSkipped: s.stats.skipped.Load(),
 		Backfills:   s.stats.backfills.Load(),
+		Outages:     s.health.outages.Load(),
+		Degraded:    s.health.down.Load(),
 	}
 }
 
@@ -226,8 +238,11 @@ func (s *Store) event(op string, kind EventKind, err error) {
 	case FastError:
 		s.stats.errors.Add(1)
 		// A corrupt or refused record is one key's problem, not Redis being down.
-		if s.cooldown > 0 && !errors.Is(err, store.ErrCorrupt) && !errors.Is(err, store.ErrInvalid) {
-			s.downUntil.Store(int64(time.Since(s.start) + s.cooldown))
+		if !errors.Is(err, store.ErrCorrupt) && !errors.Is(err, store.ErrInvalid) {
+			if s.cooldown > 0 {
+				s.downUntil.Store(int64(time.Since(s.start) + s.cooldown))
+			}
+			s.outage(op, err)
 		}
 	case FastSkipped:
 		s.stats.skipped.Add(1)
@@ -271,6 +286,8 @@ func (s *Store) fastCall(ctx context.Context, op string, f func(ctx context.Cont
 			}
 			s.event(op, FastError, err)
 		}
+	} else {
+		s.recovered()
 	}
 	return true, err
 }

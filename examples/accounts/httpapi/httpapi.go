@@ -74,9 +74,14 @@ type KeyFunc func(r *http.Request) (scope, key string, ok bool)
 // DefaultMaxBodyBytes is the default limit on a request body.
 const DefaultMaxBodyBytes = 64 << 10
 
-// ProblemTypePrefix starts the RFC 9457 type URI of every problem, as in package
-// middleware; the code in lower case follows, e.g. "urn:idemkey:problem:insufficient_funds".
-const ProblemTypePrefix = "urn:idemkey:problem:"
+// ProblemTypePrefix starts the RFC 9457 type URI of the account API's own problems
+// (its business and routing errors); the code in lower case follows, e.g.
+// "urn:example:accounts:problem:insufficient_funds". The namespace is the API's,
+// not the library's: the idempotency middleware's problems keep their
+// "urn:idemkey:problem:" types. "urn:example:" is the namespace RFC 6963 reserves
+// for examples; a real service uses a URI of its own, ideally one that serves the
+// problem's documentation.
+const ProblemTypePrefix = "urn:example:accounts:problem:"
 
 // Handler serves the account API. Safe for concurrent use.
 type Handler struct {

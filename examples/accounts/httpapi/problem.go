@@ -17,6 +17,16 @@ type problem struct {
 	BalanceCents *int64 `json:"balanceCents,omitempty"`
 }
 
+// WriteProblem answers an RFC 9457 problem of the account API: type
+// ProblemTypePrefix + lower-case code, title the status text, status, detail
+// (omitted when empty) and the code member, as application/problem+json with
+// Cache-Control: no-store. It is the one writer of the API's problems: the
+// handler's own, and those the servers answer themselves (the probes' 405, the
+// client-ID check's 400, echo's 404 and 405).
+func WriteProblem(w http.ResponseWriter, status int, code, detail string) {
+	writeProblem(w, problem{Status: status, Code: code, Detail: detail})
+}
+
 // writeProblem sends p as application/problem+json; Type and Title default from Code and
 // Status.
 func writeProblem(w http.ResponseWriter, p problem) {

@@ -1,16 +1,23 @@
+// Package accountsapp is what the two account servers (examples/nethttp and
+// examples/echo) share below their wiring: Celeriant (the wire client or the
+// in-process simulator), the projection (memory, or Postgres on the shared pool),
+// the seeded account service and its API, the /healthz, /readyz and /metrics
+// probes, the X-Client-ID stand-in for authentication, and running the server
+// (listening line, graceful shutdown). Each server's main.go builds the
+// idempotency store, the metrics and the middleware itself and mounts the pieces
+// on its router (a Wire).
 package accountsapp
 
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net/http"
 	"strconv"
-	"strings"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -19,22 +26,23 @@ import (
 	"github.com/idemkey/idemkey/celeriant/celeriantsim"
 	"github.com/idemkey/idemkey/examples/accounts"
 	"github.com/idemkey/idemkey/examples/accounts/httpapi"
-	"github.com/idemkey/idemkey/examples/internal/storeenv"
+	"github.com/idemkey/idemkey/examples/internal/setup"
 	"github.com/idemkey/idemkey/middleware"
+	"github.com/idemkey/idemkey/store"
 )
 
-// ScopeHeader is the request header whose value scopes idempotency keys (a stand-in
-// for an authenticated principal, docs/architecture.md section 6); AnonymousScope is the scope
-// of a request without it.
+// ClientIDHeader is the request header the examples take as the authenticated
+// principal (a stand-in for real authentication, docs/architecture.md section 6);
+// AnonymousScope is the scope of a request without it.
 const (
-	ScopeHeader    = "X-Client-ID"
+	ClientIDHeader = "X-Client-ID"
 	AnonymousScope = "anonymous"
 )
 
-// MaxScopeBytes is the longest ScopeHeader value accepted: the idempotency key's own
-// limit. A longer scope does not fit the Postgres store's index, and its claim would
-// fail as a 503 store_unavailable, blaming the store for bad input.
-const MaxScopeBytes = 255
+// MaxClientIDBytes is the longest ClientIDHeader value accepted: the idempotency
+// key's own limit. A longer scope does not fit the Postgres store's index, and its
+// claim would fail as a 503 store_unavailable, blaming the store for bad input.
+const MaxClientIDBytes = 255
 
 // probeTimeout bounds each readiness check; seedTimeout bounds startup seeding.
 const (
@@ -42,26 +50,23 @@ const (
 	seedTimeout  = 30 * time.Second
 )
 
-// App is the wired account service. Build it with Open, mount its handlers on a
-// router, and Close it after the HTTP server has drained.
+// App is the account service with its probes. Build it with Open, mount its
+// handlers on a router, and Close it after the HTTP server has drained.
 type App struct {
-	Config Config
-	// Store is the idempotency store (IDEM_STORE).
-	Store *storeenv.Store
+	Env setup.Env
+	// Store is the idempotency store the server built; /readyz pings it.
+	Store store.Store
 	// Events is the Celeriant event store: the wire client, or the simulator.
 	Events celeriant.EventStore
 	// Service is the account service over Events and the projection.
 	Service *accounts.Service
-	// Idempotency is the middleware: key required on every POST (and PATCH), scope
-	// from ScopeHeader, IDEM_LEASE and IDEM_RETENTION, observed by Metrics.
-	Idempotency *middleware.Middleware
 	// API serves the routes of docs/architecture.md section 6 under /api, unprotected: put
-	// Idempotency in front of it. It answers unknown routes with 404 problems.
+	// the idempotency middleware in front of it. It answers unknown routes with
+	// 404 problems.
 	API http.Handler
-	// Registry holds the application's metrics (never the global registry).
+	// Registry holds the application's metrics (never the global registry): Open
+	// adds the Go runtime and process collectors to the one it is given.
 	Registry *prometheus.Registry
-	// Metrics is the middleware's observer, registered in Registry.
-	Metrics *Metrics
 
 	// Logger is the application's logger.
 	Logger *slog.Logger
@@ -70,45 +75,37 @@ type App struct {
 	closers []func()
 }
 
-// check is one readiness probe: nil means ready.
+// check is one readiness probe: nil means ready, an error wrapping
+// store.ErrDegraded degraded but ready.
 type check struct {
 	name string
 	fn   func(ctx context.Context) error
 }
 
-// Open wires everything cfg and getenv describe: the idempotency store (storeenv),
-// Celeriant (the wire client for cfg.CeleriantAddr, else an in-process simulator),
-// the projection (memory, or Postgres migrated at startup), the account service
-// (seeded at startup; a failure to seed fails Open), the middleware and metrics.
-// On error everything opened so far is closed.
-func Open(ctx context.Context, cfg Config, getenv func(string) string, logger *slog.Logger) (a *App, err error) {
-	a = &App{Config: cfg, Logger: logger, Registry: prometheus.NewRegistry()}
+// Open builds the account service on env and conns: Celeriant (the wire client
+// for env.CeleriantAddr, else an in-process simulator), the projection (memory, or
+// Postgres on conns.Pool, migrated at startup), the account service (seeded at
+// startup; a failure to seed fails Open) and its API, the readiness checks (st,
+// Celeriant, the Postgres projection) and the Go and process collectors in reg.
+// It does not own st or conns. On error everything opened so far is closed.
+func Open(ctx context.Context, env setup.Env, conns *setup.Conns, st store.Store, reg *prometheus.Registry, logger *slog.Logger) (a *App, err error) {
+	a = &App{Env: env, Store: st, Registry: reg, Logger: logger}
 	defer func() {
 		if err != nil {
 			a.Close()
 			a = nil
 		}
 	}()
+	a.checks = append(a.checks, check{"store", func(ctx context.Context) error { return store.Ping(ctx, st) }})
 
-	a.Store, err = storeenv.Open(ctx, getenv)
-	if err != nil {
-		return a, err
-	}
-	a.closers = append(a.closers, a.Store.Close)
-	storePing := a.Store.Ping
-	if storePing == nil { // in process: always there
-		storePing = func(context.Context) error { return nil }
-	}
-	a.checks = append(a.checks, check{"store", storePing})
-
-	if cfg.CeleriantAddr == "" {
+	if env.CeleriantAddr == "" {
 		sim := celeriantsim.New(celeriantsim.Options{})
 		a.Events = sim
 		a.closers = append(a.closers, func() { _ = sim.Close() })
 	} else {
-		client, err := celeriant.New(celeriant.Config{Addrs: []string{cfg.CeleriantAddr}, Logger: logger})
+		client, err := celeriant.New(celeriant.Config{Addrs: []string{env.CeleriantAddr}, Logger: logger})
 		if err != nil {
-			return a, fmt.Errorf("%w: CELERIANT_ADDR=%q: %w", ErrConfig, cfg.CeleriantAddr, err)
+			return a, fmt.Errorf("%w: CELERIANT_ADDR=%q: %w", setup.ErrConfig, env.CeleriantAddr, err)
 		}
 		a.Events = client
 		a.closers = append(a.closers, func() { _ = client.Close() })
@@ -116,15 +113,10 @@ func Open(ctx context.Context, cfg Config, getenv func(string) string, logger *s
 	a.checks = append(a.checks, check{"celeriant", a.pingCeleriant})
 
 	var proj accounts.Projection
-	switch cfg.Projection {
+	switch env.Projection {
 	case "postgres":
-		pool, err := pgxpool.New(ctx, cfg.DatabaseURL)
-		if err != nil {
-			return a, fmt.Errorf("%w: DATABASE_URL: %w", ErrConfig, err)
-		}
-		a.closers = append(a.closers, pool.Close)
-		pg, err := accounts.NewPostgresProjection(pool, accounts.WithTablePrefix(cfg.TablePrefix),
-			accounts.WithPostgresWindow(indexWindow(cfg.Retention)))
+		pg, err := accounts.NewPostgresProjection(conns.Pool, accounts.WithTablePrefix(env.TablePrefix),
+			accounts.WithPostgresWindow(indexWindow(env.Retention)))
 		if err != nil {
 			return a, err
 		}
@@ -132,12 +124,12 @@ func Open(ctx context.Context, cfg Config, getenv func(string) string, logger *s
 			return a, fmt.Errorf("postgres projection: %w", err)
 		}
 		proj = pg
-		a.checks = append(a.checks, check{"projection", pool.Ping})
+		a.checks = append(a.checks, check{"projection", conns.Pool.Ping})
 	default:
 		proj = accounts.NewMemoryProjection()
 	}
 
-	a.Service, err = accounts.New(a.Events, proj, accounts.WithLogger(logger), accounts.WithLandedLookback(cfg.Retention))
+	a.Service, err = accounts.New(a.Events, proj, accounts.WithLogger(logger), accounts.WithLandedLookback(env.Retention))
 	if err != nil {
 		return a, err
 	}
@@ -145,25 +137,16 @@ func Open(ctx context.Context, cfg Config, getenv func(string) string, logger *s
 	err = a.Service.Seed(seedCtx)
 	cancel()
 	if err != nil {
-		return a, fmt.Errorf("seeding the accounts (is Celeriant at %q up?): %w", cfg.CeleriantAddr, err)
+		return a, fmt.Errorf("seeding the accounts (is Celeriant at %q up?): %w", env.CeleriantAddr, err)
 	}
-	if sim, ok := a.Events.(*celeriantsim.Sim); ok && cfg.SimDelay > 0 {
-		sim.SetDelay(cfg.SimDelay)
+	if sim, ok := a.Events.(*celeriantsim.Sim); ok && env.SimDelay > 0 {
+		sim.SetDelay(env.SimDelay)
 	}
 
-	if err := a.Registry.Register(collectors.NewGoCollector()); err != nil {
+	if err := reg.Register(collectors.NewGoCollector()); err != nil {
 		return a, err
 	}
-	if err := a.Registry.Register(collectors.NewProcessCollector(collectors.ProcessCollectorOpts{})); err != nil {
-		return a, err
-	}
-	if a.Metrics, err = NewMetrics(a.Registry); err != nil {
-		return a, err
-	}
-	a.Idempotency, err = middleware.New(a.Store, middleware.ScopeFromHeader(ScopeHeader, AnonymousScope),
-		middleware.WithLease(cfg.Lease), middleware.WithRetention(cfg.Retention),
-		middleware.WithObserver(a.Metrics), middleware.WithLogger(logger))
-	if err != nil {
+	if err := reg.Register(collectors.NewProcessCollector(collectors.ProcessCollectorOpts{})); err != nil {
 		return a, err
 	}
 	a.API = httpapi.New(a.Service, httpapi.WithLogger(logger), httpapi.WithKeyFunc(keyFromRequest),
@@ -212,19 +195,25 @@ func (a *App) Close() {
 	a.closers = nil
 }
 
-// ProtectedAPI is API behind ScopeGuard and the idempotency middleware, for net/http
-// routers.
-func (a *App) ProtectedAPI() http.Handler { return ScopeGuard(a.Idempotency.Handler(a.API)) }
-
-// ScopeGuard answers 400 MALFORMED_REQUEST problem details, without calling next,
-// when ScopeHeader is sent on several lines (which one is the principal?) or is
-// longer than MaxScopeBytes. Put it in front of the idempotency middleware.
-func ScopeGuard(next http.Handler) http.Handler {
+// ClientID is the examples' stand-in for an authentication middleware: it takes
+// the ClientIDHeader value as the request's authenticated principal
+// (middleware.WithPrincipal; none when the header is absent or empty), so the
+// idempotency middleware behind it scopes keys with
+// middleware.ScopeFromPrincipal(AnonymousScope). A real service checks
+// credentials here instead: any client can send any X-Client-ID. It answers 400
+// MALFORMED_REQUEST problem details, without calling next, when the header is
+// sent on several lines (which one is the principal?) or is longer than
+// MaxClientIDBytes.
+func ClientID(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if v := r.Header.Values(ScopeHeader); len(v) > 1 || len(v) == 1 && len(v[0]) > MaxScopeBytes {
-			WriteProblem(w, http.StatusBadRequest, "MALFORMED_REQUEST",
-				ScopeHeader+" must be sent once and be at most "+strconv.Itoa(MaxScopeBytes)+" bytes long.")
+		v := r.Header.Values(ClientIDHeader)
+		if len(v) > 1 || len(v) == 1 && len(v[0]) > MaxClientIDBytes {
+			httpapi.WriteProblem(w, http.StatusBadRequest, "MALFORMED_REQUEST",
+				ClientIDHeader+" must be sent once and be at most "+strconv.Itoa(MaxClientIDBytes)+" bytes long.")
 			return
+		}
+		if len(v) == 1 && v[0] != "" {
+			r = r.WithContext(middleware.WithPrincipal(r.Context(), v[0]))
 		}
 		next.ServeHTTP(w, r)
 	})
@@ -241,10 +230,26 @@ func (a *App) Healthz(w http.ResponseWriter, r *http.Request) {
 	_, _ = w.Write([]byte("ok\n"))
 }
 
-// Readyz answers readiness: it pings the idempotency store (for server-backed
-// stores), Celeriant and the Postgres projection, each within 2 s, and answers
-// 200 {"status":"ready","checks":{name:"ok"}} or 503 with "status":"unavailable"
-// and the failing checks' errors. GET and HEAD only.
+// Readiness states, in the "status" member and per check.
+const (
+	ready       = "ready"
+	degraded    = "degraded"
+	unavailable = "unavailable"
+)
+
+// Readyz answers readiness. It runs each check within 2 s: the idempotency store
+// (store.Ping: a store without Ping, the memory store, is always up), Celeriant
+// and the Postgres projection, and answers JSON {"status":S,"checks":{name:C}}:
+//
+//	every check "ok"                         200, status "ready"
+//	a check "degraded", none "unavailable"   200, status "degraded": the store serves
+//	                                         with a part down (the tiered store's
+//	                                         Redis: store.ErrDegraded), still ready
+//	a check "unavailable"                    503, status "unavailable"
+//
+// A failing check's cause (addresses, database user) goes to the log, not to
+// whoever can reach the probe; a degraded store is not logged here (the tiered
+// store logs its outage once). GET and HEAD only.
 func (a *App) Readyz(w http.ResponseWriter, r *http.Request) {
 	if !getOrHead(w, r) {
 		return
@@ -252,23 +257,27 @@ func (a *App) Readyz(w http.ResponseWriter, r *http.Request) {
 	out := struct {
 		Status string            `json:"status"`
 		Checks map[string]string `json:"checks"`
-	}{Status: "ready", Checks: make(map[string]string, len(a.checks))}
+	}{Status: ready, Checks: make(map[string]string, len(a.checks))}
 	for _, c := range a.checks {
 		ctx, cancel := context.WithTimeout(r.Context(), probeTimeout)
 		err := c.fn(ctx)
 		cancel()
-		if err != nil {
-			// The cause (addresses, database user) goes to the log, not to whoever
-			// can reach the probe.
-			out.Status = "unavailable"
-			out.Checks[c.name] = "unavailable"
+		switch {
+		case err == nil:
+			out.Checks[c.name] = "ok"
+		case errors.Is(err, store.ErrDegraded):
+			out.Checks[c.name] = degraded
+			if out.Status == ready {
+				out.Status = degraded
+			}
+		default:
+			out.Checks[c.name] = unavailable
+			out.Status = unavailable
 			a.Logger.WarnContext(r.Context(), "readiness check failed", "check", c.name, "err", err)
-			continue
 		}
-		out.Checks[c.name] = "ok"
 	}
 	status := http.StatusOK
-	if out.Status != "ready" {
+	if out.Status == unavailable {
 		status = http.StatusServiceUnavailable
 	}
 	body, _ := json.Marshal(out)
@@ -296,26 +305,6 @@ func getOrHead(w http.ResponseWriter, r *http.Request) bool {
 		return true
 	}
 	w.Header().Set("Allow", "GET, HEAD")
-	WriteProblem(w, http.StatusMethodNotAllowed, "METHOD_NOT_ALLOWED", "Method not allowed on this route.")
+	httpapi.WriteProblem(w, http.StatusMethodNotAllowed, "METHOD_NOT_ALLOWED", "Method not allowed on this route.")
 	return false
-}
-
-// WriteProblem answers an RFC 9457 problem in the shape of package httpapi's:
-// type "urn:idemkey:problem:" + lower-case code, title the status text, status,
-// detail and code. Routers use it for the errors they answer themselves (echo's
-// 404 and 405).
-func WriteProblem(w http.ResponseWriter, status int, code, detail string) {
-	body, _ := json.Marshal(struct {
-		Type   string `json:"type"`
-		Title  string `json:"title"`
-		Status int    `json:"status"`
-		Detail string `json:"detail,omitempty"`
-		Code   string `json:"code"`
-	}{httpapi.ProblemTypePrefix + strings.ToLower(code), http.StatusText(status), status, detail, code})
-	h := w.Header()
-	h.Set("Content-Type", "application/problem+json")
-	h.Set("Cache-Control", "no-store")
-	h.Set("X-Content-Type-Options", "nosniff")
-	w.WriteHeader(status)
-	_, _ = w.Write(append(body, '\n'))
 }

@@ -7,47 +7,55 @@ import (
 	"net/http"
 
 	"github.com/idemkey/idemkey/examples/internal/serve"
+	"github.com/idemkey/idemkey/examples/internal/setup"
 )
 
-// Mount builds a server's root handler from the wired App: its router with
-// a.Healthz, a.Readyz, a.MetricsHandler() and a.API behind a.Idempotency.
-type Mount func(a *App) http.Handler
+// Wire builds a server on the parsed environment and its connections: the
+// idempotency store, metrics and middleware, the App, and the root handler that
+// routes them. Each server's main.go has one. On error it closes what it opened
+// (conns are closed by the caller).
+type Wire func(ctx context.Context, env setup.Env, conns *setup.Conns, logger *slog.Logger) (*App, http.Handler, error)
 
 // Main is a server's main function: Run with the process environment until
 // SIGINT or SIGTERM (see serve.Main). name labels the log lines.
-func Main(name string, mount Mount) {
+func Main(name string, wire Wire) {
 	serve.Main(name, func(ctx context.Context, getenv func(string) string, stdout io.Writer, logger *slog.Logger) error {
-		return Run(ctx, getenv, stdout, logger, mount)
+		return Run(ctx, getenv, stdout, logger, wire)
 	})
 }
 
-// Run loads the Config from getenv, opens the App, serves it with Serve until ctx
-// is done, then closes the App. It returns nil after a clean shutdown.
-func Run(ctx context.Context, getenv func(string) string, stdout io.Writer, logger *slog.Logger, mount Mount) error {
-	cfg, err := LoadConfig(getenv)
+// Run parses the environment (setup.Load), opens its connections
+// (setup.Connect), wires the server, serves it with Serve until ctx is done, then
+// closes the App and the connections. It returns nil after a clean shutdown.
+func Run(ctx context.Context, getenv func(string) string, stdout io.Writer, logger *slog.Logger, wire Wire) error {
+	env, err := setup.Load(getenv)
 	if err != nil {
 		return err
 	}
-	app, err := Open(ctx, cfg, getenv, logger)
+	conns, err := setup.Connect(ctx, env)
+	if err != nil {
+		return err
+	}
+	defer conns.Close()
+	app, h, err := wire(ctx, env, conns, logger)
 	if err != nil {
 		return err
 	}
 	defer app.Close()
-	return Serve(ctx, app, mount, stdout, logger)
+	return Serve(ctx, app.Env, h, stdout, logger)
 }
 
-// Serve serves mount(app) on app.Config.Addr with serve.ListenAndServe: it
-// prints "listening on http://ADDR" once the listener accepts connections and,
-// when ctx is done, lets in-flight requests finish. It does not close app.
-func Serve(ctx context.Context, app *App, mount Mount, stdout io.Writer, logger *slog.Logger) error {
-	cfg := app.Config
-	return serve.ListenAndServe(ctx, cfg.Addr, mount(app), stdout, logger, "store", app.Store.Name,
-		"celeriant", celeriantName(cfg), "projection", cfg.Projection, "lease", cfg.Lease, "retention", cfg.Retention)
+// Serve serves h on env.Addr with serve.ListenAndServe: it prints
+// "listening on http://ADDR" once the listener accepts connections and, when ctx
+// is done, lets in-flight requests finish. It closes nothing.
+func Serve(ctx context.Context, env setup.Env, h http.Handler, stdout io.Writer, logger *slog.Logger) error {
+	return serve.ListenAndServe(ctx, env.Addr, h, stdout, logger, "store", env.Store,
+		"celeriant", celeriantName(env), "projection", env.Projection, "lease", env.Lease, "retention", env.Retention)
 }
 
-func celeriantName(cfg Config) string {
-	if cfg.CeleriantAddr == "" {
+func celeriantName(env setup.Env) string {
+	if env.CeleriantAddr == "" {
 		return "in-process simulator"
 	}
-	return cfg.CeleriantAddr
+	return env.CeleriantAddr
 }

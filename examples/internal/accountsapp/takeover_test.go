@@ -18,7 +18,7 @@ import (
 // over and its handler sees takeoverFromRequest true. A fresh key's handler sees false.
 func TestTakeoverFromRequest(t *testing.T) {
 	clock := testclock.New(time.Date(2026, 12, 1, 8, 0, 0, 0, time.UTC))
-	mw, err := middleware.New(memory.New(memory.WithClock(clock.Now)), middleware.ScopeFromHeader(ScopeHeader, AnonymousScope),
+	mw, err := middleware.New(memory.New(memory.WithClock(clock.Now)), middleware.ScopeFromPrincipal(AnonymousScope),
 		middleware.WithLease(time.Hour)) // renewals, every third of the lease on the real clock, never come
 	if err != nil {
 		t.Fatal(err)

@@ -15,6 +15,8 @@ import (
 	"os/signal"
 	"syscall"
 	"time"
+
+	goredis "github.com/redis/go-redis/v9"
 )
 
 // Server timeouts. Writes may wait for the account service's write loop (at most
@@ -32,15 +34,28 @@ const (
 type RunFunc func(ctx context.Context, getenv func(string) string, stdout io.Writer, logger *slog.Logger) error
 
 // Main runs run with the process environment, stdout and a text slog logger on
-// stderr until SIGINT or SIGTERM, and exits 1 on error. name labels the log lines.
+// stderr (go-redis's own lines at the debug level) until SIGINT or SIGTERM, and
+// exits 1 on error. name labels the log lines.
 func Main(name string, run RunFunc) {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	logger := slog.New(slog.NewTextHandler(os.Stderr, nil)).With("server", name)
+	// go-redis logs every failed dial of its pool itself, so a Redis outage would
+	// print a line per request; the tiered store logs the outage once instead, so
+	// go-redis's lines (process-wide: its logger is a package variable) go to the
+	// debug level.
+	goredis.SetLogger(redisLogger{logger.With("component", "go-redis")})
 	if err := run(ctx, os.Getenv, os.Stdout, logger); err != nil {
 		logger.Error("server stopped", "err", err)
 		os.Exit(1)
 	}
+}
+
+// redisLogger hands go-redis's log lines to slog at the debug level.
+type redisLogger struct{ l *slog.Logger }
+
+func (r redisLogger) Printf(ctx context.Context, format string, v ...any) {
+	r.l.DebugContext(ctx, fmt.Sprintf(format, v...))
 }
 
 // ListenAndServe serves h on addr and prints "listening on http://ADDR" to stdout

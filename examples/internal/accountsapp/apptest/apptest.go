@@ -25,7 +25,9 @@ import (
 	"github.com/idemkey/idemkey/celeriant"
 	"github.com/idemkey/idemkey/celeriant/celeriantsim"
 	"github.com/idemkey/idemkey/examples/accounts"
+	"github.com/idemkey/idemkey/examples/accounts/httpapi"
 	"github.com/idemkey/idemkey/examples/internal/accountsapp"
+	"github.com/idemkey/idemkey/examples/internal/setup"
 )
 
 // Server is a server started in-process by Start.
@@ -40,31 +42,43 @@ type Server struct {
 	Stop func()
 }
 
-// Start opens an App on env (ADDR forced to 127.0.0.1:0), serves mount(app) with
-// accountsapp.Serve and returns once the server printed its listening line. At
-// cleanup it stops the server, fails the test if Serve did not return nil, and
-// closes the App.
-func Start(t testing.TB, mount accountsapp.Mount, env map[string]string) *Server {
+// Start parses env (ADDR forced to 127.0.0.1:0) with setup.Load, opens its
+// connections, builds the server with wire, serves it with accountsapp.Serve and
+// returns once the server printed its listening line. At cleanup it stops the
+// server, fails the test if Serve did not return nil, and closes the App and the
+// connections.
+func Start(t testing.TB, wire accountsapp.Wire, env map[string]string) *Server {
 	t.Helper()
-	env["ADDR"] = "127.0.0.1:0"
-	getenv := func(k string) string { return env[k] }
-	cfg, err := accountsapp.LoadConfig(getenv)
-	if err != nil {
-		t.Fatal(err)
-	}
 	logger := slog.New(slog.NewTextHandler(io.Discard, nil))
 	if testing.Verbose() {
 		logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	}
-	app, err := accountsapp.Open(context.Background(), cfg, getenv, logger)
+	return StartLogged(t, wire, env, logger)
+}
+
+// StartLogged is Start with the server's logger.
+func StartLogged(t testing.TB, wire accountsapp.Wire, env map[string]string, logger *slog.Logger) *Server {
+	t.Helper()
+	env["ADDR"] = "127.0.0.1:0"
+	getenv := func(k string) string { return env[k] }
+	cfg, err := setup.Load(getenv)
 	if err != nil {
+		t.Fatal(err)
+	}
+	conns, err := setup.Connect(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	app, h, err := wire(context.Background(), cfg, conns, logger)
+	if err != nil {
+		conns.Close()
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	pr, pw := io.Pipe()
 	done := make(chan error, 1)
 	go func() {
-		done <- accountsapp.Serve(ctx, app, mount, pw, logger)
+		done <- accountsapp.Serve(ctx, cfg, h, pw, logger)
 		pw.Close()
 	}()
 	stopped := false
@@ -80,6 +94,7 @@ func Start(t testing.TB, mount accountsapp.Mount, env map[string]string) *Server
 			t.Errorf("server stopped with %v", err)
 		}
 		app.Close()
+		conns.Close()
 	}
 	t.Cleanup(s.Stop)
 	line, err := bufio.NewReader(pr).ReadString('\n')
@@ -104,7 +119,8 @@ func RandomSuffix() string {
 
 // Backends returns the environments the API table runs on: always memory; with
 // DATABASE_URL a Postgres store and projection on fresh tables (dropped at
-// cleanup); with REDIS_URL a Redis store under a fresh prefix (deleted at cleanup).
+// cleanup); with REDIS_URL a Redis store under a fresh prefix (deleted at cleanup);
+// with both, the tiered store on a fresh table and prefix.
 // Without those variables the backends are skipped with a message, unless CI=true,
 // where a missing server fails the test.
 func Backends(t *testing.T) map[string]map[string]string {
@@ -130,6 +146,13 @@ func Backends(t *testing.T) map[string]map[string]string {
 		t.Error("CI=true but REDIS_URL is not set")
 	} else {
 		t.Log("REDIS_URL not set: skipping the Redis backend")
+	}
+	if db, rd := os.Getenv("DATABASE_URL"), os.Getenv("REDIS_URL"); db != "" && rd != "" {
+		sfx := RandomSuffix()
+		table, prefix := "idem_tiered_"+sfx, "idemtiered:"+sfx+":"
+		out["tiered"] = map[string]string{"IDEM_STORE": "tiered", "DATABASE_URL": db, "IDEM_TABLE": table,
+			"REDIS_URL": rd, "IDEM_REDIS_PREFIX": prefix}
+		t.Cleanup(func() { DropTables(t, db, table, table); DeleteRedisPrefix(t, rd, prefix) })
 	}
 	return out
 }
@@ -252,8 +275,15 @@ func problemCode(t testing.TB, r Response) (code string, members map[string]any)
 		t.Errorf("problem body %q: %v", r.Body, err)
 	}
 	code, _ = members["code"].(string)
-	if typ, _ := members["type"].(string); !strings.HasPrefix(typ, "urn:idemkey:problem:") {
-		t.Errorf("problem type %q", typ)
+	// The middleware's problems (lower-case codes) are the library's; the account
+	// API's own (upper-case codes) are in the API's namespace.
+	typ, _ := members["type"].(string)
+	want := "urn:idemkey:problem:" + code
+	if code != strings.ToLower(code) {
+		want = httpapi.ProblemTypePrefix + strings.ToLower(code)
+	}
+	if typ != want {
+		t.Errorf("problem type %q, want %q", typ, want)
 	}
 	if st, _ := members["status"].(float64); int(st) != r.Status {
 		t.Errorf("problem status member %v, answer %d", members["status"], r.Status)

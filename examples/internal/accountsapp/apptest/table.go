@@ -27,22 +27,23 @@ type step struct {
 }
 
 // Run drives the API of docs/architecture.md section 6 over HTTP against servers built with
-// mount, on every backend of Backends: routes and exact JSON, the middleware's
+// wire, on every backend of Backends: routes and exact JSON, the middleware's
 // decisions (replay, 422 mismatch, 400 missing or invalid key, 413, 409 in flight,
 // release of a 503 then a rerun), malformed input (400/422, never 500), the probes
 // and the metrics; and, from the event log, that each key wrote exactly one event.
-func Run(t *testing.T, mount accountsapp.Mount) {
+func Run(t *testing.T, wire accountsapp.Wire) {
 	for name, env := range Backends(t) {
 		t.Run(name, func(t *testing.T) {
-			s := Start(t, mount, env)
+			s := Start(t, wire, env)
 			t.Run("table", func(t *testing.T) { runTable(t, s) })
 			t.Run("in flight is 409", func(t *testing.T) { inFlight(t, s) })
 			t.Run("celeriant busy is 503, released, rerun", func(t *testing.T) { busy(t, s) })
 			t.Run("probes and metrics", func(t *testing.T) { probes(t, s) })
 		})
 	}
-	t.Run("graceful shutdown drains", func(t *testing.T) { shutdown(t, mount) })
-	t.Run("celeriant down", func(t *testing.T) { celeriantDown(t, mount) })
+	t.Run("graceful shutdown drains", func(t *testing.T) { shutdown(t, wire) })
+	t.Run("celeriant down", func(t *testing.T) { celeriantDown(t, wire) })
+	t.Run("redis down under tiered", func(t *testing.T) { RedisOutage(t, wire) })
 }
 
 func runTable(t *testing.T, s *Server) {
@@ -225,7 +226,7 @@ func probes(t *testing.T, s *Server) {
 		ready.Checks["store"] != "ok" || ready.Checks["celeriant"] != "ok" {
 		t.Errorf("readyz: %d %s", r.Status, r.Body)
 	}
-	if s.App.Config.Projection == "postgres" && ready.Checks["projection"] != "ok" {
+	if s.App.Env.Projection == "postgres" && ready.Checks["projection"] != "ok" {
 		t.Errorf("readyz does not check the projection: %s", r.Body)
 	}
 
@@ -260,6 +261,21 @@ func probes(t *testing.T, s *Server) {
 			t.Errorf("metrics lack %q", want)
 		}
 	}
+	storeSeries := map[string][]string{
+		"postgres": {`idemkey_postgres_claim_retries_total `},
+		"tiered": {`idemkey_postgres_claim_retries_total `, `idemkey_tiered_fast_misses_total `,
+			// Values vary: a loaded machine can miss the fast path's 50 ms timeout.
+			`idemkey_tiered_fast_answers_total `, `idemkey_tiered_fall_through_total{reason="error"} `,
+			`idemkey_tiered_degraded `},
+	}
+	for _, want := range storeSeries[s.App.Env.Store] {
+		if !strings.Contains(r.Body, "\n"+want) {
+			t.Errorf("%s store: metrics lack %q", s.App.Env.Store, want)
+		}
+	}
+	if s.App.Env.Store != "tiered" && strings.Contains(r.Body, "idemkey_tiered_") {
+		t.Errorf("%s store: metrics show tiered series", s.App.Env.Store)
+	}
 	for _, zero := range []string{`idemkey_replays_total 0`, `idemkey_mismatches_total 0`, `idemkey_decisions_total{decision="executed"} 0`} {
 		if strings.Contains(r.Body, "\n"+zero+"\n") {
 			t.Errorf("metrics still at %s", zero)
@@ -269,8 +285,8 @@ func probes(t *testing.T, s *Server) {
 
 // shutdown cancels the server while a deposit is inside Celeriant: the server stops
 // accepting, the deposit completes with 200, then Serve returns nil.
-func shutdown(t *testing.T, mount accountsapp.Mount) {
-	s := Start(t, mount, map[string]string{})
+func shutdown(t *testing.T, wire accountsapp.Wire) {
+	s := Start(t, wire, map[string]string{})
 	path := s.URL + "/api/accounts/" + uuid.NewString() + "/deposit"
 	hold := s.Sim.HoldNextWrite()
 	first := make(chan Response, 1)
@@ -300,8 +316,8 @@ func shutdown(t *testing.T, mount accountsapp.Mount) {
 }
 
 // celeriantDown closes the simulator: readiness fails and writes are 503.
-func celeriantDown(t *testing.T, mount accountsapp.Mount) {
-	s := Start(t, mount, map[string]string{})
+func celeriantDown(t *testing.T, wire accountsapp.Wire) {
+	s := Start(t, wire, map[string]string{})
 	if err := s.Sim.Close(); err != nil && !errors.Is(err, celeriant.ErrClosed) {
 		t.Fatal(err)
 	}

@@ -1,0 +1,165 @@
+package apptest
+
+import (
+	"bytes"
+	"log/slog"
+	"os"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/idemkey/idemkey/examples/internal/accountsapp"
+	"github.com/idemkey/idemkey/store/redis/redistest"
+)
+
+// lockedBuffer is a log sink safe for the server's goroutines and the test.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (b *lockedBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.Write(p)
+}
+
+// count returns how many lines hold every one of subs.
+func (b *lockedBuffer) count(subs ...string) int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	n := 0
+	for _, line := range strings.Split(b.b.String(), "\n") {
+		all := line != ""
+		for _, s := range subs {
+			all = all && strings.Contains(line, s)
+		}
+		if all {
+			n++
+		}
+	}
+	return n
+}
+
+// metric returns the value of the series whose line starts with series (name and
+// labels exactly as exposed), failing the test when /metrics lacks it.
+func metric(t testing.TB, s *Server, series string) float64 {
+	t.Helper()
+	r := Do(t, "GET", s.URL+"/metrics", "", "", "")
+	m := regexp.MustCompile(`(?m)^` + regexp.QuoteMeta(series) + ` (\S+)$`).FindStringSubmatch(r.Body)
+	if m == nil {
+		t.Fatalf("/metrics lacks %s", series)
+	}
+	v, err := strconv.ParseFloat(m[1], 64)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return v
+}
+
+// waitReady polls /readyz until it answers ready: each probe pings Redis, and
+// go-redis redials a pool whose dials failed on its own schedule.
+func waitReady(t testing.TB, s *Server) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		r := Do(t, "GET", s.URL+"/readyz", "", "", "")
+		if r.Status == 200 && strings.TrimSpace(r.Body) == `{"status":"ready","checks":{"celeriant":"ok","store":"ok"}}` {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("readyz never ready: %d %s", r.Status, r.Body)
+		}
+		time.Sleep(50 * time.Millisecond) // an external process's recovery: polled
+	}
+}
+
+func fallThrough(t testing.TB, s *Server) float64 {
+	return metric(t, s, `idemkey_tiered_fall_through_total{reason="error"}`) +
+		metric(t, s, `idemkey_tiered_fall_through_total{reason="skipped"}`)
+}
+
+// RedisOutage runs the tiered store on a private Redis (never the shared one)
+// in front of the shared Postgres, then kills that Redis: writes and replays go
+// on through Postgres alone, /metrics shows the fall-through counter rising and
+// the degraded gauge at 1, /readyz answers 200 "degraded" naming the store, and
+// the outage is logged once however many requests meet it; once Redis is back,
+// /readyz is ready again and the recovery is logged once. Needs DATABASE_URL
+// (skipped without it, failed under CI=true) and redis-server.
+func RedisOutage(t *testing.T, wire accountsapp.Wire) {
+	db := os.Getenv("DATABASE_URL")
+	if db == "" {
+		if os.Getenv("CI") == "true" {
+			t.Fatal("CI=true but DATABASE_URL is not set")
+		}
+		t.Skip("DATABASE_URL not set")
+	}
+	rdb := redistest.StartServer(t)
+	table := "idem_outage_" + RandomSuffix()
+	t.Cleanup(func() { DropTables(t, db, table, table) })
+	var logs lockedBuffer
+	s := StartLogged(t, wire, map[string]string{"IDEM_STORE": "tiered", "DATABASE_URL": db, "IDEM_TABLE": table,
+		"REDIS_URL": "redis://" + rdb.Addr + "/0"}, slog.New(slog.NewTextHandler(&logs, nil)))
+
+	path := s.URL + "/api/accounts/" + uuid.NewString() + "/deposit"
+	if r := Do(t, "POST", path, "before", "", `{"amountCents":5}`); r.Status != 200 {
+		t.Fatalf("deposit with Redis up: %d %s", r.Status, r.Body)
+	}
+	// A loaded machine can miss the fast path's 50 ms timeout even with Redis up,
+	// which is an outage of its own: wait for a successful ping (it ends any), then
+	// count from there. Nothing calls Redis between this and the kill.
+	waitReady(t, s)
+	if metric(t, s, "idemkey_tiered_degraded") != 0 {
+		t.Fatal("degraded with Redis up and answering")
+	}
+	outages0 := metric(t, s, "idemkey_tiered_outages_total")
+	warnings0 := logs.count("level=WARN", "fast path down")
+	recoveries0 := logs.count("level=INFO", "fast path recovered")
+
+	rdb.Stop()
+	before := fallThrough(t, s)
+	for i := range 10 {
+		if r := Do(t, "POST", path, "during-"+strconv.Itoa(i), "", `{"amountCents":1}`); r.Status != 200 {
+			t.Fatalf("deposit %d with Redis down: %d %s; want Postgres alone to serve it", i, r.Status, r.Body)
+		}
+	}
+	if r := Do(t, "POST", path, "before", "", `{"amountCents":5}`); r.Status != 200 || r.Header.Get("Idempotent-Replayed") != "true" {
+		t.Fatalf("replay with Redis down: %d %v %s", r.Status, r.Header, r.Body)
+	}
+	if after := fallThrough(t, s); after <= before {
+		t.Errorf("fall-through counter %v -> %v with Redis down; want it rising", before, after)
+	}
+	if metric(t, s, "idemkey_tiered_degraded") != 1 || metric(t, s, "idemkey_tiered_outages_total") != outages0+1 {
+		t.Error("degraded gauge not 1, or not one more outage, with Redis down")
+	}
+	for range 3 {
+		r := Do(t, "GET", s.URL+"/readyz", "", "", "")
+		if r.Status != 200 || strings.TrimSpace(r.Body) != `{"status":"degraded","checks":{"celeriant":"ok","store":"degraded"}}` {
+			t.Fatalf("readyz with Redis down: %d %s; want 200 degraded", r.Status, r.Body)
+		}
+	}
+	if n := logs.count("level=WARN", "fast path down") - warnings0; n != 1 {
+		t.Errorf("%d outage warnings for one outage, want 1", n)
+	}
+	if n := logs.count("readiness check failed"); n != 0 {
+		t.Errorf("a degraded store was logged as a failed check %d times", n)
+	}
+
+	rdb.Restart(t)
+	waitReady(t, s)
+	if metric(t, s, "idemkey_tiered_degraded") != 0 {
+		t.Error("still degraded after Redis came back")
+	}
+	// At least one: a slow first call after the restart may be an outage of its own.
+	if n := logs.count("level=INFO", "fast path recovered") - recoveries0; n < 1 {
+		t.Errorf("no recovery line after Redis came back")
+	}
+	if r := Do(t, "POST", path, "after", "", `{"amountCents":1}`); r.Status != 200 {
+		t.Errorf("deposit after Redis came back: %d %s", r.Status, r.Body)
+	}
+}

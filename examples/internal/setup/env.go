@@ -1,0 +1,174 @@
+// Package setup is what every example's main.go starts with: the environment of
+// docs/architecture.md section 6, parsed once (Load), and the connections it names,
+// opened once (Connect): one Postgres pool, shared by the idempotency store and
+// the account projection, and one Redis client. The examples build their stores,
+// middleware and routes on these in their main.go, in plain sight.
+//
+// Environment (docs/architecture.md section 6, plus the test-only names):
+//
+//	ADDR                   listen address, default 127.0.0.1:8080
+//	IDEM_STORE             memory (default), postgres, redis or tiered
+//	DATABASE_URL           Postgres: the store (postgres, tiered) and PROJECTION=postgres
+//	REDIS_URL              Redis: the store (redis, tiered)
+//	IDEM_LEASE             claim lease, Go duration, default 10s
+//	IDEM_RETENTION         how long responses are replayed, default 24h
+//	IDEM_TABLE             the Postgres store's table, default idemkey_records
+//	IDEM_REDIS_PREFIX      the Redis store's key prefix, default idemkey:
+//	CELERIANT_ADDR         Celeriant wire address host:port; empty: in-process simulator
+//	PROJECTION             memory (default) or postgres
+//	ACCOUNTS_TABLE_PREFIX  prefix of the Postgres projection's tables, default none
+//	CELERIANT_SIM_DELAY    latency the in-process simulator adds to every call after
+//	                       startup, Go duration, default 0 (demos: makes a 409 easy to see)
+//	IDEM_REPLAY_HEADER     the conformance fixture's replay header, default
+//	                       Idempotent-Replayed
+package setup
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/idemkey/idemkey/store/postgres"
+	"github.com/idemkey/idemkey/store/redis"
+)
+
+// ErrConfig reports an environment the examples cannot run with.
+var ErrConfig = errors.New("setup: bad configuration")
+
+// Defaults of the environment (docs/architecture.md section 6).
+const (
+	DefaultAddr      = "127.0.0.1:8080"
+	DefaultLease     = 10 * time.Second
+	DefaultRetention = 24 * time.Hour
+)
+
+// Env is the environment an example runs with, parsed once by Load.
+type Env struct {
+	// Addr is the listen address (ADDR); port 0 picks a free port.
+	Addr string
+	// Store is the idempotency store (IDEM_STORE): "memory", "postgres", "redis"
+	// or "tiered" (Redis in front of Postgres).
+	Store string
+	// DatabaseURL is the Postgres connection string (DATABASE_URL); required by
+	// the postgres and tiered stores and by PROJECTION=postgres.
+	DatabaseURL string
+	// RedisURL is the Redis URL (REDIS_URL); required by the redis and tiered
+	// stores.
+	RedisURL string
+	// Lease and Retention are the middleware's claim lease and record retention
+	// (IDEM_LEASE, IDEM_RETENTION); Retention >= Lease > 0.
+	Lease, Retention time.Duration
+	// IdemTable is the Postgres store's table (IDEM_TABLE), so tests and several
+	// deployments can share one database.
+	IdemTable string
+	// RedisPrefix prefixes the Redis store's keys (IDEM_REDIS_PREFIX).
+	RedisPrefix string
+	// CeleriantAddr is the Celeriant wire address (CELERIANT_ADDR); empty runs the
+	// in-process simulator, whose log lives and dies with the process.
+	CeleriantAddr string
+	// Projection is "memory" or "postgres" (PROJECTION).
+	Projection string
+	// TablePrefix prefixes the Postgres projection's tables (ACCOUNTS_TABLE_PREFIX).
+	TablePrefix string
+	// SimDelay is added by the in-process simulator to every call once the
+	// accounts are seeded (CELERIANT_SIM_DELAY); only without CeleriantAddr.
+	SimDelay time.Duration
+	// ReplayHeader is the header marking a replay in the conformance fixture
+	// (IDEM_REPLAY_HEADER); empty keeps the middleware's default.
+	ReplayHeader string
+}
+
+// NeedsPostgres reports whether env names Postgres: the postgres or tiered store,
+// or the Postgres projection.
+func (e Env) NeedsPostgres() bool {
+	return e.Store == "postgres" || e.Store == "tiered" || e.Projection == "postgres"
+}
+
+// NeedsRedis reports whether env names Redis: the redis or tiered store.
+func (e Env) NeedsRedis() bool { return e.Store == "redis" || e.Store == "tiered" }
+
+// Load reads the Env from getenv (os.Getenv in a server). Errors wrap ErrConfig
+// and name the variable: an unknown store or projection, a store or projection
+// without the server URL it needs, a duration that is not a positive Go duration
+// (CELERIANT_SIM_DELAY: non-negative), a retention shorter than the lease,
+// CELERIANT_SIM_DELAY with CELERIANT_ADDR.
+func Load(getenv func(string) string) (Env, error) {
+	e := Env{
+		Addr:          DefaultAddr,
+		Store:         strings.ToLower(strings.TrimSpace(getenv("IDEM_STORE"))),
+		DatabaseURL:   getenv("DATABASE_URL"),
+		RedisURL:      getenv("REDIS_URL"),
+		Lease:         DefaultLease,
+		Retention:     DefaultRetention,
+		IdemTable:     getenv("IDEM_TABLE"),
+		RedisPrefix:   getenv("IDEM_REDIS_PREFIX"),
+		CeleriantAddr: strings.TrimSpace(getenv("CELERIANT_ADDR")),
+		Projection:    strings.ToLower(strings.TrimSpace(getenv("PROJECTION"))),
+		TablePrefix:   getenv("ACCOUNTS_TABLE_PREFIX"),
+		ReplayHeader:  strings.TrimSpace(getenv("IDEM_REPLAY_HEADER")),
+	}
+	if v := strings.TrimSpace(getenv("ADDR")); v != "" {
+		e.Addr = v
+	}
+	if e.IdemTable == "" {
+		e.IdemTable = postgres.DefaultTable
+	}
+	if e.RedisPrefix == "" {
+		e.RedisPrefix = redis.DefaultPrefix
+	}
+	for _, d := range []struct {
+		name   string
+		dst    *time.Duration
+		zeroOK bool
+	}{{"IDEM_LEASE", &e.Lease, false}, {"IDEM_RETENTION", &e.Retention, false}, {"CELERIANT_SIM_DELAY", &e.SimDelay, true}} {
+		v := strings.TrimSpace(getenv(d.name))
+		if v == "" {
+			continue
+		}
+		parsed, err := time.ParseDuration(v)
+		if err != nil || parsed < 0 || parsed == 0 && !d.zeroOK {
+			want := "a positive"
+			if d.zeroOK {
+				want = "a non-negative"
+			}
+			return e, fmt.Errorf("%w: %s=%q: want %s Go duration such as 10s", ErrConfig, d.name, v, want)
+		}
+		*d.dst = parsed
+	}
+	if e.Retention < e.Lease {
+		return e, fmt.Errorf("%w: IDEM_RETENTION (%v) must be at least IDEM_LEASE (%v)", ErrConfig, e.Retention, e.Lease)
+	}
+	if e.SimDelay > 0 && e.CeleriantAddr != "" {
+		return e, fmt.Errorf("%w: CELERIANT_SIM_DELAY applies to the in-process simulator only, not CELERIANT_ADDR", ErrConfig)
+	}
+	switch e.Store {
+	case "":
+		e.Store = "memory"
+	case "memory", "postgres", "redis", "tiered":
+	default:
+		return e, fmt.Errorf("%w: IDEM_STORE=%q is not one of memory, postgres, redis, tiered", ErrConfig, e.Store)
+	}
+	switch e.Projection {
+	case "":
+		e.Projection = "memory"
+	case "memory", "postgres":
+	default:
+		return e, fmt.Errorf("%w: PROJECTION=%q is not one of memory, postgres", ErrConfig, e.Projection)
+	}
+	if e.NeedsPostgres() && e.DatabaseURL == "" {
+		return e, fmt.Errorf("%w: %s needs DATABASE_URL", ErrConfig, e.postgresUser())
+	}
+	if e.NeedsRedis() && e.RedisURL == "" {
+		return e, fmt.Errorf("%w: IDEM_STORE=%s needs REDIS_URL", ErrConfig, e.Store)
+	}
+	return e, nil
+}
+
+// postgresUser names the setting that needs Postgres, for errors.
+func (e Env) postgresUser() string {
+	if e.Store == "postgres" || e.Store == "tiered" {
+		return "IDEM_STORE=" + e.Store
+	}
+	return "PROJECTION=postgres"
+}

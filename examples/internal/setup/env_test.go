@@ -1,0 +1,117 @@
+package setup
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestLoad(t *testing.T) {
+	defaults := Env{Addr: "127.0.0.1:8080", Store: "memory", Lease: 10 * time.Second, Retention: 24 * time.Hour,
+		IdemTable: "idemkey_records", RedisPrefix: "idemkey:", Projection: "memory"}
+	with := func(f func(*Env)) Env { e := defaults; f(&e); return e }
+	for _, tc := range []struct {
+		name    string
+		env     map[string]string
+		want    Env
+		wantErr string // substring; "" means success
+	}{
+		{name: "defaults", env: map[string]string{}, want: defaults},
+		{name: "everything", env: map[string]string{"ADDR": "127.0.0.1:0", "IDEM_STORE": " Tiered ", "IDEM_LEASE": "2s",
+			"IDEM_RETENTION": "1h", "CELERIANT_ADDR": "127.0.0.1:10000", "PROJECTION": "Postgres", "DATABASE_URL": "postgres://x",
+			"REDIS_URL": "redis://y", "IDEM_TABLE": "t", "IDEM_REDIS_PREFIX": "p:", "ACCOUNTS_TABLE_PREFIX": "t_",
+			"IDEM_REPLAY_HEADER": "Idempotency-Replayed"},
+			want: Env{Addr: "127.0.0.1:0", Store: "tiered", Lease: 2 * time.Second, Retention: time.Hour, CeleriantAddr: "127.0.0.1:10000",
+				Projection: "postgres", DatabaseURL: "postgres://x", RedisURL: "redis://y", IdemTable: "t", RedisPrefix: "p:",
+				TablePrefix: "t_", ReplayHeader: "Idempotency-Replayed"}},
+		{name: "sim delay", env: map[string]string{"CELERIANT_SIM_DELAY": "1s"}, want: with(func(e *Env) { e.SimDelay = time.Second })},
+		{name: "redis store", env: map[string]string{"IDEM_STORE": "redis", "REDIS_URL": "redis://y"},
+			want: with(func(e *Env) { e.Store, e.RedisURL = "redis", "redis://y" })},
+		{name: "bad lease", env: map[string]string{"IDEM_LEASE": "10"}, wantErr: "IDEM_LEASE"},
+		{name: "zero lease", env: map[string]string{"IDEM_LEASE": "0s"}, wantErr: "IDEM_LEASE"},
+		{name: "negative retention", env: map[string]string{"IDEM_RETENTION": "-1h"}, wantErr: "IDEM_RETENTION"},
+		{name: "retention below lease", env: map[string]string{"IDEM_LEASE": "1m", "IDEM_RETENTION": "30s"}, wantErr: "at least IDEM_LEASE"},
+		{name: "unknown store", env: map[string]string{"IDEM_STORE": "etcd"}, wantErr: "IDEM_STORE"},
+		{name: "postgres store without a database", env: map[string]string{"IDEM_STORE": "postgres"}, wantErr: "IDEM_STORE=postgres needs DATABASE_URL"},
+		{name: "tiered store without Redis", env: map[string]string{"IDEM_STORE": "tiered", "DATABASE_URL": "postgres://x"}, wantErr: "IDEM_STORE=tiered needs REDIS_URL"},
+		{name: "redis store without Redis", env: map[string]string{"IDEM_STORE": "redis"}, wantErr: "REDIS_URL"},
+		{name: "unknown projection", env: map[string]string{"PROJECTION": "mysql"}, wantErr: "PROJECTION"},
+		{name: "postgres projection without a database", env: map[string]string{"PROJECTION": "postgres"}, wantErr: "PROJECTION=postgres needs DATABASE_URL"},
+		{name: "sim delay with a real Celeriant", env: map[string]string{"CELERIANT_SIM_DELAY": "1s", "CELERIANT_ADDR": "x:1"}, wantErr: "CELERIANT_SIM_DELAY"},
+		{name: "negative sim delay", env: map[string]string{"CELERIANT_SIM_DELAY": "-1s"}, wantErr: "non-negative"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := Load(func(k string) string { return tc.env[k] })
+			if tc.wantErr != "" {
+				if err == nil || !errors.Is(err, ErrConfig) || !strings.Contains(err.Error(), tc.wantErr) {
+					t.Fatalf("error %v, want ErrConfig mentioning %q", err, tc.wantErr)
+				}
+				return
+			}
+			if err != nil || got != tc.want {
+				t.Fatalf("got %+v, %v; want %+v", got, err, tc.want)
+			}
+		})
+	}
+}
+
+// TestConnect: one pool for everything Postgres, only what the environment
+// names, and URLs that do not parse are configuration errors.
+func TestConnect(t *testing.T) {
+	ctx := context.Background()
+	for _, tc := range []struct {
+		name              string
+		env               Env
+		wantPool, wantRdb bool
+		wantErr           error
+	}{
+		{"memory", Env{Store: "memory", Projection: "memory"}, false, false, nil},
+		{"postgres projection", Env{Store: "memory", Projection: "postgres", DatabaseURL: "postgres://127.0.0.1:1/x"}, true, false, nil},
+		{"tiered, Redis not needed up", Env{Store: "tiered", Projection: "postgres", DatabaseURL: "postgres://127.0.0.1:1/x",
+			RedisURL: "redis://127.0.0.1:1/0"}, true, true, nil},
+		{"bad database URL", Env{Store: "postgres", Projection: "memory", DatabaseURL: "postgres://x:y:z/"}, false, false, ErrConfig},
+		{"bad Redis URL", Env{Store: "tiered", Projection: "memory", DatabaseURL: "postgres://127.0.0.1:1/x", RedisURL: "http://x"}, false, false, ErrConfig},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c, err := Connect(ctx, tc.env)
+			if tc.wantErr != nil {
+				if !errors.Is(err, tc.wantErr) || c != nil {
+					t.Fatalf("Connect = %v, %v; want %v", c, err, tc.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			if (c.Pool != nil) != tc.wantPool || (c.Redis != nil) != tc.wantRdb {
+				t.Errorf("pool %v, redis %v; want %v, %v", c.Pool != nil, c.Redis != nil, tc.wantPool, tc.wantRdb)
+			}
+			if tc.wantRdb && !c.Redis.Options().ContextTimeoutEnabled {
+				t.Error("the Redis client ignores its calls' deadlines")
+			}
+		})
+	}
+	// The redis store has no backstop: a Redis that does not answer fails now.
+	if _, err := Connect(ctx, Env{Store: "redis", Projection: "memory", RedisURL: "redis://127.0.0.1:1/0"}); err == nil {
+		t.Error("Connect succeeded for the redis store with Redis down")
+	}
+}
+
+// TestCloseOrder: Close runs the OnClose functions last first, once.
+func TestCloseOrder(t *testing.T) {
+	c, err := Connect(context.Background(), Env{Store: "memory", Projection: "memory"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var order []int
+	c.OnClose(func() { order = append(order, 1) })
+	c.OnClose(func() { order = append(order, 2) })
+	c.Close()
+	c.Close()
+	if len(order) != 2 || order[0] != 2 || order[1] != 1 {
+		t.Errorf("close order %v, want [2 1]", order)
+	}
+}

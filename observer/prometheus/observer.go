@@ -1,0 +1,160 @@
+package idemprom
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"strconv"
+	"sync/atomic"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/idemkey/idemkey/middleware"
+	"github.com/idemkey/idemkey/store"
+)
+
+// DefaultLatencyBuckets are the store latency histogram's upper bounds, in
+// seconds: 100 µs to 2.5 s.
+var DefaultLatencyBuckets = []float64{.0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5}
+
+// Observer is the middleware.Observer that counts every request (see the package
+// doc for its series). Build it with NewObserver; it is safe for concurrent use.
+type Observer struct {
+	// Indexed by middleware.Decision, resolved once in NewObserver so Observe
+	// does no label lookup.
+	decisions [256]prometheus.Counter
+	latency   [256]prometheus.Observer
+
+	replays, inFlight, mismatches, storeErrors, takeovers prometheus.Counter
+
+	answers  *prometheus.CounterVec
+	byStatus [1000]atomic.Pointer[prometheus.Counter] // answers' children, filled on first use
+}
+
+var _ middleware.Observer = (*Observer)(nil)
+
+// Option configures an Observer.
+type Option func(*options)
+
+type options struct{ buckets []float64 }
+
+// WithLatencyBuckets sets the store latency histogram's upper bounds, in seconds,
+// increasing (default DefaultLatencyBuckets).
+func WithLatencyBuckets(b []float64) Option { return func(o *options) { o.buckets = b } }
+
+// NewObserver creates the Observer's collectors and registers them with reg (use
+// a registry of the application's own, never the global default). It fails when
+// the buckets are empty or not strictly increasing, and with client_golang's
+// error when a series name is already registered.
+func NewObserver(reg prometheus.Registerer, opts ...Option) (*Observer, error) {
+	o := options{buckets: DefaultLatencyBuckets}
+	for _, opt := range opts {
+		opt(&o)
+	}
+	if len(o.buckets) == 0 {
+		return nil, errors.New("idemprom: no latency buckets")
+	}
+	for i, b := range o.buckets {
+		if math.IsNaN(b) || i > 0 && b <= o.buckets[i-1] {
+			return nil, fmt.Errorf("idemprom: latency buckets %v are not strictly increasing", o.buckets)
+		}
+	}
+	counter := func(name, help string) prometheus.Counter {
+		return prometheus.NewCounter(prometheus.CounterOpts{Name: name, Help: help})
+	}
+	decisions := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "idemkey_decisions_total", Help: "Requests seen by the idempotency middleware, by decision.",
+	}, []string{"decision"})
+	latency := prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Name: "idemkey_store_latency_seconds", Help: "Time spent in idempotency store calls on a request's path, by decision.",
+		Buckets: o.buckets,
+	}, []string{"decision"})
+	m := &Observer{
+		replays:     counter("idemkey_replays_total", "Stored responses replayed."),
+		inFlight:    counter("idemkey_in_flight_total", "409 answers: the key is held by a running request."),
+		mismatches:  counter("idemkey_mismatches_total", "422 answers: the key was used for another request."),
+		storeErrors: counter("idemkey_store_errors_total", "Idempotency store failures (503, fail-open, failed completion or release)."),
+		takeovers:   counter("idemkey_takeovers_total", "Claims that took over an expired lease."),
+		answers: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "idemkey_handler_answers_total", Help: "Answers of the protected handler itself (not replays or middleware refusals), by HTTP status.",
+		}, []string{"status"}),
+	}
+	all := []prometheus.Collector{decisions, latency, m.replays, m.inFlight, m.mismatches, m.storeErrors, m.takeovers, m.answers}
+	for i, c := range all {
+		if err := reg.Register(c); err != nil {
+			for _, done := range all[:i] { // leave reg as it was
+				reg.Unregister(done)
+			}
+			return nil, err
+		}
+	}
+	for d := range len(m.decisions) {
+		name := middleware.Decision(d).String()
+		if name == "unknown" {
+			continue
+		}
+		m.decisions[d] = decisions.WithLabelValues(name)
+		if touchesStore(middleware.Decision(d)) {
+			m.latency[d] = latency.WithLabelValues(name)
+		}
+	}
+	m.decisions[0] = decisions.WithLabelValues("unknown") // never sent; keeps Observe total
+	return m, nil
+}
+
+// touchesStore reports whether a decision was taken after a store call.
+func touchesStore(d middleware.Decision) bool {
+	switch d {
+	case middleware.Executed, middleware.Released, middleware.LeaseLost, middleware.Replayed,
+		middleware.InFlight, middleware.Mismatch, middleware.StoreError, middleware.FailOpen:
+		return true
+	}
+	return false
+}
+
+// Observe implements middleware.Observer.
+func (m *Observer) Observe(_ context.Context, e middleware.Event) {
+	c := m.decisions[e.Decision]
+	if c == nil {
+		c = m.decisions[0]
+	}
+	c.Inc()
+	if h := m.latency[e.Decision]; h != nil {
+		h.Observe(e.StoreLatency.Seconds())
+	}
+	switch e.Decision {
+	case middleware.Replayed:
+		m.replays.Inc()
+	case middleware.InFlight:
+		m.inFlight.Inc()
+	case middleware.Mismatch:
+		m.mismatches.Inc()
+	}
+	if e.Decision == middleware.StoreError || e.Decision == middleware.FailOpen ||
+		e.Err != nil && !errors.Is(e.Err, store.ErrLeaseLost) {
+		m.storeErrors.Inc()
+	}
+	if e.Takeover {
+		m.takeovers.Inc()
+	}
+	switch e.Decision {
+	case middleware.Executed, middleware.Released, middleware.LeaseLost, middleware.FailOpen:
+		m.answer(e.Status)
+	}
+}
+
+// answer counts one handler answer of status (100-999; others are not HTTP
+// statuses and are not counted).
+func (m *Observer) answer(status int) {
+	if status < 100 || status >= len(m.byStatus) {
+		return
+	}
+	p := m.byStatus[status].Load()
+	if p == nil {
+		c := m.answers.WithLabelValues(strconv.Itoa(status))
+		m.byStatus[status].CompareAndSwap(nil, &c)
+		p = m.byStatus[status].Load()
+	}
+	(*p).Inc()
+}
