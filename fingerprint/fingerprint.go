@@ -9,11 +9,17 @@
 //   - the method, as sent (methods are case-sensitive, RFC 9110 section 9.1);
 //   - the route, as the caller names it (the middleware uses the URL path);
 //   - the canonical query string: pairs split on '&' and at the first '=', keys and
-//     values percent-decoded ('+' is a space; a malformed escape is kept as sent),
-//     empty pairs dropped, "a" equal to "a=", sorted by key with a stable sort so
-//     repeated parameters keep their order;
+//     values percent-decoded ('+' is a space), empty pairs dropped, "a" equal to
+//     "a=", sorted by key with a stable sort so repeated parameters keep their
+//     order. A key or value with a malformed escape ('%' not followed by two hex
+//     digits) is not decoded at all: it is compared as sent and never equals a
+//     decoded one, so "ms=%zz" and "ms=%25zz" differ. Two raw queries share a
+//     canonical form only when every key and value decodes to the same bytes, or
+//     is byte for byte the same malformed text;
 //   - the body: its raw bytes by default, or with [Options.CanonicalJSON] its
-//     canonical JSON form (see [AppendCanonicalJSON]).
+//     canonical JSON form (see [AppendCanonicalJSON]);
+//   - the Content-Encoding, when the request has one (see [Request]): a gzip body
+//     and its plain twin are different requests.
 //
 // A body read with [ReadBody] or [FromRequest] is read once, into one buffer, and
 // never more than limit+1 bytes; a larger body is a [*TooLargeError] (the
@@ -30,6 +36,7 @@ import (
 	"io"
 	"net/http"
 	"slices"
+	"strings"
 	"sync"
 
 	"github.com/idemkey/idemkey/store"
@@ -99,8 +106,15 @@ type Request struct {
 	Route string
 	// RawQuery is the URL's query string without '?', as sent.
 	RawQuery string
-	// Body is the complete request body.
+	// Body is the complete request body, as sent (still encoded when
+	// ContentEncoding is set).
 	Body []byte
+	// ContentEncoding is the request's Content-Encoding field value(s), joined by
+	// ','; "" when absent. Coding names are case-insensitive (RFC 9110 section
+	// 8.4.1) and spaces around the commas do not count, so "GZIP" equals "gzip".
+	// An absent Content-Encoding leaves the digest as it was before the field
+	// existed.
+	ContentEncoding string
 }
 
 // version prefixes every encoding; change it if the encoding ever changes.
@@ -112,11 +126,17 @@ type state struct {
 	enc    []byte // length-prefixed method, route, query
 	dec    []byte // decoded query keys and values
 	pairs  []pair
+	raw    bool // some key or value of the query is kept as sent
 	canon  canonicalizer
 	digest [sha256.Size]byte
 }
 
-type pair struct{ k0, k1, v0, v1 int } // offsets into state.dec
+// pair is one query parameter: offsets into state.dec; kRaw and vRaw are set
+// when the key or value had a malformed escape and is kept as sent.
+type pair struct {
+	k0, k1, v0, v1 int
+	kRaw, vRaw     bool
+}
 
 var statePool = sync.Pool{New: func() any { return &state{h: sha256.New()} }}
 
@@ -140,11 +160,22 @@ func Sum(req Request, opts Options) (store.Fingerprint, error) {
 	e = appendField(e, req.Method)
 	e = appendField(e, req.Route)
 	e = s.appendQuery(e, req.RawQuery)
+	if s.raw {
+		// Queries with a component kept as sent use another mode byte, so the
+		// digests of every other query stay as they were.
+		e[len(version)] = mode - 'a' + 'A'
+	}
 	e = binary.AppendUvarint(e, uint64(len(body)))
 	s.enc = e
 	s.h.Reset()
 	s.h.Write(e)
 	s.h.Write(body)
+	if req.ContentEncoding != "" {
+		// After the length-delimited body, so an absent encoding adds nothing.
+		e = appendContentEncoding(e[:0], req.ContentEncoding)
+		s.enc = e
+		s.h.Write(e)
+	}
 	var fp store.Fingerprint
 	s.h.Sum(s.digest[:0])
 	fp = s.digest
@@ -156,8 +187,10 @@ func Sum(req Request, opts Options) (store.Fingerprint, error) {
 
 // AppendCanonicalQuery appends the canonical form of rawQuery to dst: the sorted,
 // decoded pairs as "key=value" joined by '&', keys and values re-escaped only for
-// '%', '&', '=' and '+'. It shows the rule Sum hashes (Sum hashes a
-// length-prefixed form, not this text).
+// '%', '&', '=' and '+'; a key or value with a malformed escape appears as sent.
+// Two raw queries have the same canonical form exactly when Sum treats them as
+// the same query. It shows the rule Sum hashes (Sum hashes a length-prefixed
+// form, not this text).
 func AppendCanonicalQuery(dst []byte, rawQuery string) []byte {
 	s := statePool.Get().(*state)
 	defer statePool.Put(s)
@@ -166,11 +199,44 @@ func AppendCanonicalQuery(dst []byte, rawQuery string) []byte {
 		if i > 0 {
 			dst = append(dst, '&')
 		}
-		dst = appendQueryText(dst, s.dec[p.k0:p.k1])
+		dst = appendComponentText(dst, s.dec[p.k0:p.k1], p.kRaw)
 		dst = append(dst, '=')
-		dst = appendQueryText(dst, s.dec[p.v0:p.v1])
+		dst = appendComponentText(dst, s.dec[p.v0:p.v1], p.vRaw)
 	}
 	return dst
+}
+
+func appendComponentText(dst, b []byte, raw bool) []byte {
+	if raw {
+		return append(dst, b...)
+	}
+	return appendQueryText(dst, b)
+}
+
+// appendContentEncoding appends the length-prefixed normal form of a
+// Content-Encoding value: lowercase, no spaces or tabs around the commas.
+func appendContentEncoding(e []byte, ce string) []byte {
+	n := 0
+	for part := range strings.SplitSeq(ce, ",") {
+		n += len(strings.Trim(part, " \t")) + 1
+	}
+	e = binary.AppendUvarint(e, uint64(n-1))
+	first := true
+	for part := range strings.SplitSeq(ce, ",") {
+		if !first {
+			e = append(e, ',')
+		}
+		first = false
+		part = strings.Trim(part, " \t")
+		for j := 0; j < len(part); j++ {
+			c := part[j]
+			if 'A' <= c && c <= 'Z' {
+				c += 'a' - 'A'
+			}
+			e = append(e, c)
+		}
+	}
+	return e
 }
 
 func appendQueryText(dst, b []byte) []byte {
@@ -195,17 +261,30 @@ func (s *state) appendQuery(e []byte, rawQuery string) []byte {
 	s.collectQuery(rawQuery)
 	e = binary.AppendUvarint(e, uint64(len(s.pairs)))
 	for _, p := range s.pairs {
-		e = binary.AppendUvarint(e, uint64(p.k1-p.k0))
-		e = append(e, s.dec[p.k0:p.k1]...)
-		e = binary.AppendUvarint(e, uint64(p.v1-p.v0))
-		e = append(e, s.dec[p.v0:p.v1]...)
+		e = s.appendComponent(e, p.k0, p.k1, p.kRaw)
+		e = s.appendComponent(e, p.v0, p.v1, p.vRaw)
 	}
 	return e
 }
 
-// collectQuery decodes rawQuery into s.dec and s.pairs, sorted by key (stable).
+// appendComponent appends one length-prefixed key or value; in a query with a
+// component kept as sent, every component carries a flag byte saying which it is.
+func (s *state) appendComponent(e []byte, from, to int, raw bool) []byte {
+	if s.raw {
+		flag := byte(0)
+		if raw {
+			flag = 1
+		}
+		e = append(e, flag)
+	}
+	e = binary.AppendUvarint(e, uint64(to-from))
+	return append(e, s.dec[from:to]...)
+}
+
+// collectQuery decodes rawQuery into s.dec and s.pairs, sorted by key (stable;
+// a decoded key before the same bytes kept as sent).
 func (s *state) collectQuery(rawQuery string) {
-	s.dec, s.pairs = s.dec[:0], s.pairs[:0]
+	s.dec, s.pairs, s.raw = s.dec[:0], s.pairs[:0], false
 	for rawQuery != "" {
 		var part string
 		if i := indexByte(rawQuery, '&'); i >= 0 {
@@ -222,16 +301,26 @@ func (s *state) collectQuery(rawQuery string) {
 		}
 		var p pair
 		p.k0 = len(s.dec)
-		s.dec = appendUnescaped(s.dec, k)
+		s.dec, p.kRaw = appendUnescaped(s.dec, k)
 		p.k1 = len(s.dec)
 		p.v0 = p.k1
-		s.dec = appendUnescaped(s.dec, v)
+		s.dec, p.vRaw = appendUnescaped(s.dec, v)
 		p.v1 = len(s.dec)
+		s.raw = s.raw || p.kRaw || p.vRaw
 		s.pairs = append(s.pairs, p)
 	}
 	dec := s.dec
 	slices.SortStableFunc(s.pairs, func(a, b pair) int {
-		return bytes.Compare(dec[a.k0:a.k1], dec[b.k0:b.k1])
+		if c := bytes.Compare(dec[a.k0:a.k1], dec[b.k0:b.k1]); c != 0 {
+			return c
+		}
+		switch {
+		case a.kRaw == b.kRaw:
+			return 0
+		case b.kRaw:
+			return -1
+		}
+		return 1
 	})
 }
 
@@ -244,22 +333,33 @@ func indexByte(s string, c byte) int {
 	return -1
 }
 
-// appendUnescaped appends the form-decoded s ('+' is a space, %XX a byte). A '%'
-// not followed by two hex digits is kept as sent.
-func appendUnescaped(dst []byte, s string) []byte {
+// appendUnescaped appends the form-decoded s ('+' is a space, %XX a byte). If s
+// has a '%' not followed by two hex digits, it appends s as sent instead and
+// reports raw.
+func appendUnescaped(dst []byte, s string) (_ []byte, raw bool) {
+	if strings.IndexByte(s, '%') >= 0 {
+		for i := 0; i < len(s); i++ {
+			if s[i] == '%' {
+				if i+2 >= len(s) || !isHex(s[i+1]) || !isHex(s[i+2]) {
+					return append(dst, s...), true
+				}
+				i += 2
+			}
+		}
+	}
 	for i := 0; i < len(s); i++ {
 		c := s[i]
 		switch {
 		case c == '+':
 			dst = append(dst, ' ')
-		case c == '%' && i+2 < len(s) && isHex(s[i+1]) && isHex(s[i+2]):
+		case c == '%':
 			dst = append(dst, unhex(s[i+1])<<4|unhex(s[i+2]))
 			i += 2
 		default:
 			dst = append(dst, c)
 		}
 	}
-	return dst
+	return dst, false
 }
 
 func isHex(c byte) bool {
@@ -345,7 +445,21 @@ func FromRequest(r *http.Request, route string, opts Options) (store.Fingerprint
 	if err != nil {
 		return store.Fingerprint{}, err
 	}
-	return Sum(Request{Method: r.Method, Route: route, RawQuery: r.URL.RawQuery, Body: body}, opts)
+	return Sum(Request{Method: r.Method, Route: route, RawQuery: r.URL.RawQuery, Body: body,
+		ContentEncoding: ContentEncoding(r.Header)}, opts)
+}
+
+// ContentEncoding returns h's Content-Encoding as Request.ContentEncoding takes
+// it: "" when absent, the lines joined by ',' when sent in several.
+func ContentEncoding(h http.Header) string {
+	switch v := h["Content-Encoding"]; len(v) {
+	case 0:
+		return ""
+	case 1:
+		return v[0]
+	default:
+		return strings.Join(v, ",")
+	}
 }
 
 type restoredBody struct {

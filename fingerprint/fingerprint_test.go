@@ -3,9 +3,12 @@ package fingerprint
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
+	"slices"
 	"strings"
 	"testing"
 	"testing/iotest"
@@ -53,6 +56,15 @@ func TestSumRules(t *testing.T) {
 		{"json: numbers as sent", with(func(r *Request) { r.Body = []byte(`{"n":1.0}`) }), with(func(r *Request) { r.Body = []byte(`{"n":1}`) }), Options{CanonicalJSON: true}, false},
 		{"json: strings as sent", with(func(r *Request) { r.Body = []byte(`"\u0041"`) }), with(func(r *Request) { r.Body = []byte(`"A"`) }), Options{CanonicalJSON: true}, false},
 		{"json vs raw never collide", base, base, Options{CanonicalJSON: true}, false},
+		// A malformed escape is kept as sent and never equals a decoded '%'.
+		{"malformed escape vs its escaped twin", with(func(r *Request) { r.RawQuery = "ms=%zz&ms=50" }), with(func(r *Request) { r.RawQuery = "ms=%25zz&ms=50" }), Options{}, false},
+		{"malformed key vs its escaped twin", with(func(r *Request) { r.RawQuery = "%zz=1" }), with(func(r *Request) { r.RawQuery = "%25zz=1" }), Options{}, false},
+		{"truncated escape vs its escaped twin", with(func(r *Request) { r.RawQuery = "a=%4" }), with(func(r *Request) { r.RawQuery = "a=%254" }), Options{}, false},
+		{"malformed component not decoded", with(func(r *Request) { r.RawQuery = "a=%zz%41" }), with(func(r *Request) { r.RawQuery = "a=%zzA" }), Options{}, false},
+		{"malformed escape as sent is stable", with(func(r *Request) { r.RawQuery = "b=%zz&a=1" }), with(func(r *Request) { r.RawQuery = "a=1&b=%zz" }), Options{}, true},
+		{"content encoding counts", base, with(func(r *Request) { r.ContentEncoding = "gzip" }), Options{}, false},
+		{"content encoding case and spaces", with(func(r *Request) { r.ContentEncoding = "gzip, br" }), with(func(r *Request) { r.ContentEncoding = "GZIP,br" }), Options{}, true},
+		{"content encodings differ", with(func(r *Request) { r.ContentEncoding = "gzip" }), with(func(r *Request) { r.ContentEncoding = "br" }), Options{}, false},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -81,7 +93,9 @@ func TestCanonicalQuery(t *testing.T) {
 		{"", ""},
 		{"b=2&a=1", "a=1&b=2"},
 		{"a=2&b=1&a=1", "a=2&a=1&b=1"},
-		{"x=%zz&y=%4", "x=%25zz&y=%254"},
+		{"x=%zz&y=%4", "x=%zz&y=%4"},
+		{"x=%25zz&y=%254", "x=%25zz&y=%254"},
+		{"a=%zz%41&b=%41", "a=%zz%41&b=A"},
 		{"k=a%26b", "k=a%26b"},
 		{"flag", "flag="},
 	}
@@ -246,8 +260,8 @@ func FuzzSum(f *testing.F) {
 	f.Add("POST", "/p", "", []byte(`[1,{"b":2,"a":[]}]`), true)
 	f.Fuzz(func(t *testing.T, method, route, query string, body []byte, js bool) {
 		o := Options{CanonicalJSON: js}
-		a, errA := Sum(Request{method, route, query, body}, o)
-		b, errB := Sum(Request{method, route, query, bytes.Clone(body)}, o)
+		a, errA := Sum(Request{Method: method, Route: route, RawQuery: query, Body: body}, o)
+		b, errB := Sum(Request{Method: method, Route: route, RawQuery: query, Body: bytes.Clone(body)}, o)
 		if (errA == nil) != (errB == nil) || a != b {
 			t.Fatalf("not deterministic: %v %v", errA, errB)
 		}
@@ -259,13 +273,99 @@ func FuzzSum(f *testing.F) {
 			kx, _, _ := strings.Cut(x, "=")
 			ky, _, _ := strings.Cut(y, "=")
 			if kx != ky && !strings.ContainsAny(kx+ky, "%+") {
-				c, _ := Sum(Request{method, route, y + "&" + x, body}, o)
+				c, _ := Sum(Request{Method: method, Route: route, RawQuery: y + "&" + x, Body: body}, o)
 				if errA == nil && c != a {
 					t.Fatalf("query order changed fingerprint: %q", query)
 				}
 			}
 		}
 	})
+}
+
+// oracleQuery is the query equivalence written independently of the package:
+// each key and value decoded with net/url when it is well formed, tagged as sent
+// otherwise; pairs stably sorted by key.
+func oracleQuery(q string) string {
+	type comp struct {
+		raw bool
+		s   string
+	}
+	c := func(s string) comp {
+		if d, err := url.QueryUnescape(s); err == nil {
+			return comp{false, d}
+		}
+		return comp{true, s}
+	}
+	var pairs [][2]comp
+	for part := range strings.SplitSeq(q, "&") {
+		if part == "" {
+			continue
+		}
+		k, v, _ := strings.Cut(part, "=")
+		pairs = append(pairs, [2]comp{c(k), c(v)})
+	}
+	slices.SortStableFunc(pairs, func(a, b [2]comp) int {
+		if r := strings.Compare(a[0].s, b[0].s); r != 0 {
+			return r
+		}
+		switch {
+		case a[0].raw == b[0].raw:
+			return 0
+		case b[0].raw:
+			return -1
+		}
+		return 1
+	})
+	return fmt.Sprintf("%#v", pairs)
+}
+
+// FuzzQueryInjective: two raw queries share a fingerprint (and a canonical
+// form) exactly when they are equivalent: every key and value decodes to the
+// same bytes or is the same malformed text as sent. Invalid percent-escapes
+// never collapse into valid ones.
+func FuzzQueryInjective(f *testing.F) {
+	f.Add("ms=%zz&ms=50", "ms=%25zz&ms=50")
+	f.Add("a=%4", "a=%254")
+	f.Add("%zz=1", "%25zz=1")
+	f.Add("a=%zz%41", "a=%zzA")
+	f.Add("b=2&a=1", "a=1&b=2")
+	f.Add("a=x+y", "a=x%20y")
+	f.Add("a=1&a=2", "a=2&a=1")
+	f.Fuzz(func(t *testing.T, qa, qb string) {
+		fa := sum(t, Request{Method: "POST", Route: "/", RawQuery: qa}, Options{})
+		fb := sum(t, Request{Method: "POST", Route: "/", RawQuery: qb}, Options{})
+		equiv := oracleQuery(qa) == oracleQuery(qb)
+		if (fa == fb) != equiv {
+			t.Fatalf("Sum(%q) == Sum(%q) is %v, equivalent is %v", qa, qb, fa == fb, equiv)
+		}
+		ca, cb := string(AppendCanonicalQuery(nil, qa)), string(AppendCanonicalQuery(nil, qb))
+		if (ca == cb) != equiv {
+			t.Fatalf("canonical %q and %q: equal %v, equivalent %v", ca, cb, ca == cb, equiv)
+		}
+	})
+}
+
+func TestFromRequestContentEncoding(t *testing.T) {
+	mk := func(ce ...string) store.Fingerprint {
+		r := httptest.NewRequest("POST", "/x", strings.NewReader("body"))
+		for _, v := range ce {
+			r.Header.Add("Content-Encoding", v)
+		}
+		fp, err := FromRequest(r, "/x", Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return fp
+	}
+	if mk() == mk("gzip") {
+		t.Error("a gzip body shares the fingerprint of its plain twin")
+	}
+	if mk("gzip", "br") != mk("gzip, br") {
+		t.Error("Content-Encoding in two lines differs from one line")
+	}
+	if mk() != sum(t, Request{Method: "POST", Route: "/x", Body: []byte("body")}, Options{}) {
+		t.Error("no Content-Encoding changed the digest")
+	}
 }
 
 // FuzzCanonicalJSON: canonicalisation never panics, is idempotent, and agrees
@@ -299,7 +399,7 @@ func BenchmarkSum1KiBJSON(b *testing.B) {
 		b.Run(name, func(b *testing.B) {
 			b.ReportAllocs()
 			for b.Loop() {
-				if _, err := Sum(Request{"POST", "/api/accounts/1/deposit", "", body}, Options{CanonicalJSON: js}); err != nil {
+				if _, err := Sum(Request{Method: "POST", Route: "/api/accounts/1/deposit", Body: body}, Options{CanonicalJSON: js}); err != nil {
 					b.Fatal(err)
 				}
 			}

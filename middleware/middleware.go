@@ -287,7 +287,8 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		m.observe(ctx, Event{Decision: BodyUnreadable, ID: id, Status: http.StatusBadRequest, Err: err})
 		return
 	}
-	fpReq := fingerprint.Request{Method: r.Method, Route: m.route(r), RawQuery: r.URL.RawQuery, Body: body}
+	fpReq := fingerprint.Request{Method: r.Method, Route: m.route(r), RawQuery: r.URL.RawQuery, Body: body,
+		ContentEncoding: fingerprint.ContentEncoding(r.Header)}
 	fp, err := fingerprint.Sum(fpReq, fingerprint.Options{CanonicalJSON: m.canonicalJSON})
 	if err != nil { // invalid JSON: the handler judges the body; fingerprint its raw bytes
 		fp, _ = fingerprint.Sum(fpReq, fingerprint.Options{})

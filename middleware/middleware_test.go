@@ -414,10 +414,11 @@ func TestMismatch422(t *testing.T) {
 	e := newEnv(t, echoHandler)
 	e.do(req("POST", "/a?x=1", "k", "payload-a"))
 	for _, r := range []*http.Request{
-		req("POST", "/a?x=1", "k", "payload-b"),  // body
-		req("POST", "/b?x=1", "k", "payload-a"),  // route
-		req("POST", "/a?x=2", "k", "payload-a"),  // query
-		req("PATCH", "/a?x=1", "k", "payload-a"), // method
+		req("POST", "/a?x=1", "k", "payload-b"),                             // body
+		req("POST", "/b?x=1", "k", "payload-a"),                             // route
+		req("POST", "/a?x=2", "k", "payload-a"),                             // query
+		req("PATCH", "/a?x=1", "k", "payload-a"),                            // method
+		req("POST", "/a?x=1", "k", "payload-a", "Content-Encoding", "gzip"), // encoding
 	} {
 		checkProblem(t, e.do(r), http.StatusUnprocessableEntity, CodeMismatch)
 		if e.lastEvent().Decision != Mismatch {
@@ -427,6 +428,17 @@ func TestMismatch422(t *testing.T) {
 	w := e.do(req("POST", "/a?x=1", "k", "payload-a"))
 	if w.Body.String() != "payload-a" || w.Header().Get(DefaultReplayedHeader) != "true" || e.calls.Load() != 1 {
 		t.Fatalf("original not replayed after mismatches: %q calls %d", w.Body, e.calls.Load())
+	}
+}
+
+// Two queries that differ only in a malformed escape and its escaped twin are
+// different requests: the second is a mismatch, not a replay of the first.
+func TestMalformedQueryEscapeIsNotItsEscapedTwin(t *testing.T) {
+	e := newEnv(t, echoHandler)
+	e.do(req("POST", "/slow?ms=%zz&ms=50", "k", ""))
+	checkProblem(t, e.do(req("POST", "/slow?ms=%25zz&ms=50", "k", "")), http.StatusUnprocessableEntity, CodeMismatch)
+	if w := e.do(req("POST", "/slow?ms=%zz&ms=50", "k", "")); w.Header().Get(DefaultReplayedHeader) != "true" {
+		t.Fatalf("the same raw query was not replayed: %d", w.Code)
 	}
 }
 
