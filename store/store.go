@@ -43,18 +43,70 @@ var (
 	ErrCorrupt = errors.New("idemkey/store: corrupt record")
 
 	// ErrInvalid is returned for arguments a store cannot accept: an empty key, a
-	// non-positive lease or retention, a zero token, a status outside 100-999.
+	// key over MaxKeyLen or a scope over MaxScopeLen bytes, a non-positive lease or
+	// retention, a zero token, a status outside 100-999. Every store answers it for
+	// the same arguments, before any I/O, for Claim, Complete, Release and Renew
+	// alike (the checks are ID.Validate, ClaimRequest.Validate, ValidateHolder and
+	// ValidateResponse).
 	ErrInvalid = errors.New("idemkey/store: invalid argument")
+)
+
+// Limits of an ID, the same for every store (docs/architecture.md section 4).
+const (
+	// MaxKeyLen is the longest key in bytes, as the middleware accepts it.
+	MaxKeyLen = 255
+	// MaxScopeLen is the longest scope in bytes. A scope is a principal or tenant
+	// name, never a payload; the limit keeps scope and key together well inside
+	// what every backend can index (Postgres's btree entries are about 2.7 kB).
+	MaxScopeLen = 1024
 )
 
 // ID names one idempotency key within its scope. Two scopes never share a record.
 type ID struct {
 	// Scope is the principal or tenant that owns the key (authenticated user, API
-	// client). Any bytes; the empty string is a valid scope ("global").
+	// client). Any bytes, at most MaxScopeLen; the empty string is a valid scope
+	// ("global").
 	Scope string
 	// Key is the Idempotency-Key value as parsed by the middleware. Non-empty,
-	// at most 255 bytes.
+	// at most MaxKeyLen (255) bytes.
 	Key string
+}
+
+// Validate checks the limits of id that every store enforces: a non-empty key of
+// at most MaxKeyLen bytes and a scope of at most MaxScopeLen bytes. The error
+// wraps ErrInvalid and names the part that is wrong.
+func (id ID) Validate() error {
+	switch {
+	case id.Key == "":
+		return errorf("empty key")
+	case len(id.Key) > MaxKeyLen:
+		return errorf("key is %d bytes, over the limit of %d", len(id.Key), MaxKeyLen)
+	case len(id.Scope) > MaxScopeLen:
+		return errorf("scope is %d bytes, over the limit of %d", len(id.Scope), MaxScopeLen)
+	}
+	return nil
+}
+
+// ValidateHolder checks the arguments of Complete, Release and Renew that name
+// the holder: id (see ID.Validate) and a non-zero token. Backends call it first
+// and return its error unchanged (it wraps ErrInvalid): the zero token or an
+// empty key is a caller's mistake, never ErrLeaseLost.
+func ValidateHolder(id ID, token Token) error {
+	if err := id.Validate(); err != nil {
+		return err
+	}
+	if token.IsZero() {
+		return errorf("zero token")
+	}
+	return nil
+}
+
+// ValidateLease checks the lease of a Renew (wraps ErrInvalid).
+func ValidateLease(lease time.Duration) error {
+	if lease <= 0 {
+		return errorf("lease must be positive")
+	}
+	return nil
 }
 
 // Fingerprint is the SHA-256 digest of the request a key was first used for
@@ -125,8 +177,9 @@ type ClaimRequest struct {
 	ID
 	// Fingerprint of the request being claimed for.
 	Fingerprint Fingerprint
-	// Lease is how long the claim is exclusive without renewal. Positive; stores
-	// keep millisecond precision.
+	// Lease is how long the claim is exclusive without renewal. Positive. Stores
+	// on a server keep whole milliseconds, rounded up (a positive duration never
+	// becomes 0, and a lease is never shorter than asked); so do retentions.
 	Lease time.Duration
 	// Retention is how long the record (in flight or completed) lives before the
 	// key becomes new again. Positive, and at least Lease.
@@ -223,12 +276,14 @@ type CompletionNotifier interface {
 	NotifyCompleted(ctx context.Context, id ID, token Token, resp Response, retention time.Duration)
 }
 
-// Validate checks the arguments every store requires of a claim. Backends call it
-// first and return its error unchanged (it wraps ErrInvalid).
+// Validate checks the arguments every store requires of a claim: the ID (see
+// ID.Validate), a positive lease and a retention of at least the lease. Backends
+// call it first and return its error unchanged (it wraps ErrInvalid).
 func (r ClaimRequest) Validate() error {
+	if err := r.ID.Validate(); err != nil {
+		return err
+	}
 	switch {
-	case r.Key == "":
-		return errorf("empty key")
 	case r.Lease <= 0:
 		return errorf("lease must be positive")
 	case r.Retention < r.Lease:

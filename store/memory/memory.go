@@ -15,7 +15,6 @@ package memory
 
 import (
 	"context"
-	"fmt"
 	"hash/maphash"
 	"net/http"
 	"sync"
@@ -186,6 +185,9 @@ func (s *Store) Claim(ctx context.Context, req store.ClaimRequest) (store.ClaimR
 
 // Complete implements store.Store. The body and headers are copied.
 func (s *Store) Complete(ctx context.Context, id store.ID, token store.Token, resp store.Response, retention time.Duration) error {
+	if err := store.ValidateHolder(id, token); err != nil {
+		return err
+	}
 	if err := store.ValidateResponse(resp, retention); err != nil {
 		return err
 	}
@@ -205,6 +207,9 @@ func (s *Store) Complete(ctx context.Context, id store.ID, token store.Token, re
 
 // Release implements store.Store.
 func (s *Store) Release(ctx context.Context, id store.ID, token store.Token) error {
+	if err := store.ValidateHolder(id, token); err != nil {
+		return err
+	}
 	return s.withHolder(ctx, id, token, func(sh *shard, e *entry, _ int64) {
 		delete(sh.records, id)
 		sh.remove(e.index)
@@ -214,8 +219,11 @@ func (s *Store) Release(ctx context.Context, id store.ID, token store.Token) err
 // Renew implements store.Store. A lease renewed past the record's retention
 // extends the retention with it, so a live holder is never swept.
 func (s *Store) Renew(ctx context.Context, id store.ID, token store.Token, lease time.Duration) error {
-	if lease <= 0 {
-		return fmt.Errorf("%w: lease must be positive", store.ErrInvalid)
+	if err := store.ValidateHolder(id, token); err != nil {
+		return err
+	}
+	if err := store.ValidateLease(lease); err != nil {
+		return err
 	}
 	return s.withHolder(ctx, id, token, func(sh *shard, e *entry, at int64) {
 		e.leaseUntil = at + int64(lease)
@@ -237,7 +245,7 @@ func (s *Store) withHolder(ctx context.Context, id store.ID, token store.Token, 
 	sh.sweep(at)
 	e, ok := sh.records[id]
 	// An expired lease still belongs to its holder until someone takes it over.
-	if !ok || token.IsZero() || e.token != token || e.status != 0 {
+	if !ok || e.token != token || e.status != 0 {
 		return store.ErrLeaseLost
 	}
 	f(sh, e, at)

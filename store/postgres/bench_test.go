@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemkey/idemkey/store"
+	"github.com/idemkey/idemkey/store/internal/codec"
 )
 
 // BenchmarkClaimComplete measures claim+complete pairs on fresh keys per second at
@@ -34,7 +35,7 @@ func BenchmarkClaimComplete(b *testing.B) {
 	for _, conc := range []int{1, 8} {
 		b.Run(fmt.Sprintf("c%d", conc), func(b *testing.B) {
 			ds, ss := newStore(b, pool, nil), newStore(b, pool, nil)
-			hdr := encodeHeader(resp.Header)
+			hdr := codec.EncodeHeader(resp.Header)
 			fp := fingerprint("bench")
 			direct := func() error {
 				id := nextID()

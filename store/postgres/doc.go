@@ -38,16 +38,19 @@
 //	idemkey_records_migrations (version, applied_at) Migrate's bookkeeping
 //
 // Scope and key are bytea, not text, because they may hold any bytes and Postgres
-// text refuses NUL; an ID longer than MaxIDBytes in total is refused with
-// store.ErrInvalid. The SQL lives in the embedded files migrations/NNNN_*.sql;
+// text refuses NUL; an ID over the limits every store enforces (store.MaxScopeLen,
+// store.MaxKeyLen) is refused with store.ErrInvalid before any I/O, and so,
+// as a second guard, is one longer than MaxIDBytes in total. The SQL lives in the embedded files migrations/NNNN_*.sql;
 // MigrationSQL returns it rendered for the configured names, for users of their
 // own migration tool.
 //
-// Headers are stored in a compact binary form: a format byte (1), then uvarint
-// counts and lengths: number of names; per name its length and bytes, number of
+// Headers are stored in the compact binary form that store/redis keeps too (one
+// implementation for both): a format byte (1), then uvarint counts and lengths: number of names; per name its length and bytes, number of
 // values, and each value's length and bytes. A row that does not decode (unknown
 // format, truncated data, a status outside 100-999, a body over WithMaxBody, a body
 // next to the omitted mark) makes Claim return store.ErrCorrupt, never a panic.
+// Leases and retentions are sent in whole milliseconds, rounded up, like every
+// store's (see store.ClaimRequest).
 //
 // # Claim in one statement
 //

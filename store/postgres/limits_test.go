@@ -13,23 +13,6 @@ import (
 	"github.com/idemkey/idemkey/store"
 )
 
-func TestMillisRoundsUpWithoutOverflow(t *testing.T) {
-	for _, tc := range []struct {
-		d    time.Duration
-		want int64
-	}{
-		{1, 1},
-		{time.Millisecond, 1},
-		{time.Millisecond + 1, 2},
-		{time.Hour, 3_600_000},
-		{math.MaxInt64, 9_223_372_036_855},
-	} {
-		if got := millis(tc.d); got != tc.want {
-			t.Errorf("millis(%d) = %d, want %d", tc.d, got, tc.want)
-		}
-	}
-}
-
 // TestHugeDurationsKeepTheKey: a lease and retention of math.MaxInt64 ("forever")
 // must not wrap around to a deadline in the past, which would make every claim of
 // the key a fresh one (a second execution).

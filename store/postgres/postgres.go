@@ -19,6 +19,7 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/idemkey/idemkey/store"
+	"github.com/idemkey/idemkey/store/internal/codec"
 )
 
 // Querier is the part of pgx the store uses. *pgxpool.Pool, *pgx.Conn and pgx.Tx
@@ -226,7 +227,7 @@ func (s *Store) Claim(ctx context.Context, req store.ClaimRequest) (store.ClaimR
 	}
 	tok := store.NewToken()
 	scope, key, fp := bytesOf(req.Scope), bytesOf(req.Key), req.Fingerprint[:]
-	lease, retention := millis(req.Lease), millis(req.Retention)
+	lease, retention := codec.Millis(req.Lease), codec.Millis(req.Retention)
 	for attempt := range claimAttempts {
 		if attempt > 0 {
 			s.claimRetries.Add(1)
@@ -292,7 +293,7 @@ func (s *Store) record(r *claimRow, fp store.Fingerprint) (*store.Record, error)
 	case s.maxBody > 0 && len(r.body) > s.maxBody:
 		return nil, fmt.Errorf("%w: stored body of %d bytes over the cap of %d", store.ErrCorrupt, len(r.body), s.maxBody)
 	}
-	h, err := decodeHeader(r.headers)
+	h, err := codec.DecodeHeader(string(r.headers))
 	if err != nil {
 		return nil, err
 	}
@@ -320,10 +321,10 @@ func (s *Store) Complete(ctx context.Context, id store.ID, token store.Token, re
 
 // checkComplete checks the arguments of Complete and CompleteTx (store.ErrInvalid).
 func (s *Store) checkComplete(id store.ID, token store.Token, resp store.Response, retention time.Duration) error {
-	if err := store.ValidateResponse(resp, retention); err != nil {
+	if err := checkHolder(id, token); err != nil {
 		return err
 	}
-	if err := checkHolder(id, token); err != nil {
+	if err := store.ValidateResponse(resp, retention); err != nil {
 		return err
 	}
 	if s.maxBody > 0 && len(resp.Body) > s.maxBody {
@@ -339,7 +340,7 @@ func (s *Store) completeArgs(id store.ID, token store.Token, resp store.Response
 		body = resp.Body
 	}
 	return []any{bytesOf(id.Scope), bytesOf(id.Key), token[:],
-		int16(resp.Status), encodeHeader(resp.Header), body, resp.BodyOmitted, millis(retention)}
+		int16(resp.Status), codec.EncodeHeader(resp.Header), body, resp.BodyOmitted, codec.Millis(retention)}
 }
 
 // Release implements store.Store in one statement: it deletes the record if token
@@ -358,13 +359,13 @@ func (s *Store) Release(ctx context.Context, id store.ID, token store.Token) err
 // token holds the record uncompleted; otherwise store.ErrLeaseLost. Bad arguments give
 // store.ErrInvalid, driver errors are wrapped.
 func (s *Store) Renew(ctx context.Context, id store.ID, token store.Token, lease time.Duration) error {
-	if lease <= 0 {
-		return fmt.Errorf("%w: lease must be positive", store.ErrInvalid)
-	}
 	if err := checkHolder(id, token); err != nil {
 		return err
 	}
-	tag, err := s.db.Exec(ctx, s.renewSQL, bytesOf(id.Scope), bytesOf(id.Key), token[:], millis(lease))
+	if err := store.ValidateLease(lease); err != nil {
+		return err
+	}
+	tag, err := s.db.Exec(ctx, s.renewSQL, bytesOf(id.Scope), bytesOf(id.Key), token[:], codec.Millis(lease))
 	return holderResult("renew", tag, err)
 }
 
@@ -386,11 +387,8 @@ func checkID(id store.ID) error {
 }
 
 func checkHolder(id store.ID, token store.Token) error {
-	switch {
-	case id.Key == "":
-		return fmt.Errorf("%w: empty key", store.ErrInvalid)
-	case token.IsZero():
-		return fmt.Errorf("%w: zero token", store.ErrInvalid)
+	if err := store.ValidateHolder(id, token); err != nil {
+		return err
 	}
 	return checkID(id)
 }
@@ -401,16 +399,6 @@ func bytesOf(s string) []byte {
 		return []byte{}
 	}
 	return []byte(s)
-}
-
-// millis rounds d up to whole milliseconds, so a positive duration never becomes 0.
-// It does not overflow: math.MaxInt64 (about 292 years) gives 9223372036855.
-func millis(d time.Duration) int64 {
-	ms := d / time.Millisecond
-	if d%time.Millisecond > 0 {
-		ms++
-	}
-	return int64(ms)
 }
 
 // Sweep deletes records past their retention, at most limit of them (limit <= 0:

@@ -11,6 +11,7 @@ import (
 	goredis "github.com/redis/go-redis/v9"
 
 	"github.com/idemkey/idemkey/store"
+	"github.com/idemkey/idemkey/store/internal/codec"
 	"github.com/idemkey/idemkey/store/redis/redistest"
 )
 
@@ -42,7 +43,7 @@ func BenchmarkTransitions(b *testing.B) {
 		_, err = s.Claim(ctx, store.ClaimRequest{ID: id, Fingerprint: fp, Lease: 10 * time.Second, Retention: time.Minute})
 		return err
 	}
-	head := encodeHeader(resp.Header)
+	head := codec.EncodeHeader(resp.Header)
 	tok := store.NewToken()
 	direct := func() error {
 		keys := []string{"bench:{5:benchd" + strconv.FormatInt(seq.Add(1), 10) + "}"}

@@ -1,14 +1,13 @@
 package redis
 
 import (
-	"encoding/binary"
 	"fmt"
-	"net/http"
 	"strconv"
 	"strings"
 	"time"
 
 	"github.com/idemkey/idemkey/store"
+	"github.com/idemkey/idemkey/store/internal/codec"
 )
 
 // keyFor returns the Redis key of id:
@@ -35,98 +34,6 @@ func keyFor(prefix string, id store.ID) string {
 	b.WriteString(id.Key)
 	b.WriteByte('}')
 	return b.String()
-}
-
-// encodeHeader encodes h compactly: uvarint(#names), then per name uvarint(len) name
-// uvarint(#values) and per value uvarint(len) value. Nil or empty h encodes to nothing.
-func encodeHeader(h http.Header) []byte {
-	if len(h) == 0 {
-		return nil
-	}
-	size := binary.MaxVarintLen32
-	for name, vs := range h {
-		size += 2*binary.MaxVarintLen32 + len(name)
-		for _, v := range vs {
-			size += binary.MaxVarintLen32 + len(v)
-		}
-	}
-	b := make([]byte, 0, size)
-	b = binary.AppendUvarint(b, uint64(len(h)))
-	for name, vs := range h {
-		b = binary.AppendUvarint(b, uint64(len(name)))
-		b = append(b, name...)
-		b = binary.AppendUvarint(b, uint64(len(vs)))
-		for _, v := range vs {
-			b = binary.AppendUvarint(b, uint64(len(v)))
-			b = append(b, v...)
-		}
-	}
-	return b
-}
-
-// decodeHeader reverses encodeHeader; malformed input wraps store.ErrCorrupt.
-func decodeHeader(s string) (http.Header, error) {
-	if s == "" {
-		return nil, nil
-	}
-	d := decoder{s: s}
-	n := d.uvarint()
-	if n > uint64(len(s)) {
-		return nil, corrupt("header count")
-	}
-	h := make(http.Header, n)
-	for range n {
-		name := d.str()
-		nv := d.uvarint()
-		if d.err || nv > uint64(len(s)) {
-			return nil, corrupt("header")
-		}
-		vs := make([]string, nv)
-		for i := range vs {
-			vs[i] = d.str()
-		}
-		if d.err {
-			return nil, corrupt("header value")
-		}
-		h[name] = vs
-	}
-	if d.err || len(d.s) != 0 {
-		return nil, corrupt("header")
-	}
-	return h, nil
-}
-
-type decoder struct {
-	s   string
-	err bool
-}
-
-func (d *decoder) uvarint() uint64 {
-	if d.err {
-		return 0
-	}
-	var x uint64
-	for i := 0; i < len(d.s) && i < binary.MaxVarintLen64; i++ {
-		c := d.s[i]
-		x |= uint64(c&0x7f) << (7 * i)
-		if c < 0x80 {
-			d.s = d.s[i+1:]
-			return x
-		}
-	}
-	d.err = true
-	return 0
-}
-
-func (d *decoder) str() string {
-	n := d.uvarint()
-	if d.err || n > uint64(len(d.s)) {
-		d.err = true
-		return ""
-	}
-	v := d.s[:n]
-	d.s = d.s[n:]
-	return v
 }
 
 func corrupt(what string) error {
@@ -194,7 +101,7 @@ func (r reply) record(fp store.Fingerprint) (*store.Record, error) {
 	if err != nil || status < 100 || status > 999 {
 		return nil, corrupt("status")
 	}
-	h, err := decodeHeader(f[4])
+	h, err := codec.DecodeHeader(f[4])
 	if err != nil {
 		return nil, err
 	}
@@ -216,13 +123,4 @@ func (r reply) record(fp store.Fingerprint) (*store.Record, error) {
 		return nil, corrupt("omitted body")
 	}
 	return rec, nil
-}
-
-// millis converts d to whole milliseconds, at least 1 for any positive d.
-func millis(d time.Duration) int64 {
-	ms := d.Milliseconds()
-	if ms == 0 && d > 0 {
-		ms = 1
-	}
-	return ms
 }

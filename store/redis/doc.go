@@ -23,7 +23,9 @@
 // separates applications sharing a server; it should not contain "{". The hash fields
 // are documented in scripts.go: the format version, the state, the 32-byte
 // fingerprint and 16-byte token as raw bytes, millisecond times, the status, the
-// headers in a compact length-prefixed binary form and the body as is (no base64).
+// headers in the compact binary form store/postgres keeps (a format byte, then
+// length-prefixed names and values) and the body as is (no base64). Leases and
+// retentions are sent in whole milliseconds, rounded up, like every store's.
 // Anything else under a record key (another type, another version, a malformed field)
 // answers store.ErrCorrupt; the store never panics on it and never takes it as a new
 // key.

@@ -10,6 +10,7 @@ import (
 	goredis "github.com/redis/go-redis/v9"
 
 	"github.com/idemkey/idemkey/store"
+	"github.com/idemkey/idemkey/store/internal/codec"
 )
 
 // DefaultPrefix is the key prefix used when WithPrefix is not given.
@@ -58,7 +59,7 @@ func (s *Store) Claim(ctx context.Context, req store.ClaimRequest) (store.ClaimR
 	}
 	tok := store.NewToken()
 	v, err := s.eval(ctx, "claim", claimScript, req.ID,
-		req.Fingerprint[:], tok[:], millis(req.Lease), millis(req.Retention))
+		req.Fingerprint[:], tok[:], codec.Millis(req.Lease), codec.Millis(req.Retention))
 	if err != nil {
 		return store.ClaimResult{}, err
 	}
@@ -101,7 +102,7 @@ func claimResult(v any, fp store.Fingerprint, tok store.Token) (store.ClaimResul
 // Complete call (a client's re-delivery of this very call, after a lost reply, answers
 // nil); other errors as for Claim.
 func (s *Store) Complete(ctx context.Context, id store.ID, token store.Token, resp store.Response, retention time.Duration) error {
-	if err := checkID(id, token); err != nil {
+	if err := store.ValidateHolder(id, token); err != nil {
 		return err
 	}
 	if err := store.ValidateResponse(resp, retention); err != nil {
@@ -115,7 +116,7 @@ func (s *Store) Complete(ctx context.Context, id store.ID, token store.Token, re
 	if body == nil {
 		body = []byte{}
 	}
-	head := encodeHeader(resp.Header)
+	head := codec.EncodeHeader(resp.Header)
 	if head == nil {
 		head = []byte{}
 	}
@@ -123,14 +124,14 @@ func (s *Store) Complete(ctx context.Context, id store.ID, token store.Token, re
 	// reply) from a second Complete: only the latter is refused.
 	nonce := store.NewToken()
 	return s.fenced(ctx, "complete", completeScript, id,
-		token[:], millis(retention), strconv.Itoa(resp.Status), head, body, omitted, nonce[:])
+		token[:], codec.Millis(retention), strconv.Itoa(resp.Status), head, body, omitted, nonce[:])
 }
 
 // Release implements store.Store with one script call: the in-flight record is
 // deleted. store.ErrLeaseLost when token no longer holds id (including a completed
 // record); other errors as for Claim.
 func (s *Store) Release(ctx context.Context, id store.ID, token store.Token) error {
-	if err := checkID(id, token); err != nil {
+	if err := store.ValidateHolder(id, token); err != nil {
 		return err
 	}
 	return s.fenced(ctx, "release", releaseScript, id, token[:])
@@ -141,13 +142,13 @@ func (s *Store) Release(ctx context.Context, id store.ID, token store.Token) err
 // store.ErrLeaseLost when token no longer holds id or the record is completed; other
 // errors as for Claim.
 func (s *Store) Renew(ctx context.Context, id store.ID, token store.Token, lease time.Duration) error {
-	if err := checkID(id, token); err != nil {
+	if err := store.ValidateHolder(id, token); err != nil {
 		return err
 	}
-	if lease <= 0 {
-		return fmt.Errorf("%w: lease must be positive", store.ErrInvalid)
+	if err := store.ValidateLease(lease); err != nil {
+		return err
 	}
-	return s.fenced(ctx, "renew", renewScript, id, token[:], millis(lease))
+	return s.fenced(ctx, "renew", renewScript, id, token[:], codec.Millis(lease))
 }
 
 func (s *Store) fenced(ctx context.Context, op string, sc *goredis.Script, id store.ID, args ...any) error {
@@ -180,16 +181,6 @@ func (s *Store) eval(ctx context.Context, op string, sc *goredis.Script, id stor
 	return v, nil
 }
 
-func checkID(id store.ID, token store.Token) error {
-	switch {
-	case id.Key == "":
-		return fmt.Errorf("%w: empty key", store.ErrInvalid)
-	case token.IsZero():
-		return fmt.Errorf("%w: zero token", store.ErrInvalid)
-	}
-	return nil
-}
-
 // The operations below are the fast-path primitives of store/tiered, where Redis is a
 // cache in front of an authoritative store. Each is one script call.
 
@@ -199,8 +190,8 @@ func checkID(id store.ID, token store.Token) error {
 // false when Redis cannot decide: no record, an expired lease, or an in-flight record
 // of another fingerprint. Errors as for Claim.
 func (s *Store) Peek(ctx context.Context, id store.ID, fp store.Fingerprint) (res store.ClaimResult, ok bool, err error) {
-	if id.Key == "" {
-		return res, false, fmt.Errorf("%w: empty key", store.ErrInvalid)
+	if err := id.Validate(); err != nil {
+		return res, false, err
 	}
 	v, err := s.eval(ctx, "peek", peekScript, id, fp[:])
 	if err != nil {
@@ -225,13 +216,13 @@ func (s *Store) Peek(ctx context.Context, id store.ID, fp store.Fingerprint) (re
 // Complete, Release and Renew with the same token then act on the marker. Errors:
 // store.ErrInvalid (empty key, zero token, lease <= 0), otherwise the client's error.
 func (s *Store) Mark(ctx context.Context, id store.ID, fp store.Fingerprint, token store.Token, lease time.Duration) error {
-	if err := checkID(id, token); err != nil {
+	if err := store.ValidateHolder(id, token); err != nil {
 		return err
 	}
-	if lease <= 0 {
-		return fmt.Errorf("%w: lease must be positive", store.ErrInvalid)
+	if err := store.ValidateLease(lease); err != nil {
+		return err
 	}
-	_, err := s.eval(ctx, "mark", markScript, id, fp[:], token[:], millis(lease))
+	_, err := s.eval(ctx, "mark", markScript, id, fp[:], token[:], codec.Millis(lease))
 	return err
 }
 
@@ -243,10 +234,10 @@ func (s *Store) Mark(ctx context.Context, id store.ID, fp store.Fingerprint, tok
 // given (the authoritative store's clock), at millisecond precision. Errors:
 // store.ErrInvalid (empty key, nil record, invalid response or ttl), or the client's.
 func (s *Store) Fill(ctx context.Context, id store.ID, rec *store.Record, ttl time.Duration) error {
-	switch {
-	case id.Key == "":
-		return fmt.Errorf("%w: empty key", store.ErrInvalid)
-	case rec == nil:
+	if err := id.Validate(); err != nil {
+		return err
+	}
+	if rec == nil {
 		return fmt.Errorf("%w: nil record", store.ErrInvalid)
 	}
 	if err := store.ValidateResponse(rec.Response, ttl); err != nil {
@@ -260,13 +251,13 @@ func (s *Store) Fill(ctx context.Context, id store.ID, rec *store.Record, ttl ti
 	if body == nil {
 		body = []byte{}
 	}
-	head := encodeHeader(rec.Header)
+	head := codec.EncodeHeader(rec.Header)
 	if head == nil {
 		head = []byte{}
 	}
 	_, err := s.eval(ctx, "fill", fillScript, id,
 		rec.Fingerprint[:], rec.CreatedAt.UnixMilli(), rec.CompletedAt.UnixMilli(), rec.ExpiresAt.UnixMilli(),
-		millis(ttl), strconv.Itoa(rec.Status), head, body, omitted)
+		codec.Millis(ttl), strconv.Itoa(rec.Status), head, body, omitted)
 	return err
 }
 

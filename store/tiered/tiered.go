@@ -352,6 +352,12 @@ func (s *Store) backfill(ctx context.Context, id store.ID, rec *store.Record) {
 // decides; then the Redis marker becomes the completed record for the remaining
 // retention. The result is the backstop's: nil, store.ErrLeaseLost or its error.
 func (s *Store) Complete(ctx context.Context, id store.ID, token store.Token, resp store.Response, retention time.Duration) error {
+	if err := store.ValidateHolder(id, token); err != nil {
+		return err
+	}
+	if err := store.ValidateResponse(resp, retention); err != nil {
+		return err
+	}
 	begun := time.Now()
 	if err := s.backstop.Complete(ctx, id, token, resp, retention); err != nil {
 		// On ErrLeaseLost Redis is left alone: a marker of token, if any, expires
@@ -386,6 +392,9 @@ func (s *Store) NotifyCompleted(ctx context.Context, id store.ID, token store.To
 // Release implements store.Store: the backstop forgets id if token holds it and
 // decides the result; then the Redis marker of token is dropped.
 func (s *Store) Release(ctx context.Context, id store.ID, token store.Token) error {
+	if err := store.ValidateHolder(id, token); err != nil {
+		return err
+	}
 	if err := s.backstop.Release(ctx, id, token); err != nil {
 		return fmt.Errorf("idemkey/store/tiered: backstop release: %w", err)
 	}
@@ -397,6 +406,12 @@ func (s *Store) Release(ctx context.Context, id store.ID, token store.Token) err
 // Renew implements store.Store: the backstop extends the lease and decides; the
 // Redis marker of token follows.
 func (s *Store) Renew(ctx context.Context, id store.ID, token store.Token, lease time.Duration) error {
+	if err := store.ValidateHolder(id, token); err != nil {
+		return err
+	}
+	if err := store.ValidateLease(lease); err != nil {
+		return err
+	}
 	if err := s.backstop.Renew(ctx, id, token, lease); err != nil {
 		return fmt.Errorf("idemkey/store/tiered: backstop renew: %w", err)
 	}

@@ -1,19 +1,37 @@
-package postgres
+// Package codec holds the encodings that more than one store keeps on its
+// server: the binary form of a stored response's headers and the rounding of
+// durations to whole milliseconds. store/postgres and store/redis use it, so a
+// record's headers and deadlines mean the same on every backend.
+package codec
 
 import (
 	"encoding/binary"
 	"fmt"
 	"net/http"
+	"time"
 
 	"github.com/idemkey/idemkey/store"
 )
 
-// headerFormat is the first byte of an encoded header set, so a later version can
-// change the layout and still read (or cleanly refuse) old rows.
-const headerFormat = 1
+// Millis is d in whole milliseconds, rounded up: a positive duration never
+// becomes 0 and a lease or retention is never shorter than asked. It does not
+// overflow: math.MaxInt64 (about 292 years) gives 9223372036855; a negative d
+// gives its value truncated toward zero.
+func Millis(d time.Duration) int64 {
+	ms := d / time.Millisecond
+	if d%time.Millisecond > 0 {
+		ms++
+	}
+	return int64(ms)
+}
 
-// encodeHeader returns the compact binary form of h kept in the headers column,
-// or nil (SQL NULL) when h has no values:
+// Format is the first byte of an encoded header set, so a later version can
+// change the layout and still read (or cleanly refuse) old rows.
+const Format = 1
+
+// EncodeHeader returns the compact binary form of h that the stores keep (the
+// Postgres headers column, the Redis record's h field), or nil when h has no
+// values:
 //
 //	format byte (1)
 //	uvarint   number of names
@@ -22,7 +40,7 @@ const headerFormat = 1
 //
 // Names are written as given (the middleware passes canonical names). Map order is
 // not significant, so two encodings of the same set may differ byte for byte.
-func encodeHeader(h http.Header) []byte {
+func EncodeHeader(h http.Header) []byte {
 	n, size := 0, 1+binary.MaxVarintLen64
 	for name, vals := range h {
 		if len(vals) == 0 {
@@ -38,7 +56,7 @@ func encodeHeader(h http.Header) []byte {
 		return nil
 	}
 	b := make([]byte, 0, size)
-	b = append(b, headerFormat)
+	b = append(b, Format)
 	b = binary.AppendUvarint(b, uint64(n))
 	for name, vals := range h {
 		if len(vals) == 0 {
@@ -55,18 +73,18 @@ func encodeHeader(h http.Header) []byte {
 	return b
 }
 
-// decodeHeader parses the output of encodeHeader. nil gives a nil Header. Any
+// DecodeHeader parses the output of EncodeHeader. "" gives a nil Header. Any
 // malformed input (unknown format, truncated, trailing bytes, counts larger than
-// the input could hold) wraps store.ErrCorrupt; it never panics.
-func decodeHeader(b []byte) (http.Header, error) {
-	if len(b) == 0 {
+// the input could hold, an empty name, a name without values) wraps
+// store.ErrCorrupt; it never panics. The header's strings share all's memory, so
+// a caller holding bytes converts them to one string once.
+func DecodeHeader(all string) (http.Header, error) {
+	if len(all) == 0 {
 		return nil, nil
 	}
-	if b[0] != headerFormat {
-		return nil, fmt.Errorf("%w: headers: unknown format %d", store.ErrCorrupt, b[0])
+	if all[0] != Format {
+		return nil, fmt.Errorf("%w: headers: unknown format %d", store.ErrCorrupt, all[0])
 	}
-	// One string holds every name and value; the header strings share its memory.
-	all := string(b)
 	d := headerDecoder{s: all, pos: 1}
 	n := d.count()
 	h := make(http.Header, n)

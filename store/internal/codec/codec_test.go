@@ -1,11 +1,13 @@
-package postgres
+package codec
 
 import (
 	"errors"
+	"math"
 	"net/http"
 	"reflect"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/idemkey/idemkey/store"
 )
@@ -26,11 +28,11 @@ func TestHeaderRoundTrip(t *testing.T) {
 			http.Header{"X-Bin": {"\x00\xff\n", strings.Repeat("v", 300)}}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			b := encodeHeader(tc.in)
+			b := EncodeHeader(tc.in)
 			if tc.want == nil && b != nil {
 				t.Fatalf("encode gave %d bytes, want nil (SQL NULL)", len(b))
 			}
-			got, err := decodeHeader(b)
+			got, err := DecodeHeader(string(b))
 			if err != nil {
 				t.Fatalf("decode: %v", err)
 			}
@@ -42,7 +44,7 @@ func TestHeaderRoundTrip(t *testing.T) {
 }
 
 func TestHeaderCorrupt(t *testing.T) {
-	good := encodeHeader(http.Header{"Content-Type": {"text/plain"}})
+	good := EncodeHeader(http.Header{"Content-Type": {"text/plain"}})
 	for _, tc := range []struct {
 		name string
 		in   []byte
@@ -57,7 +59,7 @@ func TestHeaderCorrupt(t *testing.T) {
 		{"format byte only with no count", []byte{1}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			h, err := decodeHeader(tc.in)
+			h, err := DecodeHeader(string(tc.in))
 			if !errors.Is(err, store.ErrCorrupt) {
 				t.Fatalf("decode(%x) = %v, %v; want ErrCorrupt", tc.in, h, err)
 			}
@@ -66,18 +68,36 @@ func TestHeaderCorrupt(t *testing.T) {
 }
 
 func FuzzDecodeHeader(f *testing.F) {
-	f.Add(encodeHeader(http.Header{"A": {"1", "2"}, "B": {""}}))
+	f.Add(EncodeHeader(http.Header{"A": {"1", "2"}, "B": {""}}))
 	f.Add([]byte{1, 0})
 	f.Fuzz(func(t *testing.T, b []byte) {
-		h, err := decodeHeader(b)
+		h, err := DecodeHeader(string(b))
 		if err != nil {
 			if !errors.Is(err, store.ErrCorrupt) {
 				t.Fatalf("error %v does not wrap ErrCorrupt", err)
 			}
 			return
 		}
-		if again, err := decodeHeader(encodeHeader(h)); err != nil || len(again) != len(h) {
+		if again, err := DecodeHeader(string(EncodeHeader(h))); err != nil || len(again) != len(h) {
 			t.Fatalf("re-encoding %q: %q, %v", h, again, err)
 		}
 	})
+}
+
+func TestMillisRoundsUpWithoutOverflow(t *testing.T) {
+	for _, tc := range []struct {
+		d    time.Duration
+		want int64
+	}{
+		{1, 1},
+		{time.Millisecond, 1},
+		{time.Millisecond + 1, 2},
+		{1999 * time.Microsecond, 2},
+		{time.Hour, 3_600_000},
+		{math.MaxInt64, 9_223_372_036_855},
+	} {
+		if got := Millis(tc.d); got != tc.want {
+			t.Errorf("Millis(%d) = %d, want %d", tc.d, got, tc.want)
+		}
+	}
 }
