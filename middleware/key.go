@@ -3,10 +3,13 @@ package middleware
 import (
 	"errors"
 	"strings"
+
+	"github.com/idemkey/idemkey/store"
 )
 
-// MaxKeyLen is the longest idempotency key accepted, in bytes of the parsed value.
-const MaxKeyLen = 255
+// MaxKeyLen is the longest idempotency key accepted, in bytes of the parsed value:
+// store.MaxKeyLen, the limit every store enforces.
+const MaxKeyLen = store.MaxKeyLen
 
 // ErrInvalidKey is wrapped by every error ParseKey returns.
 var ErrInvalidKey = errors.New("idemkey/middleware: invalid idempotency key")
@@ -28,9 +31,10 @@ func (e keyError) Unwrap() error { return ErrInvalidKey }
 // checked and ignored. Surrounding spaces and tabs are ignored; `"abc"` and `abc`
 // name the same key.
 //
-// Errors (wrapping ErrInvalidKey): an empty key, a key over MaxKeyLen bytes,
-// control characters or other bytes outside the grammar (non-ASCII included),
-// an unterminated string, or data after the item (e.g. two keys joined by ',').
+// Errors (wrapping ErrInvalidKey): an empty key, a key of only spaces (`" "`,
+// which no client means as a key), a key over MaxKeyLen bytes, control
+// characters or other bytes outside the grammar (non-ASCII included), an
+// unterminated string, or data after the item (e.g. two keys joined by ',').
 func ParseKey(v string) (string, error) {
 	v = strings.Trim(v, " \t")
 	if v == "" {
@@ -83,6 +87,8 @@ func ParseKey(v string) (string, error) {
 	switch {
 	case key == "":
 		return "", keyError("empty")
+	case strings.Trim(key, " ") == "":
+		return "", keyError("only spaces")
 	case len(key) > MaxKeyLen:
 		return "", keyError("longer than 255 bytes")
 	}

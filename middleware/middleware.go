@@ -9,8 +9,10 @@
 //	method not protected                      pass through, key ignored
 //	key missing, required (default)           400 idempotency_key_missing
 //	key missing, optional                     pass through, nothing stored
-//	key invalid or several header lines,      400 idempotency_key_invalid
+//	key invalid (empty, only spaces, over      400 idempotency_key_invalid
+//	  255 bytes) or several header lines,
 //	  or refused by the store (ErrInvalid)
+//	scope over store.MaxScopeLen (1024 bytes) 400 idempotency_scope_invalid
 //	request body over the limit (1 MiB)       413 request_too_large
 //	new key, or expired lease (takeover)      run the handler once, store the response
 //	same key and fingerprint, completed       replay status, headers, exact body bytes
@@ -88,10 +90,21 @@ func GlobalScope(*http.Request) string { return "" }
 // scope by the authenticated principal (WithPrincipal and ScopeFromPrincipal), or
 // use ScopeFromHeader only behind a gateway that authenticates the header and
 // strips it from client requests.
+//
+// The keyless clients' scope (fallback) is never shared with a client that sends
+// the fallback's value in the header: such a request gets its own scope, the value
+// prefixed with a NUL byte, which no header value can carry (RFC 9110 section
+// 5.5), so it cannot be forged either. With ScopeFromHeader("X-Client-ID",
+// "anonymous"), "X-Client-ID: anonymous" does not see the keyless clients'
+// records. A header over store.MaxScopeLen bytes is answered 400
+// idempotency_scope_invalid by the middleware.
 func ScopeFromHeader(name, fallback string) ScopeFunc {
 	name = textproto.CanonicalMIMEHeaderKey(name)
 	return func(r *http.Request) string {
 		if v := r.Header[name]; len(v) > 0 && v[0] != "" {
+			if v[0] == fallback {
+				return "\x00" + fallback
+			}
 			return v[0]
 		}
 		return fallback
@@ -254,12 +267,17 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	if err != nil {
 		m.writeProblem(w, http.StatusBadRequest, problem{Title: "Invalid Idempotency-Key header",
 			Status: http.StatusBadRequest, Code: CodeKeyInvalid,
-			Detail: "The " + m.keyHeader + " header must be one Structured Field string (or a bare token) of 1 to 255 printable ASCII characters: " +
+			Detail: "The " + m.keyHeader + " header must be one Structured Field string (or a bare token) of 1 to 255 printable ASCII characters, not only spaces: " +
 				strings.TrimPrefix(err.Error(), "idemkey/middleware: invalid idempotency key: ") + "."}.render(), 0)
 		m.observe(ctx, Event{Decision: KeyInvalid, Status: http.StatusBadRequest})
 		return
 	}
 	id := store.ID{Scope: m.scope(r), Key: key}
+	if len(id.Scope) > store.MaxScopeLen {
+		m.writeProblem(w, http.StatusBadRequest, m.problems.scopeTooLong, 0)
+		m.observe(ctx, Event{Decision: KeyInvalid, ID: id, Status: http.StatusBadRequest})
+		return
+	}
 
 	c := m.pool.Get().(*call)
 	pooled := false

@@ -117,6 +117,8 @@ func TestKeyInvalid(t *testing.T) {
 	}{
 		{"empty", []string{""}},
 		{"empty string item", []string{`""`}},
+		{"a single space", []string{`" "`}},
+		{"only spaces", []string{`"   "`}},
 		{"over 255 bytes", []string{long}},
 		{"over 255 bytes quoted", []string{`"` + long + `"`}},
 		{"control character", []string{"ab\x01c"}},
@@ -159,7 +161,7 @@ func TestParseKey(t *testing.T) {
 			t.Errorf("ParseKey(%q) = %q, %v; want %q", tt.in, got, err, tt.want)
 		}
 	}
-	for _, in := range []string{"", " ", `""`, `"a`, `"a"b`, `a,b`, `"a";`, `"a";X=1`, `"a";x=`, "\x7f", `"é"`, strings.Repeat("a", 256)} {
+	for _, in := range []string{"", " ", `""`, `" "`, `"  "`, `"a`, `"a"b`, `a,b`, `"a";`, `"a";X=1`, `"a";x=`, "\x7f", `"é"`, strings.Repeat("a", 256)} {
 		if _, err := ParseKey(in); !errors.Is(err, ErrInvalidKey) {
 			t.Errorf("ParseKey(%q) error %v, want ErrInvalidKey", in, err)
 		}
@@ -949,6 +951,35 @@ func TestScopes(t *testing.T) {
 	}
 	if s := GlobalScope(req("POST", "/", "", "", "X-Client-ID", "a")); s != "" {
 		t.Fatalf("GlobalScope = %q", s)
+	}
+	// A client that sends the fallback's value does not join the keyless clients:
+	// the keyless request's key runs again for it, and its own scope is one no
+	// header can name.
+	w = e.do(req("POST", "/x", "k", "d", "X-Client-ID", "anonymous"))
+	if w.Code != http.StatusCreated || w.Body.String() != "d" || w.Header().Get(DefaultReplayedHeader) != "" {
+		t.Fatalf("X-Client-ID: anonymous shared the keyless scope: %d %q", w.Code, w.Body)
+	}
+	if id := e.lastEvent().ID; id.Scope == "anonymous" || id.Scope == "" {
+		t.Fatalf("X-Client-ID: anonymous got scope %q", id.Scope)
+	}
+}
+
+// One scope limit for every store, answered by the middleware with a message
+// that names the scope, not the key.
+func TestScopeOverTheLimit(t *testing.T) {
+	e := newEnv(t, echoHandler)
+	for _, n := range []int{store.MaxScopeLen + 1, 3000} {
+		w := e.do(req("POST", "/x", "k", "b", "X-Client-ID", strings.Repeat("c", n)))
+		p := checkProblem(t, w, http.StatusBadRequest, CodeScopeInvalid)
+		if !strings.Contains(p.Detail, "scope") || !strings.Contains(p.Detail, "1024 bytes") || strings.Contains(p.Detail, "key") && !strings.Contains(p.Detail, "keys belong") {
+			t.Errorf("detail %q does not name the scope and its limit", p.Detail)
+		}
+	}
+	if e.calls.Load() != 0 || e.lastEvent().Decision != KeyInvalid {
+		t.Fatalf("calls %d, event %+v", e.calls.Load(), e.lastEvent())
+	}
+	if w := e.do(req("POST", "/x", "k", "b", "X-Client-ID", strings.Repeat("c", store.MaxScopeLen))); w.Code != http.StatusCreated {
+		t.Fatalf("scope at the limit: %d %s", w.Code, w.Body)
 	}
 }
 

@@ -5,6 +5,8 @@ import (
 	"net/http"
 	"strconv"
 	"time"
+
+	"github.com/idemkey/idemkey/store"
 )
 
 // ProblemTypePrefix starts the RFC 9457 "type" URI of every problem the
@@ -22,6 +24,10 @@ const (
 	// Field string or token, or sent in several header lines; or the store refused
 	// the scope and key as arguments (store.ErrInvalid, e.g. too long together).
 	CodeKeyInvalid = "idempotency_key_invalid"
+	// CodeScopeInvalid: 400, the request's scope (the principal or tenant its
+	// keys belong to, as the ScopeFunc names it) is over store.MaxScopeLen bytes,
+	// the limit of every store.
+	CodeScopeInvalid = "idempotency_scope_invalid"
 	// CodeBodyUnreadable: 400, the request body could not be read.
 	CodeBodyUnreadable = "request_body_unreadable"
 	// CodeRequestTooLarge: 413, the request body is over the fingerprint limit.
@@ -58,7 +64,7 @@ func (p problem) render() []byte {
 
 // prerendered holds the bodies of the problems without a variable detail.
 type prerendered struct {
-	missing, inFlight, mismatch, storeDown, keyRefused []byte
+	missing, inFlight, mismatch, storeDown, keyRefused, scopeTooLong []byte
 }
 
 func newPrerendered() prerendered {
@@ -70,7 +76,10 @@ func newPrerendered() prerendered {
 		mismatch: problem{Title: "Idempotency key reused", Status: http.StatusUnprocessableEntity, Code: CodeMismatch,
 			Detail: "This idempotency key was already used for a different request (method, route, query or body); use a new key."}.render(),
 		keyRefused: problem{Title: "Invalid Idempotency-Key header", Status: http.StatusBadRequest, Code: CodeKeyInvalid,
-			Detail: "The idempotency store does not accept this key within this scope (too long together); use a shorter key."}.render(),
+			Detail: "The idempotency store does not accept this key or its scope."}.render(),
+		scopeTooLong: problem{Title: "Idempotency scope too long", Status: http.StatusBadRequest, Code: CodeScopeInvalid,
+			Detail: "The scope of this request (the client or tenant its idempotency keys belong to, e.g. a client ID header) is longer than " +
+				strconv.Itoa(store.MaxScopeLen) + " bytes; use a shorter one."}.render(),
 		storeDown: problem{Title: "Idempotency store unavailable", Status: http.StatusServiceUnavailable, Code: CodeStoreUnavailable,
 			Detail: "The request could not be checked for duplicates and was not processed; retry after the Retry-After delay."}.render(),
 	}

@@ -3,10 +3,13 @@ package main
 import (
 	"bytes"
 	"fmt"
+	"math/rand/v2"
 	"net/http"
 	"strconv"
 	"sync/atomic"
 	"time"
+
+	"github.com/idemkey/idemkey/middleware"
 )
 
 // Limits that keep the fixture from being turned against its host.
@@ -19,9 +22,19 @@ const (
 // one to a process-wide counter, and /reset forgets the counter and every key.
 type fixture struct {
 	count atomic.Int64
-	// generation is bumped by /reset and prefixes every scope, so all keys stored
-	// before a reset are forgotten whatever the store.
+	// generation prefixes every scope; /reset replaces it with a fresh random
+	// value, so the keys stored before a reset are forgotten whatever the store,
+	// also by a restarted fixture or a second instance sharing a persistent store
+	// (a counter would start again at the generations an earlier process used).
+	// Before any reset it is 0 in every process, so a fixture restarted after a
+	// crash still sees the keys its predecessor stored.
 	generation atomic.Uint64
+	// client is the X-Client-ID part of the scope ("anonymous" when absent).
+	client middleware.ScopeFunc
+}
+
+func makeFixture() *fixture {
+	return &fixture{client: middleware.ScopeFromHeader("X-Client-ID", "anonymous")}
 }
 
 // routes returns the routes that sit behind the idempotency middleware.
@@ -106,17 +119,19 @@ func (f *fixture) counter(w http.ResponseWriter, r *http.Request) {
 }
 
 func (f *fixture) reset(w http.ResponseWriter, r *http.Request) {
-	f.generation.Add(1)
+	for {
+		old := f.generation.Load()
+		if g := rand.Uint64(); g != 0 && g != old && f.generation.CompareAndSwap(old, g) {
+			break
+		}
+	}
 	f.count.Store(0)
 	w.WriteHeader(http.StatusNoContent)
 }
 
 // scope is the idempotency scope: the reset generation and the X-Client-ID header
-// (a stand-in for an authenticated principal), "anonymous" when absent.
+// (a stand-in for an authenticated principal), "anonymous" when absent (a client
+// sending "anonymous" gets a scope of its own, see middleware.ScopeFromHeader).
 func (f *fixture) scope(r *http.Request) string {
-	client := r.Header.Get("X-Client-ID")
-	if client == "" {
-		client = "anonymous"
-	}
-	return strconv.FormatUint(f.generation.Load(), 10) + "/" + client
+	return strconv.FormatUint(f.generation.Load(), 16) + "/" + f.client(r)
 }

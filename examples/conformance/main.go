@@ -14,7 +14,11 @@
 //	IDEM_RETENTION      how long responses are replayed, default 24h
 //	IDEM_REPLAY_HEADER  header marking a replay, default Idempotent-Replayed
 //
-// The scope of a key is the X-Client-ID header ("anonymous" when absent). Once the
+// The scope of a key is the X-Client-ID header ("anonymous" when absent) under
+// the fixture's reset generation: POST /reset picks a fresh random generation, so
+// it forgets every stored key also on a persistent store shared with a restarted
+// or second fixture (before the first reset, every process starts from the same
+// generation, so a restart after a crash still sees its predecessor's keys). Once the
 // listener accepts connections the server prints "listening on http://ADDR"; it
 // shuts down gracefully on SIGINT or SIGTERM.
 package main
@@ -66,7 +70,7 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer, logg
 // newHandler mounts the fixture: /reset and /healthz outside the middleware,
 // everything else behind it. POST and PATCH require a key, GET passes through.
 func newHandler(env setup.Env, st store.Store, logger *slog.Logger) (http.Handler, error) {
-	f := &fixture{}
+	f := makeFixture()
 	opts := []middleware.Option{
 		middleware.WithLease(env.Lease),
 		middleware.WithRetention(env.Retention),
