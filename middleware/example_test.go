@@ -50,3 +50,34 @@ func Example() {
 	// 422  {"type":"urn:idemkey:problem:key_reused_with_different_payload","title":"Idempotency key reused","status":422,"detail":"This idempotency key was already used for a different request (method, route, query or body); use a new key.","code":"key_reused_with_different_payload"}
 	// charges: 1
 }
+
+// A router that is not an *http.ServeMux marks its own not-found answer with
+// Unrouted, so a request sent to the wrong path does not spend its key: the
+// corrected request with the same key runs. (A ServeMux handed to Handler
+// directly needs no wrapping.)
+func ExampleUnrouted() {
+	notFound := middleware.Unrouted(http.NotFoundHandler())
+	router := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path != "/payments" {
+			notFound.ServeHTTP(w, r)
+			return
+		}
+		w.WriteHeader(http.StatusCreated)
+	})
+	m, err := middleware.New(memory.New(), middleware.GlobalScope)
+	if err != nil {
+		panic(err)
+	}
+	h := m.Handler(router)
+	for _, path := range []string{"/paymnets", "/payments", "/payments"} {
+		r := httptest.NewRequest("POST", path, strings.NewReader(`{"amountCents":500}`))
+		r.Header.Set("Idempotency-Key", `"order-2"`)
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, r)
+		fmt.Println(path, w.Code, w.Header().Get("Idempotent-Replayed"))
+	}
+	// Output:
+	// /paymnets 404
+	// /payments 201
+	// /payments 201 true
+}

@@ -135,6 +135,18 @@ type env struct {
 
 func newEnv(t *testing.T, handler http.HandlerFunc, opts ...Option) *env {
 	t.Helper()
+	var e *env
+	e = newEnvHandler(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		e.calls.Add(1)
+		handler(w, r)
+	}), opts...)
+	return e
+}
+
+// newEnvHandler is newEnv with next handed to the middleware as it is (a
+// *http.ServeMux stays one); calls is not counted.
+func newEnvHandler(t *testing.T, next http.Handler, opts ...Option) *env {
+	t.Helper()
 	e := &env{t: t, now: testclock.New(time.Unix(1_700_000_000, 0)), clk: &fakeClock{}}
 	e.mem = memory.New(memory.WithClock(e.now.Now))
 	e.st = &hookStore{Store: e.mem}
@@ -148,10 +160,7 @@ func newEnv(t *testing.T, handler http.HandlerFunc, opts ...Option) *env {
 	if err != nil {
 		t.Fatal(err)
 	}
-	e.h = m.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		e.calls.Add(1)
-		handler(w, r)
-	}))
+	e.h = m.Handler(next)
 	return e
 }
 

@@ -21,6 +21,9 @@
 //	same key, other fingerprint               422 key_reused_with_different_payload
 //	handler answers 5xx/408/409/425/429,      release the claim; the live response
 //	  panics (re-panicked) or hijacks           passes through
+//	no application route answered (a         release the claim; the corrected
+//	  ServeMux's own 404/405, or a router's     request with the same key runs
+//	  answer wrapped with Unrouted)
 //	response incomplete: body shorter than    release the claim (a client hanging
 //	  its Content-Length, or the client went    up must not leave a truncated or
 //	  away and the handler wrote nothing or     empty answer for every retry)
@@ -66,6 +69,7 @@ import (
 	"net/textproto"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/idemkey/idemkey/fingerprint"
@@ -114,11 +118,13 @@ func ScopeFromHeader(name, fallback string) ScopeFunc {
 type ctxKey struct{}
 
 // keyCtx carries the request's store.ID and, while its handler runs under a
-// claim, the claim and its call; one allocation per request.
+// claim, the claim and its call; one allocation per request. unrouted is set by
+// Unrouted.
 type keyCtx struct {
 	context.Context
-	claim Claim // only ID is set without a claim (fail open)
-	call  *call // nil without a claim
+	claim    Claim // only ID is set without a claim (fail open)
+	call     *call // nil without a claim
+	unrouted atomic.Bool
 }
 
 func (c *keyCtx) Value(k any) any {
@@ -126,6 +132,45 @@ func (c *keyCtx) Value(k any) any {
 		return c
 	}
 	return c.Context.Value(k)
+}
+
+// Unrouted wraps a router's own answer to a request that no application route
+// matched (not found, method not allowed, a redirect to the canonical path), so
+// that the middleware releases the request's key instead of storing that answer:
+// the client's corrected request with the same key then runs. A handler's own
+// 404 is the application's answer and stays replayable (see
+// WithReleasePolicy).
+//
+// An *http.ServeMux passed directly to Handler needs no wrapping for its 404 and
+// 405: the middleware reads the Pattern the mux sets on the request, empty when
+// no pattern matched (Go 1.22 and later; not under GODEBUG=httpmuxgo121=1). Its
+// redirect to a canonical path ("/dir" to "/dir/") names a pattern, so it is
+// stored like a route's answer. Any other router, or a ServeMux behind other
+// middleware, cannot be told apart from a handler: wrap its not-found and
+// method-not-allowed handlers with Unrouted, e.g. for chi
+// r.NotFound(middleware.Unrouted(http.NotFoundHandler()).ServeHTTP). Without the
+// key in the request context (an unprotected request) it only runs h.
+func Unrouted(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if c, ok := r.Context().Value(ctxKey{}).(*keyCtx); ok {
+			c.unrouted.Store(true)
+		}
+		h.ServeHTTP(w, r)
+	})
+}
+
+// unrouted reports whether the response to r (the request the handler got) came
+// from the router rather than an application route: marked by Unrouted, or
+// answered by a ServeMux (next itself) that matched no pattern.
+func (m *Middleware) unrouted(next http.Handler, r *http.Request) bool {
+	if !m.releaseUnrouted {
+		return false
+	}
+	if c, ok := r.Context().(*keyCtx); ok && c.unrouted.Load() {
+		return true
+	}
+	_, mux := next.(*http.ServeMux)
+	return mux && r.Pattern == ""
 }
 
 // KeyFromContext returns the scope and idempotency key of the request whose
@@ -439,7 +484,8 @@ func (m *Middleware) execute(c *call, w http.ResponseWriter, r *http.Request, ne
 		if n, ok := m.store.(store.CompletionNotifier); ok {
 			n.NotifyCompleted(&c.ctx, id, c.token, c.txResp, m.retention)
 		}
-	} else if c.hijacked || c.status == http.StatusSwitchingProtocols || m.release(c.status) || c.incomplete(r.Context(), wroteNothing) {
+	} else if c.hijacked || c.status == http.StatusSwitchingProtocols || m.release(c.status) || c.incomplete(r.Context(), wroteNothing) ||
+		m.unrouted(next, r) {
 		if c.hijacked {
 			ev.Status = 0
 		}

@@ -1030,3 +1030,97 @@ func TestConcurrentDuplicates(t *testing.T) {
 		t.Fatalf("handler ran %d times", e.calls.Load())
 	}
 }
+
+// The router's own answers (no application route matched) do not consume the
+// key; a handler's own 404 does, as the release policy says.
+func TestUnroutedReleases(t *testing.T) {
+	newMux := func() *http.ServeMux {
+		mux := http.NewServeMux()
+		mux.HandleFunc("POST /echo", echoHandler)
+		mux.HandleFunc("POST /items/{id}", func(w http.ResponseWriter, r *http.Request) {
+			http.Error(w, "no such item", http.StatusNotFound) // the application's answer
+		})
+		mux.HandleFunc("POST /dir/", echoHandler)
+		return mux
+	}
+	// A router that is not a ServeMux marks its own answers with Unrouted.
+	custom := func() http.Handler {
+		notFound := Unrouted(http.NotFoundHandler())
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			switch r.URL.Path {
+			case "/echo":
+				echoHandler(w, r)
+			case "/items/1":
+				http.Error(w, "no such item", http.StatusNotFound)
+			default:
+				notFound.ServeHTTP(w, r)
+			}
+		})
+	}
+	for _, tc := range []struct {
+		name    string
+		handler http.Handler
+		opts    []Option
+		first   *http.Request
+		status  int
+		release bool
+	}{
+		{"mux 405", newMux(), nil, req("PATCH", "/echo", "k", "x"), http.StatusMethodNotAllowed, true},
+		{"mux 404", newMux(), nil, req("POST", "/ech", "k", "x"), http.StatusNotFound, true},
+		// The mux names the pattern it redirects to, so its redirect to the
+		// canonical path cannot be told from a route's answer: stored.
+		{"mux redirect", newMux(), nil, req("POST", "/dir", "k", "x"), http.StatusMultipleChoices /* any 3xx */, false},
+		{"mux: handler's own 404", newMux(), nil, req("POST", "/items/1", "k", "x"), http.StatusNotFound, false},
+		{"mux 405, release off", newMux(), []Option{WithReleaseUnrouted(false)}, req("PATCH", "/echo", "k", "x"), http.StatusMethodNotAllowed, false},
+		{"custom router, Unrouted 404", custom(), nil, req("POST", "/ech", "k", "x"), http.StatusNotFound, true},
+		{"custom router, handler's own 404", custom(), nil, req("POST", "/items/1", "k", "x"), http.StatusNotFound, false},
+		{"plain handler's 404 (no ServeMux)", http.NotFoundHandler(), nil, req("POST", "/echo", "k", "x"), http.StatusNotFound, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := newEnvHandler(t, tc.handler, tc.opts...)
+			if w := e.do(tc.first); w.Code != tc.status && !(tc.status == http.StatusMultipleChoices && w.Code/100 == 3) {
+				t.Fatalf("first request: %d, want %d", w.Code, tc.status)
+			}
+			if got := e.lastEvent().Decision == Released; got != tc.release {
+				t.Fatalf("released = %v, want %v (event %+v)", got, tc.release, e.lastEvent())
+			}
+			// The same key on the same request again: runs again if released,
+			// replayed otherwise.
+			w := e.do(req(tc.first.Method, tc.first.URL.String(), "k", "x"))
+			if replayed := w.Header().Get(DefaultReplayedHeader) == "true"; replayed == tc.release {
+				t.Fatalf("retry: replayed = %v with release %v", replayed, tc.release)
+			}
+			if !tc.release {
+				return
+			}
+			// The corrected request with the same key runs.
+			if w := e.do(req("POST", "/echo", "k", "x")); w.Code != http.StatusCreated || w.Body.String() != "x" {
+				t.Fatalf("corrected request: %d %q, want 201", w.Code, w.Body)
+			}
+		})
+	}
+}
+
+// Behind an outer ServeMux the inner one still decides: the outer match's
+// Pattern is not taken for an inner route.
+func TestUnroutedNestedMux(t *testing.T) {
+	inner := http.NewServeMux()
+	inner.HandleFunc("POST /api/echo", echoHandler)
+	m, err := New(memory.New(), GlobalScope, WithLogger(discardLogger()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	outer := http.NewServeMux()
+	outer.Handle("/api/", m.Handler(inner))
+	for i, want := range []int{http.StatusMethodNotAllowed, http.StatusCreated, http.StatusCreated} {
+		r := req("POST", "/api/echo", "k", "x")
+		if i == 0 {
+			r.Method = "PATCH"
+		}
+		w := httptest.NewRecorder()
+		outer.ServeHTTP(w, r)
+		if w.Code != want || i == 2 && w.Header().Get(DefaultReplayedHeader) != "true" {
+			t.Fatalf("request %d: %d %v, want %d", i, w.Code, w.Header(), want)
+		}
+	}
+}

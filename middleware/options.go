@@ -61,6 +61,7 @@ type config struct {
 	deny            []string
 	release         func(status int) bool
 	failOpen        bool
+	releaseUnrouted bool
 	storeRetryAfter time.Duration
 	observer        Observer
 	logger          *slog.Logger
@@ -80,6 +81,7 @@ func defaultConfig() config {
 		replayedHeader:  DefaultReplayedHeader,
 		omittedHeader:   DefaultOmittedHeader,
 		release:         DefaultReleasePolicy,
+		releaseUnrouted: true,
 		storeRetryAfter: DefaultStoreRetryAfter,
 		clock:           realClock{},
 	}
@@ -172,6 +174,13 @@ func WithDenyHeaders(names ...string) Option {
 func WithReleasePolicy(release func(status int) bool) Option {
 	return func(c *config) { c.release = release }
 }
+
+// WithReleaseUnrouted says whether a response no application route produced (a
+// ServeMux's own 404 or 405, or anything wrapped with Unrouted) releases
+// the claim (true, the default) or is stored and replayed like a handler's
+// answer. With true, a client whose first try had the wrong method or path can
+// send the corrected request with the same key.
+func WithReleaseUnrouted(on bool) Option { return func(c *config) { c.releaseUnrouted = on } }
 
 // WithFailOpen runs the handler unprotected when the store cannot answer a claim,
 // instead of the default 503 store_unavailable (fail closed). The key is still in

@@ -103,6 +103,18 @@ func TestFixtureBehaviours(t *testing.T) {
 			t.Fatalf("corrected retry: %d %q count %d", again.Code, again.Body, c.count())
 		}
 	})
+	t.Run("the router's 405 and 404 do not spend the key", func(t *testing.T) {
+		c := newFixture(t, "")
+		if rec := c.do("PATCH", "/echo", "r", "hello"); rec.Code != 405 {
+			t.Fatalf("PATCH /echo: %d", rec.Code)
+		}
+		if rec := c.do("POST", "/ech0", "r", "hello"); rec.Code != 404 {
+			t.Fatalf("POST /ech0: %d", rec.Code)
+		}
+		if rec := c.do("POST", "/echo", "r", "hello"); rec.Code != 201 || rec.Body.String() != "hello" || c.count() != 1 {
+			t.Fatalf("the corrected request: %d %q count %d, want 201", rec.Code, rec.Body, c.count())
+		}
+	})
 	t.Run("quoted sf-string key deduplicates", func(t *testing.T) {
 		c := newFixture(t, "")
 		c.do("POST", "/echo", `"quoted-1"`, "q")
