@@ -74,10 +74,10 @@ func ExampleUnrouted() {
 		r.Header.Set("Idempotency-Key", `"order-2"`)
 		w := httptest.NewRecorder()
 		h.ServeHTTP(w, r)
-		fmt.Println(path, w.Code, w.Header().Get("Idempotent-Replayed"))
+		fmt.Println(path, w.Code, w.Header().Get("Idempotent-Replayed") == "true")
 	}
 	// Output:
-	// /paymnets 404
-	// /payments 201
+	// /paymnets 404 false
+	// /payments 201 false
 	// /payments 201 true
 }
