@@ -27,6 +27,7 @@ type call struct {
 	id    store.ID
 	token store.Token
 	ctx   detachedCtx
+	route string // the fingerprint's route, for the handler duration estimate
 
 	// Response capture.
 	wroteHeader bool
@@ -127,7 +128,7 @@ func (c *call) stopRenewal() bool {
 
 // reset readies c for the pool.
 func (c *call) reset() {
-	c.w, c.id, c.token, c.ctx.parent = nil, store.ID{}, store.Token{}, nil
+	c.w, c.id, c.token, c.ctx.parent, c.route = nil, store.ID{}, store.Token{}, nil, ""
 	c.wroteHeader, c.status, c.hijacked, c.omitted = false, 0, false, false
 	c.writeFailed, c.written, c.declared = false, 0, 0
 	c.txMu.Lock()

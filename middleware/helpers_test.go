@@ -18,10 +18,24 @@ import (
 	"github.com/idemkey/idemkey/store/memory"
 )
 
-// fakeClock schedules renewals that tests fire by hand.
+// fakeClock schedules renewals that tests fire by hand, and is the clock that
+// measures handler durations (Now, moved by advance).
 type fakeClock struct {
 	mu     sync.Mutex
 	timers []*fakeTimer
+	now    time.Time
+}
+
+func (c *fakeClock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.now
+}
+
+func (c *fakeClock) advance(d time.Duration) {
+	c.mu.Lock()
+	c.now = c.now.Add(d)
+	c.mu.Unlock()
 }
 
 type fakeTimer struct {

@@ -17,7 +17,10 @@
 //	new key, or expired lease (takeover)      run the handler once, store the response
 //	same key and fingerprint, completed       replay status, headers, exact body bytes
 //	                                          + "Idempotent-Replayed: true"
-//	same key and fingerprint, lease live      409 request_in_flight, Retry-After
+//	same key and fingerprint, lease live      409 request_in_flight, Retry-After:
+//	                                          the route's recent handler duration
+//	                                          (whole seconds, rounded up), at least
+//	                                          1 s, at most the rest of the lease
 //	same key, other fingerprint               422 key_reused_with_different_payload
 //	handler answers 5xx/408/409/425/429,      release the claim; the live response
 //	  panics (re-panicked) or hijacks           passes through
@@ -196,6 +199,8 @@ type Middleware struct {
 	trueVal, omitVal []string
 	problemHeaders   []string
 	pool             sync.Pool
+	work             *workEstimate // recent handler durations, for a 409's Retry-After
+	clockNow         func() time.Time
 }
 
 // New returns a middleware claiming keys in s, scoped by scope. Both are
@@ -239,6 +244,8 @@ func New(s store.Store, scope ScopeFunc, opts ...Option) (*Middleware, error) {
 		}
 	}
 	m.problems = newPrerendered()
+	m.work = newWorkEstimate()
+	m.clockNow = nowOf(m.clock)
 	m.trueVal, m.omitVal = []string{"true"}, []string{"omitted"}
 	m.problemHeaders = []string{ProblemContentType, "no-store", "nosniff"}
 	m.pool.New = func() any {
@@ -396,7 +403,7 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		m.observe(ctx, Event{Decision: Replayed, ID: id, Status: res.Record.Status, StoreLatency: latency})
 	case store.InFlight:
 		pooled = true
-		m.writeProblem(w, http.StatusConflict, m.problems.inFlight, max(res.RetryAfter, 1))
+		m.writeProblem(w, http.StatusConflict, m.problems.inFlight, m.inFlightRetryAfter(fpReq.Route, res.RetryAfter))
 		m.observe(ctx, Event{Decision: InFlight, ID: id, Status: http.StatusConflict, StoreLatency: latency})
 	case store.Mismatch:
 		pooled = true
@@ -404,6 +411,7 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		m.observe(ctx, Event{Decision: Mismatch, ID: id, Status: http.StatusUnprocessableEntity, StoreLatency: latency})
 	case store.Claimed:
 		claim := Claim{ID: id, Token: res.Token, Fingerprint: fp, Takeover: res.Takeover, Retention: m.retention}
+		c.route = fpReq.Route
 		pooled = m.execute(c, w, c.handlerRequest(r, claim, c, body), next, id, res, latency)
 	}
 }
@@ -465,9 +473,11 @@ func (m *Middleware) execute(c *call, w http.ResponseWriter, r *http.Request, ne
 			panic(p)
 		}
 	}()
+	began := m.clockNow()
 	next.ServeHTTP(c, r)
 	returned = true
 	inTx := c.handlerReturned()
+	m.work.observe(c.route, m.clockNow().Sub(began))
 	reusable = c.stopRenewal()
 
 	wroteNothing := !c.wroteHeader

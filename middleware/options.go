@@ -198,8 +198,18 @@ func WithObserver(o Observer) Option { return func(c *config) { c.observer = o }
 func WithLogger(l *slog.Logger) Option { return func(c *config) { c.logger = l } }
 
 // WithClock replaces the clock that schedules lease renewal (default the real
-// one). Tests use it to fire renewals without sleeping.
+// one). Tests use it to fire renewals without sleeping. If clk also has a method
+// Now() time.Time, it measures handler durations too (the estimate behind a
+// 409's Retry-After).
 func WithClock(clk Clock) Option { return func(c *config) { c.clock = clk } }
+
+// nowOf returns clk's Now if it has one, else time.Now.
+func nowOf(clk Clock) func() time.Time {
+	if n, ok := clk.(interface{ Now() time.Time }); ok {
+		return n.Now
+	}
+	return time.Now
+}
 
 // Clock schedules lease renewals.
 type Clock interface {
