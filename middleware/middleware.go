@@ -35,7 +35,10 @@
 //	                                          omitted; replay adds
 //	                                          "Idempotency-Replay: omitted"
 //	store error                               503 store_unavailable, Retry-After
-//	                                          (or run unprotected with WithFailOpen)
+//	                                          (or run unprotected with WithFailOpen);
+//	                                          logged once per outage (its start, a
+//	                                          count every minute, its end), each
+//	                                          request at debug level
 //	completion refused (lease taken over)     logged with slog; nothing overwritten
 //
 // Errors are RFC 9457 application/problem+json with type, title, status, detail
@@ -200,6 +203,7 @@ type Middleware struct {
 	problemHeaders   []string
 	pool             sync.Pool
 	work             *workEstimate // recent handler durations, for a 409's Retry-After
+	outage           outage        // the current run of store failures, logged once
 	clockNow         func() time.Time
 }
 
@@ -380,8 +384,9 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		return
 	}
 	if err != nil {
+		m.storeFailed(ctx, err)
 		if m.failOpen {
-			m.logger.LogAttrs(ctx, slog.LevelWarn, "idempotency store failed; running the handler unprotected (fail open)",
+			m.logger.LogAttrs(ctx, slog.LevelDebug, "idempotency store failed; running the handler unprotected (fail open)",
 				slog.String("scope", id.Scope), slog.String("key", id.Key), slog.Any("error", err))
 			pooled = true
 			sw := &statusWriter{ResponseWriter: w}
@@ -389,13 +394,14 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 			m.observe(ctx, Event{Decision: FailOpen, ID: id, Status: sw.status(), StoreLatency: latency, Err: err})
 			return
 		}
-		m.logger.LogAttrs(ctx, slog.LevelError, "idempotency store failed; answering 503",
+		m.logger.LogAttrs(ctx, slog.LevelDebug, "idempotency store failed; answering 503",
 			slog.String("scope", id.Scope), slog.String("key", id.Key), slog.Any("error", err))
 		pooled = true
 		m.writeProblem(w, http.StatusServiceUnavailable, m.problems.storeDown, max(m.storeRetryAfter, 1))
 		m.observe(ctx, Event{Decision: StoreError, ID: id, Status: http.StatusServiceUnavailable, StoreLatency: latency, Err: err})
 		return
 	}
+	m.storeAnswered(ctx)
 	switch res.Outcome {
 	case store.Completed:
 		pooled = true

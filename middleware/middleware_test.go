@@ -814,6 +814,81 @@ func TestStoreRefusesKey(t *testing.T) {
 	}
 }
 
+// logRecorder keeps every log record.
+type logRecorder struct {
+	mu      sync.Mutex
+	records []slog.Record
+}
+
+func (l *logRecorder) Enabled(context.Context, slog.Level) bool { return true }
+func (l *logRecorder) Handle(_ context.Context, r slog.Record) error {
+	l.mu.Lock()
+	l.records = append(l.records, r)
+	l.mu.Unlock()
+	return nil
+}
+func (l *logRecorder) WithAttrs([]slog.Attr) slog.Handler { return l }
+func (l *logRecorder) WithGroup(string) slog.Handler      { return l }
+
+// count returns how many records at level or above were logged, and the
+// attribute name of the last of them, if any.
+func (l *logRecorder) count(level slog.Level) (n int, last slog.Record) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, r := range l.records {
+		if r.Level >= level {
+			n, last = n+1, r
+		}
+	}
+	return n, last
+}
+
+func attr(r slog.Record, name string) string {
+	var v string
+	r.Attrs(func(a slog.Attr) bool {
+		if a.Key == name {
+			v = a.Value.String()
+		}
+		return true
+	})
+	return v
+}
+
+// A store outage is logged once when it starts, with a count every minute while
+// it lasts, and once when it ends; each refused request only at debug level.
+func TestStoreOutageLoggedOnce(t *testing.T) {
+	for _, failOpen := range []bool{false, true} {
+		logs := &logRecorder{}
+		e := newEnv(t, echoHandler, WithLogger(slog.New(logs)), WithFailOpen(failOpen))
+		level := slog.LevelError
+		if failOpen {
+			level = slog.LevelWarn
+		}
+		e.st.claimErr = errors.New("connection refused")
+		for i := range 100 {
+			e.do(req("POST", "/x", fmt.Sprint("k", i), "b"))
+		}
+		if n, r := logs.count(level); n != 1 || !strings.Contains(r.Message, "unavailable") {
+			t.Fatalf("fail open %v: %d lines at %v or above for 100 refused requests, want 1 (%q)", failOpen, n, level, r.Message)
+		}
+		if n, _ := logs.count(slog.LevelDebug); n != 101 {
+			t.Fatalf("fail open %v: %d lines in all, want the start and 100 at debug", failOpen, n)
+		}
+		e.clk.advance(time.Minute)
+		e.do(req("POST", "/x", "one-more", "b"))
+		if n, r := logs.count(level); n != 2 || attr(r, "failed_requests") != "101" {
+			t.Fatalf("fail open %v: after a minute %d lines, last %q failed_requests=%s; want a summary of 101", failOpen, n, r.Message, attr(r, "failed_requests"))
+		}
+		e.st.claimErr = nil
+		e.do(req("POST", "/x", "back", "b"))
+		e.do(req("POST", "/x", "back-2", "b"))
+		n, r := logs.count(slog.LevelWarn)
+		if n != 3 || !strings.Contains(r.Message, "available again") || attr(r, "failed_requests") != "101" {
+			t.Fatalf("fail open %v: recovery: %d lines, last %q failed_requests=%s", failOpen, n, r.Message, attr(r, "failed_requests"))
+		}
+	}
+}
+
 func TestStoreErrorFailOpen(t *testing.T) {
 	e := newEnv(t, func(w http.ResponseWriter, r *http.Request) {
 		if id, ok := KeyFromContext(r.Context()); !ok || id.Key != "k" {
