@@ -136,15 +136,17 @@ func (h *hookStore) Renew(ctx context.Context, id store.ID, tok store.Token, lea
 
 // env is one middleware over a memory store with fake clocks and a counting handler.
 type env struct {
-	t      *testing.T
-	mem    *memory.Store
-	st     *hookStore
-	now    *testclock.Clock // the memory store's clock, moved by tests
-	clk    *fakeClock
-	calls  atomic.Int32
-	mu     sync.Mutex
-	events []Event
-	h      http.Handler
+	t     *testing.T
+	mem   *memory.Store
+	st    *hookStore
+	now   *testclock.Clock // the memory store's clock, moved by tests
+	clk   *fakeClock
+	calls atomic.Int32
+	mu    sync.Mutex
+	// observed is signalled (with mu) after each observer event.
+	observed *sync.Cond
+	events   []Event
+	h        http.Handler
 }
 
 func newEnv(t *testing.T, handler http.HandlerFunc, opts ...Option) *env {
@@ -162,12 +164,14 @@ func newEnv(t *testing.T, handler http.HandlerFunc, opts ...Option) *env {
 func newEnvHandler(t *testing.T, next http.Handler, opts ...Option) *env {
 	t.Helper()
 	e := &env{t: t, now: testclock.New(time.Unix(1_700_000_000, 0)), clk: &fakeClock{}}
+	e.observed = sync.NewCond(&e.mu)
 	e.mem = memory.New(memory.WithClock(e.now.Now))
 	e.st = &hookStore{Store: e.mem}
 	obs := ObserverFunc(func(_ context.Context, ev Event) {
 		e.mu.Lock()
 		e.events = append(e.events, ev)
 		e.mu.Unlock()
+		e.observed.Broadcast()
 	})
 	all := append([]Option{WithClock(e.clk), WithObserver(obs), WithLogger(discardLogger())}, opts...)
 	m, err := New(e.st, ScopeFromHeader("X-Client-ID", "anonymous"), all...)
@@ -203,6 +207,17 @@ func (e *env) lastEvent() Event {
 		e.t.Fatal("no observer event")
 	}
 	return e.events[len(e.events)-1]
+}
+
+// waitEvents blocks until the observer has seen at least n events: the
+// middleware reports a request after its store calls, which may come after the
+// client has its answer.
+func (e *env) waitEvents(n int) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	for len(e.events) < n {
+		e.observed.Wait()
+	}
 }
 
 func (e *env) eventCount() int {

@@ -1048,7 +1048,7 @@ func TestHijackReleases(t *testing.T) {
 	})
 	srv := httptest.NewServer(e.h)
 	defer srv.Close()
-	for range 2 {
+	for i := range 2 {
 		r, _ := http.NewRequest("POST", srv.URL+"/h", strings.NewReader("b"))
 		r.Header.Set("Idempotency-Key", "k")
 		resp, err := srv.Client().Do(r)
@@ -1057,6 +1057,8 @@ func TestHijackReleases(t *testing.T) {
 		}
 		io.Copy(io.Discard, resp.Body)
 		resp.Body.Close()
+		// The client has the hijacked answer before the middleware releases.
+		e.waitEvents(i + 1)
 	}
 	if e.calls.Load() != 2 || e.lastEvent().Decision != Released {
 		t.Fatalf("calls %d, event %+v", e.calls.Load(), e.lastEvent())
