@@ -407,50 +407,44 @@ func TestInFlight409(t *testing.T) {
 // handler durations (rounded up to whole seconds), at least 1 s and at most the
 // rest of the lease; with no sample yet it is the rest of the lease.
 func TestInFlightRetryAfterEstimate(t *testing.T) {
-	var work sync.Map // path -> duration the handler "takes" on the middleware's clock
-	var e *env
-	hold := make(chan struct{})
-	entered := make(chan struct{}, 1)
-	e = newEnv(t, func(w http.ResponseWriter, r *http.Request) {
-		if r.Header.Get("X-Hold") != "" {
-			entered <- struct{}{}
-			<-hold
-			return
-		}
-		d, _ := work.Load(r.URL.Path)
-		e.clk.advance(d.(time.Duration))
-	}, WithLease(10*time.Second))
-	retryAfter := func(path string) string {
-		t.Helper()
-		done := make(chan struct{})
-		key := "held-" + path
-		go func() { e.do(req("POST", path, key, "", "X-Hold", "1")); close(done) }()
-		<-entered
-		w := e.do(req("POST", path, key, "", "X-Hold", "1"))
-		hold <- struct{}{}
-		<-done
-		checkProblem(t, w, http.StatusConflict, CodeInFlight)
-		return w.Header().Get("Retry-After")
-	}
-	if got := retryAfter("/none"); got != "10" {
-		t.Errorf("no sample: Retry-After %q, want the rest of the lease, 10", got)
-	}
-	for i, tc := range []struct {
-		path string
-		took time.Duration
+	for _, tc := range []struct {
+		name string
+		took time.Duration // the sample request's handler duration; 0: no sample
 		want string
 	}{
-		{"/fast", 100 * time.Millisecond, "1"},
-		{"/medium", 2500 * time.Millisecond, "3"},
-		{"/slow", 30 * time.Second, "10"}, // never past the rest of the lease
+		{"no sample yet: the rest of the lease", 0, "10"},
+		{"fast handler: at least 1 s", 100 * time.Millisecond, "1"},
+		{"rounded up", 2500 * time.Millisecond, "3"},
+		{"never past the rest of the lease", 30 * time.Second, "10"},
 	} {
-		work.Store(tc.path, tc.took)
-		if w := e.do(req("POST", tc.path, fmt.Sprint("sample-", i), "")); w.Code != http.StatusOK {
-			t.Fatalf("sample request: %d", w.Code)
-		}
-		if got := retryAfter(tc.path); got != tc.want {
-			t.Errorf("%s after a %v handler: Retry-After %q, want %q", tc.path, tc.took, got, tc.want)
-		}
+		t.Run(tc.name, func(t *testing.T) {
+			// A fresh middleware per case: its estimate has no other route's samples.
+			var e *env
+			hold, entered := make(chan struct{}), make(chan struct{})
+			e = newEnv(t, func(w http.ResponseWriter, r *http.Request) {
+				if r.Header.Get("X-Hold") != "" {
+					entered <- struct{}{}
+					<-hold
+					return
+				}
+				e.clk.advance(tc.took) // the work, on the middleware's clock
+			}, WithLease(10*time.Second))
+			if tc.took > 0 {
+				if w := e.do(req("POST", "/work", "sample", "")); w.Code != http.StatusOK {
+					t.Fatalf("sample request: %d", w.Code)
+				}
+			}
+			done := make(chan struct{})
+			go func() { e.do(req("POST", "/work", "held", "", "X-Hold", "1")); close(done) }()
+			<-entered
+			w := e.do(req("POST", "/work", "held", "", "X-Hold", "1"))
+			close(hold)
+			<-done
+			checkProblem(t, w, http.StatusConflict, CodeInFlight)
+			if got := w.Header().Get("Retry-After"); got != tc.want {
+				t.Errorf("after a %v handler: Retry-After %q, want %q", tc.took, got, tc.want)
+			}
+		})
 	}
 }
 
