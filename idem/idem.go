@@ -223,8 +223,8 @@ func Do(ctx context.Context, st store.Store, id store.ID, fp store.Fingerprint, 
 //   - store.ErrInvalid for an ID the store refuses, store.ErrCorrupt for a record
 //     this package did not write, or the store's own error (wrapped) when it
 //     could not answer: fn did not run, unless the error came from storing its
-//     result, in which case Result.Value is set and the key stays claimed until
-//     its lease expires.
+//     result (tried 3 times within the lease and the store timeout), in which
+//     case Result.Value is set and the key stays claimed until its lease expires.
 func (r *Runner) Do(ctx context.Context, id store.ID, fp store.Fingerprint, fn Func) (Result, error) {
 	res, err := r.store.Claim(ctx, store.ClaimRequest{ID: id, Fingerprint: fp, Lease: r.lease, Retention: r.retention})
 	if err != nil {
@@ -303,15 +303,40 @@ func (r *Runner) run(ctx context.Context, id store.ID, res store.ClaimResult, fn
 	return out, nil
 }
 
+// completeAttempts bounds how often a failed Complete is tried; the retries
+// wait completeBackoff, then twice that, and all of them fit in the store
+// timeout and in the lease (the claim is still held while they run).
+const (
+	completeAttempts = 3
+	completeBackoff  = 20 * time.Millisecond
+)
+
 func (r *Runner) complete(ctx context.Context, id store.ID, tok store.Token, resp store.Response) error {
-	ctx, cancel := context.WithTimeout(ctx, r.storeTimeout)
+	ctx, cancel := context.WithTimeout(ctx, min(r.storeTimeout, r.lease))
 	defer cancel()
-	err := r.store.Complete(ctx, id, tok, resp, r.retention)
-	switch {
-	case err == nil:
-		return nil
-	case errors.Is(err, store.ErrLeaseLost):
-		return fmt.Errorf("idemkey/idem: key %q in scope %q taken over while fn ran; result not stored: %w", id.Key, id.Scope, err)
+	var err error
+	for attempt, wait := 1, completeBackoff; ; attempt, wait = attempt+1, 2*wait {
+		err = r.store.Complete(ctx, id, tok, resp, r.retention)
+		switch {
+		case err == nil:
+			return nil
+		case errors.Is(err, store.ErrLeaseLost):
+			return fmt.Errorf("idemkey/idem: key %q in scope %q taken over while fn ran; result not stored: %w", id.Key, id.Scope, err)
+		case errors.Is(err, store.ErrInvalid) || errors.Is(err, store.ErrCorrupt):
+			attempt = completeAttempts // the same call fails the same way
+		}
+		if attempt >= completeAttempts {
+			break
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+		case <-t.C:
+		}
+		if ctx.Err() != nil {
+			break
+		}
 	}
 	r.logger.LogAttrs(ctx, slog.LevelError, "idempotency store failed to store a function's result; the key stays claimed until its lease expires",
 		slog.String("scope", id.Scope), slog.String("key", id.Key), slog.Any("error", err))

@@ -50,7 +50,8 @@ func TestNewRejectsMisconfiguration(t *testing.T) {
 type faulty struct {
 	store.Store
 	claim, complete, release error
-	releases                 atomic.Int32
+	failCompletes            atomic.Int32 // Complete fails with errDown this many times first
+	completes, releases      atomic.Int32
 }
 
 var errDown = errors.New("store down")
@@ -63,8 +64,12 @@ func (f *faulty) Claim(ctx context.Context, req store.ClaimRequest) (store.Claim
 }
 
 func (f *faulty) Complete(ctx context.Context, id store.ID, tok store.Token, resp store.Response, ret time.Duration) error {
+	f.completes.Add(1)
 	if f.complete != nil {
 		return f.complete
+	}
+	if f.failCompletes.Add(-1) >= 0 {
+		return errDown
 	}
 	return f.Store.Complete(ctx, id, tok, resp, ret)
 }
@@ -110,6 +115,35 @@ func TestCompleteFailureKeepsClaimUntilLease(t *testing.T) {
 	// Not released: a repeat is in flight until the lease ends, never run twice at once.
 	if _, err := quiet(t, mem).Do(t.Context(), id, fp, func(context.Context) ([]byte, error) { return nil, nil }); !errors.Is(err, idem.ErrInFlight) {
 		t.Fatalf("repeat: %v, want ErrInFlight", err)
+	}
+}
+
+func TestCompleteRetried(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		fails int32
+		ok    bool
+	}{
+		{"one failure", 1, true},
+		{"two failures", 2, true},
+		{"fails every attempt", 3, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := &faulty{Store: memory.New()}
+			f.failCompletes.Store(tc.fails)
+			r := quiet(t, f)
+			id := store.ID{Key: "k"}
+			_, err := r.Do(t.Context(), id, fp, func(context.Context) ([]byte, error) { return []byte("v"), nil })
+			if (err == nil) != tc.ok || f.completes.Load() != min(tc.fails+1, 3) {
+				t.Fatalf("Do: %v after %d Complete calls; want ok=%v", err, f.completes.Load(), tc.ok)
+			}
+			if tc.ok {
+				res, err := r.Do(t.Context(), id, fp, func(context.Context) ([]byte, error) { return nil, errors.New("ran twice") })
+				if err != nil || !res.Replayed || string(res.Value) != "v" {
+					t.Fatalf("replay = %+v, %v", res, err)
+				}
+			}
+		})
 	}
 }
 
