@@ -48,6 +48,7 @@ import (
 	"io"
 	"log/slog"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -151,7 +152,14 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer, logg
 // applies messages until ctx is done; in-flight messages finish (commit and
 // ack) before it returns.
 func consume(ctx context.Context, cfg config, stdout io.Writer, logger *slog.Logger) error {
-	pool, err := pgxpool.New(ctx, cfg.databaseURL)
+	pcfg, err := pgxpool.ParseConfig(cfg.databaseURL)
+	if err != nil {
+		return fmt.Errorf("DATABASE_URL: %w", err)
+	}
+	if !strings.Contains(cfg.databaseURL, "pool_max_conns") {
+		pcfg.MaxConns = int32(cfg.workers + 1) // one per worker, one for the sweeper
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
 	if err != nil {
 		return fmt.Errorf("DATABASE_URL: %w", err)
 	}
