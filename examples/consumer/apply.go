@@ -27,6 +27,8 @@ const (
 	applyTimeout = 30 * time.Second
 	// maxIDLen bounds instructionId and accountId, in bytes.
 	maxIDLen = 200
+	// maxLoggedBody bounds the part of a malformed body that is logged, in bytes.
+	maxLoggedBody = 512
 	// maxPrefixLen keeps <prefix>applied_instructions within Postgres's 63-byte names.
 	maxPrefixLen = 40
 )
@@ -170,7 +172,11 @@ func (a *applier) run(ctx context.Context, src source) error {
 func (a *applier) handle(ctx context.Context, d delivery) {
 	in, err := decode(d.Body(), d.Key())
 	if err != nil {
-		a.logger.Error("rejecting a malformed message", "err", err, "body", string(d.Body()))
+		body := d.Body()
+		if len(body) > maxLoggedBody {
+			body = body[:maxLoggedBody]
+		}
+		a.logger.Error("rejecting a malformed message", "err", err, "body", string(body), "body_bytes", len(d.Body()))
 		a.settle("reject", d.Reject())
 		return
 	}

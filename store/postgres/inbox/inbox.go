@@ -259,11 +259,14 @@ func (in *Inbox) Record(ctx context.Context, q postgres.Querier, consumer, messa
 // It returns Applied once committed, AlreadyProcessed (fn not called, nothing
 // committed) for a duplicate, and for any error (fn's, unchanged and wrapped
 // by nothing else, or the driver's, wrapped) nothing is committed: nack the
-// message. A failed commit may still have committed; the redelivery then finds
+// message. A nil fn wraps store.ErrInvalid. A failed commit may still have committed; the redelivery then finds
 // the message processed.
 func (in *Inbox) Process(ctx context.Context, consumer, messageID string, fn func(ctx context.Context, tx pgx.Tx) error) (outcome Outcome, err error) {
 	if err := checkID(consumer, messageID); err != nil {
 		return 0, err
+	}
+	if fn == nil {
+		return 0, fmt.Errorf("%w: inbox: nil handler", store.ErrInvalid)
 	}
 	tx, err := in.db.Begin(ctx)
 	if err != nil {

@@ -358,6 +358,9 @@ func TestInvalidArguments(t *testing.T) {
 			t.Errorf("Process: %v, want store.ErrInvalid", err)
 		}
 	}
+	if _, err := in.Process(t.Context(), "c", "m", nil); !errors.Is(err, store.ErrInvalid) {
+		t.Errorf("Process with a nil handler: %v, want store.ErrInvalid", err)
+	}
 	usable(t, tx) // refused before anything reached the server
 }
 
