@@ -67,9 +67,13 @@ type testBroker interface {
 type message struct {
 	instruction instruction
 	brokerID    string
+	raw         []byte // the body instead of the instruction's JSON, when set
 }
 
 func (m message) body() []byte {
+	if m.raw != nil {
+		return m.raw
+	}
 	b, _ := json.Marshal(m.instruction)
 	return b
 }

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"encoding/json"
 	"errors"
 	"strings"
 	"testing"
@@ -114,6 +115,45 @@ func TestTwoConsumers(t *testing.T) {
 			f.finish(t, one, two)
 		})
 	}
+}
+
+// TestMalformedRejected: a body that is not an instruction, or whose header
+// names another instruction, is rejected for good (never redelivered, no row),
+// and the valid message next to it is applied.
+func TestMalformedRejected(t *testing.T) {
+	for _, b := range brokers {
+		t.Run(b.name, func(t *testing.T) {
+			f := setup(t, b.open, b.name)
+			good := f.want[0]
+			f.want = f.want[:1]
+			other := good
+			other.InstructionID = good.InstructionID + "-other"
+			f.broker.publish(t, []message{
+				{instruction: good, brokerID: "bad-json-" + uniqueName(), raw: []byte("{not json")},
+				{instruction: good, brokerID: "no-amount-" + uniqueName(), raw: []byte(`{"instructionId":"` + good.InstructionID + `","accountId":"a"}`)},
+				{instruction: good, brokerID: "header-differs-" + uniqueName(), raw: mustJSON(t, other)},
+				{instruction: good, brokerID: "good-" + uniqueName()},
+			})
+			p := f.start(t)
+			waitUntil(t, drainLimit, "the valid message applied and the others settled", func() bool {
+				return f.tables.rows(t) >= 1 && f.broker.idle(t)
+			})
+			p.Stop()
+			if !f.broker.idle(t) {
+				t.Fatal("a malformed message came back to the broker")
+			}
+			f.tables.check(t, f.want)
+		})
+	}
+}
+
+func mustJSON(t *testing.T, v any) []byte {
+	t.Helper()
+	b, err := json.Marshal(v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
 }
 
 func TestConfig(t *testing.T) {
