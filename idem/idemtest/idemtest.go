@@ -279,15 +279,17 @@ func testPanicReleases(t *testing.T, s *suite) {
 }
 
 // testRenewal runs fn for several leases; renewals keep every concurrent call
-// in flight, and the result is stored.
+// in flight, and the result is stored. The lease is twice the suite's so that
+// a renewal delayed by a loaded machine (up to two thirds of it) still lands.
 func testRenewal(t *testing.T, s *suite) {
-	r := s.runner(t, s.st, Lease)
+	lease := 2 * Lease
+	r := s.runner(t, s.st, lease)
 	id := newID(t)
 	var inflight int
 	res, err := r.Do(s.ctx, id, fpA, func(ctx context.Context) ([]byte, error) {
-		deadline := time.Now().Add(3 * Lease)
+		deadline := time.Now().Add(5 * lease / 2)
 		for time.Now().Before(deadline) {
-			time.Sleep(Lease / 4) // the lease runs on the store's real clock
+			time.Sleep(lease / 4) // the lease runs on the store's real clock
 			_, err := r.Do(ctx, id, fpA, func(context.Context) ([]byte, error) { return nil, errors.New("ran twice") })
 			if !errors.Is(err, idem.ErrInFlight) {
 				return nil, fmt.Errorf("concurrent Do after %d in-flight answers: %v, want ErrInFlight", inflight, err)
