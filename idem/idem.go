@@ -220,12 +220,15 @@ func Do(ctx context.Context, st store.Store, id store.ID, fp store.Fingerprint, 
 //   - fn's own error, unchanged, after the key was released or the failure recorded;
 //   - an error matching store.ErrLeaseLost: fn ran (Result.Value holds its result)
 //     but another caller took the key over, so the result was not stored;
-//   - store.ErrInvalid for an ID the store refuses, store.ErrCorrupt for a record
+//   - store.ErrInvalid for a nil fn or an ID the store refuses, store.ErrCorrupt for a record
 //     this package did not write, or the store's own error (wrapped) when it
 //     could not answer: fn did not run, unless the error came from storing its
 //     result (tried 3 times within the lease and the store timeout), in which
 //     case Result.Value is set and the key stays claimed until its lease expires.
 func (r *Runner) Do(ctx context.Context, id store.ID, fp store.Fingerprint, fn Func) (Result, error) {
+	if fn == nil {
+		return Result{}, fmt.Errorf("%w: idem: nil fn", store.ErrInvalid)
+	}
 	res, err := r.store.Claim(ctx, store.ClaimRequest{ID: id, Fingerprint: fp, Lease: r.lease, Retention: r.retention})
 	if err != nil {
 		return Result{}, fmt.Errorf("idemkey/idem: claim: %w", err)

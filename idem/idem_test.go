@@ -93,6 +93,18 @@ func quiet(t *testing.T, st store.Store, opts ...idem.Option) *idem.Runner {
 
 var fp = idem.Fingerprint([]byte("args"))
 
+func TestNilFnRefused(t *testing.T) {
+	mem := memory.New()
+	id := store.ID{Key: "k"}
+	if _, err := quiet(t, mem).Do(t.Context(), id, fp, nil); !errors.Is(err, store.ErrInvalid) {
+		t.Fatalf("Do(nil fn): %v, want store.ErrInvalid", err)
+	}
+	// Nothing was claimed: a real call runs.
+	if res, err := quiet(t, mem).Do(t.Context(), id, fp, func(context.Context) ([]byte, error) { return []byte("v"), nil }); err != nil || res.Replayed {
+		t.Fatalf("Do after a refused nil fn = %+v, %v", res, err)
+	}
+}
+
 func TestClaimFailureDoesNotRun(t *testing.T) {
 	r := quiet(t, &faulty{Store: memory.New(), claim: errDown})
 	_, err := r.Do(t.Context(), store.ID{Key: "k"}, fp, func(context.Context) ([]byte, error) {
