@@ -1,7 +1,7 @@
 // Package proctest runs the examples' commands as separate processes in tests: it
 // builds a main package, starts it, reads its first stdout line "listening on X"
-// and stops it at the test's cleanup. It also holds the vegeta targeter the
-// process storms share. Tests only.
+// (a consumer's ready line with StartReady) and stops it at the test's cleanup.
+// It also holds the vegeta targeter the process storms share. Tests only.
 package proctest
 
 import (
@@ -47,6 +47,7 @@ type Proc struct {
 	cmd      *exec.Cmd
 	drained  chan struct{} // closed when stdout reached EOF
 	killed   atomic.Bool
+	stopped  atomic.Bool
 	waitOnce sync.Once
 	waitErr  error
 }
@@ -58,6 +59,32 @@ type Proc struct {
 // cleanup the process gets SIGINT and must exit with status 0, unless Kill was
 // called.
 func Start(t testing.TB, bin string, env ...string) *Proc {
+	t.Helper()
+	p, line := start(t, bin, env)
+	x, ok := strings.CutPrefix(line, "listening on ")
+	if !ok {
+		t.Fatalf("%s: unexpected first line %q", p.name, line)
+	}
+	p.Addr = x
+	if _, hostPort, ok := strings.Cut(x, "://"); ok {
+		p.URL, p.Addr = x, hostPort
+	}
+	return p
+}
+
+// StartReady is Start for a process that serves no address (a message
+// consumer): its first stdout line must be ready, such as "consuming nats".
+func StartReady(t testing.TB, bin, ready string, env ...string) *Proc {
+	t.Helper()
+	p, line := start(t, bin, env)
+	if line != ready {
+		t.Fatalf("%s: first line %q, want %q", p.name, line, ready)
+	}
+	return p
+}
+
+// start runs bin and returns it with its first stdout line, trimmed.
+func start(t testing.TB, bin string, env []string) (*Proc, string) {
 	t.Helper()
 	name := filepath.Base(bin)
 	r, w, err := os.Pipe()
@@ -76,6 +103,11 @@ func Start(t testing.TB, bin string, env ...string) *Proc {
 	}
 	p := &Proc{t: t, name: name, cmd: cmd, drained: make(chan struct{})}
 	t.Cleanup(func() {
+		if p.stopped.Load() {
+			<-p.drained
+			r.Close()
+			return
+		}
 		if !p.killed.Load() {
 			_ = cmd.Process.Signal(os.Interrupt)
 		}
@@ -92,17 +124,9 @@ func Start(t testing.TB, bin string, env ...string) *Proc {
 		_, _ = io.Copy(io.Discard, stdout) // a full pipe would block the process
 	}()
 	if err != nil {
-		t.Fatalf("%s printed no listening line: %v", name, err)
+		t.Fatalf("%s printed no first line: %v", name, err)
 	}
-	x, ok := strings.CutPrefix(strings.TrimSpace(line), "listening on ")
-	if !ok {
-		t.Fatalf("%s: unexpected first line %q", name, line)
-	}
-	p.Addr = x
-	if _, hostPort, ok := strings.Cut(x, "://"); ok {
-		p.URL, p.Addr = x, hostPort
-	}
-	return p
+	return p, strings.TrimSpace(line)
 }
 
 // Kill stops the process with SIGKILL, in the middle of whatever it does, and
@@ -117,6 +141,22 @@ func (p *Proc) Kill() {
 		p.t.Fatalf("%s: SIGKILL: %v", p.name, err)
 	}
 	_ = p.wait() // "signal: killed"
+}
+
+// Stop sends SIGINT and returns once the process has exited, failing the test
+// unless it exited with status 0. Calls after the first, or after Kill, do
+// nothing. Call it from the test's goroutine.
+func (p *Proc) Stop() {
+	p.t.Helper()
+	if p.killed.Load() || p.stopped.Swap(true) {
+		return
+	}
+	if err := p.cmd.Process.Signal(os.Interrupt); err != nil {
+		p.t.Fatalf("%s: SIGINT: %v", p.name, err)
+	}
+	if err := p.wait(); err != nil {
+		p.t.Fatalf("%s exited with %v after SIGINT", p.name, err)
+	}
 }
 
 // Killed reports whether Kill was called.
