@@ -1,0 +1,12 @@
+module github.com/idemkey/idemkey/middleware/echov5
+
+go 1.26.0
+
+replace github.com/idemkey/idemkey => ../..
+
+require github.com/idemkey/idemkey v0.0.0-00010101000000-000000000000
+
+require (
+	github.com/labstack/echo/v5 v5.4.6
+	golang.org/x/time v0.15.0 // indirect
+)
