@@ -1,0 +1,93 @@
+package idemgin_test
+
+import (
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+
+	"github.com/gin-gonic/gin"
+
+	"github.com/idemkey/idemkey/middleware"
+	idemgin "github.com/idemkey/idemkey/middleware/gin"
+	"github.com/idemkey/idemkey/store/memory"
+)
+
+// benchReplay measures the replay path (one stored response, same key every
+// iteration) through h.
+func benchReplay(b *testing.B, h http.Handler) {
+	send := func() *httptest.ResponseRecorder {
+		r := httptest.NewRequest("POST", "/pay", strings.NewReader(`{"amountCents":100}`))
+		r.Header.Set("Idempotency-Key", "bench")
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, r)
+		return w
+	}
+	send()
+	b.ReportAllocs()
+	for b.Loop() {
+		if w := send(); w.Code != 201 {
+			b.Fatal(w.Code)
+		}
+	}
+}
+
+func newBenchMiddleware(b *testing.B) *middleware.Middleware {
+	m, err := middleware.New(memory.New(), middleware.GlobalScope)
+	if err != nil {
+		b.Fatal(err)
+	}
+	return m
+}
+
+// BenchmarkReplayNetHTTP is the core alone, the baseline of BenchmarkReplayEcho.
+func BenchmarkReplayNetHTTP(b *testing.B) {
+	mux := http.NewServeMux()
+	mux.Handle("POST /pay", newBenchMiddleware(b).Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.WriteHeader(201)
+		w.Write([]byte(`{"ok":true}`))
+	})))
+	benchReplay(b, mux)
+}
+
+// BenchmarkReplayGin is the same through gin and the adapter.
+func BenchmarkReplayGin(b *testing.B) {
+	benchReplay(b, benchGin(b))
+}
+
+func benchGin(b *testing.B) *gin.Engine {
+	r := gin.New()
+	r.POST("/pay", idemgin.Middleware(newBenchMiddleware(b)), func(c *gin.Context) { c.Data(201, "application/json", []byte(`{"ok":true}`)) })
+	return r
+}
+
+// BenchmarkExecuteGin measures the first-execution path (a new key every
+// iteration) through gin and the adapter.
+func BenchmarkExecuteGin(b *testing.B) {
+	e := benchGin(b)
+	b.ReportAllocs()
+	i := 0
+	for b.Loop() {
+		i++
+		r := httptest.NewRequest("POST", "/pay", strings.NewReader(`{"amountCents":100}`))
+		r.Header.Set("Idempotency-Key", "k"+itoa(i))
+		w := httptest.NewRecorder()
+		e.ServeHTTP(w, r)
+		if w.Code != 201 {
+			b.Fatal(w.Code)
+		}
+	}
+}
+
+func itoa(i int) string {
+	var buf [20]byte
+	n := len(buf)
+	for {
+		n--
+		buf[n] = byte('0' + i%10)
+		i /= 10
+		if i == 0 {
+			return string(buf[n:])
+		}
+	}
+}
