@@ -1,0 +1,345 @@
+// Package client is the other half of idempotency: an http.RoundTripper that
+// makes a write safe to retry by keeping one Idempotency-Key across every
+// attempt of a logical request (IETF draft draft-ietf-httpapi-idempotency-key-header
+// section 2; docs/architecture.md section 3 for what the server does with it).
+//
+// Clients lose keys in two ways: they mint a new key on each attempt (so the
+// server runs the write again), or they retry a keyless write blindly. Transport
+// does neither. For each request with a protected method (POST and PATCH by
+// default) it:
+//
+//   - keeps the caller's Idempotency-Key, or mints one (a random UUIDv4, sent as
+//     a Structured Field string) when the caller set none, and sends that same
+//     key on every attempt;
+//   - re-sends the same body bytes on every attempt (through Request.GetBody,
+//     or a copy it reads once when the request has no GetBody);
+//   - retries on a transport error (connection refused or reset, an answer lost
+//     on the way back, an attempt timeout), on 409 or 503 with Retry-After
+//     (waiting that long), and on any other 5xx (exponential back-off with
+//     jitter), at most MaxAttempts attempts in all, while the request's context
+//     lives;
+//   - never retries 422 (the key was used for another request) or any other
+//     4xx: those are the answer, returned as is.
+//
+// Requests with other methods are sent once, unchanged. The key of a request is
+// in the response's Request (resp.Request.Header), for logs and reconciliation.
+// The last attempt's response or error is returned; an error is wrapped with
+// the number of attempts and matches the transport's error with errors.Is/As.
+package client
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"io"
+	mathrand "math/rand/v2"
+	"net/http"
+	"net/textproto"
+	"strconv"
+	"time"
+)
+
+// Defaults of the options.
+const (
+	// DefaultKeyHeader is the request header that carries the key.
+	DefaultKeyHeader = "Idempotency-Key"
+	// DefaultMaxAttempts is the number of attempts of one request, the first
+	// included.
+	DefaultMaxAttempts = 4
+	// DefaultBaseDelay is the back-off before the second attempt; it doubles
+	// for each further one (each wait jittered to between half and all of it).
+	DefaultBaseDelay = 100 * time.Millisecond
+	// DefaultMaxDelay is the longest single wait: the cap of the back-off, and
+	// the longest Retry-After honoured (a longer one ends the retries and its
+	// response is returned).
+	DefaultMaxDelay = 10 * time.Second
+)
+
+// drainLimit is how much of a retried response's body is read so its
+// connection can be reused.
+const drainLimit = 64 << 10
+
+// Transport is an http.RoundTripper that keeps a request's idempotency key
+// across its retries; see the package doc. Build it with New. Safe for
+// concurrent use.
+type Transport struct {
+	base           http.RoundTripper
+	keyHeader      string
+	methods        map[string]bool
+	maxAttempts    int
+	baseDelay      time.Duration
+	maxDelay       time.Duration
+	attemptTimeout time.Duration
+	newKey         func() string
+	// sleep waits d or until ctx is done; tests replace it.
+	sleep func(ctx context.Context, d time.Duration) error
+}
+
+// Option configures a Transport.
+type Option func(*Transport)
+
+// WithBase sets the transport that sends each attempt (default
+// http.DefaultTransport).
+func WithBase(rt http.RoundTripper) Option { return func(t *Transport) { t.base = rt } }
+
+// WithKeyHeader sets the header carrying the key (default "Idempotency-Key").
+func WithKeyHeader(name string) Option {
+	return func(t *Transport) { t.keyHeader = textproto.CanonicalMIMEHeaderKey(name) }
+}
+
+// WithMethods sets the methods that get a key and retries (default POST and
+// PATCH, the methods the server middleware protects by default).
+func WithMethods(methods ...string) Option {
+	return func(t *Transport) {
+		t.methods = map[string]bool{}
+		for _, m := range methods {
+			t.methods[m] = true
+		}
+	}
+}
+
+// WithMaxAttempts sets the number of attempts of one request, the first
+// included (default 4; at least 1).
+func WithMaxAttempts(n int) Option { return func(t *Transport) { t.maxAttempts = n } }
+
+// WithBackoff sets the back-off before the second attempt and the longest
+// single wait (defaults 100ms and 10s; base positive, max at least base). The
+// back-off doubles per attempt up to max; each wait is jittered to between half
+// and all of it. A Retry-After over max ends the retries.
+func WithBackoff(base, max time.Duration) Option {
+	return func(t *Transport) { t.baseDelay, t.maxDelay = base, max }
+}
+
+// WithAttemptTimeout bounds each attempt, from sending the request to the end of
+// the response headers (default none: only the request's context bounds it).
+// An attempt over it counts as a lost answer and is retried with the same key.
+func WithAttemptTimeout(d time.Duration) Option { return func(t *Transport) { t.attemptTimeout = d } }
+
+// WithKeyFunc sets how a key is minted for a request without one (default
+// NewKey). It must return a different key on each call.
+func WithKeyFunc(f func() string) Option { return func(t *Transport) { t.newKey = f } }
+
+// New returns a Transport with the options applied. It fails on an empty key
+// header, no methods, fewer than one attempt, a non-positive base delay, a max
+// delay under the base, a negative attempt timeout or a nil base or key func.
+func New(opts ...Option) (*Transport, error) {
+	t := &Transport{
+		base:        http.DefaultTransport,
+		keyHeader:   DefaultKeyHeader,
+		methods:     map[string]bool{http.MethodPost: true, http.MethodPatch: true},
+		maxAttempts: DefaultMaxAttempts,
+		baseDelay:   DefaultBaseDelay,
+		maxDelay:    DefaultMaxDelay,
+		newKey:      NewKey,
+		sleep:       sleep,
+	}
+	for _, o := range opts {
+		o(t)
+	}
+	switch {
+	case t.base == nil:
+		return nil, errors.New("client: nil base transport")
+	case t.keyHeader == "":
+		return nil, errors.New("client: empty key header name")
+	case len(t.methods) == 0:
+		return nil, errors.New("client: no methods to protect")
+	case t.maxAttempts < 1:
+		return nil, fmt.Errorf("client: %d attempts, want at least 1", t.maxAttempts)
+	case t.baseDelay <= 0 || t.maxDelay < t.baseDelay:
+		return nil, fmt.Errorf("client: back-off base %v and max %v, want 0 < base <= max", t.baseDelay, t.maxDelay)
+	case t.attemptTimeout < 0:
+		return nil, fmt.Errorf("client: negative attempt timeout %v", t.attemptTimeout)
+	case t.newKey == nil:
+		return nil, errors.New("client: nil key func")
+	}
+	return t, nil
+}
+
+// NewKey returns a random UUIDv4 (RFC 9562 section 5.4) from crypto/rand, in
+// its 36-character text form, e.g. "9b2c4f0e-7a51-4d0b-8f3e-2c6d1a7b9e40".
+func NewKey() string {
+	var u [16]byte
+	rand.Read(u[:]) // never fails (crypto/rand.Read aborts the program instead)
+	u[6] = u[6]&0x0f | 0x40
+	u[8] = u[8]&0x3f | 0x80
+	const hex = "0123456789abcdef"
+	var b [36]byte
+	j := 0
+	for i, c := range u {
+		if i == 4 || i == 6 || i == 8 || i == 10 {
+			b[j] = '-'
+			j++
+		}
+		b[j], b[j+1] = hex[c>>4], hex[c&0x0f]
+		j += 2
+	}
+	return string(b[:])
+}
+
+// RoundTrip sends req, with its key and retries as the package doc says. It
+// does not modify req: each attempt is a clone carrying the key.
+func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
+	if !t.methods[req.Method] {
+		return t.base.RoundTrip(req)
+	}
+	ctx := req.Context()
+	getBody, err := bodySource(req)
+	if err != nil {
+		return nil, err
+	}
+	header := req.Header.Clone()
+	if header == nil {
+		header = http.Header{}
+	}
+	if len(header[t.keyHeader]) == 0 {
+		header[t.keyHeader] = []string{`"` + t.newKey() + `"`}
+	}
+	for attempt := 1; ; attempt++ {
+		resp, err := t.try(ctx, req, header, getBody)
+		if attempt == t.maxAttempts || ctx.Err() != nil {
+			return resp, wrap(err, attempt)
+		}
+		wait, retry := t.decide(resp, err, attempt)
+		if !retry {
+			return resp, wrap(err, attempt)
+		}
+		if resp != nil {
+			io.CopyN(io.Discard, resp.Body, drainLimit)
+			resp.Body.Close()
+		}
+		if err := t.sleep(ctx, wait); err != nil {
+			return nil, wrap(err, attempt)
+		}
+	}
+}
+
+func wrap(err error, attempts int) error {
+	if err == nil {
+		return nil
+	}
+	return fmt.Errorf("client: %d attempt(s): %w", attempts, err)
+}
+
+// try sends one attempt: a clone of req with header and a fresh body.
+func (t *Transport) try(ctx context.Context, req *http.Request, header http.Header, getBody func() (io.ReadCloser, error)) (*http.Response, error) {
+	cancel := func() {}
+	if t.attemptTimeout > 0 {
+		var stop context.CancelFunc
+		ctx, stop = context.WithTimeout(ctx, t.attemptTimeout)
+		cancel = stop
+	}
+	r := req.Clone(ctx)
+	r.Header = header
+	if getBody != nil {
+		body, err := getBody()
+		if err != nil {
+			cancel()
+			return nil, fmt.Errorf("client: rewinding the request body: %w", err)
+		}
+		r.Body, r.GetBody = body, getBody
+	}
+	resp, err := t.base.RoundTrip(r)
+	if err != nil {
+		cancel()
+		return nil, err
+	}
+	if t.attemptTimeout > 0 {
+		// The timeout covers the headers; the body is the caller's to read.
+		resp.Body = &cancelBody{ReadCloser: resp.Body, cancel: cancel}
+	}
+	return resp, nil
+}
+
+// decide says whether an attempt's outcome is retried, and after what wait.
+func (t *Transport) decide(resp *http.Response, err error, attempt int) (time.Duration, bool) {
+	if err != nil {
+		return t.backoff(attempt), true
+	}
+	s := resp.StatusCode
+	switch {
+	case s == http.StatusConflict || s == http.StatusServiceUnavailable:
+		if d, ok := retryAfter(resp.Header.Get("Retry-After"), time.Now()); ok {
+			if d > t.maxDelay {
+				return 0, false
+			}
+			// A little jitter spreads the retries of many clients told the same.
+			return d + mathrand.N(t.baseDelay), true
+		}
+		if s == http.StatusConflict {
+			return 0, false // a conflict of the application, not the key's lease
+		}
+		return t.backoff(attempt), true
+	case s >= 500:
+		return t.backoff(attempt), true
+	}
+	return 0, false
+}
+
+// backoff is the jittered wait after attempt n: base * 2^(n-1), capped at max,
+// then a random point between half and all of it.
+func (t *Transport) backoff(n int) time.Duration {
+	d := t.maxDelay
+	if n-1 < 32 {
+		if e := t.baseDelay << (n - 1); e > 0 && e < d {
+			d = e
+		}
+	}
+	return d/2 + mathrand.N(d/2+1)
+}
+
+// retryAfter parses a Retry-After value (RFC 9110 section 10.2.3): whole
+// seconds, or an HTTP date (a past date is 0).
+func retryAfter(v string, now time.Time) (time.Duration, bool) {
+	if v == "" {
+		return 0, false
+	}
+	if n, err := strconv.ParseUint(v, 10, 32); err == nil {
+		return time.Duration(n) * time.Second, true
+	}
+	if at, err := http.ParseTime(v); err == nil {
+		return max(at.Sub(now), 0), true
+	}
+	return 0, false
+}
+
+// bodySource returns a function giving the request body afresh, or nil for a
+// request without one. A body without GetBody is read once into memory.
+func bodySource(req *http.Request) (func() (io.ReadCloser, error), error) {
+	if req.Body == nil || req.Body == http.NoBody {
+		return nil, nil
+	}
+	if req.GetBody != nil {
+		return req.GetBody, nil
+	}
+	b, err := io.ReadAll(req.Body)
+	req.Body.Close()
+	if err != nil {
+		return nil, fmt.Errorf("client: reading the request body: %w", err)
+	}
+	return func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(b)), nil }, nil
+}
+
+func sleep(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// cancelBody ends an attempt's context when the caller closes the body.
+type cancelBody struct {
+	io.ReadCloser
+	cancel context.CancelFunc
+}
+
+func (b *cancelBody) Close() error {
+	err := b.ReadCloser.Close()
+	b.cancel()
+	return err
+}
