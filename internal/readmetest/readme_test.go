@@ -1,0 +1,78 @@
+package readmetest_test
+
+import (
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+
+	"github.com/idemkey/idemkey/middleware"
+)
+
+const top = "../.."
+
+var snippet = regexp.MustCompile("(?s)<!-- snippet: (\\S+) -->\n```go\n(.*?)```\n")
+
+// TestReadmeSnippetsCompile: every README snippet marked with its file is that
+// file byte for byte (the files are compiled and vetted with their modules), and
+// every such file appears in the README.
+func TestReadmeSnippetsCompile(t *testing.T) {
+	readme, err := os.ReadFile(filepath.Join(top, "README.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	shown := map[string]bool{}
+	for _, m := range snippet.FindAllStringSubmatch(string(readme), -1) {
+		path, text := m[1], m[2]
+		shown[path] = true
+		file, err := os.ReadFile(filepath.Join(top, path))
+		if err != nil {
+			t.Errorf("README snippet of %s: %v", path, err)
+			continue
+		}
+		if string(file) != text {
+			t.Errorf("README snippet of %s differs from the file; copy the file into the README", path)
+		}
+	}
+	files, err := filepath.Glob(filepath.Join(top, "*", "*", "internal", "readme", "main.go"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	more, _ := filepath.Glob(filepath.Join(top, "*", "internal", "readme", "main.go"))
+	files = append(files, more...)
+	if len(files) < 6 {
+		t.Fatalf("found %d snippet files, want net/http, chi, echo v4, echo v5, gin and the client: %v", len(files), files)
+	}
+	for _, f := range files {
+		rel, _ := filepath.Rel(top, f)
+		if !shown[filepath.ToSlash(rel)] {
+			t.Errorf("%s is not shown in the README", rel)
+		}
+	}
+}
+
+// TestOpenAPIFragment: the fragment names the middleware's default headers and
+// every problem code it answers.
+func TestOpenAPIFragment(t *testing.T) {
+	b, err := os.ReadFile(filepath.Join(top, "docs", "openapi-fragment.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	doc := string(b)
+	for _, want := range []string{
+		"name: " + middleware.DefaultKeyHeader, middleware.DefaultReplayedHeader + ":", middleware.DefaultOmittedHeader + ":",
+		"Retry-After:", "application/problem+json:", middleware.ProblemTypePrefix,
+		"- " + middleware.CodeKeyMissing, "- " + middleware.CodeKeyInvalid, "- " + middleware.CodeBodyUnreadable,
+		"- " + middleware.CodeRequestTooLarge, "- " + middleware.CodeInFlight, "- " + middleware.CodeMismatch,
+		"- " + middleware.CodeStoreUnavailable,
+		`"400":`, `"409":`, `"413":`, `"422":`, `"503":`,
+	} {
+		if !strings.Contains(doc, want) {
+			t.Errorf("docs/openapi-fragment.yaml lacks %q", want)
+		}
+	}
+	if strings.Contains(doc, "\t") {
+		t.Error("docs/openapi-fragment.yaml has a tab (YAML indents with spaces)")
+	}
+}

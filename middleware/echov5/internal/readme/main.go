@@ -1,0 +1,31 @@
+// Command readme is the README's echo v5 snippet, kept compiling.
+package main
+
+import (
+	"log"
+	"net/http"
+
+	"github.com/labstack/echo/v5"
+
+	"github.com/idemkey/idemkey/middleware"
+	idemechov5 "github.com/idemkey/idemkey/middleware/echov5"
+	"github.com/idemkey/idemkey/store/memory"
+)
+
+func main() {
+	m, err := middleware.New(memory.New(), middleware.ScopeFromHeader("X-Client-ID", "anonymous"))
+	if err != nil {
+		log.Fatal(err)
+	}
+	e := echo.New()
+	api := e.Group("/api", idemechov5.Middleware(m))
+	api.POST("/payments", func(c *echo.Context) error {
+		id, _ := idemechov5.KeyFromContext(c)
+		if id.Key == "declined" {
+			// Rendered inside the middleware: this 422 is stored and replayed.
+			return echo.NewHTTPError(http.StatusUnprocessableEntity, "card declined")
+		}
+		return c.JSON(http.StatusCreated, map[string]string{"payment": id.Key})
+	})
+	log.Fatal(e.Start("127.0.0.1:8080"))
+}
