@@ -205,6 +205,7 @@ type Middleware struct {
 	work             *workEstimate // recent handler durations, for a 409's Retry-After
 	outage           outage        // the current run of store failures, logged once
 	clockNow         func() time.Time
+	storeObs         StoreObserver // the observer, when it implements StoreObserver
 }
 
 // New returns a middleware claiming keys in s, scoped by scope. Both are
@@ -237,6 +238,7 @@ func New(s store.Store, scope ScopeFunc, opts ...Option) (*Middleware, error) {
 	if m.logger == nil {
 		m.logger = slog.Default()
 	}
+	m.storeObs, _ = m.observer.(StoreObserver)
 	m.deny = make(map[string]struct{})
 	for _, h := range append(append(append([]string{}, DefaultDenyHeaders...), m.config.deny...), m.replayedHeader, m.omittedHeader) {
 		m.deny[textproto.CanonicalMIMEHeaderKey(h)] = struct{}{}
@@ -278,6 +280,21 @@ func (m *Middleware) protected(method string) bool {
 func (m *Middleware) observe(ctx context.Context, e Event) {
 	if m.observer != nil {
 		m.observer.Observe(ctx, e)
+	}
+}
+
+// storeCall tells the StoreObserver, if any, that op starts; callers use the
+// context it returns for the call and pass its error to storeDone.
+func (m *Middleware) storeCall(ctx context.Context, op StoreOp, id store.ID) (context.Context, func(error)) {
+	if m.storeObs == nil {
+		return ctx, nil
+	}
+	return m.storeObs.StoreCallStart(ctx, op, id)
+}
+
+func storeDone(done func(error), err error) {
+	if done != nil {
+		done(err)
 	}
 }
 
@@ -369,8 +386,10 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	}
 
 	t0 := m.now()
-	res, err := m.store.Claim(ctx, store.ClaimRequest{ID: id, Fingerprint: fp, Lease: m.lease, Retention: m.retention})
+	callCtx, done := m.storeCall(ctx, StoreClaim, id)
+	res, err := m.store.Claim(callCtx, store.ClaimRequest{ID: id, Fingerprint: fp, Lease: m.lease, Retention: m.retention})
 	latency := m.since(t0)
+	storeDone(done, err)
 	if err == nil && (res.Outcome < store.Claimed || res.Outcome > store.Mismatch ||
 		res.Outcome == store.Completed && res.Record == nil || res.Outcome == store.Claimed && res.Token.IsZero()) {
 		err = fmt.Errorf("idemkey/middleware: store answered an invalid claim result (outcome %v)", res.Outcome)
@@ -406,7 +425,7 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	case store.Completed:
 		pooled = true
 		m.replay(w, res.Record)
-		m.observe(ctx, Event{Decision: Replayed, ID: id, Status: res.Record.Status, StoreLatency: latency})
+		m.observe(ctx, Event{Decision: Replayed, ID: id, Status: res.Record.Status, StoreLatency: latency, CompletedAt: res.Record.CompletedAt})
 	case store.InFlight:
 		pooled = true
 		m.writeProblem(w, http.StatusConflict, m.problems.inFlight, m.inFlightRetryAfter(fpReq.Route, res.RetryAfter))
@@ -469,7 +488,10 @@ func (m *Middleware) execute(c *call, w http.ResponseWriter, r *http.Request, ne
 		ev.Decision = Released
 		ev.Status = c.status
 		t0 := m.now()
-		if err := m.store.Release(&c.ctx, id, c.token); err != nil {
+		callCtx, done := m.storeCall(&c.ctx, StoreRelease, id)
+		err := m.store.Release(callCtx, id, c.token)
+		storeDone(done, err)
+		if err != nil {
 			m.logRelease(c, err)
 			ev.Err = err
 		}
@@ -506,7 +528,10 @@ func (m *Middleware) execute(c *call, w http.ResponseWriter, r *http.Request, ne
 			ev.Status = 0
 		}
 		ev.Decision = Released
-		if err = m.store.Release(&c.ctx, id, c.token); err != nil {
+		callCtx, done := m.storeCall(&c.ctx, StoreRelease, id)
+		err = m.store.Release(callCtx, id, c.token)
+		storeDone(done, err)
+		if err != nil {
 			m.logRelease(c, err)
 		}
 	} else {
@@ -523,7 +548,10 @@ func (m *Middleware) execute(c *call, w http.ResponseWriter, r *http.Request, ne
 		if len(resp.Header) == 0 {
 			resp.Header = nil
 		}
-		if err = m.store.Complete(&c.ctx, id, c.token, resp, m.retention); err != nil {
+		callCtx, done := m.storeCall(&c.ctx, StoreComplete, id)
+		err = m.store.Complete(callCtx, id, c.token, resp, m.retention)
+		storeDone(done, err)
+		if err != nil {
 			if errors.Is(err, store.ErrLeaseLost) {
 				ev.Decision = LeaseLost
 				m.logger.LogAttrs(r.Context(), slog.LevelWarn,

@@ -82,6 +82,9 @@ type Event struct {
 	// Err is the store error behind StoreError, FailOpen or a failed completion;
 	// nil otherwise.
 	Err error
+	// CompletedAt is, on Replayed, when the original request's response was
+	// stored (store.Record.CompletedAt, on the store's clock); zero otherwise.
+	CompletedAt time.Time
 }
 
 // Observer is told about every request the middleware sees, once, after the
@@ -97,3 +100,41 @@ type ObserverFunc func(ctx context.Context, e Event)
 
 // Observe calls f.
 func (f ObserverFunc) Observe(ctx context.Context, e Event) { f(ctx, e) }
+
+// StoreOp names a store call on a request's path, for a StoreObserver.
+type StoreOp uint8
+
+// The store calls a StoreObserver is told about. Their String names are stable
+// (span names, metric labels).
+const (
+	// StoreClaim is store.Store.Claim, once per keyed request.
+	StoreClaim StoreOp = iota + 1
+	// StoreComplete is store.Store.Complete, after the handler's response.
+	StoreComplete
+	// StoreRelease is store.Store.Release, after a response that releases the
+	// claim (or a panic).
+	StoreRelease
+)
+
+var storeOpNames = [...]string{StoreClaim: "claim", StoreComplete: "complete", StoreRelease: "release"}
+
+// String returns the op's stable name: "claim", "complete" or "release".
+func (o StoreOp) String() string {
+	if int(o) < len(storeOpNames) && storeOpNames[o] != "" {
+		return storeOpNames[o]
+	}
+	return "unknown"
+}
+
+// StoreObserver is an optional extension of Observer: an Observer that also
+// implements it is called around every store call on a request's path (claim,
+// then complete or release; lease renewals, which run off that path, are not
+// reported). StoreCallStart runs just before the call, with the request's
+// context (for complete and release, detached from its cancellation); the store
+// is called with the context it returns (say, carrying a tracing span), and
+// done, if not nil, is called with the call's error as soon as the call
+// returns. Both run on the request's goroutine and must be fast. A middleware
+// whose observer does not implement it pays nothing for it.
+type StoreObserver interface {
+	StoreCallStart(ctx context.Context, op StoreOp, id store.ID) (callCtx context.Context, done func(err error))
+}

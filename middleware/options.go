@@ -191,7 +191,8 @@ func WithFailOpen(on bool) Option { return func(c *config) { c.failOpen = on } }
 // fails (default 1s; whole seconds, rounded up, at least 1).
 func WithStoreRetryAfter(d time.Duration) Option { return func(c *config) { c.storeRetryAfter = d } }
 
-// WithObserver sets the observer called once per request (default none).
+// WithObserver sets the observer called once per request (default none). An
+// observer that also implements StoreObserver is called around each store call.
 func WithObserver(o Observer) Option { return func(c *config) { c.observer = o } }
 
 // WithLogger sets the logger (default slog.Default()).
