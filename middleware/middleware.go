@@ -50,10 +50,13 @@
 //
 // # Adapters
 //
-// Middleware.Handler has the shape func(http.Handler) http.Handler, so other
-// routers reuse the core unchanged. For echo v4 use package middleware/echo
-// (idemecho.Middleware), which also renders a handler's returned error inside
-// the middleware so that response is the one stored and replayed.
+// Middleware.Handler has the shape func(http.Handler) http.Handler, so routers
+// whose handlers write to the http.ResponseWriter (chi: middleware/chitest) reuse the
+// core unchanged. Routers that do not have adapter modules: middleware/echo
+// (echo v4) and middleware/echov5 (echo v5), which also render a handler's
+// returned error inside the middleware so that response is the one stored and
+// replayed, and middleware/gin, which captures what gin writes through c.Writer.
+// On the client side, package client keeps one key across a request's retries.
 //
 // # Bodies and buffers
 //
@@ -263,7 +266,8 @@ func New(s store.Store, scope ScopeFunc, opts ...Option) (*Middleware, error) {
 }
 
 // Handler returns next protected by the middleware. Its shape,
-// func(http.Handler) http.Handler, fits net/http chains and router adapters (see middleware/echo).
+// func(http.Handler) http.Handler, fits net/http chains and router adapters
+// (middleware/echo, middleware/echov5, middleware/gin).
 func (m *Middleware) Handler(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { m.serve(w, r, next) })
 }
