@@ -246,7 +246,7 @@ func TestAttemptTimeout(t *testing.T) {
 	}))
 	defer srv.Close()
 	defer close(done)
-	tr, _ := newTransport(t, WithAttemptTimeout(100*time.Millisecond))
+	tr, _ := newTransport(t, WithAttemptTimeout(500*time.Millisecond))
 	resp, err := post(t, tr, srv.URL, strings.NewReader("x"), "")
 	if err != nil {
 		t.Fatal(err)
@@ -254,8 +254,9 @@ func TestAttemptTimeout(t *testing.T) {
 	resp.Body.Close()
 	mu.Lock()
 	defer mu.Unlock()
-	if resp.StatusCode != 201 || len(keys) != 2 || keys[0] != keys[1] {
-		t.Errorf("status %d after attempts with keys %q, want 201 after 2 with one key", resp.StatusCode, keys)
+	// Two attempts, or more on a machine too loaded to answer within the timeout.
+	if resp.StatusCode != 201 || len(keys) < 2 || strings.Count(strings.Join(keys, ""), keys[0]) != len(keys) {
+		t.Errorf("status %d after attempts with keys %q, want 201 after 2 or more with one key", resp.StatusCode, keys)
 	}
 }
 
