@@ -90,3 +90,25 @@ func itoa(i int) string {
 		}
 	}
 }
+
+// BenchmarkExecuteNetHTTP is the core alone on the first-execution path, the
+// baseline of the adapter's execute benchmark.
+func BenchmarkExecuteNetHTTP(b *testing.B) {
+	mux := http.NewServeMux()
+	mux.Handle("POST /pay", newBenchMiddleware(b).Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.WriteHeader(201)
+		w.Write([]byte(`{"ok":true}`))
+	})))
+	b.ReportAllocs()
+	i := 0
+	for b.Loop() {
+		i++
+		r := httptest.NewRequest("POST", "/pay", strings.NewReader(`{"amountCents":100}`))
+		r.Header.Set("Idempotency-Key", "k"+itoa(i))
+		w := httptest.NewRecorder()
+		mux.ServeHTTP(w, r)
+		if w.Code != 201 {
+			b.Fatal(w.Code)
+		}
+	}
+}
