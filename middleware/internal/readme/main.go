@@ -12,6 +12,8 @@ import (
 )
 
 func main() {
+	// X-Client-ID stands in for authentication; in production scope by the
+	// authenticated principal (middleware.WithPrincipal, ScopeFromPrincipal).
 	m, err := middleware.New(memory.New(), middleware.ScopeFromHeader("X-Client-ID", "anonymous"),
 		middleware.WithLease(10*time.Second), middleware.WithRetention(24*time.Hour))
 	if err != nil {

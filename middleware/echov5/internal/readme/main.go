@@ -13,6 +13,8 @@ import (
 )
 
 func main() {
+	// X-Client-ID stands in for authentication; in production scope by the
+	// authenticated principal (middleware.WithPrincipal, ScopeFromPrincipal).
 	m, err := middleware.New(memory.New(), middleware.ScopeFromHeader("X-Client-ID", "anonymous"))
 	if err != nil {
 		log.Fatal(err)
