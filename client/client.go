@@ -57,6 +57,10 @@ const (
 	DefaultMaxDelay = 10 * time.Second
 )
 
+// errRewind wraps a failure of the request's GetBody: the body cannot be sent
+// again, so the request is not retried.
+var errRewind = errors.New("client: rewinding the request body")
+
 // drainLimit is how much of a retried response's body is read so its
 // connection can be reused.
 const drainLimit = 64 << 10
@@ -198,7 +202,7 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	}
 	for attempt := 1; ; attempt++ {
 		resp, err := t.try(ctx, req, header, getBody)
-		if attempt == t.maxAttempts || ctx.Err() != nil {
+		if attempt == t.maxAttempts || ctx.Err() != nil || errors.Is(err, errRewind) {
 			return resp, wrap(err, attempt)
 		}
 		wait, retry := t.decide(resp, err, attempt)
@@ -236,7 +240,7 @@ func (t *Transport) try(ctx context.Context, req *http.Request, header http.Head
 		body, err := getBody()
 		if err != nil {
 			cancel()
-			return nil, fmt.Errorf("client: rewinding the request body: %w", err)
+			return nil, fmt.Errorf("%w: %w", errRewind, err)
 		}
 		r.Body, r.GetBody = body, getBody
 	}
@@ -311,6 +315,8 @@ func bodySource(req *http.Request) (func() (io.ReadCloser, error), error) {
 		return nil, nil
 	}
 	if req.GetBody != nil {
+		// Every attempt sends a fresh copy; the caller's body is done with.
+		req.Body.Close()
 		return req.GetBody, nil
 	}
 	b, err := io.ReadAll(req.Body)

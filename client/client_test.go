@@ -336,3 +336,46 @@ func TestNewKey(t *testing.T) {
 		seen[k] = true
 	}
 }
+
+// TestBodyClosedAndRewindFailure: the caller's body is closed (the
+// RoundTripper contract), and a body that cannot be produced again ends the
+// request without a retry.
+func TestBodyClosedAndRewindFailure(t *testing.T) {
+	s := &script{statuses: []int{500, 201}}
+	srv := httptest.NewServer(s)
+	defer srv.Close()
+	tr, _ := newTransport(t)
+	body := &closeRecorder{Reader: strings.NewReader("x")}
+	req, _ := http.NewRequest("POST", srv.URL, body)
+	req.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(strings.NewReader("x")), nil }
+	resp, err := tr.RoundTrip(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if !body.closed || resp.StatusCode != 201 || fmt.Sprint(s.bodies) != "[x x]" {
+		t.Errorf("closed %t, status %d, bodies %q", body.closed, resp.StatusCode, s.bodies)
+	}
+
+	s.keys, s.bodies = nil, nil
+	gone := errors.New("spooled file removed")
+	n := 0
+	req, _ = http.NewRequest("POST", srv.URL, strings.NewReader("y"))
+	req.GetBody = func() (io.ReadCloser, error) {
+		if n++; n > 1 {
+			return nil, gone
+		}
+		return io.NopCloser(strings.NewReader("y")), nil
+	}
+	resp, err = tr.RoundTrip(req)
+	if resp != nil || !errors.Is(err, gone) || s.attempts() != 1 {
+		t.Errorf("got %v, %v after %d attempts; want the GetBody error after 1", resp, err, s.attempts())
+	}
+}
+
+type closeRecorder struct {
+	io.Reader
+	closed bool
+}
+
+func (c *closeRecorder) Close() error { c.closed = true; return nil }

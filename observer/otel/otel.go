@@ -73,6 +73,7 @@ type Observer struct {
 	// decisions and ops added later; the last entry is "unknown".
 	decisionSets [32]metric.MeasurementOption
 	opSets       [8][2]metric.MeasurementOption
+	opSpans      [8]string // span name per op
 }
 
 var (
@@ -119,6 +120,7 @@ func New(opts ...Option) (*Observer, error) {
 		o.decisionSets[d] = metric.WithAttributeSet(attribute.NewSet(AttrDecision.String(middleware.Decision(d).String())))
 	}
 	for op := range o.opSets {
+		o.opSpans[op] = "idemkey.store." + middleware.StoreOp(op).String()
 		for failed := range 2 {
 			o.opSets[op][failed] = metric.WithAttributeSet(attribute.NewSet(
 				AttrStoreOp.String(middleware.StoreOp(op).String()), AttrError.Bool(failed == 1)))
@@ -148,7 +150,7 @@ func (o *Observer) Observe(ctx context.Context, e middleware.Event) {
 func (o *Observer) StoreCallStart(ctx context.Context, op middleware.StoreOp, _ store.ID) (context.Context, func(error)) {
 	i := min(int(op), len(o.opSets)-1)
 	start := time.Now()
-	ctx, span := o.tracer.Start(ctx, "idemkey.store."+op.String(), trace.WithSpanKind(trace.SpanKindClient),
+	ctx, span := o.tracer.Start(ctx, o.opSpans[i], trace.WithSpanKind(trace.SpanKindClient),
 		trace.WithAttributes(AttrStoreOp.String(op.String())))
 	return ctx, func(err error) {
 		failed := 0
