@@ -95,14 +95,35 @@ func (a *App) Pay(param string, id store.ID, ok bool, body []byte) (run string, 
 	return fmt.Sprint(n), map[string]any{"id": param, "key": id.Key, "scope": id.Scope, "keyed": ok, "body": string(body)}
 }
 
+// guard bounds a wait that a broken adapter would make endless (a handler run
+// the row does not expect, or one that never starts), so the row fails instead
+// of hanging the test binary. Correct runs never come near it.
+const guard = 30 * time.Second
+
 // Slow records a run and blocks until the row releases it; it returns
-// "slow run N".
+// "slow run N" ("slow run N unexpected" when no row step was waiting for it).
 func (a *App) Slow() string {
 	n := a.ran("slow")
 	release := make(chan struct{})
-	a.entered <- release
+	select {
+	case a.entered <- release:
+	case <-time.After(guard):
+		return fmt.Sprint("slow run ", n, " unexpected")
+	}
 	<-release
 	return fmt.Sprint("slow run ", n)
+}
+
+// enter waits for a Slow run to start and returns its release.
+func (hs *harness) enter(t *testing.T) chan struct{} {
+	t.Helper()
+	select {
+	case release := <-hs.a.entered:
+		return release
+	case <-time.After(guard):
+		t.Fatal("the slow handler did not start")
+		return nil
+	}
 }
 
 // Flaky records a run and reports whether this run must fail with 503.
@@ -221,7 +242,7 @@ var rows = []row{
 		slow := req{method: "POST", path: "/api/slow", key: "s", body: "x"}
 		done := make(chan *httptest.ResponseRecorder)
 		go func() { done <- hs.do(slow) }()
-		release := <-hs.a.entered
+		release := hs.enter(t)
 		w := hs.do(slow)
 		close(release)
 		first := <-done
@@ -340,11 +361,11 @@ var rows = []row{
 		slow := req{method: "POST", path: "/api/slow", key: "s", body: "x"}
 		stale := make(chan *httptest.ResponseRecorder)
 		go func() { stale <- hs.do(slow) }()
-		release1 := <-hs.a.entered
+		release1 := hs.enter(t)
 		hs.a.clock.Add(time.Hour) // the holder's lease is over on the store's clock
 		second := make(chan *httptest.ResponseRecorder)
 		go func() { second <- hs.do(slow) }()
-		release2 := <-hs.a.entered // the takeover runs the handler once more
+		release2 := hs.enter(t) // the takeover runs the handler once more
 		close(release2)
 		w2 := <-second
 		close(release1)
