@@ -23,6 +23,9 @@
 //   - c.Request inside the chain carries the scope and key (KeyFromContext, or
 //     middleware.KeyFromContext(c.Request.Context())) and the body bytes the
 //     middleware read for the fingerprint.
+//   - A request no route matched (gin's own 404 or 405, c.FullPath() empty: the
+//     middleware is then global, r.Use) is marked middleware.Unrouted, so that
+//     answer releases the key and the corrected request with the same key runs.
 //   - c.Writer and c.Request are restored when the middleware returns, also
 //     on a re-raised panic (gin.Recovery outside then answers 500); the
 //     restored c.Writer reports the status and size that were sent.
@@ -50,6 +53,8 @@ import (
 // (by default every method but POST and PATCH) pass through to the chain
 // unchanged.
 func Middleware(m *middleware.Middleware) gin.HandlerFunc {
+	// Marks a request no route matched, so its 404 or 405 releases the key.
+	unrouted := middleware.Unrouted(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
 	return func(c *gin.Context) {
 		origW, origReq := c.Writer, c.Request
 		ran := false
@@ -60,10 +65,20 @@ func Middleware(m *middleware.Middleware) gin.HandlerFunc {
 		}()
 		m.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			ran = true
+			if c.FullPath() == "" {
+				unrouted.ServeHTTP(w, r)
+			}
 			c.Request = r
-			cw := &responseWriter{ResponseWriter: w, orig: origW, size: noWritten, status: http.StatusOK}
+			// The status gin may have set before the chain (404 or 405 when no route
+			// matched) is the chain's starting status, as on gin's own writer.
+			cw := &responseWriter{ResponseWriter: w, orig: origW, size: noWritten, status: origW.Status()}
 			c.Writer = cw
 			c.Next()
+			if body, ok := noRouteBody[cw.status]; ok && !cw.Written() && c.FullPath() == "" {
+				// gin writes its default answer after the chain, too late for capture.
+				cw.Header()["Content-Type"] = []string{"text/plain"}
+				cw.WriteString(body)
+			}
 			cw.WriteHeaderNow()
 		})).ServeHTTP(origW, origReq)
 		if !ran {
@@ -81,6 +96,10 @@ func KeyFromContext(c *gin.Context) (id store.ID, ok bool) {
 }
 
 const noWritten = -1
+
+// noRouteBody is what gin answers when no route matched and nothing in the chain
+// wrote a body.
+var noRouteBody = map[int]string{http.StatusNotFound: "404 page not found", http.StatusMethodNotAllowed: "405 method not allowed"}
 
 var errHijackAfterBody = errors.New("idemgin: hijack after the response body was written")
 

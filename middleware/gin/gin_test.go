@@ -119,3 +119,34 @@ func TestChainSemantics(t *testing.T) {
 		t.Errorf("got\n%s\nwant\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
 	}
 }
+
+// TestNoRouteReleasesKey: gin's own 404 and 405, answered through a global
+// middleware, release the key; the corrected request with the same key runs.
+// A handler's own 404 is the application's answer and is replayed.
+func TestNoRouteReleasesKey(t *testing.T) {
+	m, err := middleware.New(memory.New(), middleware.GlobalScope)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := gin.New()
+	r.HandleMethodNotAllowed = true
+	r.Use(idemgin.Middleware(m))
+	runs := 0
+	r.POST("/pay", func(c *gin.Context) { runs++; c.String(http.StatusCreated, "paid") })
+	r.GET("/only-get", func(c *gin.Context) { c.String(http.StatusOK, "got") })
+	r.POST("/missing", func(c *gin.Context) { runs++; c.String(http.StatusNotFound, "no such account") })
+	var got []string
+	for _, tc := range []struct{ path, key string }{
+		{"/pya", "k1"}, {"/pay", "k1"}, // typo: 404 from gin, then the corrected path runs
+		{"/only-get", "k2"}, {"/pay", "k2"}, // 405 from gin, then the corrected method runs
+		{"/missing", "k3"}, {"/missing", "k3"}, // the handler's own 404: stored, replayed
+	} {
+		w := send(r, "POST", tc.path, tc.key)
+		got = append(got, fmt.Sprintf("%s %d %q %q", tc.path, w.Code, w.Header().Get("Idempotent-Replayed"), w.Body))
+	}
+	want := `[/pya 404 "" "404 page not found" /pay 201 "" "paid" /only-get 405 "" "405 method not allowed" /pay 201 "" "paid" ` +
+		`/missing 404 "" "no such account" /missing 404 "true" "no such account"]`
+	if fmt.Sprint(got) != want || runs != 3 {
+		t.Errorf("got %v, runs %d\nwant %s, runs 3", got, runs, want)
+	}
+}
