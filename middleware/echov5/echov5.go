@@ -25,6 +25,10 @@
 //     returns; that writer saw exactly what was sent (status, size, Committed
 //     of its *echo.Response). c.Request() is restored too, since the
 //     middleware's request body is pooled.
+//   - echo's own 404 and 405 (no route matched: a not-found route, a group's
+//     catch-all included, or the method-not-allowed answer) are marked
+//     middleware.Unrouted, so they release the key and the corrected request
+//     with the same key runs. A handler's own 404 is stored and replayed.
 //   - Path parameters (c.Param), the Context and its values are untouched.
 package idemechov5
 
@@ -41,6 +45,8 @@ import (
 // Use it with e.Use, e.Group or per route. Requests m does not protect (by
 // default every method but POST and PATCH) pass through to next unchanged.
 func Middleware(m *middleware.Middleware) echo.MiddlewareFunc {
+	// Marks echo's own 404 and 405 so that they release the key.
+	unrouted := middleware.Unrouted(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
 	return func(next echo.HandlerFunc) echo.HandlerFunc {
 		return func(c *echo.Context) (err error) {
 			origReq, origResp := c.Request(), c.Response()
@@ -54,14 +60,25 @@ func Middleware(m *middleware.Middleware) echo.MiddlewareFunc {
 				c.SetRequest(r)
 				// w writes through to origResp. A fresh *echo.Response over it tells
 				// the error handler whether the handler already answered.
-				c.SetResponse(echo.NewResponse(w, c.Logger()))
+				resp := echo.NewResponse(w, c.Logger())
+				c.SetResponse(resp)
 				if err = next(c); err != nil {
 					c.Echo().HTTPErrorHandler(c, err)
+				}
+				if (resp.Status == http.StatusNotFound || resp.Status == http.StatusMethodNotAllowed) && routerAnswer(c) {
+					unrouted.ServeHTTP(w, r)
 				}
 			})).ServeHTTP(origResp, origReq)
 			return err
 		}
 	}
+}
+
+// routerAnswer reports whether c's route is echo's own answer to a request no
+// route matched: a not-found route (a group's catch-all included) or the 405.
+func routerAnswer(c *echo.Context) bool {
+	ri := c.RouteInfo()
+	return ri.Method == echo.RouteNotFound || ri.Name == echo.NotFoundRouteName || ri.Name == echo.MethodNotAllowedRouteName
 }
 
 // KeyFromContext returns the scope and idempotency key of the request c serves,

@@ -119,3 +119,46 @@ func TestResponseRestored(t *testing.T) {
 		t.Errorf("outer middleware saw (own writer, status, size, committed) %v", got)
 	}
 }
+
+// TestNoRouteReleasesKey: echo's own 404 (a group's catch-all) and 405 release
+// the key, so the corrected request with the same key runs; a handler's own
+// 404 is the application's answer and is replayed.
+func TestNoRouteReleasesKey(t *testing.T) {
+	m, err := middleware.New(memory.New(), middleware.GlobalScope)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := echo.New()
+	runs := 0
+	g := e.Group("/api", idemechov5.Middleware(m))
+	g.POST("/pay", func(c *echo.Context) error { runs++; return c.String(http.StatusCreated, "paid") })
+	g.GET("/only-get", func(c *echo.Context) error { return c.String(http.StatusOK, "got") })
+	g.POST("/missing", func(c *echo.Context) error { runs++; return echo.ErrNotFound })
+	var got []string
+	for _, tc := range []struct{ path, key string }{
+		{"/api/pya", "k1"}, {"/api/pay", "k1"}, // typo: echo's 404, then the corrected path runs
+		{"/api/only-get", "k2"}, {"/api/pay", "k2"}, // wrong method: echo answers 404 (the group catch-all), then the corrected request runs
+		{"/api/missing", "k3"}, {"/api/missing", "k3"}, // the handler's own 404: stored, replayed
+	} {
+		w := send(e, "POST", tc.path, tc.key)
+		got = append(got, fmt.Sprintf("%s %d %q", tc.path, w.Code, w.Header().Get("Idempotent-Replayed")))
+	}
+	want := `[/api/pya 404 "" /api/pay 201 "" /api/only-get 404 "" /api/pay 201 "" /api/missing 404 "" /api/missing 404 "true"]`
+	if fmt.Sprint(got) != want || runs != 3 {
+		t.Errorf("got %v, runs %d\nwant %s, runs 3", got, runs, want)
+	}
+
+	// Global middleware (e.Use) sees echo's 405 and its 404 without a group.
+	e = echo.New()
+	e.Use(idemechov5.Middleware(m))
+	e.GET("/only-get", func(c *echo.Context) error { return c.String(http.StatusOK, "got") })
+	e.POST("/pay", func(c *echo.Context) error { runs++; return c.String(http.StatusCreated, "paid") })
+	got = nil
+	for _, tc := range []struct{ path, key string }{{"/only-get", "g1"}, {"/pay", "g1"}, {"/nowhere", "g2"}, {"/pay", "g2"}} {
+		w := send(e, "POST", tc.path, tc.key)
+		got = append(got, fmt.Sprintf("%s %d", tc.path, w.Code))
+	}
+	if want := "[/only-get 405 /pay 201 /nowhere 404 /pay 201]"; fmt.Sprint(got) != want {
+		t.Errorf("global: got %v, want %s", got, want)
+	}
+}
