@@ -39,9 +39,10 @@ const (
 	AnonymousScope = "anonymous"
 )
 
-// MaxClientIDBytes is the longest ClientIDHeader value accepted: the idempotency
-// key's own limit. A longer scope does not fit the Postgres store's index, and its
-// claim would fail as a 503 store_unavailable, blaming the store for bad input.
+// MaxClientIDBytes is the longest ClientIDHeader value accepted, the idempotency
+// key's own limit (store.MaxKeyLen): a longer one is a 400 MALFORMED_REQUEST
+// answered before the middleware, so it claims nothing. (The middleware's own
+// bound on a scope, store.MaxScopeLen, is higher.)
 const MaxClientIDBytes = 255
 
 // probeTimeout bounds each readiness check; seedTimeout bounds startup seeding.
