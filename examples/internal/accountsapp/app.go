@@ -239,7 +239,7 @@ const (
 )
 
 // Readyz answers readiness. It runs each check within 2 s: the idempotency store
-// (store.Ping: a store without Ping, the memory store, is always up), Celeriant
+// (store.Ping; the memory store is always up, a store without Ping too), Celeriant
 // and the Postgres projection, and answers JSON {"status":S,"checks":{name:C}}:
 //
 //	every check "ok"                         200, status "ready"
