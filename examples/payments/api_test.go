@@ -23,7 +23,8 @@ func TestPaymentsAPI(t *testing.T) {
 	}
 	for _, auth := range []string{"", "Bearer nope", "Basic demo", "Bearer"} {
 		a := mustDo(t, http.MethodPost, ts.URL+"/payments", payBody, "Authorization", auth, "Idempotency-Key", "k1")
-		if a.Status != http.StatusUnauthorized || a.problemCode() != codeUnauthorized || a.Header.Get("WWW-Authenticate") == "" {
+		if a.Status != http.StatusUnauthorized || a.problemCode() != codeUnauthorized || a.problemType() != problemTypePrefix+codeUnauthorized ||
+			a.Header.Get("WWW-Authenticate") == "" {
 			t.Fatalf("Authorization %q: %d %s, want 401 unauthorized with WWW-Authenticate", auth, a.Status, a.Body)
 		}
 	}
@@ -46,12 +47,13 @@ func TestPaymentsAPI(t *testing.T) {
 	if again.Status != http.StatusCreated || !again.Replayed || again.Body != first.Body || again.Header.Get("Location") != first.Header.Get("Location") {
 		t.Fatalf("retry: %d replayed=%v %s, want the first answer replayed", again.Status, again.Replayed, again.Body)
 	}
-	if a := pay(t, ts.URL, "k1", `{"amountCents":9900,"currency":"EUR","customerId":"cust-1"}`); a.Status != http.StatusUnprocessableEntity || a.problemCode() != "key_reused_with_different_payload" {
+	if a := pay(t, ts.URL, "k1", `{"amountCents":9900,"currency":"EUR","customerId":"cust-1"}`); a.Status != http.StatusUnprocessableEntity ||
+		a.problemType() != "urn:idemkey:problem:key_reused_with_different_payload" {
 		t.Fatalf("other body: %d %s, want 422 key_reused_with_different_payload", a.Status, a.Body)
 	}
 
 	bad := pay(t, ts.URL, "k2", `{"amountCents":0,"currency":"EUR","customerId":"cust-1"}`)
-	if bad.Status != http.StatusUnprocessableEntity || bad.problemCode() != codeValidation || bad.Replayed {
+	if bad.Status != http.StatusUnprocessableEntity || bad.problemCode() != codeValidation || bad.problemType() != problemTypePrefix+codeValidation || bad.Replayed {
 		t.Fatalf("invalid: %d %s", bad.Status, bad.Body)
 	}
 	if a := pay(t, ts.URL, "k2", `{"amountCents":0,"currency":"EUR","customerId":"cust-1"}`); a.Status != bad.Status || a.Body != bad.Body || !a.Replayed {
@@ -64,6 +66,13 @@ func TestPaymentsAPI(t *testing.T) {
 	get := mustDo(t, http.MethodGet, ts.URL+"/payments/"+p.ID, "", "Authorization", "Bearer demo")
 	if get.Status != http.StatusOK || get.payment(t) != p {
 		t.Fatalf("GET: %d %s, want %+v", get.Status, get.Body, p)
+	}
+	// Every spelling uuid.Parse reads is the same id; none is a 503 (Postgres does not
+	// read urn:uuid:).
+	for _, id := range []string{"urn:uuid:" + p.ID, "{" + p.ID + "}", strings.ToUpper(p.ID), strings.ReplaceAll(p.ID, "-", "")} {
+		if a := mustDo(t, http.MethodGet, ts.URL+"/payments/"+id, "", "Authorization", "Bearer demo"); a.Status != http.StatusOK || a.payment(t) != p {
+			t.Errorf("GET /payments/%s: %d %s, want %+v", id, a.Status, a.Body, p)
+		}
 	}
 	for _, tc := range []struct{ path, token string }{{"/payments/" + p.ID, "other"}, {"/payments/not-a-uuid", "demo"}, {"/payments/00000000-0000-0000-0000-000000000000", "demo"}} {
 		if a := mustDo(t, http.MethodGet, ts.URL+tc.path, "", "Authorization", "Bearer "+tc.token); a.Status != http.StatusNotFound || a.problemCode() != codeNotFound {

@@ -89,6 +89,17 @@ func TestDecodePayment(t *testing.T) {
 		{`{"amountCents":1,"currency":"EUR","customerId":""}`, 422, "customerId"},
 		{`{"amountCents":1,"currency":"EUR","customerId":"a b"}`, 422, "customerId"},
 		{`{"amountCents":1,"currency":"EUR","customerId":7}`, 422, "customerId has the wrong type; want a string"},
+		// Member names are exact and unique: encoding/json alone would charge 7 here.
+		{`{"amountCents":5,"amountcents":7,"currency":"EUR","customerId":"c"}`, 422, `Unknown field "amountcents"`},
+		{`{"AMOUNTCENTS":5,"currency":"EUR","customerId":"c"}`, 422, `Unknown field "AMOUNTCENTS"`},
+		{`{"amountCents":5,"amountCents":7,"currency":"EUR","customerId":"c"}`, 422, "amountCents appears more than once"},
+		{`{"amountCents":null,"amountCents":7,"currency":"EUR","customerId":"c"}`, 422, "amountCents appears more than once"},
+		{`{"amount\u0043ents":5,"currency":"EUR","customerId":"c"}`, 0, ""},
+		{`{"amountCents":9223372036854775808,"currency":"EUR","customerId":"c"}`, 422, "amountCents has the wrong type"},
+		{`{"amountCents":1,"currency":["EUR"],"customerId":"c"}`, 422, "currency has the wrong type; want a string"},
+		{`null`, 400, "one JSON object"},
+		{`"x"`, 400, "one JSON object"},
+		{`{"amountCents":1,"currency":"EUR","customerId":"c",}`, 400, "one JSON object"},
 	} {
 		pay, status, code, detail := decodePayment(strings.NewReader(tc.body))
 		if status != tc.wantStatus || !strings.Contains(detail, tc.wantDetail) {

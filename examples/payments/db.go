@@ -91,12 +91,15 @@ func (p *payments) insert(ctx context.Context, tx pgx.Tx, principal, key string,
 // errNoPayment: no payment with that id for that principal.
 var errNoPayment = errors.New("no such payment")
 
-// get returns the principal's payment id, or errNoPayment.
+// get returns the principal's payment id, or errNoPayment. id is any form
+// uuid.Parse reads (urn:uuid:..., braces, no hyphens); the query gets its
+// canonical form, so no spelling of a client's reaches Postgres's parser.
 func (p *payments) get(ctx context.Context, principal, id string) (Payment, error) {
-	if _, err := uuid.Parse(id); err != nil {
+	u, err := uuid.Parse(id)
+	if err != nil {
 		return Payment{}, errNoPayment
 	}
-	pay, _, err := p.scan(p.pool.QueryRow(ctx, fmt.Sprintf(`SELECT `+columns+`, principal FROM %s WHERE id = $1 AND principal = $2`, p.table), id, principal))
+	pay, _, err := p.scan(p.pool.QueryRow(ctx, fmt.Sprintf(`SELECT `+columns+`, principal FROM %s WHERE id = $1 AND principal = $2`, p.table), u.String(), principal))
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Payment{}, errNoPayment
 	}

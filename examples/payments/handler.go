@@ -9,7 +9,7 @@ import (
 	"log/slog"
 	"net/http"
 	"regexp"
-	"strings"
+	"strconv"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -142,14 +142,15 @@ func providerKey(id store.ID) string { return id.Scope + ":" + id.Key }
 func decodePayment(body io.Reader) (pay Payment, status int, code, detail string) {
 	var req paymentRequest
 	dec := json.NewDecoder(body)
-	dec.DisallowUnknownFields()
-	err := dec.Decode(&req)
+	name, err := decodeRequest(dec, &req)
 	var typeErr *json.UnmarshalTypeError
 	switch {
-	case errors.As(err, &typeErr) && typeErr.Field != "":
-		return pay, http.StatusUnprocessableEntity, codeValidation, typeErr.Field + " has the wrong type; want " + wantType(typeErr.Field) + "."
-	case err != nil && strings.HasPrefix(err.Error(), "json: unknown field "):
-		return pay, http.StatusUnprocessableEntity, codeValidation, "Unknown field " + strings.TrimPrefix(err.Error(), "json: unknown field ") + "; the fields are amountCents, currency and customerId."
+	case errors.As(err, &typeErr) && name != "":
+		return pay, http.StatusUnprocessableEntity, codeValidation, name + " has the wrong type; want " + wantType(name) + "."
+	case errors.Is(err, errUnknownField):
+		return pay, http.StatusUnprocessableEntity, codeValidation, "Unknown field " + strconv.Quote(name) + "; the fields are amountCents, currency and customerId."
+	case errors.Is(err, errRepeatedField):
+		return pay, http.StatusUnprocessableEntity, codeValidation, name + " appears more than once."
 	case err != nil:
 		return pay, http.StatusBadRequest, codeMalformed, `The body must be one JSON object such as {"amountCents": 1250, "currency": "EUR", "customerId": "cust-1"}.`
 	}
@@ -165,6 +166,53 @@ func decodePayment(body io.Reader) (pay Payment, status int, code, detail string
 		return pay, http.StatusUnprocessableEntity, codeValidation, "customerId must be 1-64 letters, digits and . _ -."
 	}
 	return Payment{AmountCents: *req.AmountCents, Currency: *req.Currency, CustomerID: *req.CustomerID}, 0, "", ""
+}
+
+// Errors of decodeRequest about the members, not the JSON syntax.
+var (
+	errNotObject     = errors.New("not a JSON object")
+	errUnknownField  = errors.New("unknown field")
+	errRepeatedField = errors.New("repeated field")
+)
+
+// decodeRequest reads one JSON object from dec into req, matching member names
+// exactly and taking each at most once: encoding/json alone would accept
+// "AMOUNTCENTS" and read {"amountCents":5,"amountcents":7} as 7, so a proxy or
+// log that reads the first member would see another amount than the one charged.
+// name is the member an error is about.
+func decodeRequest(dec *json.Decoder, req *paymentRequest) (name string, err error) {
+	if t, err := dec.Token(); err != nil || t != json.Delim('{') {
+		return "", errors.Join(errNotObject, err)
+	}
+	var seen [3]bool
+	for dec.More() {
+		t, err := dec.Token()
+		if err != nil {
+			return "", err
+		}
+		name, _ = t.(string)
+		var i int
+		var dst any
+		switch name {
+		case "amountCents":
+			i, dst = 0, &req.AmountCents
+		case "currency":
+			i, dst = 1, &req.Currency
+		case "customerId":
+			i, dst = 2, &req.CustomerID
+		default:
+			return name, errUnknownField
+		}
+		if seen[i] {
+			return name, errRepeatedField
+		}
+		seen[i] = true
+		if err := dec.Decode(dst); err != nil {
+			return name, err
+		}
+	}
+	_, err = dec.Token() // the closing brace
+	return "", err
 }
 
 func wantType(field string) string {

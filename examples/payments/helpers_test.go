@@ -143,6 +143,13 @@ func (a answer) problemCode() string {
 	return p.Code
 }
 
+// problemType returns the "type" member of a problem body.
+func (a answer) problemType() string {
+	var p struct{ Type string }
+	_ = json.Unmarshal([]byte(a.Body), &p)
+	return p.Type
+}
+
 func (a answer) payment(t testing.TB) Payment {
 	t.Helper()
 	var p Payment

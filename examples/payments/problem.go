@@ -8,8 +8,15 @@ import (
 	"time"
 )
 
+// problemTypePrefix starts the RFC 9457 "type" of the payments API's own
+// problems, the code follows: the namespace is the API's, not the library's
+// (the middleware's problems keep "urn:idemkey:problem:"), so a client tells a
+// refused payment from a refused key. "urn:example:" is the namespace RFC 6963
+// reserves for examples; a real service uses a URI of its own.
+const problemTypePrefix = "urn:example:payments:problem:"
+
 // Problem codes of the payments API: the "code" member of its RFC 9457 problem
-// details and the last part of their "type" (urn:idemkey:problem:<code>). The
+// details and the last part of their "type" (problemTypePrefix + code). The
 // middleware's own codes (idempotency_key_missing, request_in_flight, ...) come
 // from package middleware.
 const (
@@ -37,7 +44,7 @@ func problemBody(status int, code, detail string) []byte {
 	var buf bytes.Buffer
 	enc := json.NewEncoder(&buf)
 	enc.SetEscapeHTML(false) // detail may say "<token>"
-	_ = enc.Encode(problem{Type: "urn:idemkey:problem:" + code, Title: http.StatusText(status), Status: status, Detail: detail, Code: code})
+	_ = enc.Encode(problem{Type: problemTypePrefix + code, Title: http.StatusText(status), Status: status, Detail: detail, Code: code})
 	return buf.Bytes() // strings and an int: Encode cannot fail; it ends with a newline
 }
 

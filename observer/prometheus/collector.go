@@ -19,9 +19,9 @@ var _ prometheus.Collector = (*Collector)(nil)
 // CollectorOption names a store whose counters a Collector exports.
 type CollectorOption func(*Collector)
 
-// WithTiered exports the Stats of a tiered store (store/tiered): pass the
-// *tiered.Store itself.
-func WithTiered(s interface{ Stats() tiered.Stats }) CollectorOption {
+// WithTiered exports the Stats of the tiered store s (store/tiered); a nil s
+// exports nothing (every scrape would otherwise fail on it).
+func WithTiered(s *tiered.Store) CollectorOption {
 	return func(c *Collector) {
 		if s != nil {
 			c.tiered = s.Stats

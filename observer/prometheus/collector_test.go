@@ -107,13 +107,18 @@ func TestCollector(t *testing.T) {
 }
 
 // TestCollectorEmpty: without stores the collector exports nothing, and it
-// registers (an unchecked collector) without error.
+// registers (an unchecked collector) without error. A nil *tiered.Store (the
+// variable of a server that did not build one) is no store, not a panic at the
+// first scrape.
 func TestCollectorEmpty(t *testing.T) {
-	reg := prometheus.NewRegistry()
-	if err := reg.Register(idemprom.NewCollector(idemprom.WithTiered(nil))); err != nil {
-		t.Fatal(err)
-	}
-	if got := gather(t, reg); len(got) != 0 {
-		t.Errorf("exported %v", got)
+	var none *tiered.Store
+	for name, opt := range map[string]idemprom.CollectorOption{"nil": idemprom.WithTiered(nil), "nil *tiered.Store": idemprom.WithTiered(none)} {
+		reg := prometheus.NewRegistry()
+		if err := reg.Register(idemprom.NewCollector(opt)); err != nil {
+			t.Fatal(err)
+		}
+		if got := gather(t, reg); len(got) != 0 {
+			t.Errorf("%s: exported %v", name, got)
+		}
 	}
 }

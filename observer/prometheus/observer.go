@@ -45,9 +45,12 @@ func WithLatencyBuckets(b []float64) Option { return func(o *options) { o.bucket
 
 // NewObserver creates the Observer's collectors and registers them with reg (use
 // a registry of the application's own, never the global default). It fails when
-// the buckets are empty or not strictly increasing, and with client_golang's
-// error when a series name is already registered.
+// the buckets are empty or not strictly increasing, or reg is nil, and with
+// client_golang's error when a series name is already registered.
 func NewObserver(reg prometheus.Registerer, opts ...Option) (*Observer, error) {
+	if reg == nil {
+		return nil, errors.New("idemprom: nil Registerer; pass the application's registry")
+	}
 	o := options{buckets: DefaultLatencyBuckets}
 	for _, opt := range opts {
 		opt(&o)

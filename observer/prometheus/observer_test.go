@@ -103,6 +103,19 @@ func TestObserverHandlerAnswers(t *testing.T) {
 	}
 }
 
+// TestObserverNilRegisterer: a nil registry is an error at construction, not a
+// panic.
+func TestObserverNilRegisterer(t *testing.T) {
+	defer func() {
+		if r := recover(); r != nil {
+			t.Fatalf("NewObserver(nil) panicked: %v", r)
+		}
+	}()
+	if m, err := idemprom.NewObserver(nil); err == nil || m != nil {
+		t.Fatalf("NewObserver(nil) = %v, %v; want an error", m, err)
+	}
+}
+
 // TestObserverBadBuckets: buckets client_golang would panic on fail at
 // construction with an error; good ones are used.
 func TestObserverBadBuckets(t *testing.T) {

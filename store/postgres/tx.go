@@ -57,9 +57,12 @@ func (s *Store) CompleteTx(ctx context.Context, tx pgx.Tx, id store.ID, token st
 // takes the claim from ctx (middleware.ClaimFromContext), completes the record with
 // resp in tx (CompleteTx), commits tx, tells the middleware (middleware.MarkCompleted,
 // so it does not complete again) and writes resp to w: its headers, status and
-// body. resp is what every retry replays; write nothing else to w afterwards (if
-// the handler does, the client sees it, the retries still get resp). resp.Header
-// should hold only headers worth replaying (no Set-Cookie, Date, Content-Length).
+// body. resp is what every retry replays; write nothing else to w, before or
+// afterwards (if the handler does, this client sees it, the retries still get
+// resp: a status written before wins over resp's for this client only). A second
+// call for the same claim finds the record completed: store.ErrLeaseLost, its tx
+// rolled back. resp.Header should hold only headers worth replaying (no
+// Set-Cookie, Date, Content-Length).
 //
 // tx must be the top-level transaction (commit ends it in the database). On every
 // error tx is finished (rolled back, or its commit failed) and nothing was written

@@ -604,3 +604,80 @@ func itoa(n int) string {
 	}
 	return string(b)
 }
+
+// TestCommitResponseMisuse: a handler that calls CommitResponse a second time
+// (in a new transaction, or the same one), or that writes before it, never
+// commits a second side effect nor changes what retries replay.
+func TestCommitResponseMisuse(t *testing.T) {
+	for _, tc := range []struct {
+		name       string
+		second     func(e *txEnv, w http.ResponseWriter, r *http.Request, first error) error
+		writeFirst bool
+		wantFirst  int // the status the first client sees
+	}{
+		{"twice, a new transaction", func(e *txEnv, w http.ResponseWriter, r *http.Request, _ error) error {
+			tx, err := e.pool.Begin(r.Context())
+			if err != nil {
+				return err
+			}
+			defer tx.Rollback(context.WithoutCancel(r.Context()))
+			if _, err := tx.Exec(r.Context(), `INSERT INTO `+e.side+` (key) VALUES ('second')`); err != nil {
+				return err
+			}
+			err = e.st.CommitResponse(r.Context(), tx, w, store.Response{Status: 200, Body: []byte("second")})
+			if !errors.Is(err, store.ErrLeaseLost) {
+				e.t.Errorf("second CommitResponse: %v, want ErrLeaseLost", err)
+			}
+			return nil
+		}, false, 201},
+		{"handler writes first", nil, true, 202},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := newTxEnv(t, func(e *txEnv) http.HandlerFunc {
+				return func(w http.ResponseWriter, r *http.Request) {
+					ctx := r.Context()
+					if tc.writeFirst {
+						w.WriteHeader(202)
+					}
+					tx, err := e.pool.Begin(ctx)
+					if err != nil {
+						http.Error(w, err.Error(), 503)
+						return
+					}
+					defer tx.Rollback(context.WithoutCancel(ctx))
+					if _, err := tx.Exec(ctx, `INSERT INTO `+e.side+` (key) VALUES ('first')`); err != nil {
+						http.Error(w, err.Error(), 503)
+						return
+					}
+					err = e.st.CommitResponse(ctx, tx, w, store.Response{Status: 201, Body: []byte("first")})
+					if err != nil {
+						t.Errorf("first CommitResponse: %v", err)
+					}
+					if tc.second != nil {
+						if err := tc.second(e, w, r, err); err != nil {
+							t.Error(err)
+						}
+						// The same, committed transaction again.
+						if err := e.st.CommitResponse(ctx, tx, w, store.Response{Status: 200, Body: []byte("third")}); err == nil {
+							t.Error("CommitResponse on a committed transaction succeeded")
+						}
+					}
+				}
+			})
+			if code, _, _ := e.post("k", "x"); code != tc.wantFirst {
+				t.Fatalf("first: %d, want %d", code, tc.wantFirst)
+			}
+			if ev := <-e.events; !ev.InTransaction {
+				t.Fatalf("event %+v, want in transaction", ev)
+			}
+			for range 2 {
+				if code, h, body := e.post("k", "x"); code != 201 || body != "first" || h.Get("Idempotent-Replayed") != "true" {
+					t.Fatalf("retry: %d %q, want the first commit replayed", code, body)
+				}
+			}
+			if n := countRows(t, e.pool, e.side); n != 1 || e.st.completes.Load() != 0 || e.st.releases.Load() != 0 {
+				t.Fatalf("%d rows, %d completes, %d releases; want 1, 0, 0", n, e.st.completes.Load(), e.st.releases.Load())
+			}
+		})
+	}
+}

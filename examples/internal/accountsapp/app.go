@@ -39,9 +39,10 @@ const (
 	AnonymousScope = "anonymous"
 )
 
-// MaxClientIDBytes is the longest ClientIDHeader value accepted: the idempotency
-// key's own limit. A longer scope does not fit the Postgres store's index, and its
-// claim would fail as a 503 store_unavailable, blaming the store for bad input.
+// MaxClientIDBytes is the longest ClientIDHeader value accepted, the idempotency
+// key's own limit (store.MaxKeyLen): a longer one is a 400 MALFORMED_REQUEST
+// answered before the middleware, so it claims nothing. (The middleware's own
+// bound on a scope, store.MaxScopeLen, is higher.)
 const MaxClientIDBytes = 255
 
 // probeTimeout bounds each readiness check; seedTimeout bounds startup seeding.
@@ -238,7 +239,7 @@ const (
 )
 
 // Readyz answers readiness. It runs each check within 2 s: the idempotency store
-// (store.Ping: a store without Ping, the memory store, is always up), Celeriant
+// (store.Ping; the memory store is always up, a store without Ping too), Celeriant
 // and the Postgres projection, and answers JSON {"status":S,"checks":{name:C}}:
 //
 //	every check "ok"                         200, status "ready"

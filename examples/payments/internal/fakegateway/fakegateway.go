@@ -266,7 +266,7 @@ func writeProblem(w http.ResponseWriter, status int, code, detail string) {
 		Status int    `json:"status"`
 		Detail string `json:"detail"`
 		Code   string `json:"code"`
-	}{"urn:idemkey:problem:" + code, http.StatusText(status), status, detail, code})
+	}{"urn:example:gateway:problem:" + code, http.StatusText(status), status, detail, code})
 	w.Header().Set("Content-Type", "application/problem+json")
 	w.WriteHeader(status)
 	_, _ = w.Write(append(body, '\n'))
