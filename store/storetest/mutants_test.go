@@ -48,6 +48,48 @@ var mutants = map[string]string{ // kind -> cases that must fail (regexp)
 	"no-validation":      "InvalidArguments",
 	"no-takeover-flag":   "TakeoverAfterLeaseExpiry|MismatchExpiredLease",
 	"zero-retry-after":   "InFlightDuplicate|RenewExtendsLease",
+	// The optional Inspector section.
+	"evict-ignores-policy": "EvictCompletedRefusesInFlight|EvictLeaseExpiredRefusesCompleted",
+	"evict-noop":           "EvictCompleted|EvictLeaseExpired|EvictLiveForced|EvictScopesIsolated",
+	"evict-scope-blind":    "EvictScopesIsolated",
+	"inspect-claims":       "InspectChangesNothing",
+	"inspect-no-lease":     "InspectInFlight|InspectChangesNothing",
+	"evict-no-validation":  "InspectorInvalidArguments",
+}
+
+// Inspect and Evict make every mutant a store.Inspector over the memory store's.
+func (m *mutant) Inspect(ctx context.Context, id store.ID) (store.Info, error) {
+	inner := m.Store.(store.Inspector)
+	info, err := inner.Inspect(ctx, id)
+	if err != nil {
+		return info, err
+	}
+	switch m.kind {
+	case "inspect-claims": // "looks" by claiming: takes over expired leases, creates absent keys
+		_, err = m.Store.Claim(ctx, store.ClaimRequest{ID: id, Fingerprint: info.Fingerprint, Lease: time.Second, Retention: time.Minute})
+	case "inspect-no-lease":
+		info.LeaseUntil = time.Time{}
+	}
+	return info, err
+}
+
+func (m *mutant) Evict(ctx context.Context, id store.ID, p store.EvictPolicy) (store.Info, bool, error) {
+	inner := m.Store.(store.Inspector)
+	switch m.kind {
+	case "evict-ignores-policy":
+		p = store.EvictAny
+	case "evict-scope-blind":
+		id.Scope = ""
+	case "evict-no-validation":
+		if id.Key == "" {
+			return store.Info{}, false, nil
+		}
+		p = store.EvictAny
+	case "evict-noop":
+		found, err := inner.Inspect(ctx, id)
+		return found, p.Allows(found), err
+	}
+	return inner.Evict(ctx, id, p)
 }
 
 func (m *mutant) Claim(ctx context.Context, r store.ClaimRequest) (store.ClaimResult, error) {
@@ -190,7 +232,7 @@ func TestSuiteCatchesMutants(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs the suite once per mutant in a child process")
 	}
-	failed := regexp.MustCompile(`--- FAIL: TestMutantSubject/(\w+)`)
+	failed := regexp.MustCompile(`--- FAIL: TestMutantSubject/(?:Inspector/)?(\w+)`)
 	for kind, want := range mutants {
 		t.Run(kind, func(t *testing.T) {
 			t.Parallel()

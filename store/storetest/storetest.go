@@ -7,6 +7,9 @@
 //		})
 //	}
 //
+// Stores that implement store.Inspector also run the optional "Inspector" section
+// (inspect and evict one key); it is skipped for the others.
+//
 // Leases in the suite are tens of milliseconds so it stays fast against real
 // servers; stores with an injectable clock pass Subject.Wait to advance it instead
 // of sleeping.
@@ -61,6 +64,7 @@ func Run(t *testing.T, open func(t *testing.T) Subject) {
 			tc.run(t, &suite{Subject: s, ctx: t.Context()})
 		})
 	}
+	runInspector(t, open)
 }
 
 type suite struct {
