@@ -247,21 +247,7 @@ func TestClaimHazardDeterministic(t *testing.T) {
 		done <- answer{res, err}
 	}()
 	// Wait until the claim is blocked on the uncommitted row (its snapshot is taken).
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		var waiting bool
-		if err := pool.QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_stat_activity
-			WHERE $1 = ANY(pg_blocking_pids(pid)))`, pid).Scan(&waiting); err != nil {
-			t.Fatal(err)
-		}
-		if waiting {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the claim never blocked on the uncommitted row")
-		}
-		time.Sleep(5 * time.Millisecond) // polling the server's lock table
-	}
+	waitBlockedBy(t, pool, pid)
 	before := s.Stats().ClaimRetries
 	if err := tx.Commit(ctx); err != nil {
 		t.Fatal(err)
