@@ -177,7 +177,7 @@ func (k EventKind) String() string {
 // Event is one fast-path event, passed to the WithObserver callback.
 type Event struct {
 	// Op is the Redis operation: "peek", "mark", "fill", "complete", "release", "renew",
-	// or "ping" (Ping).
+	// "ping" (Ping) or "evict" (Evict).
 	// FastAnswer and FastMiss come only from "peek", Backfill only from "fill".
 	Op string
 	// Kind classifies the event; Stats counts one per event.
@@ -269,10 +269,11 @@ func (s *Store) fastUp(op string) bool {
 //
 // Completing and dropping a marker are attempted even while cooling down: skipping
 // them would leave a marker answering InFlight for the rest of its lease although
-// the backstop has moved on. (Redis being down makes them fail fast; only a hung
-// Redis costs them the timeout.)
+// the backstop has moved on; so is an operator's eviction of the cached copy.
+// (Redis being down makes them fail fast; only a hung Redis costs them the
+// timeout.)
 func (s *Store) fastCall(ctx context.Context, op string, f func(ctx context.Context) error) (ran bool, err error) {
-	if s.fast == nil || op != "complete" && op != "release" && !s.fastUp(op) {
+	if s.fast == nil || op != "complete" && op != "release" && op != "evict" && !s.fastUp(op) {
 		return false, nil
 	}
 	fctx, cancel := context.WithTimeout(ctx, s.timeout)
