@@ -97,6 +97,15 @@
 // handler rolls back, so its side effect never commits. One statement inside the
 // handler's commit, no round trip after it (the middleware does not call Complete).
 //
+// # Operators
+//
+// Inspect and Evict (store.Inspector) are one statement each. Inspect is a plain
+// SELECT with the server's now(): no lock, no write. Evict locks the key's row
+// (SELECT ... FOR UPDATE, so under READ COMMITTED it waits for a concurrent claim or
+// completion and reads the row as committed), judges it against the
+// store.EvictPolicy and deletes it in the same statement: a claim taken over while
+// Evict waited is live again and is not removed as abandoned.
+//
 // # Errors and failures
 //
 // Complete, Release and Renew are one token-guarded UPDATE or DELETE each; zero

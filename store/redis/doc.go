@@ -53,4 +53,12 @@
 // an in-flight marker carrying the authoritative store's token and expiring with the
 // lease; Fill copies a completed record in. Complete, Release and Renew act on a
 // marker exactly as on a record this store claimed. Each is one script call.
+//
+// # Operators
+//
+// Inspect and Evict (store.Inspector) are one script call each: Inspect reads the
+// record's fields (the body's length, not the body) and the server's TIME; Evict
+// reads, judges the record against the store.EvictPolicy and deletes the key, in
+// one script, so the state it reports is the state it judged. Foreign data is
+// store.ErrCorrupt and never deleted.
 package redis
