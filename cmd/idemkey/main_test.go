@@ -283,3 +283,28 @@ func TestMissingTable(t *testing.T) {
 		t.Errorf("exit %d, stderr %q; want 3 with a hint", r.code, r.stderr)
 	}
 }
+
+// TestTieredRedisDown: with Redis unreachable a tiered evict still removes the
+// Postgres record, says that the Redis copy may remain, and exits 3; inspect
+// answers from Postgres and reports the cache's error.
+func TestTieredRedisDown(t *testing.T) {
+	pg, env, flags := postgresBackend(t)
+	ctx := t.Context()
+	id := store.ID{Scope: "alice", Key: "order-1"}
+	res, err := pg.Claim(ctx, store.ClaimRequest{ID: id, Lease: time.Minute, Retention: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := pg.Complete(ctx, id, res.Token, store.Response{Status: 200}, time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	env = append(env, "REDIS_URL=redis://127.0.0.1:1/0")
+	run := func(args ...string) result {
+		return idemkey(t, env, append(append([]string{args[0]}, flags...), args[1:]...)...)
+	}
+	run("inspect", "-timeout", "5s", "alice", "order-1").want(t, 0, "state        completed\n", "cache error  ")
+	run("evict", "-timeout", "5s", "alice", "order-1").want(t, 3, "evicted      the completed record is gone", "cache error  ")
+	if info, err := pg.Inspect(ctx, id); err != nil || info.State != store.StateAbsent {
+		t.Fatalf("Postgres record after evict: %v %v", info.State, err)
+	}
+}
