@@ -31,6 +31,11 @@ var inspectorCases = []struct {
 
 func runInspector(t *testing.T, open func(t *testing.T) Subject) {
 	t.Run("Inspector", func(t *testing.T) {
+		if probe := open(t); probe.Store != nil {
+			if _, ok := probe.Store.(store.Inspector); !ok {
+				t.Skipf("%T does not implement store.Inspector", probe.Store)
+			}
+		}
 		for _, tc := range inspectorCases {
 			t.Run(tc.name, func(t *testing.T) {
 				s := open(t)
@@ -39,7 +44,7 @@ func runInspector(t *testing.T, open func(t *testing.T) Subject) {
 				}
 				in, ok := s.Store.(store.Inspector)
 				if !ok {
-					t.Skipf("%T does not implement store.Inspector", s.Store)
+					t.Fatalf("storetest: open returned a %T, not a store.Inspector, this time", s.Store)
 				}
 				if s.Wait == nil {
 					s.Wait = time.Sleep
