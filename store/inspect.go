@@ -27,7 +27,7 @@ import (
 // Errors: ErrInvalid (wrapped) for an invalid id or an empty policy, before any
 // I/O; ErrCorrupt for a record that cannot be decoded (Evict then removes
 // nothing); otherwise the store's own error (connection, timeout, cancellation),
-// wrapped. Each backend's package doc names its statement or script.
+// wrapped. docs/stores.md section 6 lists each backend's statement or script.
 type Inspector interface {
 	Inspect(ctx context.Context, id ID) (Info, error)
 	Evict(ctx context.Context, id ID, policy EvictPolicy) (found Info, evicted bool, err error)
