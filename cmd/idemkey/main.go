@@ -178,11 +178,7 @@ func parse(args []string, stderr io.Writer, getenv func(string) string) (config,
 		return cfg, usagef("unknown command %q: want inspect or evict", cfg.cmd)
 	}
 	var key, header string
-	var scopeSet bool
-	fs.Func("scope", "the key's scope (principal or tenant; default empty, the global scope)", func(s string) error {
-		cfg.id.Scope, scopeSet = s, true
-		return nil
-	})
+	fs.StringVar(&cfg.id.Scope, "scope", "", "the key's scope (principal or tenant; default empty, the global scope)")
 	fs.StringVar(&key, "key", "", "the idempotency key, as stored (without Structured Field quotes)")
 	fs.StringVar(&header, "header", "", "the Idempotency-Key header value as sent, parsed as the middleware does")
 	fs.StringVar(&cfg.kind, "store", getenv("IDEM_STORE"), "postgres, redis or tiered (default: from DATABASE_URL and REDIS_URL)")
@@ -201,6 +197,8 @@ func parse(args []string, stderr io.Writer, getenv func(string) string) (config,
 		return cfg, usageError{err.Error()}
 	}
 
+	scopeSet := false
+	fs.Visit(func(f *flag.Flag) { scopeSet = scopeSet || f.Name == "scope" })
 	pos := fs.Args()
 	given := 0
 	for _, s := range []string{key, header} {
