@@ -24,8 +24,8 @@ import (
 // handler again, for any fingerprint, and the evicted holder's token is refused
 // (store.ErrLeaseLost) by Complete, Release and Renew.
 //
-// Errors: ErrInvalid (wrapped) for an invalid id or an empty policy, before any
-// I/O; ErrCorrupt for a record that cannot be decoded (Evict then removes
+// Errors: ErrInvalid (wrapped) for an invalid id (ID.Validate) or an empty
+// policy, before any I/O; ErrCorrupt for a record that cannot be decoded (Evict then removes
 // nothing); otherwise the store's own error (connection, timeout, cancellation),
 // wrapped. docs/stores.md section 6 lists each backend's statement or script.
 type Inspector interface {
@@ -178,14 +178,9 @@ func (p EvictPolicy) String() string {
 	return s
 }
 
-// ValidateInspect checks the id of Inspect (wraps ErrInvalid). Backends call it
-// first and return its error unchanged.
-func ValidateInspect(id ID) error {
-	if id.Key == "" {
-		return errorf("empty key")
-	}
-	return nil
-}
+// ValidateInspect checks the id of Inspect as every transition does (ID.Validate;
+// wraps ErrInvalid). Backends call it first and return its error unchanged.
+func ValidateInspect(id ID) error { return id.Validate() }
 
 // ValidateEvict checks the arguments of Evict: the id as ValidateInspect does and
 // the policy (EvictPolicy.Validate). Backends call it first and return its error

@@ -229,8 +229,8 @@ func parse(args []string, stderr io.Writer, getenv func(string) string) (config,
 	if cfg.id.Key == "" {
 		return cfg, usagef("no key: give it as an argument, -key or -header")
 	}
-	if len(cfg.id.Key) > middleware.MaxKeyLen {
-		return cfg, usagef("invalid key: %d bytes, over the limit of %d", len(cfg.id.Key), middleware.MaxKeyLen)
+	if err := cfg.id.Validate(); err != nil {
+		return cfg, usageError{err.Error()}
 	}
 	if cfg.timeout <= 0 {
 		return cfg, usagef("-timeout must be positive")

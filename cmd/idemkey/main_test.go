@@ -261,7 +261,8 @@ func TestUsage(t *testing.T) {
 		{"no store", nil, []string{"inspect", "k"}, 2, "no store"},
 		{"memory", []string{"IDEM_STORE=memory"}, []string{"inspect", "k"}, 2, "memory"},
 		{"tiered without redis", pgOnly, []string{"inspect", "-store", "tiered", "k"}, 2, "REDIS_URL"},
-		{"key too long", pgOnly, []string{"inspect", strings.Repeat("k", 3000)}, 2, "invalid"},
+		{"key too long", pgOnly, []string{"inspect", strings.Repeat("k", 256)}, 2, "invalid"},
+		{"scope too long", pgOnly, []string{"evict", strings.Repeat("s", 1025), "k"}, 2, "invalid"},
 		{"store down", pgOnly, []string{"inspect", "-timeout", "5s", "k"}, 3, "postgres"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

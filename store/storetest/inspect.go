@@ -2,6 +2,7 @@ package storetest
 
 import (
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -314,17 +315,25 @@ func testEvictScopes(t *testing.T, s *suite, in store.Inspector) {
 
 func testInspectorInvalid(t *testing.T, s *suite, in store.Inspector) {
 	id := newID(t)
-	if _, err := in.Inspect(s.ctx, store.ID{Scope: "s"}); !errors.Is(err, store.ErrInvalid) {
-		t.Errorf("Inspect with an empty key: %v, want ErrInvalid", err)
+	for _, bad := range []store.ID{{Scope: "s"}, {Key: strings.Repeat("k", store.MaxKeyLen+1)}, {Scope: strings.Repeat("s", store.MaxScopeLen+1), Key: "k"}} {
+		if _, err := in.Inspect(s.ctx, bad); !errors.Is(err, store.ErrInvalid) {
+			t.Errorf("Inspect(%d-byte scope, %d-byte key): %v, want ErrInvalid", len(bad.Scope), len(bad.Key), err)
+		}
 	}
 	tok := s.mustClaim(t, req(id, fpA))
 	s.complete(t, id, tok, sampleResponse())
 	for _, tc := range []struct {
 		id store.ID
 		p  store.EvictPolicy
-	}{{store.ID{Scope: id.Scope}, store.EvictAny}, {id, 0}, {id, store.EvictAny + 1}} {
+	}{
+		{store.ID{Scope: id.Scope}, store.EvictAny},
+		{store.ID{Scope: id.Scope, Key: strings.Repeat("k", store.MaxKeyLen+1)}, store.EvictAny},
+		{store.ID{Scope: strings.Repeat("s", store.MaxScopeLen+1), Key: id.Key}, store.EvictAny},
+		{id, 0},
+		{id, store.EvictAny + 1},
+	} {
 		if _, evicted, err := in.Evict(s.ctx, tc.id, tc.p); !errors.Is(err, store.ErrInvalid) || evicted {
-			t.Errorf("Evict(%q, %v): evicted %v, %v; want ErrInvalid", tc.id.Key, tc.p, evicted, err)
+			t.Errorf("Evict(%d-byte scope, %d-byte key, %v): evicted %v, %v; want ErrInvalid", len(tc.id.Scope), len(tc.id.Key), tc.p, evicted, err)
 		}
 	}
 	// The refused calls removed nothing.
