@@ -245,7 +245,7 @@ func TestSlowHandlerRenewsOnRealClock(t *testing.T) {
 	if testing.Short() {
 		t.Skip("waits on the real clock")
 	}
-	const lease = 60 * time.Millisecond
+	const lease = MinLease
 	entered, release := make(chan struct{}), make(chan struct{})
 	var runs atomic.Int32
 	m, err := New(memory.New(), GlobalScope, WithLease(lease), WithLogger(discardLogger()))
@@ -268,7 +268,7 @@ func TestSlowHandlerRenewsOnRealClock(t *testing.T) {
 		done <- w
 	}()
 	<-entered
-	deadline := time.Now().Add(6 * lease)
+	deadline := time.Now().Add(4 * lease)
 	for n := 0; time.Now().Before(deadline); n++ {
 		w := httptest.NewRecorder()
 		h.ServeHTTP(w, req("POST", "/slow", "k", "b"))

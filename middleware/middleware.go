@@ -213,7 +213,7 @@ type Middleware struct {
 
 // New returns a middleware claiming keys in s, scoped by scope. Both are
 // required: a global scope must be chosen explicitly (GlobalScope). It fails on a
-// nil store or scope, a non-positive lease, a retention shorter than the lease,
+// nil store or scope, a lease under MinLease, a retention shorter than the lease,
 // negative body limits or empty header names.
 func New(s store.Store, scope ScopeFunc, opts ...Option) (*Middleware, error) {
 	if s == nil {
@@ -227,8 +227,8 @@ func New(s store.Store, scope ScopeFunc, opts ...Option) (*Middleware, error) {
 		o(&m.config)
 	}
 	switch {
-	case m.lease <= 0:
-		return nil, fmt.Errorf("idemkey/middleware: lease %v must be positive", m.lease)
+	case m.lease < MinLease:
+		return nil, fmt.Errorf("idemkey/middleware: lease %v under the minimum %v (it is renewed every third of it)", m.lease, MinLease)
 	case m.retention < m.lease:
 		return nil, fmt.Errorf("idemkey/middleware: retention %v shorter than the lease %v", m.retention, m.lease)
 	case m.maxRequestBody < 0 || m.maxStoredBody < 0:

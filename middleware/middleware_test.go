@@ -31,6 +31,8 @@ func TestNewRequiresStoreAndScope(t *testing.T) {
 		{"nil store", nil, GlobalScope, nil},
 		{"nil scope", st, nil, nil},
 		{"zero lease", st, GlobalScope, []Option{WithLease(0)}},
+		{"lease of 1ns", st, GlobalScope, []Option{WithLease(time.Nanosecond)}},
+		{"lease under MinLease", st, GlobalScope, []Option{WithLease(MinLease - time.Millisecond)}},
 		{"retention below lease", st, GlobalScope, []Option{WithLease(time.Minute), WithRetention(time.Second)}},
 		{"negative body limit", st, GlobalScope, []Option{WithMaxStoredBody(-1)}},
 		{"empty header name", st, GlobalScope, []Option{WithKeyHeader("")}},
@@ -43,6 +45,9 @@ func TestNewRequiresStoreAndScope(t *testing.T) {
 	}
 	if _, err := New(st, GlobalScope); err != nil {
 		t.Fatalf("defaults: %v", err)
+	}
+	if _, err := New(st, GlobalScope, WithLease(MinLease)); err != nil {
+		t.Fatalf("MinLease: %v", err)
 	}
 }
 

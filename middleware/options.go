@@ -18,6 +18,10 @@ const (
 	DefaultOmittedHeader = "Idempotency-Replay"
 	// DefaultLease is how long a claim is exclusive without renewal.
 	DefaultLease = 10 * time.Second
+	// MinLease is the shortest lease New accepts: the lease is renewed every third
+	// of it, and a shorter one would make renewals spin and duplicates take over
+	// a live handler's key.
+	MinLease = 100 * time.Millisecond
 	// DefaultRetention is how long a record is kept and replayed.
 	DefaultRetention = 24 * time.Hour
 	// DefaultMaxRequestBody is the fingerprint limit in bytes (1 MiB); a larger
@@ -115,7 +119,8 @@ func WithMethods(methods ...string) Option {
 // 400 idempotency_key_missing (true, the default) or passes through unprotected.
 func WithKeyRequired(required bool) Option { return func(c *config) { c.required = required } }
 
-// WithLease sets the claim lease (default 10s; positive, at most the retention).
+// WithLease sets the claim lease (default 10s; at least MinLease, at most the
+// retention; New refuses others).
 // The lease is renewed every third of it while the handler runs.
 func WithLease(d time.Duration) Option { return func(c *config) { c.lease = d } }
 
