@@ -15,9 +15,9 @@ import (
 	"github.com/idemkey/idemkey/store/memory"
 )
 
-// A client that hangs up while the handler runs must not poison the key: a
-// handler that gives up on its cancelled context without writing (as the
-// conformance fixture's /slow does) is not stored as an empty 200.
+// With WithCancelOnDisconnect, a client that hangs up while the handler runs must
+// not poison the key: a handler that gives up on its cancelled context without
+// writing is not stored as an empty 200.
 func TestClientGoneHandlerWroteNothingReleases(t *testing.T) {
 	entered := make(chan struct{}, 1)
 	events := make(chan Event, 4)
@@ -29,7 +29,7 @@ func TestClientGoneHandlerWroteNothingReleases(t *testing.T) {
 			return
 		}
 		w.Write([]byte("slept"))
-	}, WithObserver(ObserverFunc(func(_ context.Context, ev Event) { events <- ev })))
+	}, WithCancelOnDisconnect(true), WithObserver(ObserverFunc(func(_ context.Context, ev Event) { events <- ev })))
 	srv := httptest.NewServer(e.h)
 	defer srv.Close()
 	post := func(ctx context.Context) (*http.Response, error) {
@@ -56,6 +56,56 @@ func TestClientGoneHandlerWroteNothingReleases(t *testing.T) {
 	resp.Body.Close()
 	if string(b) != "slept" || resp.Header.Get(DefaultReplayedHeader) != "" || e.calls.Load() != 2 {
 		t.Fatalf("retry got %d %q replayed=%q, calls %d; want a fresh execution", resp.StatusCode, b,
+			resp.Header.Get(DefaultReplayedHeader), e.calls.Load())
+	}
+}
+
+// By default a hang-up never runs a request twice: the handler's context is not
+// cancelled when the client goes away, the handler finishes, its whole response is
+// stored although the connection is dead, and the retry replays it.
+func TestHangUpDoesNotRunTwice(t *testing.T) {
+	entered, proceed := make(chan struct{}), make(chan struct{})
+	requestCtx := make(chan context.Context, 2)
+	events := make(chan Event, 4)
+	e := newEnv(t, func(w http.ResponseWriter, r *http.Request) {
+		entered <- struct{}{}
+		<-proceed
+		if err := r.Context().Err(); err != nil {
+			t.Errorf("handler's context cancelled by the hang-up: %v", err)
+		}
+		w.Write([]byte("charged once"))
+	}, WithObserver(ObserverFunc(func(_ context.Context, ev Event) { events <- ev })))
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		requestCtx <- r.Context()
+		e.h.ServeHTTP(w, r)
+	}))
+	defer srv.Close()
+	post := func(ctx context.Context) (*http.Response, error) {
+		r, _ := http.NewRequestWithContext(ctx, "POST", srv.URL+"/slow", strings.NewReader("b"))
+		r.Header.Set("Idempotency-Key", "hang-1")
+		return srv.Client().Do(r)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	errc := make(chan error, 1)
+	go func() { _, err := post(ctx); errc <- err }()
+	<-entered
+	cancel() // the client hangs up
+	if err := <-errc; err == nil {
+		t.Fatal("cancelled request succeeded")
+	}
+	<-(<-requestCtx).Done() // the server saw the hang-up
+	close(proceed)
+	if ev := <-events; ev.Decision != Executed || ev.Status != 200 {
+		t.Fatalf("event %+v, want executed and stored", ev)
+	}
+	resp, err := post(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if string(b) != "charged once" || resp.Header.Get(DefaultReplayedHeader) != "true" || e.calls.Load() != 1 {
+		t.Fatalf("retry got %d %q replayed=%q, executions %d; want the replay, 1", resp.StatusCode, b,
 			resp.Header.Get(DefaultReplayedHeader), e.calls.Load())
 	}
 }

@@ -209,6 +209,20 @@ type Middleware struct {
 	outage           outage        // the current run of store failures, logged once
 	clockNow         func() time.Time
 	storeObs         StoreObserver // the observer, when it implements StoreObserver
+	bounded          bool          // store calls run under m.timeouts
+	epoch            time.Time     // origin of call.held (monotonic)
+}
+
+// noCancel is the cancel function of an unbounded store call.
+func noCancel() {}
+
+// storeCtx returns parent bounded by d for one store call, unless the store
+// never waits on I/O (store.InProcess): then parent itself, with no timer.
+func (m *Middleware) storeCtx(parent context.Context, d time.Duration) (context.Context, context.CancelFunc) {
+	if !m.bounded {
+		return parent, noCancel
+	}
+	return context.WithTimeout(parent, d)
 }
 
 // New returns a middleware claiming keys in s, scoped by scope. Both are
@@ -222,7 +236,7 @@ func New(s store.Store, scope ScopeFunc, opts ...Option) (*Middleware, error) {
 	if scope == nil {
 		return nil, errors.New("idemkey/middleware: nil scope function (use GlobalScope to share one key space)")
 	}
-	m := &Middleware{config: defaultConfig(), store: s, scope: scope}
+	m := &Middleware{config: defaultConfig(), store: s, scope: scope, epoch: time.Now()}
 	for _, o := range opts {
 		o(&m.config)
 	}
@@ -237,6 +251,19 @@ func New(s store.Store, scope ScopeFunc, opts ...Option) (*Middleware, error) {
 		return nil, errors.New("idemkey/middleware: empty header name")
 	case m.route == nil || m.release == nil || m.clock == nil:
 		return nil, errors.New("idemkey/middleware: nil route, release policy or clock")
+	case m.timeouts.Claim < 0 || m.timeouts.Complete < 0 || m.timeouts.Release < 0 || m.timeouts.Renew < 0:
+		return nil, fmt.Errorf("idemkey/middleware: negative store timeout in %+v", m.timeouts)
+	}
+	for _, d := range []*time.Duration{&m.timeouts.Claim, &m.timeouts.Complete, &m.timeouts.Release} {
+		if *d == 0 {
+			*d = DefaultStoreTimeout
+		}
+	}
+	if m.timeouts.Renew == 0 {
+		m.timeouts.Renew = min(m.lease/3, DefaultStoreTimeout)
+	}
+	if ip, ok := s.(store.InProcess); !ok || !ip.InProcess() {
+		m.bounded = true
 	}
 	if m.logger == nil {
 		m.logger = slog.Default()
@@ -390,8 +417,10 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	}
 
 	t0 := m.now()
-	callCtx, done := m.storeCall(ctx, StoreClaim, id)
-	res, err := m.store.Claim(callCtx, store.ClaimRequest{ID: id, Fingerprint: fp, Lease: m.lease, Retention: m.retention})
+	cctx, cancel := m.storeCtx(ctx, m.timeouts.Claim)
+	cctx, done := m.storeCall(cctx, StoreClaim, id)
+	res, err := m.store.Claim(cctx, store.ClaimRequest{ID: id, Fingerprint: fp, Lease: m.lease, Retention: m.retention})
+	cancel()
 	latency := m.since(t0)
 	storeDone(done, err)
 	if err == nil && (res.Outcome < store.Claimed || res.Outcome > store.Mismatch ||
@@ -448,8 +477,15 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 // handlerRequest returns the request the handler sees: the key in its context
 // (KeyFromContext), the claim when it runs under one (ClaimFromContext; cl is
 // then the call) and, as its body, the bytes the middleware read.
+//
+// Under a claim the context is detached from the client's connection unless
+// WithCancelOnDisconnect is on: a hang-up must not stop a side effect half way.
 func (c *call) handlerRequest(r *http.Request, claim Claim, cl *call, body []byte) *http.Request {
-	r = r.WithContext(&keyCtx{Context: r.Context(), claim: claim, call: cl})
+	parent := r.Context()
+	if cl != nil && !c.m.cancelOnGone {
+		parent = context.WithoutCancel(parent)
+	}
+	r = r.WithContext(&keyCtx{Context: parent, claim: claim, call: cl})
 	c.reqBody.Reset(body)
 	r.Body = &c.reqBody
 	return r
@@ -487,19 +523,14 @@ func (m *Middleware) execute(c *call, w http.ResponseWriter, r *http.Request, ne
 			return
 		}
 		// The handler panicked (or called runtime.Goexit): release, then re-panic.
+		// A held response (see call.hold) is never sent.
 		p := recover()
 		c.stopRenewal()
 		ev.Decision = Released
 		ev.Status = c.status
-		t0 := m.now()
-		callCtx, done := m.storeCall(&c.ctx, StoreRelease, id)
-		err := m.store.Release(callCtx, id, c.token)
-		storeDone(done, err)
-		if err != nil {
-			m.logRelease(c, err)
-			ev.Err = err
-		}
-		ev.StoreLatency = latency + m.since(t0)
+		c.releaseNow()
+		ev.Err = c.releaseErr
+		ev.StoreLatency = latency + c.releaseLatency
 		m.observe(r.Context(), ev)
 		if p != nil {
 			panic(p)
@@ -517,28 +548,31 @@ func (m *Middleware) execute(c *call, w http.ResponseWriter, r *http.Request, ne
 		c.commit(http.StatusOK) // net/http sends 200 for a handler that wrote nothing
 	}
 	ev.Status = c.status
-	t0 := m.now()
 	var err error
-	if inTx {
+	switch {
+	case inTx:
 		// The handler completed the record in its own transaction (MarkCompleted):
 		// the store already holds it; a cache in front of it is told, best effort.
 		ev.Decision, ev.InTransaction = Executed, true
 		if n, ok := m.store.(store.CompletionNotifier); ok {
-			n.NotifyCompleted(&c.ctx, id, c.token, c.txResp, m.retention)
+			t0 := m.now()
+			ctx, cancel := m.storeCtx(&c.ctx, m.timeouts.Complete)
+			n.NotifyCompleted(ctx, id, c.token, c.txResp, m.retention)
+			cancel()
+			ev.StoreLatency = m.since(t0)
 		}
-	} else if c.hijacked || c.status == http.StatusSwitchingProtocols || m.release(c.status) || c.incomplete(r.Context(), wroteNothing) ||
-		m.unrouted(next, r) {
+		c.unhold()
+	case c.released || c.hijacked || c.status == http.StatusSwitchingProtocols || m.release(c.status) ||
+		c.incomplete(r.Context(), wroteNothing) || m.unrouted(next, r):
 		if c.hijacked {
 			ev.Status = 0
 		}
 		ev.Decision = Released
-		callCtx, done := m.storeCall(&c.ctx, StoreRelease, id)
-		err = m.store.Release(callCtx, id, c.token)
-		storeDone(done, err)
-		if err != nil {
-			m.logRelease(c, err)
-		}
-	} else {
+		c.releaseNow() // before a held response's first byte reaches the client
+		err = c.releaseErr
+		ev.StoreLatency = c.releaseLatency
+		c.unhold()
+	default:
 		ev.Decision = Executed
 		if c.renewLost.Load() {
 			m.logger.LogAttrs(r.Context(), slog.LevelWarn,
@@ -552,25 +586,73 @@ func (m *Middleware) execute(c *call, w http.ResponseWriter, r *http.Request, ne
 		if len(resp.Header) == 0 {
 			resp.Header = nil
 		}
-		callCtx, done := m.storeCall(&c.ctx, StoreComplete, id)
-		err = m.store.Complete(callCtx, id, c.token, resp, m.retention)
-		storeDone(done, err)
-		if err != nil {
-			if errors.Is(err, store.ErrLeaseLost) {
-				ev.Decision = LeaseLost
-				m.logger.LogAttrs(r.Context(), slog.LevelWarn,
-					"idempotency lease lost before completion; the response was not stored (another request took the key over)",
-					slog.String("scope", id.Scope), slog.String("key", id.Key), slog.Int("status", c.status))
-			} else {
-				m.logger.LogAttrs(r.Context(), slog.LevelError, "idempotency store failed to complete; the key stays claimed until its lease expires",
-					slog.String("scope", id.Scope), slog.String("key", id.Key), slog.Any("error", err))
-			}
+		t0 := m.now()
+		var again bool
+		err, ev.CompleteRetries, again = m.complete(c, resp, &reusable)
+		ev.StoreLatency = m.since(t0)
+		switch {
+		case errors.Is(err, store.ErrLeaseLost):
+			ev.Decision = LeaseLost
+			m.logger.LogAttrs(r.Context(), slog.LevelWarn,
+				"idempotency lease lost before completion; the response was not stored (another request took the key over)",
+				slog.String("scope", id.Scope), slog.String("key", id.Key), slog.Int("status", c.status))
+		case err != nil:
+			m.logger.LogAttrs(r.Context(), slog.LevelError, "idempotency store failed to complete; the key stays claimed until its lease expires",
+				slog.String("scope", id.Scope), slog.String("key", id.Key), slog.Int("retries", ev.CompleteRetries), slog.Any("error", err))
+		case again:
+			m.logger.LogAttrs(r.Context(), slog.LevelInfo, "idempotency record completed after retries",
+				slog.String("scope", id.Scope), slog.String("key", id.Key), slog.Int("retries", ev.CompleteRetries))
 		}
 	}
 	ev.Err = err
-	ev.StoreLatency = latency + m.since(t0)
+	ev.StoreLatency += latency
 	m.observe(r.Context(), ev)
 	return reusable
+}
+
+// Back-off of completion retries: doubling from minCompleteBackoff, at most a
+// third of the lease.
+const minCompleteBackoff = 20 * time.Millisecond
+
+// complete stores resp. When the store fails (an error other than ErrLeaseLost or
+// ErrInvalid), the lease is renewed again and Complete retried with back-off until
+// it succeeds, the lease is lost, or the lease can no longer be held (no
+// successful claim or renewal within the last lease): until then duplicates get
+// 409, never a second execution. The response is flushed to the client before the
+// first retry. It returns the last error, the number of retries and whether a
+// retry succeeded; *reusable is cleared if a renewal may still look at c.
+func (m *Middleware) complete(c *call, resp store.Response, reusable *bool) (err error, retries int, again bool) {
+	backoff := minCompleteBackoff
+	for {
+		ctx, cancel := m.storeCtx(&c.ctx, m.timeouts.Complete)
+		ctx, done := m.storeCall(ctx, StoreComplete, c.id)
+		err = m.store.Complete(ctx, c.id, c.token, resp, m.retention)
+		cancel()
+		storeDone(done, err)
+		if err == nil {
+			return nil, retries, retries > 0
+		}
+		if errors.Is(err, store.ErrLeaseLost) || errors.Is(err, store.ErrInvalid) || c.renewLost.Load() ||
+			time.Since(c.heldAt())+backoff >= m.lease {
+			return err, retries, false
+		}
+		if retries == 0 {
+			_ = http.NewResponseController(c.w).Flush() // the client need not wait for the store
+			c.restartRenewal()
+			defer func() {
+				if !c.stopRenewal() {
+					*reusable = false
+				}
+			}()
+		}
+		retries++
+		m.logger.LogAttrs(context.Background(), slog.LevelWarn, "idempotency store failed to complete; retrying while the lease is held",
+			slog.String("scope", c.id.Scope), slog.String("key", c.id.Key), slog.Int("retry", retries), slog.Any("error", err))
+		wait := make(chan struct{})
+		m.clock.AfterFunc(backoff, func() { close(wait) })
+		<-wait
+		backoff = min(2*backoff, max(m.lease/3, minCompleteBackoff))
+	}
 }
 
 func (m *Middleware) logRelease(c *call, err error) {

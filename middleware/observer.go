@@ -73,6 +73,9 @@ type Event struct {
 	Status int
 	// Takeover is set when the claim took over an expired lease.
 	Takeover bool
+	// CompleteRetries counts the retried Complete calls after the store failed to
+	// complete (Executed, or LeaseLost with Err set when it gave up).
+	CompleteRetries int
 	// InTransaction is set on Executed when the handler completed the record in its
 	// own transaction (MarkCompleted) and the middleware did not call Complete.
 	InTransaction bool
