@@ -8,10 +8,12 @@ import (
 	"net/http/httptest"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/idemkey/idemkey/store"
 	"github.com/idemkey/idemkey/store/memory"
 )
 
@@ -364,5 +366,79 @@ func TestStaleHolderFinishingFirstIsNotStored(t *testing.T) {
 	<-done[1]
 	if w := e.do(req("POST", "/x", "k", "b")); w.Body.String() != "run 1" || w.Header().Get(DefaultReplayedHeader) != "true" {
 		t.Fatalf("replayed %q, want the new holder's answer", w.Body)
+	}
+}
+
+// blockingRelease holds every Release until unblocked, so a test can look at what
+// the client has received while the claim is not yet released.
+type blockingRelease struct {
+	store.Store
+	entered, unblock chan struct{}
+}
+
+func (b *blockingRelease) Release(ctx context.Context, id store.ID, tok store.Token) error {
+	b.entered <- struct{}{}
+	<-b.unblock
+	return b.Store.Release(ctx, id, tok)
+}
+
+// A response the claim is released for never reaches the client before the
+// release: a client that retries as soon as it has it never meets the dead claim.
+func TestReleasedResponseHeldUntilReleased(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		handler http.HandlerFunc
+	}{
+		{"503 with a body, flushed", func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Content-Length", "4")
+			w.WriteHeader(http.StatusServiceUnavailable)
+			w.Write([]byte("busy"))
+			http.NewResponseController(w).Flush()
+		}},
+		{"429 without a body", func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusTooManyRequests) }},
+		{"hijacked", func(w http.ResponseWriter, r *http.Request) {
+			conn, _, err := http.NewResponseController(w).Hijack()
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			conn.Write([]byte("HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nhi"))
+			conn.Close()
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			bs := &blockingRelease{Store: memory.New(), entered: make(chan struct{}), unblock: make(chan struct{})}
+			m, err := New(bs, GlobalScope, WithLogger(discardLogger()))
+			if err != nil {
+				t.Fatal(err)
+			}
+			srv := httptest.NewServer(m.Handler(tc.handler))
+			defer srv.Close()
+			unblock := sync.OnceFunc(func() { close(bs.unblock) })
+			defer unblock() // before srv.Close, on failure too
+			got := make(chan int, 1)
+			go func() {
+				r, _ := http.NewRequest("POST", srv.URL, strings.NewReader("b"))
+				r.Header.Set("Idempotency-Key", "k")
+				resp, err := srv.Client().Do(r)
+				if err != nil {
+					got <- -1
+					return
+				}
+				io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+				got <- resp.StatusCode
+			}()
+			<-bs.entered
+			select {
+			case code := <-got:
+				t.Fatalf("the client had its response (%d) before the release", code)
+			case <-time.After(50 * time.Millisecond): // a response sent early would arrive in time
+			}
+			unblock()
+			if code := <-got; code <= 0 {
+				t.Fatalf("client: %d", code)
+			}
+		})
 	}
 }
