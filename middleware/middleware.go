@@ -22,31 +22,58 @@
 //	                                          (whole seconds, rounded up), at least
 //	                                          1 s, at most the rest of the lease
 //	same key, other fingerprint               422 key_reused_with_different_payload
-//	handler answers 5xx/408/409/425/429,      release the claim; the live response
-//	  panics (re-panicked) or hijacks           passes through
+//	handler answers 5xx/408/409/425/429,      release the claim, then send the
+//	  panics (re-panicked) or hijacks           response (held until released, so an
+//	                                            immediate retry runs, never a 409)
 //	no application route answered (a         release the claim; the corrected
 //	  ServeMux's own 404/405, or a router's     request with the same key runs
 //	  answer wrapped with Unrouted)
-//	response incomplete: body shorter than    release the claim (a client hanging
-//	  its Content-Length, or the client went    up must not leave a truncated or
-//	  away and the handler wrote nothing or     empty answer for every retry)
-//	  saw a write fail
+//	client hangs up while the handler runs    the handler's context is not cancelled;
+//	                                            its whole response is stored and
+//	                                            replayed (WithCancelOnDisconnect:
+//	                                            cancelled, and released when it stops
+//	                                            early)
+//	response incomplete: body shorter than    release the claim (no truncated answer
+//	  its Content-Length                        for every retry)
+//	handler completed the record in its own   nothing more stored; the committed
+//	  transaction (MarkCompleted)               record is what retries replay
 //	response body over the cap (1 MiB)        streamed untouched, stored with body
 //	                                          omitted; replay adds
 //	                                          "Idempotency-Replay: omitted"
-//	store error                               503 store_unavailable, Retry-After
-//	                                          (or run unprotected with WithFailOpen);
+//	store error or hung store (no answer      503 store_unavailable, Retry-After
+//	  within the claim bound, 5 s)              (or run unprotected with WithFailOpen);
 //	                                          logged once per outage (its start, a
 //	                                          count every minute, its end), each
 //	                                          request at debug level
+//	completion fails (store error)            retried with back-off while the lease
+//	                                            is held; duplicates get 409 meanwhile
 //	completion refused (lease taken over)     logged with slog; nothing overwritten
 //
 // Errors are RFC 9457 application/problem+json with type, title, status, detail
 // and a stable code member (see the Code constants).
 //
-// The handler reads the scope and key with KeyFromContext; the account service
-// derives its event IDs from them, so a write stays idempotent even when a lease
-// expires under a slow handler.
+// The handler reads the scope and key with KeyFromContext, and its claim (fencing
+// token included) with ClaimFromContext.
+//
+// # Which guarantee holds for which handler
+//
+// A process can die between a side effect and the stored response, and a lease can
+// expire under a slow handler, so the middleware alone runs a handler at most once
+// per lease, not exactly once (docs/architecture.md section 9). What closes the gap
+// depends on where the side effect lives:
+//
+//   - Own Postgres data: exactly once. The handler completes the record in its own
+//     transaction with the response it sends (store/postgres CommitResponse, or
+//     CompleteTx and MarkCompleted), fenced by the claim's token: the rows and the
+//     record commit together, and a holder whose lease was taken over cannot commit.
+//   - External side effects (a payment provider): pass the key, or a key derived
+//     from it, downstream; the provider deduplicates on it.
+//   - An event log (the account service on Celeriant): derive the event ID from the
+//     scope and key, so a second append is refused by the log.
+//
+// For every handler: a client hang-up does not cancel it (WithCancelOnDisconnect),
+// each store call has a deadline (WithStoreTimeouts), and a failed completion is
+// retried while the lease is held, so none of these runs a request twice.
 //
 // # Adapters
 //
