@@ -615,7 +615,10 @@ func (m *Middleware) execute(c *call, w http.ResponseWriter, r *http.Request, ne
 		}
 		t0 := m.now()
 		var again bool
-		err, ev.CompleteRetries, again = m.complete(c, resp, &reusable)
+		err, ev.CompleteRetries, again = m.complete(c, resp)
+		if ev.CompleteRetries > 0 && !c.stopRenewal() {
+			reusable = false // a renewal restarted for the retries may still look at c
+		}
 		ev.StoreLatency = m.since(t0)
 		switch {
 		case errors.Is(err, store.ErrLeaseLost):
@@ -647,8 +650,8 @@ const minCompleteBackoff = 20 * time.Millisecond
 // successful claim or renewal within the last lease): until then duplicates get
 // 409, never a second execution. The response is flushed to the client before the
 // first retry. It returns the last error, the number of retries and whether a
-// retry succeeded; *reusable is cleared if a renewal may still look at c.
-func (m *Middleware) complete(c *call, resp store.Response, reusable *bool) (err error, retries int, again bool) {
+// retry succeeded; after retries the caller stops the renewals again.
+func (m *Middleware) complete(c *call, resp store.Response) (err error, retries int, again bool) {
 	backoff := minCompleteBackoff
 	for {
 		ctx, cancel := m.storeCtx(&c.ctx, m.timeouts.Complete)
@@ -666,11 +669,6 @@ func (m *Middleware) complete(c *call, resp store.Response, reusable *bool) (err
 		if retries == 0 {
 			_ = http.NewResponseController(c.w).Flush() // the client need not wait for the store
 			c.restartRenewal()
-			defer func() {
-				if !c.stopRenewal() {
-					*reusable = false
-				}
-			}()
 		}
 		retries++
 		m.logger.LogAttrs(context.Background(), slog.LevelWarn, "idempotency store failed to complete; retrying while the lease is held",
