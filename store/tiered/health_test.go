@@ -235,7 +235,7 @@ func TestPingDeadlines(t *testing.T) {
 
 	// The backstop answers whatever the deadline (as a live one does in time), so the
 	// hung cache alone meets the 1 ms deadline, however loaded the machine is.
-	s = tiered.New(&slowCache{hung: true}, liveBackstop{memory.New()}, quiet)
+	s = newTiered(t, &slowCache{hung: true}, liveBackstop{memory.New()}, quiet)
 	ctx, cancel = context.WithTimeout(context.Background(), time.Millisecond)
 	defer cancel()
 	if err := s.Ping(ctx); !errors.Is(err, store.ErrDegraded) || s.Stats().Outages != 1 {
