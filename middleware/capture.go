@@ -52,8 +52,16 @@ type call struct {
 	inTx     bool
 	txResp   store.Response
 
+	// Release before the client can retry: a response the claim will be released
+	// for is held back (status, body) until the release is done.
+	holding        bool
+	released       bool
+	releaseErr     error
+	releaseLatency time.Duration
+
 	// Lease renewal.
-	renewLost atomic.Bool // a renewal found the lease lost
+	renewLost atomic.Bool  // a renewal found the lease lost
+	held      atomic.Int64 // when the lease was last known held: m.epoch + held (claim or renewal)
 	mu        sync.Mutex
 	stopped   bool
 	timer     Timer
@@ -76,6 +84,7 @@ func (d *detachedCtx) Value(k any) any {
 
 func (c *call) start(w http.ResponseWriter, ctx context.Context, id store.ID, token store.Token) {
 	c.w, c.id, c.token, c.ctx.parent = w, id, token, ctx
+	c.held.Store(int64(time.Since(c.m.epoch)))
 	c.mu.Lock()
 	c.stopped = false
 	if c.timer == nil {
@@ -93,8 +102,13 @@ func (c *call) renew() {
 	if c.stopped {
 		return
 	}
-	err := c.m.store.Renew(&c.ctx, c.id, c.token, c.m.lease)
+	at := time.Since(c.m.epoch)
+	ctx, cancel := c.m.storeCtx(&c.ctx, c.m.timeouts.Renew)
+	err := c.m.store.Renew(ctx, c.id, c.token, c.m.lease)
+	cancel()
 	switch {
+	case err == nil:
+		c.held.Store(int64(at))
 	case errors.Is(err, store.ErrLeaseLost):
 		// Logged when the handler returns: a record the handler completed in its own
 		// transaction also ends the lease, and is no loss.
@@ -116,6 +130,50 @@ func (c *call) handlerReturned() (inTx bool) {
 	return c.inTx
 }
 
+// heldAt returns when the lease was last known held (claim or renewal sent then
+// succeeded), on the monotonic clock.
+func (c *call) heldAt() time.Time { return c.m.epoch.Add(time.Duration(c.held.Load())) }
+
+// restartRenewal schedules renewals again after stopRenewal.
+func (c *call) restartRenewal() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.stopped = false
+	c.timer.Reset(c.m.lease / 3)
+}
+
+// releaseNow releases the claim once (token-checked), recording the result.
+func (c *call) releaseNow() {
+	if c.released {
+		return
+	}
+	c.released = true
+	t0 := c.m.now()
+	ctx, cancel := c.m.storeCtx(&c.ctx, c.m.timeouts.Release)
+	ctx, done := c.m.storeCall(ctx, StoreRelease, c.id)
+	c.releaseErr = c.m.store.Release(ctx, c.id, c.token)
+	cancel()
+	storeDone(done, c.releaseErr)
+	c.releaseLatency = c.m.since(t0)
+	if c.releaseErr != nil {
+		c.m.logRelease(c, c.releaseErr)
+	}
+}
+
+// unhold sends a held response to the client: status, then the buffered body.
+func (c *call) unhold() {
+	if !c.holding {
+		return
+	}
+	c.holding = false
+	c.w.WriteHeader(c.status)
+	if len(c.body) > 0 {
+		if _, err := c.w.Write(c.body); err != nil && !errors.Is(err, http.ErrBodyNotAllowed) {
+			c.writeFailed = true
+		}
+	}
+}
+
 // stopRenewal stops the renewals and waits for one in progress. It reports
 // whether c may be reused: false when a renewal had fired but not yet run, since
 // it will still look at c.
@@ -131,6 +189,7 @@ func (c *call) reset() {
 	c.w, c.id, c.token, c.ctx.parent, c.route = nil, store.ID{}, store.Token{}, nil, ""
 	c.wroteHeader, c.status, c.hijacked, c.omitted = false, 0, false, false
 	c.writeFailed, c.written, c.declared = false, 0, 0
+	c.holding, c.released, c.releaseErr, c.releaseLatency = false, false, nil, 0
 	c.txMu.Lock()
 	c.returned, c.inTx, c.txResp = false, false, store.Response{}
 	c.txMu.Unlock()
@@ -172,9 +231,28 @@ func (c *call) commit(code int) {
 func (c *call) Header() http.Header { return c.w.Header() }
 
 // WriteHeader passes code on; the first final (non-1xx) status is the one stored.
+// A status the claim will be released for (the release policy) is held back with
+// its body until the claim is released, so a client that gets it and retries at
+// once never meets the dead claim (409); a 101 releases before it is sent.
 func (c *call) WriteHeader(code int) {
 	if c.wroteHeader || (code >= 100 && code < 200 && code != http.StatusSwitchingProtocols) {
-		c.w.WriteHeader(code)
+		if !c.holding {
+			c.w.WriteHeader(code)
+		}
+		return
+	}
+	c.begin(code)
+}
+
+// begin commits the first final status: held back when the claim will be
+// released for it, passed on otherwise.
+func (c *call) begin(code int) {
+	switch {
+	case code == http.StatusSwitchingProtocols:
+		c.releaseNow()
+	case code >= 200 && code <= 999 && c.m.release(code):
+		c.commit(code)
+		c.holding = true
 		return
 	}
 	c.w.WriteHeader(code) // may panic on an invalid code: then nothing is recorded
@@ -188,7 +266,17 @@ func (c *call) WriteHeader(code int) {
 // not allow (http.ErrBodyNotAllowed), which no client ever sees.
 func (c *call) Write(p []byte) (int, error) {
 	if !c.wroteHeader {
-		c.commit(http.StatusOK)
+		c.begin(http.StatusOK)
+	}
+	if c.holding {
+		if len(c.body)+len(p) <= c.m.maxStoredBody {
+			c.body = append(c.body, p...)
+			c.written += int64(len(p))
+			return len(p), nil
+		}
+		// Too large to hold: release now and stream the rest.
+		c.releaseNow()
+		c.unhold()
 	}
 	n, err := c.w.Write(p)
 	if err != nil {
@@ -216,7 +304,10 @@ func (c *call) Flush() { _ = c.FlushError() }
 // uses it.
 func (c *call) FlushError() error {
 	if !c.wroteHeader {
-		c.commit(http.StatusOK)
+		c.begin(http.StatusOK)
+	}
+	if c.holding {
+		return nil // sent once the claim is released
 	}
 	err := http.NewResponseController(c.w).Flush()
 	if err != nil && !errors.Is(err, http.ErrNotSupported) {
@@ -243,9 +334,10 @@ func bodyAllowed(status int) bool {
 	return status >= 200 && status != http.StatusNoContent && status != http.StatusNotModified
 }
 
-// Hijack hands the connection over (http.Hijacker); the claim is then released,
-// as the response is not known.
+// Hijack hands the connection over (http.Hijacker); the claim is released first,
+// as the response is not known and the handler may answer on the connection.
 func (c *call) Hijack() (net.Conn, *bufio.ReadWriter, error) {
+	c.releaseNow()
 	conn, rw, err := http.NewResponseController(c.w).Hijack()
 	if err == nil {
 		c.hijacked = true

@@ -3,6 +3,7 @@ package middleware
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"io"
 	"log/slog"
 	"net/http"
@@ -104,9 +105,12 @@ type hookStore struct {
 	store.Store
 	claimErr    error
 	completeErr error
-	renews      atomic.Int32
-	releases    atomic.Int32
-	completes   atomic.Int32
+	// completeFails is how many Complete calls fail before they pass through.
+	completeFails atomic.Int32
+	renewErr      atomic.Value // error returned by Renew, if set
+	renews        atomic.Int32
+	releases      atomic.Int32
+	completes     atomic.Int32
 }
 
 func (h *hookStore) Claim(ctx context.Context, req store.ClaimRequest) (store.ClaimResult, error) {
@@ -121,6 +125,9 @@ func (h *hookStore) Complete(ctx context.Context, id store.ID, tok store.Token, 
 	if h.completeErr != nil {
 		return h.completeErr
 	}
+	if h.completeFails.Add(-1) >= 0 {
+		return errors.New("write timeout (injected)")
+	}
 	return h.Store.Complete(ctx, id, tok, resp, ret)
 }
 
@@ -131,6 +138,9 @@ func (h *hookStore) Release(ctx context.Context, id store.ID, tok store.Token) e
 
 func (h *hookStore) Renew(ctx context.Context, id store.ID, tok store.Token, lease time.Duration) error {
 	h.renews.Add(1)
+	if err, _ := h.renewErr.Load().(error); err != nil {
+		return err
+	}
 	return h.Store.Renew(ctx, id, tok, lease)
 }
 

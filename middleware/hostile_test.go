@@ -8,16 +8,18 @@ import (
 	"net/http/httptest"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/idemkey/idemkey/store"
 	"github.com/idemkey/idemkey/store/memory"
 )
 
-// A client that hangs up while the handler runs must not poison the key: a
-// handler that gives up on its cancelled context without writing (as the
-// conformance fixture's /slow does) is not stored as an empty 200.
+// With WithCancelOnDisconnect, a client that hangs up while the handler runs must
+// not poison the key: a handler that gives up on its cancelled context without
+// writing is not stored as an empty 200.
 func TestClientGoneHandlerWroteNothingReleases(t *testing.T) {
 	entered := make(chan struct{}, 1)
 	events := make(chan Event, 4)
@@ -29,7 +31,7 @@ func TestClientGoneHandlerWroteNothingReleases(t *testing.T) {
 			return
 		}
 		w.Write([]byte("slept"))
-	}, WithObserver(ObserverFunc(func(_ context.Context, ev Event) { events <- ev })))
+	}, WithCancelOnDisconnect(true), WithObserver(ObserverFunc(func(_ context.Context, ev Event) { events <- ev })))
 	srv := httptest.NewServer(e.h)
 	defer srv.Close()
 	post := func(ctx context.Context) (*http.Response, error) {
@@ -56,6 +58,56 @@ func TestClientGoneHandlerWroteNothingReleases(t *testing.T) {
 	resp.Body.Close()
 	if string(b) != "slept" || resp.Header.Get(DefaultReplayedHeader) != "" || e.calls.Load() != 2 {
 		t.Fatalf("retry got %d %q replayed=%q, calls %d; want a fresh execution", resp.StatusCode, b,
+			resp.Header.Get(DefaultReplayedHeader), e.calls.Load())
+	}
+}
+
+// By default a hang-up never runs a request twice: the handler's context is not
+// cancelled when the client goes away, the handler finishes, its whole response is
+// stored although the connection is dead, and the retry replays it.
+func TestHangUpDoesNotRunTwice(t *testing.T) {
+	entered, proceed := make(chan struct{}), make(chan struct{})
+	requestCtx := make(chan context.Context, 2)
+	events := make(chan Event, 4)
+	e := newEnv(t, func(w http.ResponseWriter, r *http.Request) {
+		entered <- struct{}{}
+		<-proceed
+		if err := r.Context().Err(); err != nil {
+			t.Errorf("handler's context cancelled by the hang-up: %v", err)
+		}
+		w.Write([]byte("charged once"))
+	}, WithObserver(ObserverFunc(func(_ context.Context, ev Event) { events <- ev })))
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		requestCtx <- r.Context()
+		e.h.ServeHTTP(w, r)
+	}))
+	defer srv.Close()
+	post := func(ctx context.Context) (*http.Response, error) {
+		r, _ := http.NewRequestWithContext(ctx, "POST", srv.URL+"/slow", strings.NewReader("b"))
+		r.Header.Set("Idempotency-Key", "hang-1")
+		return srv.Client().Do(r)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	errc := make(chan error, 1)
+	go func() { _, err := post(ctx); errc <- err }()
+	<-entered
+	cancel() // the client hangs up
+	if err := <-errc; err == nil {
+		t.Fatal("cancelled request succeeded")
+	}
+	<-(<-requestCtx).Done() // the server saw the hang-up
+	close(proceed)
+	if ev := <-events; ev.Decision != Executed || ev.Status != 200 {
+		t.Fatalf("event %+v, want executed and stored", ev)
+	}
+	resp, err := post(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if string(b) != "charged once" || resp.Header.Get(DefaultReplayedHeader) != "true" || e.calls.Load() != 1 {
+		t.Fatalf("retry got %d %q replayed=%q, executions %d; want the replay, 1", resp.StatusCode, b,
 			resp.Header.Get(DefaultReplayedHeader), e.calls.Load())
 	}
 }
@@ -245,7 +297,7 @@ func TestSlowHandlerRenewsOnRealClock(t *testing.T) {
 	if testing.Short() {
 		t.Skip("waits on the real clock")
 	}
-	const lease = 60 * time.Millisecond
+	const lease = MinLease
 	entered, release := make(chan struct{}), make(chan struct{})
 	var runs atomic.Int32
 	m, err := New(memory.New(), GlobalScope, WithLease(lease), WithLogger(discardLogger()))
@@ -268,7 +320,7 @@ func TestSlowHandlerRenewsOnRealClock(t *testing.T) {
 		done <- w
 	}()
 	<-entered
-	deadline := time.Now().Add(6 * lease)
+	deadline := time.Now().Add(4 * lease)
 	for n := 0; time.Now().Before(deadline); n++ {
 		w := httptest.NewRecorder()
 		h.ServeHTTP(w, req("POST", "/slow", "k", "b"))
@@ -314,5 +366,79 @@ func TestStaleHolderFinishingFirstIsNotStored(t *testing.T) {
 	<-done[1]
 	if w := e.do(req("POST", "/x", "k", "b")); w.Body.String() != "run 1" || w.Header().Get(DefaultReplayedHeader) != "true" {
 		t.Fatalf("replayed %q, want the new holder's answer", w.Body)
+	}
+}
+
+// blockingRelease holds every Release until unblocked, so a test can look at what
+// the client has received while the claim is not yet released.
+type blockingRelease struct {
+	store.Store
+	entered, unblock chan struct{}
+}
+
+func (b *blockingRelease) Release(ctx context.Context, id store.ID, tok store.Token) error {
+	b.entered <- struct{}{}
+	<-b.unblock
+	return b.Store.Release(ctx, id, tok)
+}
+
+// A response the claim is released for never reaches the client before the
+// release: a client that retries as soon as it has it never meets the dead claim.
+func TestReleasedResponseHeldUntilReleased(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		handler http.HandlerFunc
+	}{
+		{"503 with a body, flushed", func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Content-Length", "4")
+			w.WriteHeader(http.StatusServiceUnavailable)
+			w.Write([]byte("busy"))
+			http.NewResponseController(w).Flush()
+		}},
+		{"429 without a body", func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusTooManyRequests) }},
+		{"hijacked", func(w http.ResponseWriter, r *http.Request) {
+			conn, _, err := http.NewResponseController(w).Hijack()
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			conn.Write([]byte("HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nhi"))
+			conn.Close()
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			bs := &blockingRelease{Store: memory.New(), entered: make(chan struct{}), unblock: make(chan struct{})}
+			m, err := New(bs, GlobalScope, WithLogger(discardLogger()))
+			if err != nil {
+				t.Fatal(err)
+			}
+			srv := httptest.NewServer(m.Handler(tc.handler))
+			defer srv.Close()
+			unblock := sync.OnceFunc(func() { close(bs.unblock) })
+			defer unblock() // before srv.Close, on failure too
+			got := make(chan int, 1)
+			go func() {
+				r, _ := http.NewRequest("POST", srv.URL, strings.NewReader("b"))
+				r.Header.Set("Idempotency-Key", "k")
+				resp, err := srv.Client().Do(r)
+				if err != nil {
+					got <- -1
+					return
+				}
+				io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+				got <- resp.StatusCode
+			}()
+			<-bs.entered
+			select {
+			case code := <-got:
+				t.Fatalf("the client had its response (%d) before the release", code)
+			case <-time.After(50 * time.Millisecond): // a response sent early would arrive in time
+			}
+			unblock()
+			if code := <-got; code <= 0 {
+				t.Fatalf("client: %d", code)
+			}
+		})
 	}
 }

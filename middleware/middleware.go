@@ -22,31 +22,58 @@
 //	                                          (whole seconds, rounded up), at least
 //	                                          1 s, at most the rest of the lease
 //	same key, other fingerprint               422 key_reused_with_different_payload
-//	handler answers 5xx/408/409/425/429,      release the claim; the live response
-//	  panics (re-panicked) or hijacks           passes through
+//	handler answers 5xx/408/409/425/429,      release the claim, then send the
+//	  panics (re-panicked) or hijacks           response (held until released, so an
+//	                                            immediate retry runs, never a 409)
 //	no application route answered (a         release the claim; the corrected
 //	  ServeMux's own 404/405, or a router's     request with the same key runs
 //	  answer wrapped with Unrouted)
-//	response incomplete: body shorter than    release the claim (a client hanging
-//	  its Content-Length, or the client went    up must not leave a truncated or
-//	  away and the handler wrote nothing or     empty answer for every retry)
-//	  saw a write fail
+//	client hangs up while the handler runs    the handler's context is not cancelled;
+//	                                            its whole response is stored and
+//	                                            replayed (WithCancelOnDisconnect:
+//	                                            cancelled, and released when it stops
+//	                                            early)
+//	response incomplete: body shorter than    release the claim (no truncated answer
+//	  its Content-Length                        for every retry)
+//	handler completed the record in its own   nothing more stored; the committed
+//	  transaction (MarkCompleted)               record is what retries replay
 //	response body over the cap (1 MiB)        streamed untouched, stored with body
 //	                                          omitted; replay adds
 //	                                          "Idempotency-Replay: omitted"
-//	store error                               503 store_unavailable, Retry-After
-//	                                          (or run unprotected with WithFailOpen);
+//	store error or hung store (no answer      503 store_unavailable, Retry-After
+//	  within the claim bound, 5 s)              (or run unprotected with WithFailOpen);
 //	                                          logged once per outage (its start, a
 //	                                          count every minute, its end), each
 //	                                          request at debug level
+//	completion fails (store error)            retried with back-off while the lease
+//	                                            is held; duplicates get 409 meanwhile
 //	completion refused (lease taken over)     logged with slog; nothing overwritten
 //
 // Errors are RFC 9457 application/problem+json with type, title, status, detail
 // and a stable code member (see the Code constants).
 //
-// The handler reads the scope and key with KeyFromContext; the account service
-// derives its event IDs from them, so a write stays idempotent even when a lease
-// expires under a slow handler.
+// The handler reads the scope and key with KeyFromContext, and its claim (fencing
+// token included) with ClaimFromContext.
+//
+// # Which guarantee holds for which handler
+//
+// A process can die between a side effect and the stored response, and a lease can
+// expire under a slow handler, so the middleware alone runs a handler at most once
+// per lease, not exactly once (docs/architecture.md section 9). What closes the gap
+// depends on where the side effect lives:
+//
+//   - Own Postgres data: exactly once. The handler completes the record in its own
+//     transaction with the response it sends (store/postgres CommitResponse, or
+//     CompleteTx and MarkCompleted), fenced by the claim's token: the rows and the
+//     record commit together, and a holder whose lease was taken over cannot commit.
+//   - External side effects (a payment provider): pass the key, or a key derived
+//     from it, downstream; the provider deduplicates on it.
+//   - An event log (the account service on Celeriant): derive the event ID from the
+//     scope and key, so a second append is refused by the log.
+//
+// For every handler: a client hang-up does not cancel it (WithCancelOnDisconnect),
+// each store call has a deadline (WithStoreTimeouts), and a failed completion is
+// retried while the lease is held, so none of these runs a request twice.
 //
 // # Adapters
 //
@@ -209,11 +236,25 @@ type Middleware struct {
 	outage           outage        // the current run of store failures, logged once
 	clockNow         func() time.Time
 	storeObs         StoreObserver // the observer, when it implements StoreObserver
+	bounded          bool          // store calls run under m.timeouts
+	epoch            time.Time     // origin of call.held (monotonic)
+}
+
+// noCancel is the cancel function of an unbounded store call.
+func noCancel() {}
+
+// storeCtx returns parent bounded by d for one store call, unless the store
+// never waits on I/O (store.InProcess): then parent itself, with no timer.
+func (m *Middleware) storeCtx(parent context.Context, d time.Duration) (context.Context, context.CancelFunc) {
+	if !m.bounded {
+		return parent, noCancel
+	}
+	return context.WithTimeout(parent, d)
 }
 
 // New returns a middleware claiming keys in s, scoped by scope. Both are
 // required: a global scope must be chosen explicitly (GlobalScope). It fails on a
-// nil store or scope, a non-positive lease, a retention shorter than the lease,
+// nil store or scope, a lease under MinLease, a retention shorter than the lease,
 // negative body limits or empty header names.
 func New(s store.Store, scope ScopeFunc, opts ...Option) (*Middleware, error) {
 	if s == nil {
@@ -222,13 +263,13 @@ func New(s store.Store, scope ScopeFunc, opts ...Option) (*Middleware, error) {
 	if scope == nil {
 		return nil, errors.New("idemkey/middleware: nil scope function (use GlobalScope to share one key space)")
 	}
-	m := &Middleware{config: defaultConfig(), store: s, scope: scope}
+	m := &Middleware{config: defaultConfig(), store: s, scope: scope, epoch: time.Now()}
 	for _, o := range opts {
 		o(&m.config)
 	}
 	switch {
-	case m.lease <= 0:
-		return nil, fmt.Errorf("idemkey/middleware: lease %v must be positive", m.lease)
+	case m.lease < MinLease:
+		return nil, fmt.Errorf("idemkey/middleware: lease %v under the minimum %v (it is renewed every third of it)", m.lease, MinLease)
 	case m.retention < m.lease:
 		return nil, fmt.Errorf("idemkey/middleware: retention %v shorter than the lease %v", m.retention, m.lease)
 	case m.maxRequestBody < 0 || m.maxStoredBody < 0:
@@ -237,6 +278,19 @@ func New(s store.Store, scope ScopeFunc, opts ...Option) (*Middleware, error) {
 		return nil, errors.New("idemkey/middleware: empty header name")
 	case m.route == nil || m.release == nil || m.clock == nil:
 		return nil, errors.New("idemkey/middleware: nil route, release policy or clock")
+	case m.timeouts.Claim < 0 || m.timeouts.Complete < 0 || m.timeouts.Release < 0 || m.timeouts.Renew < 0:
+		return nil, fmt.Errorf("idemkey/middleware: negative store timeout in %+v", m.timeouts)
+	}
+	for _, d := range []*time.Duration{&m.timeouts.Claim, &m.timeouts.Complete, &m.timeouts.Release} {
+		if *d == 0 {
+			*d = DefaultStoreTimeout
+		}
+	}
+	if m.timeouts.Renew == 0 {
+		m.timeouts.Renew = min(m.lease/3, DefaultStoreTimeout)
+	}
+	if ip, ok := s.(store.InProcess); !ok || !ip.InProcess() {
+		m.bounded = true
 	}
 	if m.logger == nil {
 		m.logger = slog.Default()
@@ -390,8 +444,10 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	}
 
 	t0 := m.now()
-	callCtx, done := m.storeCall(ctx, StoreClaim, id)
-	res, err := m.store.Claim(callCtx, store.ClaimRequest{ID: id, Fingerprint: fp, Lease: m.lease, Retention: m.retention})
+	cctx, cancel := m.storeCtx(ctx, m.timeouts.Claim)
+	cctx, done := m.storeCall(cctx, StoreClaim, id)
+	res, err := m.store.Claim(cctx, store.ClaimRequest{ID: id, Fingerprint: fp, Lease: m.lease, Retention: m.retention})
+	cancel()
 	latency := m.since(t0)
 	storeDone(done, err)
 	if err == nil && (res.Outcome < store.Claimed || res.Outcome > store.Mismatch ||
@@ -448,8 +504,15 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 // handlerRequest returns the request the handler sees: the key in its context
 // (KeyFromContext), the claim when it runs under one (ClaimFromContext; cl is
 // then the call) and, as its body, the bytes the middleware read.
+//
+// Under a claim the context is detached from the client's connection unless
+// WithCancelOnDisconnect is on: a hang-up must not stop a side effect half way.
 func (c *call) handlerRequest(r *http.Request, claim Claim, cl *call, body []byte) *http.Request {
-	r = r.WithContext(&keyCtx{Context: r.Context(), claim: claim, call: cl})
+	parent := r.Context()
+	if cl != nil && !c.m.cancelOnGone {
+		parent = context.WithoutCancel(parent)
+	}
+	r = r.WithContext(&keyCtx{Context: parent, claim: claim, call: cl})
 	c.reqBody.Reset(body)
 	r.Body = &c.reqBody
 	return r
@@ -487,19 +550,14 @@ func (m *Middleware) execute(c *call, w http.ResponseWriter, r *http.Request, ne
 			return
 		}
 		// The handler panicked (or called runtime.Goexit): release, then re-panic.
+		// A held response (see call.hold) is never sent.
 		p := recover()
 		c.stopRenewal()
 		ev.Decision = Released
 		ev.Status = c.status
-		t0 := m.now()
-		callCtx, done := m.storeCall(&c.ctx, StoreRelease, id)
-		err := m.store.Release(callCtx, id, c.token)
-		storeDone(done, err)
-		if err != nil {
-			m.logRelease(c, err)
-			ev.Err = err
-		}
-		ev.StoreLatency = latency + m.since(t0)
+		c.releaseNow()
+		ev.Err = c.releaseErr
+		ev.StoreLatency = latency + c.releaseLatency
 		m.observe(r.Context(), ev)
 		if p != nil {
 			panic(p)
@@ -517,28 +575,31 @@ func (m *Middleware) execute(c *call, w http.ResponseWriter, r *http.Request, ne
 		c.commit(http.StatusOK) // net/http sends 200 for a handler that wrote nothing
 	}
 	ev.Status = c.status
-	t0 := m.now()
 	var err error
-	if inTx {
+	switch {
+	case inTx:
 		// The handler completed the record in its own transaction (MarkCompleted):
 		// the store already holds it; a cache in front of it is told, best effort.
 		ev.Decision, ev.InTransaction = Executed, true
 		if n, ok := m.store.(store.CompletionNotifier); ok {
-			n.NotifyCompleted(&c.ctx, id, c.token, c.txResp, m.retention)
+			t0 := m.now()
+			ctx, cancel := m.storeCtx(&c.ctx, m.timeouts.Complete)
+			n.NotifyCompleted(ctx, id, c.token, c.txResp, m.retention)
+			cancel()
+			ev.StoreLatency = m.since(t0)
 		}
-	} else if c.hijacked || c.status == http.StatusSwitchingProtocols || m.release(c.status) || c.incomplete(r.Context(), wroteNothing) ||
-		m.unrouted(next, r) {
+		c.unhold()
+	case c.released || c.hijacked || c.status == http.StatusSwitchingProtocols || m.release(c.status) ||
+		c.incomplete(r.Context(), wroteNothing) || m.unrouted(next, r):
 		if c.hijacked {
 			ev.Status = 0
 		}
 		ev.Decision = Released
-		callCtx, done := m.storeCall(&c.ctx, StoreRelease, id)
-		err = m.store.Release(callCtx, id, c.token)
-		storeDone(done, err)
-		if err != nil {
-			m.logRelease(c, err)
-		}
-	} else {
+		c.releaseNow() // before a held response's first byte reaches the client
+		err = c.releaseErr
+		ev.StoreLatency = c.releaseLatency
+		c.unhold()
+	default:
 		ev.Decision = Executed
 		if c.renewLost.Load() {
 			m.logger.LogAttrs(r.Context(), slog.LevelWarn,
@@ -552,25 +613,71 @@ func (m *Middleware) execute(c *call, w http.ResponseWriter, r *http.Request, ne
 		if len(resp.Header) == 0 {
 			resp.Header = nil
 		}
-		callCtx, done := m.storeCall(&c.ctx, StoreComplete, id)
-		err = m.store.Complete(callCtx, id, c.token, resp, m.retention)
-		storeDone(done, err)
-		if err != nil {
-			if errors.Is(err, store.ErrLeaseLost) {
-				ev.Decision = LeaseLost
-				m.logger.LogAttrs(r.Context(), slog.LevelWarn,
-					"idempotency lease lost before completion; the response was not stored (another request took the key over)",
-					slog.String("scope", id.Scope), slog.String("key", id.Key), slog.Int("status", c.status))
-			} else {
-				m.logger.LogAttrs(r.Context(), slog.LevelError, "idempotency store failed to complete; the key stays claimed until its lease expires",
-					slog.String("scope", id.Scope), slog.String("key", id.Key), slog.Any("error", err))
-			}
+		t0 := m.now()
+		var again bool
+		err, ev.CompleteRetries, again = m.complete(c, resp)
+		if ev.CompleteRetries > 0 && !c.stopRenewal() {
+			reusable = false // a renewal restarted for the retries may still look at c
+		}
+		ev.StoreLatency = m.since(t0)
+		switch {
+		case errors.Is(err, store.ErrLeaseLost):
+			ev.Decision = LeaseLost
+			m.logger.LogAttrs(r.Context(), slog.LevelWarn,
+				"idempotency lease lost before completion; the response was not stored (another request took the key over)",
+				slog.String("scope", id.Scope), slog.String("key", id.Key), slog.Int("status", c.status))
+		case err != nil:
+			m.logger.LogAttrs(r.Context(), slog.LevelError, "idempotency store failed to complete; the key stays claimed until its lease expires",
+				slog.String("scope", id.Scope), slog.String("key", id.Key), slog.Int("retries", ev.CompleteRetries), slog.Any("error", err))
+		case again:
+			m.logger.LogAttrs(r.Context(), slog.LevelInfo, "idempotency record completed after retries",
+				slog.String("scope", id.Scope), slog.String("key", id.Key), slog.Int("retries", ev.CompleteRetries))
 		}
 	}
 	ev.Err = err
-	ev.StoreLatency = latency + m.since(t0)
+	ev.StoreLatency += latency
 	m.observe(r.Context(), ev)
 	return reusable
+}
+
+// Back-off of completion retries: doubling from minCompleteBackoff, at most a
+// third of the lease.
+const minCompleteBackoff = 20 * time.Millisecond
+
+// complete stores resp. When the store fails (an error other than ErrLeaseLost or
+// ErrInvalid), the lease is renewed again and Complete retried with back-off until
+// it succeeds, the lease is lost, or the lease can no longer be held (no
+// successful claim or renewal within the last lease): until then duplicates get
+// 409, never a second execution. The response is flushed to the client before the
+// first retry. It returns the last error, the number of retries and whether a
+// retry succeeded; after retries the caller stops the renewals again.
+func (m *Middleware) complete(c *call, resp store.Response) (err error, retries int, again bool) {
+	backoff := minCompleteBackoff
+	for {
+		ctx, cancel := m.storeCtx(&c.ctx, m.timeouts.Complete)
+		ctx, done := m.storeCall(ctx, StoreComplete, c.id)
+		err = m.store.Complete(ctx, c.id, c.token, resp, m.retention)
+		cancel()
+		storeDone(done, err)
+		if err == nil {
+			return nil, retries, retries > 0
+		}
+		if errors.Is(err, store.ErrLeaseLost) || errors.Is(err, store.ErrInvalid) || c.renewLost.Load() ||
+			time.Since(c.heldAt())+backoff >= m.lease {
+			return err, retries, false
+		}
+		if retries == 0 {
+			_ = http.NewResponseController(c.w).Flush() // the client need not wait for the store
+			c.restartRenewal()
+		}
+		retries++
+		m.logger.LogAttrs(context.Background(), slog.LevelWarn, "idempotency store failed to complete; retrying while the lease is held",
+			slog.String("scope", c.id.Scope), slog.String("key", c.id.Key), slog.Int("retry", retries), slog.Any("error", err))
+		wait := make(chan struct{})
+		m.clock.AfterFunc(backoff, func() { close(wait) })
+		<-wait
+		backoff = min(2*backoff, max(m.lease/3, minCompleteBackoff))
+	}
 }
 
 func (m *Middleware) logRelease(c *call, err error) {

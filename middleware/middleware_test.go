@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -31,6 +32,8 @@ func TestNewRequiresStoreAndScope(t *testing.T) {
 		{"nil store", nil, GlobalScope, nil},
 		{"nil scope", st, nil, nil},
 		{"zero lease", st, GlobalScope, []Option{WithLease(0)}},
+		{"lease of 1ns", st, GlobalScope, []Option{WithLease(time.Nanosecond)}},
+		{"lease under MinLease", st, GlobalScope, []Option{WithLease(MinLease - time.Millisecond)}},
 		{"retention below lease", st, GlobalScope, []Option{WithLease(time.Minute), WithRetention(time.Second)}},
 		{"negative body limit", st, GlobalScope, []Option{WithMaxStoredBody(-1)}},
 		{"empty header name", st, GlobalScope, []Option{WithKeyHeader("")}},
@@ -43,6 +46,9 @@ func TestNewRequiresStoreAndScope(t *testing.T) {
 	}
 	if _, err := New(st, GlobalScope); err != nil {
 		t.Fatalf("defaults: %v", err)
+	}
+	if _, err := New(st, GlobalScope, WithLease(MinLease)); err != nil {
+		t.Fatalf("MinLease: %v", err)
 	}
 }
 
@@ -899,14 +905,72 @@ func TestStoreErrorFailOpen(t *testing.T) {
 	}
 }
 
-func TestCompleteErrorIsLoggedNotFatal(t *testing.T) {
+// A failed completion is retried while the lease is held: duplicates meanwhile
+// get 409, never a second execution, and the replay is the original response.
+func TestCompleteRetriedWhileLeaseHeld(t *testing.T) {
 	e := newEnv(t, echoHandler)
-	e.st.completeErr = errors.New("write timeout")
-	if w := e.do(req("POST", "/x", "k", "b")); w.Code != http.StatusCreated {
-		t.Fatal(w.Code)
+	e.st.completeFails.Store(2)
+	done := make(chan *httptest.ResponseRecorder)
+	go func() { done <- e.do(req("POST", "/x", "k", "original")) }()
+	for retries := 0; retries < 2; {
+		select {
+		case w := <-done:
+			t.Fatalf("returned before its retries: %d", w.Code)
+		default:
+		}
+		if n, _ := e.clk.armed(); n < 2 { // the renewal and a back-off
+			runtime.Gosched()
+			continue
+		}
+		if w := e.do(req("POST", "/x", "k", "original")); w.Code != http.StatusConflict {
+			t.Fatalf("duplicate during the retries: %d %q, want 409", w.Code, w.Body)
+		}
+		e.clk.fire()
+		retries++
 	}
-	if ev := e.lastEvent(); ev.Decision != Executed || ev.Err == nil {
-		t.Fatalf("event %+v", ev)
+	if w := <-done; w.Code != http.StatusCreated || w.Body.String() != "original" {
+		t.Fatalf("first: %d %q", w.Code, w.Body)
+	}
+	ev := e.lastEvent()
+	if ev.Decision != Executed || ev.Err != nil || ev.CompleteRetries != 2 || e.st.completes.Load() != 3 {
+		t.Fatalf("event %+v after %d Complete calls; want executed after 2 retries, 3 calls", ev, e.st.completes.Load())
+	}
+	if w := e.do(req("POST", "/x", "k", "original")); w.Code != http.StatusCreated || w.Body.String() != "original" ||
+		w.Header().Get(DefaultReplayedHeader) != "true" || e.calls.Load() != 1 {
+		t.Fatalf("retry: %d %q, %d executions; want the original replayed", w.Code, w.Body, e.calls.Load())
+	}
+	if n, _ := e.clk.armed(); n != 0 {
+		t.Fatalf("%d timers still armed", n)
+	}
+}
+
+// Completion retries end when the lease is lost (a renewal finds it taken over).
+func TestCompleteRetriesEndWhenLeaseLost(t *testing.T) {
+	e := newEnv(t, echoHandler)
+	e.st.completeErr = errors.New("store down (injected)")
+	done := make(chan *httptest.ResponseRecorder)
+	go func() { done <- e.do(req("POST", "/x", "k", "b")) }()
+	for {
+		if n, _ := e.clk.armed(); n >= 2 {
+			break
+		}
+		runtime.Gosched()
+	}
+	e.st.renewErr.Store(fmt.Errorf("taken over (injected): %w", store.ErrLeaseLost))
+	for {
+		select {
+		case w := <-done:
+			if w.Code != http.StatusCreated {
+				t.Fatalf("status %d", w.Code)
+			}
+			if ev := e.lastEvent(); ev.Decision != Executed || ev.Err == nil || ev.CompleteRetries == 0 {
+				t.Fatalf("event %+v; want the store error after retries", ev)
+			}
+			return
+		default:
+			e.clk.fire() // renewals now fail with ErrLeaseLost
+			runtime.Gosched()
+		}
 	}
 }
 

@@ -73,6 +73,11 @@ type Event struct {
 	Status int
 	// Takeover is set when the claim took over an expired lease.
 	Takeover bool
+	// CompleteRetries counts the Complete calls retried after the store failed to
+	// complete (the retries run while the lease is held). With Err nil the last one
+	// stored the response; otherwise Err is why it gave up (LeaseLost when the lease
+	// was lost, Executed with the store's error when it could not be held).
+	CompleteRetries int
 	// InTransaction is set on Executed when the handler completed the record in its
 	// own transaction (MarkCompleted) and the middleware did not call Complete.
 	InTransaction bool

@@ -18,6 +18,10 @@ const (
 	DefaultOmittedHeader = "Idempotency-Replay"
 	// DefaultLease is how long a claim is exclusive without renewal.
 	DefaultLease = 10 * time.Second
+	// MinLease is the shortest lease New accepts: the lease is renewed every third
+	// of it, and a shorter one would make renewals spin and duplicates take over
+	// a live handler's key.
+	MinLease = 100 * time.Millisecond
 	// DefaultRetention is how long a record is kept and replayed.
 	DefaultRetention = 24 * time.Hour
 	// DefaultMaxRequestBody is the fingerprint limit in bytes (1 MiB); a larger
@@ -28,7 +32,27 @@ const (
 	DefaultMaxStoredBody = 1 << 20
 	// DefaultStoreRetryAfter is the Retry-After of a 503 when the store fails.
 	DefaultStoreRetryAfter = time.Second
+	// DefaultStoreTimeout bounds each Claim, Complete and Release call
+	// (WithStoreTimeouts); Renew's default is a third of the lease, at most this.
+	DefaultStoreTimeout = 5 * time.Second
 )
+
+// StoreTimeouts bound the store calls (WithStoreTimeouts). A zero field keeps its
+// default; a call that runs out of time is a store error: a claim is answered
+// 503 store_unavailable with Retry-After, a completion is retried while the lease
+// is held, a release or renewal is logged (the lease then ends on its own).
+type StoreTimeouts struct {
+	// Claim bounds the claim, on the request's path (default DefaultStoreTimeout).
+	Claim time.Duration
+	// Complete bounds each attempt to store the response (default
+	// DefaultStoreTimeout).
+	Complete time.Duration
+	// Release bounds the release of a claim (default DefaultStoreTimeout).
+	Release time.Duration
+	// Renew bounds each lease renewal (default a third of the lease, at most
+	// DefaultStoreTimeout), so one renewal ends before the next is due.
+	Renew time.Duration
+}
 
 // DefaultDenyHeaders are never stored for replay, whatever the allow list says:
 // cookies, Date, Content-Length (recomputed for the replayed body), the hop-by-hop
@@ -63,6 +87,8 @@ type config struct {
 	failOpen        bool
 	releaseUnrouted bool
 	storeRetryAfter time.Duration
+	timeouts        StoreTimeouts
+	cancelOnGone    bool
 	observer        Observer
 	logger          *slog.Logger
 	clock           Clock
@@ -115,7 +141,8 @@ func WithMethods(methods ...string) Option {
 // 400 idempotency_key_missing (true, the default) or passes through unprotected.
 func WithKeyRequired(required bool) Option { return func(c *config) { c.required = required } }
 
-// WithLease sets the claim lease (default 10s; positive, at most the retention).
+// WithLease sets the claim lease (default 10s; at least MinLease, at most the
+// retention; New refuses others).
 // The lease is renewed every third of it while the handler runs.
 func WithLease(d time.Duration) Option { return func(c *config) { c.lease = d } }
 
@@ -190,6 +217,27 @@ func WithFailOpen(on bool) Option { return func(c *config) { c.failOpen = on } }
 // WithStoreRetryAfter sets the Retry-After of the 503 answered when the store
 // fails (default 1s; whole seconds, rounded up, at least 1).
 func WithStoreRetryAfter(d time.Duration) Option { return func(c *config) { c.storeRetryAfter = d } }
+
+// WithStoreTimeouts sets the deadlines of the store calls (see StoreTimeouts;
+// zero fields keep their defaults, negative ones make New fail). A hung store
+// then answers 503 within the Claim bound instead of holding the request for the
+// client's whole timeout. Stores that never wait on I/O (store.InProcess, the
+// memory store) run without deadlines.
+func WithStoreTimeouts(t StoreTimeouts) Option { return func(c *config) { c.timeouts = t } }
+
+// WithCancelOnDisconnect(true) gives the handler the request's own context, which
+// net/http cancels when the client disconnects. The default (false) keeps the
+// handler running when the client hangs up: its context is not cancelled (it keeps
+// the request's values), the lease keeps being renewed, the whole response is
+// captured although writes to the dead connection fail, and it is stored, so the
+// retry replays it instead of running the side effect a second time.
+//
+// With cancellation on, a handler that stops early (it wrote nothing, or a write
+// failed, after its client went away) has its claim released, and the retry runs
+// the handler again: choose it only for handlers whose side effects are safe to
+// repeat, or that complete in their own transaction (an interrupted transaction
+// rolls back).
+func WithCancelOnDisconnect(on bool) Option { return func(c *config) { c.cancelOnGone = on } }
 
 // WithObserver sets the observer called once per request (default none). An
 // observer that also implements StoreObserver is called around each store call.

@@ -276,6 +276,14 @@ type CompletionNotifier interface {
 	NotifyCompleted(ctx context.Context, id ID, token Token, resp Response, retention time.Duration)
 }
 
+// InProcess is an optional interface of stores whose calls never wait on I/O
+// (store/memory). The middleware puts no deadline on their calls, saving the
+// timer; every other store's calls run under the middleware's store timeouts.
+type InProcess interface {
+	// InProcess reports whether the store answers without I/O.
+	InProcess() bool
+}
+
 // Validate checks the arguments every store requires of a claim: the ID (see
 // ID.Validate), a positive lease and a retention of at least the lease. Backends
 // call it first and return its error unchanged (it wraps ErrInvalid).

@@ -311,7 +311,12 @@ func open(ctx context.Context, cfg config) (*stores, error) {
 		st.close = func() { _ = client.Close(); closePG() }
 	}
 	if cfg.kind == "tiered" {
-		st.in = tiered.New(st.cache, st.pg, tiered.WithTimeout(cfg.timeout))
+		ts, err := tiered.New(st.cache, st.pg, tiered.WithTimeout(cfg.timeout))
+		if err != nil {
+			st.close()
+			return nil, fmt.Errorf("tiered store: %w", err)
+		}
+		st.in = ts
 	}
 	return st, nil
 }

@@ -135,7 +135,10 @@ func backends(t *testing.T) []backend {
 
 	tpg, tpgEnv, tpgFlags := postgresBackend(t)
 	tprefix := redistest.Prefix(t, c)
-	ts := tiered.New(redis.New(c, redis.WithPrefix(tprefix)), tpg)
+	ts, err := tiered.New(redis.New(c, redis.WithPrefix(tprefix)), tpg)
+	if err != nil {
+		t.Fatal(err)
+	}
 	return []backend{
 		{"postgres", pgEnv, pgFlags, pg},
 		{"redis", redisEnv, nil, rs},

@@ -116,5 +116,9 @@ func newStore(ctx context.Context, env setup.Env, conns *setup.Conns, logger *sl
 	if env.Store == "postgres" {
 		return pg, nil
 	}
-	return tiered.New(redis.New(conns.Redis, redis.WithPrefix(env.RedisPrefix)), pg, tiered.WithLogger(logger)), nil
+	ts, err := tiered.New(redis.New(conns.Redis, redis.WithPrefix(env.RedisPrefix)), pg, tiered.WithLogger(logger))
+	if err != nil {
+		return nil, fmt.Errorf("tiered store: %w", err)
+	}
+	return ts, nil
 }

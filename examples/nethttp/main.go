@@ -106,6 +106,9 @@ func newStore(ctx context.Context, env setup.Env, conns *setup.Conns, logger *sl
 	if env.Store == "postgres" {
 		return pg, stats, nil
 	}
-	ts := tiered.New(redis.New(conns.Redis, redis.WithPrefix(env.RedisPrefix)), pg, tiered.WithLogger(logger))
+	ts, err := tiered.New(redis.New(conns.Redis, redis.WithPrefix(env.RedisPrefix)), pg, tiered.WithLogger(logger))
+	if err != nil {
+		return nil, nil, fmt.Errorf("tiered store: %w", err)
+	}
 	return ts, append(stats, idemprom.WithTiered(ts)), nil
 }

@@ -49,8 +49,11 @@ func (c *downCache) Renew(context.Context, store.ID, store.Token, time.Duration)
 // rising and the degraded gauge at 1, and its end as the gauge back at 0.
 func TestCollector(t *testing.T) {
 	cache := &downCache{}
-	ts := tiered.New(cache, memory.New(), tiered.WithCooldown(time.Hour),
+	ts, err := tiered.New(cache, memory.New(), tiered.WithCooldown(time.Hour),
 		tiered.WithLogger(slog.New(slog.DiscardHandler)))
+	if err != nil {
+		t.Fatal(err)
+	}
 	var retries atomic.Int64
 	reg := prometheus.NewRegistry()
 	if err := reg.Register(idemprom.NewCollector(idemprom.WithTiered(ts), idemprom.WithClaimRetries(retries.Load))); err != nil {

@@ -17,15 +17,19 @@ import (
 
 // The Observer on the middleware, the Collector on the store, both on the
 // application's own registry (serve it with promhttp.HandlerFor). A retried
-// request counts one execution and one replay. The tiered store here has no cache
-// in front of its memory backstop, so its own counters stay at 0 (not shown).
+// request counts one execution and one replay. The tiered store here has an
+// empty in-process cache (downCache, up) in front of its memory backstop: both
+// claims miss it, and the backstop's replay is copied into it.
 func Example() {
 	reg := prometheus.NewRegistry()
 	obs, err := idemprom.NewObserver(reg)
 	if err != nil {
 		panic(err)
 	}
-	st := tiered.New(nil, memory.New())
+	st, err := tiered.New(&downCache{}, memory.New())
+	if err != nil {
+		panic(err)
+	}
 	if err := reg.Register(idemprom.NewCollector(idemprom.WithTiered(st))); err != nil {
 		panic(err)
 	}
@@ -51,5 +55,7 @@ func Example() {
 	// idemkey_replays_total 1
 	// idemkey_store_latency_seconds{decision="executed"} count 1
 	// idemkey_store_latency_seconds{decision="replayed"} count 1
+	// idemkey_tiered_backfills_total 1
+	// idemkey_tiered_fast_misses_total 2
 	// degraded: false
 }

@@ -137,6 +137,10 @@ func (s *Store) Len() int {
 	return n
 }
 
+// InProcess implements store.InProcess: the memory store never waits on I/O, so
+// the middleware puts no deadline on its calls.
+func (s *Store) InProcess() bool { return true }
+
 // Claim implements store.Store.
 func (s *Store) Claim(ctx context.Context, req store.ClaimRequest) (store.ClaimResult, error) {
 	if err := req.Validate(); err != nil {

@@ -67,9 +67,6 @@ func (s *Store) Ping(ctx context.Context) error {
 	if err := store.Ping(ctx, s.backstop); err != nil {
 		return fmt.Errorf("idemkey/store/tiered: backstop: %w", err)
 	}
-	if s.fast == nil {
-		return nil
-	}
 	p, ok := s.fast.(store.Pinger)
 	if !ok {
 		if s.health.down.Load() {

@@ -82,6 +82,16 @@ func claim(t *testing.T, s *tiered.Store, key string) {
 	}
 }
 
+// newTiered builds a tiered store or fails the test.
+func newTiered(t testing.TB, fast tiered.Cache, back store.Store, opts ...tiered.Option) *tiered.Store {
+	t.Helper()
+	s, err := tiered.New(fast, back, opts...)
+	if err != nil {
+		t.Fatalf("tiered.New: %v", err)
+	}
+	return s
+}
+
 // TestOutageLoggedOnce: however many claims meet a Redis outage, concurrently and
 // with no cooldown to spare Redis the calls, the store logs one warning when it
 // starts and one info line when a Redis call succeeds again, counts one outage,
@@ -89,7 +99,7 @@ func claim(t *testing.T, s *tiered.Store, key string) {
 func TestOutageLoggedOnce(t *testing.T) {
 	var logs syncBuffer
 	cache := &fakeCache{}
-	s := tiered.New(cache, memory.New(), tiered.WithCooldown(0),
+	s := newTiered(t, cache, memory.New(), tiered.WithCooldown(0),
 		tiered.WithLogger(slog.New(slog.NewTextHandler(&logs, nil))))
 
 	claim(t, s, "before")
@@ -141,19 +151,12 @@ func TestPing(t *testing.T) {
 		wantDegraded bool
 	}{
 		{"all up", func() tiered.Cache { return &pingingCache{} }, memory.New(), false, false},
-		{"no cache", func() tiered.Cache { return nil }, memory.New(), false, false},
 		{"cache down", func() tiered.Cache { c := &pingingCache{}; c.down.Store(true); return c }, memory.New(), true, true},
 		{"backstop down", func() tiered.Cache { return &pingingCache{} }, failingBackstop{memory.New()}, true, false},
 		{"both down", func() tiered.Cache { c := &pingingCache{}; c.down.Store(true); return c }, failingBackstop{memory.New()}, true, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			c := tc.cache()
-			var s *tiered.Store
-			if c == nil {
-				s = tiered.New(nil, tc.backstop, quiet)
-			} else {
-				s = tiered.New(c, tc.backstop, quiet)
-			}
+			s := newTiered(t, tc.cache(), tc.backstop, quiet)
 			err := s.Ping(context.Background())
 			if (err != nil) != tc.wantErr || errors.Is(err, store.ErrDegraded) != tc.wantDegraded {
 				t.Fatalf("Ping = %v; want error %v, degraded %v", err, tc.wantErr, tc.wantDegraded)
@@ -170,7 +173,7 @@ func TestPing(t *testing.T) {
 func TestPingEndsOutage(t *testing.T) {
 	quiet := tiered.WithLogger(slog.New(slog.DiscardHandler))
 	pc := &pingingCache{}
-	s := tiered.New(pc, memory.New(), quiet)
+	s := newTiered(t, pc, memory.New(), quiet)
 	pc.down.Store(true)
 	claim(t, s, "k")
 	pc.down.Store(false)
@@ -182,7 +185,7 @@ func TestPingEndsOutage(t *testing.T) {
 	}
 
 	fc := &fakeCache{}
-	s = tiered.New(fc, memory.New(), quiet)
+	s = newTiered(t, fc, memory.New(), quiet)
 	fc.down.Store(true)
 	claim(t, s, "k")
 	if err := s.Ping(context.Background()); !errors.Is(err, store.ErrDegraded) {
@@ -218,12 +221,12 @@ func (liveBackstop) Ping(context.Context) error { return nil }
 // own cancellation is neither degraded nor an outage.
 func TestPingDeadlines(t *testing.T) {
 	quiet := tiered.WithLogger(slog.New(slog.DiscardHandler))
-	s := tiered.New(&slowCache{}, memory.New(), quiet) // fast-path timeout: 50 ms
+	s := newTiered(t, &slowCache{}, memory.New(), quiet) // fast-path timeout: 50 ms
 	if err := s.Ping(context.Background()); err != nil {
 		t.Errorf("Ping of a slow but live cache = %v, want nil", err)
 	}
 
-	s = tiered.New(&slowCache{hung: true}, memory.New(), quiet)
+	s = newTiered(t, &slowCache{hung: true}, memory.New(), quiet)
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
 	if err := s.Ping(ctx); err == nil || errors.Is(err, store.ErrDegraded) || s.Stats().Outages != 0 {
@@ -232,7 +235,7 @@ func TestPingDeadlines(t *testing.T) {
 
 	// The backstop answers whatever the deadline (as a live one does in time), so the
 	// hung cache alone meets the 1 ms deadline, however loaded the machine is.
-	s = tiered.New(&slowCache{hung: true}, liveBackstop{memory.New()}, quiet)
+	s = newTiered(t, &slowCache{hung: true}, liveBackstop{memory.New()}, quiet)
 	ctx, cancel = context.WithTimeout(context.Background(), time.Millisecond)
 	defer cancel()
 	if err := s.Ping(ctx); !errors.Is(err, store.ErrDegraded) || s.Stats().Outages != 1 {

@@ -11,12 +11,9 @@ import (
 var _ store.Inspector = (*Store)(nil)
 
 // inspectors returns the backstop's and the cache's store.Inspector (cache nil
-// when there is no fast store), or an error wrapping errors.ErrUnsupported (or
-// store.ErrInvalid for a nil backstop) when one is missing.
+// when there is no fast store), or an error wrapping errors.ErrUnsupported when
+// one of them does not implement it.
 func (s *Store) inspectors(op string, needCache bool) (back, cache store.Inspector, err error) {
-	if _, none := s.backstop.(noBackstop); none {
-		return nil, nil, errNoBackstop
-	}
 	back, ok := s.backstop.(store.Inspector)
 	if !ok {
 		return nil, nil, fmt.Errorf("idemkey/store/tiered: %s: backstop %T is not a store.Inspector: %w", op, s.backstop, errors.ErrUnsupported)

@@ -68,7 +68,7 @@ func TestEvictDropsTheCacheCopy(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			cache := inspectingEvictCache{&evictCache{err: tc.cacheErr}}
-			s := tiered.New(cache, memory.New(), tiered.WithCooldown(time.Hour))
+			s := newTiered(t, cache, memory.New(), tiered.WithCooldown(time.Hour))
 			id := store.ID{Scope: "s", Key: "k"}
 			if !tc.absent {
 				res, err := s.Claim(ctx, store.ClaimRequest{ID: id, Lease: time.Minute, Retention: time.Hour})
@@ -103,26 +103,19 @@ func TestInspectorUnsupported(t *testing.T) {
 		t.Fatal(err)
 	}
 	// A cache that cannot drop its copy: refused before the backstop evicts.
-	s := tiered.New(&evictCache{}, back)
+	s := newTiered(t, &evictCache{}, back)
 	if _, _, err := s.Evict(ctx, id, store.EvictAny); !errors.Is(err, errors.ErrUnsupported) {
 		t.Errorf("Evict with a cache that is no Inspector: %v, want ErrUnsupported", err)
 	}
 	if info, err := s.Inspect(ctx, id); err != nil || info.State != store.StateInFlight {
 		t.Errorf("Inspect: %v %v; want the untouched in-flight record", info.State, err)
 	}
-	// Without a cache, the backstop alone.
-	if _, evicted, err := tiered.New(nil, back).Evict(ctx, id, store.EvictAny); err != nil || !evicted {
-		t.Errorf("Evict without a cache: %v %v", evicted, err)
-	}
 	// A backstop that is no Inspector.
-	s = tiered.New(nil, backstopOnly{back})
+	s = newTiered(t, inspectingEvictCache{&evictCache{}}, backstopOnly{back})
 	if _, err := s.Inspect(ctx, id); !errors.Is(err, errors.ErrUnsupported) {
 		t.Errorf("Inspect: %v, want ErrUnsupported", err)
 	}
 	if _, _, err := s.Evict(ctx, id, store.EvictAny); !errors.Is(err, errors.ErrUnsupported) {
 		t.Errorf("Evict: %v, want ErrUnsupported", err)
-	}
-	if _, err := tiered.New(nil, nil).Inspect(ctx, id); !errors.Is(err, store.ErrInvalid) {
-		t.Errorf("Inspect with a nil backstop: %v, want ErrInvalid", err)
 	}
 }

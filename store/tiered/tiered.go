@@ -39,6 +39,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"reflect"
 	"sync/atomic"
 	"time"
 
@@ -124,18 +125,35 @@ func WithCooldown(d time.Duration) Option {
 func WithObserver(f func(Event)) Option { return func(s *Store) { s.observe = f } }
 
 // New returns a tiered store: fast answers what it holds, backstop (the
-// authoritative store, e.g. *postgres.Store) decides. New does no I/O. A nil fast
-// store means the backstop alone; a nil backstop makes every call fail with
-// store.ErrInvalid.
-func New(fast Cache, backstop store.Store, opts ...Option) *Store {
-	if backstop == nil {
-		backstop = noBackstop{}
+// authoritative store, e.g. *postgres.Store) decides. New does no I/O. Both are
+// required: a nil one, or a nil pointer in the interface (say, a *redis.Store
+// variable never assigned), is an error wrapping store.ErrInvalid, never a panic or
+// a failure at the first request. Without a cache, use the backstop alone.
+func New(fast Cache, backstop store.Store, opts ...Option) (*Store, error) {
+	switch {
+	case isNil(fast):
+		return nil, fmt.Errorf("%w: tiered: nil cache (use the backstop alone instead)", store.ErrInvalid)
+	case isNil(backstop):
+		return nil, fmt.Errorf("%w: tiered: nil backstop", store.ErrInvalid)
 	}
 	s := &Store{fast: fast, backstop: backstop, timeout: DefaultTimeout, cooldown: DefaultCooldown, start: time.Now()}
 	for _, o := range opts {
 		o(s)
 	}
-	return s
+	return s, nil
+}
+
+// isNil reports whether v is nil or holds a nil pointer, map, slice, channel or
+// function.
+func isNil(v any) bool {
+	if v == nil {
+		return true
+	}
+	switch r := reflect.ValueOf(v); r.Kind() {
+	case reflect.Pointer, reflect.Map, reflect.Slice, reflect.Chan, reflect.Func, reflect.Interface:
+		return r.IsNil()
+	}
+	return false
 }
 
 // EventKind classifies fast-path events.
@@ -273,7 +291,7 @@ func (s *Store) fastUp(op string) bool {
 // (Redis being down makes them fail fast; only a hung Redis costs them the
 // timeout.)
 func (s *Store) fastCall(ctx context.Context, op string, f func(ctx context.Context) error) (ran bool, err error) {
-	if s.fast == nil || op != "complete" && op != "release" && op != "evict" && !s.fastUp(op) {
+	if op != "complete" && op != "release" && op != "evict" && !s.fastUp(op) {
 		return false, nil
 	}
 	fctx, cancel := context.WithTimeout(ctx, s.timeout)
@@ -425,21 +443,4 @@ func (s *Store) Renew(ctx context.Context, id store.ID, token store.Token, lease
 func isTimeout(err error) bool {
 	var t interface{ Timeout() bool }
 	return errors.As(err, &t) && t.Timeout()
-}
-
-// noBackstop stands in for a nil backstop.
-type noBackstop struct{}
-
-var errNoBackstop = fmt.Errorf("%w: tiered: nil backstop", store.ErrInvalid)
-
-func (noBackstop) Claim(context.Context, store.ClaimRequest) (store.ClaimResult, error) {
-	return store.ClaimResult{}, errNoBackstop
-}
-
-func (noBackstop) Complete(context.Context, store.ID, store.Token, store.Response, time.Duration) error {
-	return errNoBackstop
-}
-func (noBackstop) Release(context.Context, store.ID, store.Token) error { return errNoBackstop }
-func (noBackstop) Renew(context.Context, store.ID, store.Token, time.Duration) error {
-	return errNoBackstop
 }

@@ -10,7 +10,7 @@
 //	IDEM_STORE             memory (default), postgres, redis or tiered
 //	DATABASE_URL           Postgres: the store (postgres, tiered) and PROJECTION=postgres
 //	REDIS_URL              Redis: the store (redis, tiered)
-//	IDEM_LEASE             claim lease, Go duration, default 10s
+//	IDEM_LEASE             claim lease, Go duration, at least 100ms, default 10s
 //	IDEM_RETENTION         how long responses are replayed, default 24h
 //	IDEM_TABLE             the Postgres store's table, default idemkey_records
 //	IDEM_REDIS_PREFIX      the Redis store's key prefix, default idemkey:
@@ -29,6 +29,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/idemkey/idemkey/middleware"
 	"github.com/idemkey/idemkey/store/postgres"
 	"github.com/idemkey/idemkey/store/redis"
 )
@@ -135,6 +136,9 @@ func Load(getenv func(string) string) (Env, error) {
 			return e, fmt.Errorf("%w: %s=%q: want %s Go duration such as 10s", ErrConfig, d.name, v, want)
 		}
 		*d.dst = parsed
+	}
+	if e.Lease < middleware.MinLease {
+		return e, fmt.Errorf("%w: IDEM_LEASE=%v is under the minimum lease %v (it is renewed every third of it)", ErrConfig, e.Lease, middleware.MinLease)
 	}
 	if e.Retention < e.Lease {
 		return e, fmt.Errorf("%w: IDEM_RETENTION (%v) must be at least IDEM_LEASE (%v)", ErrConfig, e.Retention, e.Lease)

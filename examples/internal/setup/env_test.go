@@ -31,6 +31,8 @@ func TestLoad(t *testing.T) {
 			want: with(func(e *Env) { e.Store, e.RedisURL = "redis", "redis://y" })},
 		{name: "bad lease", env: map[string]string{"IDEM_LEASE": "10"}, wantErr: "IDEM_LEASE"},
 		{name: "zero lease", env: map[string]string{"IDEM_LEASE": "0s"}, wantErr: "IDEM_LEASE"},
+		{name: "lease of 1ns", env: map[string]string{"IDEM_LEASE": "1ns"}, wantErr: "IDEM_LEASE=1ns is under the minimum lease 100ms"},
+		{name: "lease under 100ms", env: map[string]string{"IDEM_LEASE": "99ms"}, wantErr: "IDEM_LEASE"},
 		{name: "negative retention", env: map[string]string{"IDEM_RETENTION": "-1h"}, wantErr: "IDEM_RETENTION"},
 		{name: "retention below lease", env: map[string]string{"IDEM_LEASE": "1m", "IDEM_RETENTION": "30s"}, wantErr: "at least IDEM_LEASE"},
 		{name: "unknown store", env: map[string]string{"IDEM_STORE": "etcd"}, wantErr: "IDEM_STORE"},

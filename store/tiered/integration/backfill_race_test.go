@@ -36,7 +36,7 @@ func TestBackfillKeepsNewerMarker(t *testing.T) {
 	ctx := t.Context()
 	back := &afterClaim{Store: memory.New()}
 	fast := redis.New(c, redis.WithPrefix(redistest.Prefix(t, c)))
-	s := tiered.New(fast, back, tiered.WithTimeout(testTimeout))
+	s := mustTiered(t, fast, back, tiered.WithTimeout(testTimeout))
 	id := store.ID{Scope: "tenant", Key: "k"}
 	reqA := store.ClaimRequest{ID: id, Fingerprint: fingerprint("a"), Lease: time.Minute, Retention: time.Hour}
 	reqB := store.ClaimRequest{ID: id, Fingerprint: fingerprint("b"), Lease: time.Minute, Retention: time.Hour}

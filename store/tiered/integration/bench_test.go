@@ -10,7 +10,6 @@ import (
 	"github.com/idemkey/idemkey/store"
 	"github.com/idemkey/idemkey/store/redis"
 	"github.com/idemkey/idemkey/store/redis/redistest"
-	"github.com/idemkey/idemkey/store/tiered"
 )
 
 // BenchmarkReplay measures the latency of a replay (a claim answered Completed)
@@ -24,7 +23,7 @@ func BenchmarkReplay(b *testing.B) {
 	srv := redistest.StartServer(b)
 	c := goredis.NewClient(&goredis.Options{Addr: srv.Addr, ContextTimeoutEnabled: true})
 	b.Cleanup(func() { _ = c.Close() })
-	tier := tiered.New(redis.New(c), pg)
+	tier := mustTiered(b, redis.New(c), pg)
 	ctx := context.Background()
 	id := store.ID{Scope: "tenant", Key: "replayed"}
 	req := store.ClaimRequest{ID: id, Fingerprint: fingerprint("a"), Lease: 10 * time.Second, Retention: time.Hour}

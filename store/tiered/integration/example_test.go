@@ -33,11 +33,14 @@ func Example() {
 	client := goredis.NewClient(&goredis.Options{Addr: "127.0.0.1:6379", ContextTimeoutEnabled: true})
 	defer client.Close()
 
-	s := tiered.New(redis.New(client, redis.WithPrefix("app:idem:")), backstop,
+	s, err := tiered.New(redis.New(client, redis.WithPrefix("app:idem:")), backstop,
 		tiered.WithObserver(func(e tiered.Event) {
 			if e.Kind == tiered.FastError {
 				slog.Warn("idempotency fast path degraded", "op", e.Op, "err", e.Err)
 			}
 		}))
+	if err != nil {
+		log.Fatal(err) // a nil cache or backstop
+	}
 	_ = s // hand it to the middleware as its store.Store
 }

@@ -28,7 +28,7 @@ func TestFaultRedisRestart(t *testing.T) {
 	srv := redistest.StartServer(t)
 	c := faultClient(t, srv.Addr)
 	back := &probe{Store: anyBackstop(t)}
-	s := tiered.New(redis.New(c), back, tiered.WithCooldown(20*time.Millisecond), tiered.WithTimeout(testTimeout))
+	s := mustTiered(t, redis.New(c), back, tiered.WithCooldown(20*time.Millisecond), tiered.WithTimeout(testTimeout))
 	ctx := t.Context()
 
 	const nKeys, workers = 300, 8
@@ -148,7 +148,7 @@ func TestFaultRedisFlushed(t *testing.T) {
 	c := faultClient(t, srv.Addr)
 	back := &probe{Store: anyBackstop(t)}
 	fast := redis.New(c)
-	s := tiered.New(fast, back, tiered.WithTimeout(testTimeout))
+	s := mustTiered(t, fast, back, tiered.WithTimeout(testTimeout))
 	ctx := t.Context()
 	a := newApp(s, 5*time.Second, []string{"k"})
 	if err := a.do(ctx, "k"); err != nil || a.runs["k"].Load() != 1 {
@@ -194,7 +194,7 @@ func TestFaultStaleHolder(t *testing.T) {
 	c := faultClient(t, srv.Addr)
 	backstop := anyBackstop(t)
 	fast := redis.New(c)
-	s := tiered.New(fast, backstop, tiered.WithTimeout(testTimeout))
+	s := mustTiered(t, fast, backstop, tiered.WithTimeout(testTimeout))
 	ctx := t.Context()
 	id := store.ID{Scope: "tenant", Key: "k"}
 	const lease = 100 * time.Millisecond
@@ -250,7 +250,7 @@ func TestFaultRedisHung(t *testing.T) {
 		errMu    sync.Mutex
 		fastErrs []error
 	)
-	s := tiered.New(redis.New(c), back, tiered.WithTimeout(timeout), tiered.WithCooldown(200*time.Millisecond),
+	s := mustTiered(t, redis.New(c), back, tiered.WithTimeout(timeout), tiered.WithCooldown(200*time.Millisecond),
 		tiered.WithObserver(func(e tiered.Event) {
 			if e.Kind == tiered.FastError {
 				errMu.Lock()

@@ -16,6 +16,7 @@ import (
 	"github.com/idemkey/idemkey/store"
 	"github.com/idemkey/idemkey/store/memory"
 	"github.com/idemkey/idemkey/store/postgres"
+	"github.com/idemkey/idemkey/store/tiered"
 )
 
 // postgresBackstop returns a migrated Postgres store in a schema of its own,
@@ -35,6 +36,16 @@ func postgresBackstop(t testing.TB, pool *pgxpool.Pool) *postgres.Store {
 			t.Errorf("drop schema %s: %v", schema, err)
 		}
 	})
+	return s
+}
+
+// mustTiered builds a tiered store or fails the test.
+func mustTiered(t testing.TB, fast tiered.Cache, back store.Store, opts ...tiered.Option) *tiered.Store {
+	t.Helper()
+	s, err := tiered.New(fast, back, opts...)
+	if err != nil {
+		t.Fatalf("tiered.New: %v", err)
+	}
 	return s
 }
 

@@ -17,6 +17,6 @@ func TestIdem(t *testing.T) {
 	pool := pgPool(t)
 	idemtest.Run(t, func(t *testing.T) store.Store {
 		fast := redis.New(c, redis.WithPrefix(redistest.Prefix(t, c)))
-		return tiered.New(fast, postgresBackstop(t, pool), tiered.WithTimeout(testTimeout))
+		return mustTiered(t, fast, postgresBackstop(t, pool), tiered.WithTimeout(testTimeout))
 	})
 }

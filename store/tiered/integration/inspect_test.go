@@ -19,7 +19,7 @@ func TestEvictDropsAStaleRedisCopy(t *testing.T) {
 	ctx := t.Context()
 	fast := redis.New(c, redis.WithPrefix(redistest.Prefix(t, c)))
 	back := postgresBackstop(t, pgPool(t))
-	s := tiered.New(fast, back, tiered.WithTimeout(testTimeout))
+	s := mustTiered(t, fast, back, tiered.WithTimeout(testTimeout))
 	id := store.ID{Scope: "tenant", Key: "order-1"}
 	req := store.ClaimRequest{ID: id, Fingerprint: fingerprint("a"), Lease: time.Minute, Retention: time.Hour}
 	res, err := s.Claim(ctx, req)

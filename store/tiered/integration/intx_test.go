@@ -23,7 +23,7 @@ func TestCompletedInTransaction(t *testing.T) {
 	pool := pgPool(t)
 	pg := postgresBackstop(t, pool)
 	back := &probe{Store: pg}
-	s := tiered.New(redis.New(c, redis.WithPrefix(redistest.Prefix(t, shared))), back, tiered.WithTimeout(testTimeout))
+	s := mustTiered(t, redis.New(c, redis.WithPrefix(redistest.Prefix(t, shared))), back, tiered.WithTimeout(testTimeout))
 	ctx := t.Context()
 
 	req := store.ClaimRequest{ID: store.ID{Scope: "t", Key: "k"}, Fingerprint: fingerprint("a"), Lease: time.Minute, Retention: time.Hour}

@@ -7,9 +7,9 @@ import (
 
 	goredis "github.com/redis/go-redis/v9"
 
-	"github.com/idemkey/idemkey/internal/testclock"
 	"github.com/idemkey/idemkey/store"
 	"github.com/idemkey/idemkey/store/memory"
+	"github.com/idemkey/idemkey/store/postgres"
 	"github.com/idemkey/idemkey/store/redis"
 	"github.com/idemkey/idemkey/store/redis/redistest"
 	"github.com/idemkey/idemkey/store/storetest"
@@ -23,7 +23,7 @@ func TestConformancePostgres(t *testing.T) {
 	pool := pgPool(t)
 	storetest.Run(t, func(t *testing.T) storetest.Subject {
 		fast := redis.New(c, redis.WithPrefix(redistest.Prefix(t, c)))
-		return storetest.Subject{Store: tiered.New(fast, postgresBackstop(t, pool), tiered.WithTimeout(testTimeout))}
+		return storetest.Subject{Store: mustTiered(t, fast, postgresBackstop(t, pool), tiered.WithTimeout(testTimeout))}
 	})
 }
 
@@ -33,7 +33,7 @@ func TestConformanceMemory(t *testing.T) {
 	c := redistest.Shared(t)
 	storetest.Run(t, func(t *testing.T) storetest.Subject {
 		fast := redis.New(c, redis.WithPrefix(redistest.Prefix(t, c)))
-		return storetest.Subject{Store: tiered.New(fast, memory.New(), tiered.WithTimeout(testTimeout))}
+		return storetest.Subject{Store: mustTiered(t, fast, memory.New(), tiered.WithTimeout(testTimeout))}
 	})
 }
 
@@ -47,7 +47,7 @@ func TestRoundTrips(t *testing.T) {
 	c.AddHook(hook)
 	back := &probe{Store: anyBackstop(t)}
 	fast := redis.New(c, redis.WithPrefix(redistest.Prefix(t, shared)))
-	s := tiered.New(fast, back, tiered.WithTimeout(testTimeout))
+	s := mustTiered(t, fast, back, tiered.WithTimeout(testTimeout))
 	ctx := t.Context()
 
 	warm := store.ID{Scope: "warm", Key: "k"} // load every script once
@@ -120,7 +120,7 @@ func TestMissingMarkerIsNotNew(t *testing.T) {
 	c := redistest.Shared(t)
 	back := &probe{Store: memory.New()}
 	fast := redis.New(c, redis.WithPrefix(redistest.Prefix(t, c)))
-	s := tiered.New(fast, back, tiered.WithTimeout(testTimeout))
+	s := mustTiered(t, fast, back, tiered.WithTimeout(testTimeout))
 	ctx := t.Context()
 	id := store.ID{Scope: "tenant", Key: "k"}
 	req := store.ClaimRequest{ID: id, Fingerprint: fingerprint("a"), Lease: time.Minute, Retention: time.Hour}
@@ -143,7 +143,7 @@ func TestCorruptCacheFallsBack(t *testing.T) {
 	c := redistest.Shared(t)
 	var events []tiered.Event
 	fast := redis.New(c, redis.WithPrefix(redistest.Prefix(t, c)))
-	s := tiered.New(fast, memory.New(), tiered.WithTimeout(testTimeout), tiered.WithObserver(func(e tiered.Event) { events = append(events, e) }))
+	s := mustTiered(t, fast, memory.New(), tiered.WithTimeout(testTimeout), tiered.WithObserver(func(e tiered.Event) { events = append(events, e) }))
 	ctx := t.Context()
 	id := store.ID{Scope: "tenant", Key: "k"}
 	c.Set(ctx, fast.Key(id), "garbage", time.Minute)
@@ -163,16 +163,25 @@ func TestCorruptCacheFallsBack(t *testing.T) {
 	}
 }
 
-// TestWithoutFastPath: a nil Redis store leaves the backstop alone, which still
-// passes the suite; a nil backstop is an error, not a panic.
-func TestWithoutFastPath(t *testing.T) {
-	storetest.Run(t, func(t *testing.T) storetest.Subject {
-		clk := testclock.New(time.Unix(1_700_000_000, 0)) // the memory backstop's clock
-		return storetest.Subject{Store: tiered.New(nil, memory.New(memory.WithClock(clk.Now))), Wait: clk.Add}
-	})
-	s := tiered.New(nil, nil)
-	_, err := s.Claim(t.Context(), store.ClaimRequest{ID: store.ID{Key: "k"}, Lease: time.Second, Retention: time.Second})
-	if !errors.Is(err, store.ErrInvalid) {
-		t.Errorf("nil backstop: %v, want ErrInvalid", err)
+// TestNewRefusesNil: a nil cache or backstop, or a nil pointer in either
+// interface, is refused by New (ErrInvalid), never a panic at the first call.
+func TestNewRefusesNil(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		fast tiered.Cache
+		back store.Store
+	}{
+		{"nil cache", nil, memory.New()},
+		{"typed-nil cache", (*redis.Store)(nil), memory.New()},
+		{"nil backstop", redis.New(goredis.NewClient(&goredis.Options{})), nil},
+		{"typed-nil backstop", redis.New(goredis.NewClient(&goredis.Options{})), (*postgres.Store)(nil)},
+		{"both nil", nil, nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s, err := tiered.New(tc.fast, tc.back)
+			if !errors.Is(err, store.ErrInvalid) || s != nil {
+				t.Fatalf("New: %v, %v; want ErrInvalid", s, err)
+			}
+		})
 	}
 }
