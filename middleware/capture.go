@@ -83,7 +83,10 @@ func (d *detachedCtx) Value(k any) any {
 }
 
 func (c *call) start(w http.ResponseWriter, ctx context.Context, id store.ID, token store.Token) {
-	c.w, c.id, c.token, c.ctx.parent = w, id, token, ctx
+	c.w, c.ctx.parent = w, ctx
+	c.txMu.Lock() // a late MarkCompleted from a goroutine the handler left behind reads them
+	c.id, c.token = id, token
+	c.txMu.Unlock()
 	c.held.Store(int64(time.Since(c.m.epoch)))
 	c.mu.Lock()
 	c.stopped = false
@@ -186,11 +189,12 @@ func (c *call) stopRenewal() bool {
 
 // reset readies c for the pool.
 func (c *call) reset() {
-	c.w, c.id, c.token, c.ctx.parent, c.route = nil, store.ID{}, store.Token{}, nil, ""
+	c.w, c.ctx.parent, c.route = nil, nil, ""
 	c.wroteHeader, c.status, c.hijacked, c.omitted = false, 0, false, false
 	c.writeFailed, c.written, c.declared = false, 0, 0
 	c.holding, c.released, c.releaseErr, c.releaseLatency = false, false, nil, 0
 	c.txMu.Lock()
+	c.id, c.token = store.ID{}, store.Token{}
 	c.returned, c.inTx, c.txResp = false, false, store.Response{}
 	c.txMu.Unlock()
 	c.renewLost.Store(false)

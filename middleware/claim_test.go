@@ -94,3 +94,59 @@ func TestMarkCompleted(t *testing.T) {
 		t.Fatalf("MarkCompleted without a claim: %v", err)
 	}
 }
+
+// TestMarkCompletedLateFromLeftoverGoroutine: a goroutine the handler left behind
+// calls MarkCompleted after the handler returned, while later requests reuse the
+// pooled state: it gets ErrNoClaim, never marks another request's claim, and the
+// race detector sees no unsynchronised access.
+func TestMarkCompletedLateFromLeftoverGoroutine(t *testing.T) {
+	m, err := New(memory.New(), GlobalScope, WithClock(&fakeClock{}), WithLogger(discardLogger()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var late sync.WaitGroup
+	release := make(chan struct{})
+	lateErrs := make(chan error, 1)
+	h := m.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("X-Leave") != "" {
+			ctx := r.Context()
+			late.Add(1)
+			go func() {
+				defer late.Done()
+				<-release
+				lateErrs <- MarkCompleted(ctx, store.Response{Status: 299})
+			}()
+		}
+		w.WriteHeader(http.StatusCreated)
+	}))
+	send := func(key string, leave bool) *httptest.ResponseRecorder {
+		req := httptest.NewRequest("POST", "/", nil)
+		req.Header.Set("Idempotency-Key", key)
+		if leave {
+			req.Header.Set("X-Leave", "1")
+		}
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, req)
+		return w
+	}
+	send("first", true)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for i := range 50 {
+			if w := send("next-"+string(rune('a'+i%26))+string(rune('a'+i/26)), false); w.Code != http.StatusCreated {
+				t.Errorf("request %d: status %d", i, w.Code)
+			}
+		}
+	}()
+	close(release)
+	late.Wait()
+	<-done
+	if err := <-lateErrs; !errors.Is(err, ErrNoClaim) {
+		t.Errorf("late MarkCompleted = %v, want ErrNoClaim", err)
+	}
+	// No later request was marked: each one stored its own 201.
+	if w := send("next-aa", false); w.Code != http.StatusCreated || w.Header().Get(DefaultReplayedHeader) != "true" {
+		t.Errorf("replay of a later request: %d %q", w.Code, w.Header().Get(DefaultReplayedHeader))
+	}
+}
