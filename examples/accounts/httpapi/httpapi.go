@@ -18,6 +18,8 @@
 //	POST /api/accounts/{id}/withdraw {"amountCents":n} 200 {"balanceCents","aggregateVersion"}
 //	POST /api/transfers {"fromAccountId","toAccountId","amountCents"}
 //	     200 {"from":{"balanceCents","aggregateVersion"},"to":{...}}
+//	GET  /api/watch/stream  Server-Sent Events, served by the WithWatchStream handler
+//	     (package watchfeed); 404 without one
 //
 // Request bodies must be one JSON object; Content-Type is not checked. Field names are
 // matched exactly: another letter case, an unknown name or a repeated one is a 422.
@@ -95,6 +97,7 @@ type Handler struct {
 	maxBody int64
 	log     *slog.Logger
 	mux     *http.ServeMux
+	stream  http.Handler
 }
 
 // Option configures a Handler.
@@ -132,6 +135,10 @@ func WithMaxBodyBytes(n int64) Option {
 	}
 }
 
+// WithWatchStream serves GET /api/watch/stream with h (the live-update stream of
+// package watchfeed, docs/account-service.md section 1.1).
+func WithWatchStream(h http.Handler) Option { return func(hd *Handler) { hd.stream = h } }
+
 // WithLogger sets the logger for internal errors (default slog.Default()).
 func WithLogger(l *slog.Logger) Option {
 	return func(h *Handler) {
@@ -153,6 +160,9 @@ func New(svc Service, opts ...Option) *Handler {
 	h.mux.HandleFunc("POST /api/accounts/{id}/deposit", h.deposit)
 	h.mux.HandleFunc("POST /api/accounts/{id}/withdraw", h.withdraw)
 	h.mux.HandleFunc("POST /api/transfers", h.transfer)
+	if h.stream != nil {
+		h.mux.Handle("GET /api/watch/stream", h.stream)
+	}
 	return h
 }
 
