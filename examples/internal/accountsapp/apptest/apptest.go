@@ -89,6 +89,11 @@ func StartLogged(t testing.TB, wire accountsapp.Wire, env map[string]string, log
 			return
 		}
 		stopped = true
+		// The live-update streams end with the feed (in a server, with the
+		// context given to Open): end them so they do not hold up the drain.
+		if app.Feed != nil {
+			app.Feed.Close()
+		}
 		cancel()
 		if err := <-done; err != nil {
 			t.Errorf("server stopped with %v", err)
