@@ -29,6 +29,12 @@
 //   - AggregateDetails(ctx, AggregateKey) (AggregateDetails, error): current version
 //     (MaxVersion), first readable version (MinVersion) and the last writer.
 //
+// Watcher (both implement it too) subscribes to change notifications:
+// Watch(ctx, WatchRequest) (WatchStream, error), then WatchStream.Next for each frame
+// of WatchEvents (an empty one is a heartbeat) and Close. A watch sees only what
+// commits after it was acknowledged; a subscriber that falls behind is dropped by the
+// server (docs/celeriant-protocol.md sections 4.9 and 6.11).
+//
 // Ids (organisation, aggregate type, aggregate, client, user, event, correlation) are
 // uuid.UUID, sent as the 16 UUID bytes (big-endian u128); uuid.Nil means "absent" for
 // the optional ones. Optional integers are *uint64 (Version and Uint64 build them).

@@ -98,7 +98,12 @@ const (
 	CodeExistsError                  Code = 7000  // AggregateDetails failed on the server
 	CodeExistsAggregateNotFound      Code = 7001  // AggregateDetails of a missing aggregate; ErrNotFound
 	CodeExistsError2                 Code = 7002  // AggregateDetails failed on the server
-	CodeWatchTooManySubscribers      Code = 8005  // Watch: subscriber limit reached
+	CodeWatchRequestInvalid          Code = 8000  // a Watch sent where only a stream request is allowed
+	CodeWatchLatencyTooHigh          Code = 8001  // Watch: RequestedLatencyMs over the server's maximum (JSON "requested_ms", "max_ms")
+	CodeWatchReadIO                  Code = 8002  // Watch: the server failed reading its log (JSON "detail"); the stream ends
+	CodeWatchReadSerialization       Code = 8003  // Watch: the server failed decoding its log (JSON "detail"); the stream ends
+	CodeWatchReadOther               Code = 8004  // Watch: another server failure (JSON "detail"); the stream ends
+	CodeWatchTooManySubscribers      Code = 8005  // Watch: subscriber limit of the shard reached (JSON "active_subscribers", "max_subscribers")
 	CodeShardRoutingNoKey            Code = 9000  // the request has no routing key
 	CodeShardRoutingMultipleShards   Code = 9001  // a multi-aggregate write spans shards (section 6.9)
 	CodeShardRoutingIncompatible     Code = 9002  // incompatible filters, or a Write with empty Writes
@@ -168,6 +173,10 @@ type ServerError struct {
 	// LeaderAddress is the leader's host:port, JSON leader_address (2011 / 3005 / 4006);
 	// "" when the server does not know it.
 	LeaderAddress string
+	// NumShards is the server's shard count, JSON num_shards (9001 / 9002): a Watch
+	// that cannot be routed to one shard is opened once per shard with ShardID set
+	// (docs/celeriant-protocol.md section 6.11).
+	NumShards uint64
 }
 
 // NewServerError builds the error for code and its server message, parsing the JSON
@@ -183,6 +192,7 @@ func NewServerError(code Code, message string) *ServerError {
 		Requested          *uint64 `json:"requested"`
 		MinimumAvailable   *uint64 `json:"minimum_available"`
 		LeaderAddress      *string `json:"leader_address"`
+		NumShards          *uint64 `json:"num_shards"`
 	}
 	// Lenient: some server messages are not valid JSON; then only Message is set.
 	if json.Unmarshal([]byte(message), &f) == nil {
@@ -197,6 +207,7 @@ func NewServerError(code Code, message string) *ServerError {
 		set(&e.CurrentVersion, f.CurrentVersion)
 		set(&e.Requested, f.Requested)
 		set(&e.MinimumAvailable, f.MinimumAvailable)
+		set(&e.NumShards, f.NumShards)
 		if f.LeaderAddress != nil {
 			e.LeaderAddress = *f.LeaderAddress
 		}

@@ -68,6 +68,7 @@ func (s *Sim) Serve(ln net.Listener) error {
 func (s *Sim) Close() error {
 	s.mu.Lock()
 	s.closed = true
+	s.closeWatchersLocked()
 	for h := range s.active {
 		h.Commit()
 	}
@@ -160,6 +161,14 @@ func (s *Sim) serveConn(c net.Conn) {
 			_ = s.wait(ctx)
 			d, err := s.serveDetails(corr, key)
 			frame = answer(enc, err, corr, func() []byte { return enc.AggregateDetailsResponse(&d) })
+		case wire.ReqWatch:
+			req, err := dec.WatchRequest(body)
+			if err != nil {
+				s.log.Debug("celeriantsim: bad watch request", "err", err)
+				return
+			}
+			s.serveWatch(c, enc, &req)
+			return
 		default:
 			s.log.Debug("celeriantsim: message type not simulated", "type", h.Type)
 			return
@@ -181,4 +190,43 @@ func answer(enc *wire.Encoder, err error, corr uuid.UUID, ok func() []byte) []by
 	}
 	// Not reachable: the serve functions only return server errors.
 	return enc.ErrorResponse(corr, uint32(celeriant.CodeServerBusy), "{}")
+}
+
+// serveWatch turns c into a watch stream (docs/celeriant-protocol.md section 4.9): an
+// error frame and the end of the connection when the subscription is refused; else
+// an empty WatchResponse as the acknowledgement, then one frame per notification (or
+// merged window) and an empty one as a heartbeat. The stream ends, closing c without
+// an error frame, when the subscriber is dropped for lagging, when the client sends
+// anything or closes its side, or when a frame cannot be written within IdleTimeout.
+func (s *Sim) serveWatch(c net.Conn, enc *wire.Encoder, req *celeriant.WatchRequest) {
+	w, serr := s.subscribe(req)
+	if serr != nil {
+		_ = c.SetWriteDeadline(time.Now().Add(s.opts.IdleTimeout))
+		_, _ = c.Write(enc.ErrorResponse(req.CorrelationID, uint32(serr.Code), serr.Message))
+		return
+	}
+	st := &stream{s: s, w: w, done: make(chan struct{})}
+	defer st.Close()
+	_ = c.SetWriteDeadline(time.Now().Add(s.opts.IdleTimeout))
+	if _, err := c.Write(enc.WatchResponse(&celeriant.WatchResponse{})); err != nil {
+		return
+	}
+	// The client only reads from here on: any byte, EOF or error means it is gone.
+	go func() {
+		var b [1]byte
+		_ = c.SetReadDeadline(time.Time{})
+		_, _ = c.Read(b[:])
+		_ = st.Close()
+	}()
+	for {
+		res, err := st.Next(context.Background())
+		if err != nil {
+			s.log.Debug("celeriantsim: watch stream ends", "remote", c.RemoteAddr(), "err", err)
+			return
+		}
+		_ = c.SetWriteDeadline(time.Now().Add(s.opts.IdleTimeout))
+		if _, err := c.Write(enc.WatchResponse(&res)); err != nil {
+			return
+		}
+	}
 }

@@ -10,7 +10,11 @@
 // paging by NextVersion, soft trim (1000 below the trim point), server timestamps from an
 // injectable clock, and "close the connection without an answer" on malformed input.
 //
-// What it leaves out: delete, watch, list, schemas, Identify, compression, replication
+// Watch (Sim.Watch in-process, the Watch message over TCP) follows the server's rules of
+// docs/celeriant-protocol.md section 6.11: notifications after commit, shard routing,
+// heartbeats, latency batching and merging, dropping a subscriber that falls behind.
+//
+// What it leaves out: delete, list, schemas, Identify, compression, replication
 // roles (inject 2011/2012 with InjectWriteError instead), bincode (protocol version 2).
 //
 // Errors returned in-process are the ones the TCP client decodes: *celeriant.ServerError
@@ -54,6 +58,18 @@ type Options struct {
 	MaxRequestSize uint32
 	// Logger receives connection-level events; default discards.
 	Logger *slog.Logger
+	// WatchQueue is how many notifications a watch subscriber may have pending
+	// before it is dropped; default DefaultWatchQueue (the server's 10,000).
+	WatchQueue int
+	// MaxWatchers caps the open watch subscriptions (8005 beyond); default
+	// DefaultMaxWatchers.
+	MaxWatchers int
+	// MaxWatchLatency caps WatchRequest.RequestedLatencyMs (8001 beyond); default
+	// DefaultMaxWatchLatency (2 s).
+	MaxWatchLatency time.Duration
+	// WatchHeartbeat is the silence after which a watch stream yields an empty frame;
+	// default celeriant.WatchHeartbeat (5 s).
+	WatchHeartbeat time.Duration
 }
 
 // Stats counts the requests the simulator received (in-process and over TCP), including
@@ -86,6 +102,7 @@ type Sim struct {
 	closed    bool
 	listeners map[net.Listener]struct{}
 	conns     map[net.Conn]struct{}
+	watchers  map[*watcher]struct{}
 	wg        sync.WaitGroup
 }
 
@@ -125,6 +142,18 @@ func New(opts Options) *Sim {
 	if opts.MaxRequestSize == 0 {
 		opts.MaxRequestSize = celeriant.DefaultMaxRequestSize
 	}
+	if opts.WatchQueue <= 0 {
+		opts.WatchQueue = DefaultWatchQueue
+	}
+	if opts.MaxWatchers <= 0 {
+		opts.MaxWatchers = DefaultMaxWatchers
+	}
+	if opts.MaxWatchLatency <= 0 {
+		opts.MaxWatchLatency = DefaultMaxWatchLatency
+	}
+	if opts.WatchHeartbeat <= 0 {
+		opts.WatchHeartbeat = celeriant.WatchHeartbeat
+	}
 	log := opts.Logger
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
@@ -136,6 +165,7 @@ func New(opts Options) *Sim {
 		active:    make(map[*Hold]struct{}),
 		listeners: make(map[net.Listener]struct{}),
 		conns:     make(map[net.Conn]struct{}),
+		watchers:  make(map[*watcher]struct{}),
 	}
 }
 
@@ -254,6 +284,7 @@ func (s *Sim) Trim(key celeriant.AggregateKey, keepFrom uint64) error {
 		return celeriant.NewServerError(celeriant.CodeTrimIndexOutOfRange, jsonMsg("requested", keepFrom, "max_aggregate_version", cur))
 	}
 	a.minVersion = keepFrom
+	s.notifyLocked(celeriant.WatchEvent{Key: key, Operation: celeriant.WatchTrimStart, KeepFromVersion: keepFrom})
 	return nil
 }
 
@@ -590,9 +621,19 @@ func (s *Sim) validateAndPrepare(req *celeriant.WriteRequest) ([]uint64, *celeri
 	return versions, nil
 }
 
+// commitLocked makes a prepared write visible and notifies the watchers, in the
+// server's order: Create (a first batch) before Write.
 func (s *Sim) commitLocked(req *celeriant.WriteRequest, versions []uint64) {
 	for i, w := range req.Writes {
 		s.aggs[w.Key].batches[versions[i]-1].committed = true
+	}
+	for i, w := range req.Writes {
+		if versions[i] == 1 {
+			s.notifyLocked(celeriant.WatchEvent{Key: w.Key, Operation: celeriant.WatchCreate})
+		}
+	}
+	for i, w := range req.Writes {
+		s.notifyLocked(celeriant.WatchEvent{Key: w.Key, Operation: celeriant.WatchWrite, FromVersion: versions[i], ToVersion: versions[i]})
 	}
 }
 

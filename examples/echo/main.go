@@ -21,6 +21,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/idemkey/idemkey/examples/accounts/httpapi"
+	"github.com/idemkey/idemkey/examples/accounts/webui"
 	"github.com/idemkey/idemkey/examples/internal/accountsapp"
 	"github.com/idemkey/idemkey/examples/internal/setup"
 	"github.com/idemkey/idemkey/middleware"
@@ -83,6 +84,7 @@ func routes(a *accountsapp.App, idem *middleware.Middleware) http.Handler {
 	e.Any("/healthz", echo.WrapHandler(http.HandlerFunc(a.Healthz)))
 	e.Any("/readyz", echo.WrapHandler(http.HandlerFunc(a.Readyz)))
 	e.Any("/metrics", echo.WrapHandler(a.MetricsHandler()))
+	e.GET("/", echo.WrapHandler(webui.Handler()))
 
 	api := echo.WrapHandler(a.API)
 	g := e.Group("/api", echo.WrapMiddleware(accountsapp.ClientID), idemecho.Middleware(idem))

@@ -11,7 +11,9 @@
 //	GET  /api/accounts, /api/accounts/{id}/balance, /api/accounts/{id}/history
 //	POST /api/accounts/{id}/deposit, /api/accounts/{id}/withdraw, /api/transfers
 //	     (Idempotency-Key required; scope = X-Client-ID, else "anonymous")
+//	GET  /api/watch/stream (Server-Sent Events: live updates from Celeriant)
 //	GET  /healthz, /readyz, /metrics (Prometheus text format)
+//	GET  /   a web page making the calls of Celeriant's reference page (package webui)
 //
 // It prints "listening on http://ADDR" once it accepts connections, and on SIGINT
 // or SIGTERM lets in-flight requests finish before exiting.
@@ -26,6 +28,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/idemkey/idemkey/examples/accounts/webui"
 	"github.com/idemkey/idemkey/examples/internal/accountsapp"
 	"github.com/idemkey/idemkey/examples/internal/setup"
 	"github.com/idemkey/idemkey/middleware"
@@ -73,13 +76,14 @@ func wire(ctx context.Context, env setup.Env, conns *setup.Conns, logger *slog.L
 		return nil, nil, err
 	}
 
-	// The probes outside the middleware, /api behind the client ID and the
-	// middleware; any other path gets the API's 404 problem.
+	// The probes and the page outside the middleware, /api behind the client ID
+	// and the middleware; any other path gets the API's 404 problem.
 	mux := http.NewServeMux()
 	mux.HandleFunc("/healthz", app.Healthz)
 	mux.HandleFunc("/readyz", app.Readyz)
 	mux.Handle("/metrics", app.MetricsHandler())
 	mux.Handle("/api/", accountsapp.ClientID(idem.Handler(app.API)))
+	mux.Handle("GET /{$}", webui.Handler())
 	mux.Handle("/", app.API)
 	return app, mux, nil
 }

@@ -1,32 +1,15 @@
 package main
 
 import (
-	"context"
-	"os"
-	"os/exec"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/chromedp/chromedp"
-)
 
-// chromium returns the path of the Chromium binary (Debian's chromium package);
-// without one the test fails under CI=true and is skipped otherwise.
-func chromium(t *testing.T) string {
-	t.Helper()
-	for _, name := range []string{"chromium", "chromium-browser", "/usr/bin/chromium"} {
-		if p, err := exec.LookPath(name); err == nil {
-			return p
-		}
-	}
-	if os.Getenv("CI") == "true" {
-		t.Fatal("chromium is not installed; CI=true requires it (apt-get install chromium)")
-	}
-	t.Skip("chromium is not installed (apt-get install chromium)")
-	return ""
-}
+	"github.com/idemkey/idemkey/examples/internal/browsertest"
+)
 
 // pageResult is one payment attempt as the page shows it.
 type pageResult struct {
@@ -43,20 +26,11 @@ type pageResult struct {
 //   - Pay clicked twice quickly: two requests of one checkout, one after the other;
 //   - after New checkout, the Pay twice control: two identical requests at once.
 func TestCheckoutPageInBrowser(t *testing.T) {
-	browser := chromium(t)
+	ctx := browsertest.New(t, 90*time.Second)
 	// A short lease: the copy that meets the in-flight first request waits
 	// Retry-After, at most the rest of the lease.
 	s := startStack(t, 1, []string{"GATEWAY_LOSE_FIRST=1"}, []string{"IDEM_LEASE=2s"})
 
-	opts := append(chromedp.DefaultExecAllocatorOptions[:], // headless, background networking off
-		chromedp.ExecPath(browser), chromedp.NoSandbox, chromedp.DisableGPU,
-		chromedp.Flag("disable-background-networking", true))
-	allocCtx, cancelAlloc := chromedp.NewExecAllocator(context.Background(), opts...)
-	defer cancelAlloc()
-	ctx, cancelBrowser := chromedp.NewContext(allocCtx)
-	defer cancelBrowser()
-	ctx, cancel := context.WithTimeout(ctx, 60*time.Second)
-	defer cancel()
 	if err := chromedp.Do(ctx, chromedp.Navigate(s.payments[0].URL+"/"), chromedp.WaitVisible(chromedp.ID("pay"))); err != nil {
 		t.Fatalf("opening the page: %v", err)
 	}

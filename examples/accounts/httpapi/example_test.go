@@ -33,5 +33,5 @@ func Example() {
 	// Output:
 	// 200 {"balanceCents":52500,"aggregateVersion":2}
 	// 200 {"balanceCents":52500,"aggregateVersion":2}
-	// 422 {"type":"urn:example:accounts:problem:validation_error","title":"Unprocessable Entity","status":422,"detail":"Field amountCents must be a positive integer of at most 2147483647 cents.","code":"VALIDATION_ERROR"}
+	// 422 {"type":"urn:example:accounts:problem:validation_error","title":"Unprocessable Entity","status":422,"detail":"Field amountCents must be a positive integer of at most 2147483647 cents.","code":"validation_error","error":"VALIDATION_ERROR","message":"Field amountCents must be a positive integer of at most 2147483647 cents."}
 }

@@ -18,11 +18,17 @@
 //	POST /api/accounts/{id}/withdraw {"amountCents":n} 200 {"balanceCents","aggregateVersion"}
 //	POST /api/transfers {"fromAccountId","toAccountId","amountCents"}
 //	     200 {"from":{"balanceCents","aggregateVersion"},"to":{...}}
+//	GET  /api/watch/stream  Server-Sent Events, served by the WithWatchStream handler
+//	     (package watchfeed); 404 without one
 //
 // Request bodies must be one JSON object; Content-Type is not checked. Field names are
 // matched exactly: another letter case, an unknown name or a repeated one is a 422.
 //
-// Errors (application/problem+json, members type, title, status, detail, code):
+// Errors are application/problem+json (RFC 9457) with the members type, title, status,
+// detail, code, and the two the reference's web page reads: error (the code in upper case)
+// and message (the detail). code is lower snake_case, as in every problem the project
+// answers, and the last segment of type (docs/architecture.md section 3); error keeps the
+// reference's upper-case spelling (docs/account-service.md section 1.3). By error:
 //
 //	400 MALFORMED_REQUEST   body is not one JSON object, a path id is not a UUID, a bad query
 //	404 NOT_FOUND           no such route; 405 METHOD_NOT_ALLOWED (with Allow)
@@ -91,6 +97,7 @@ type Handler struct {
 	maxBody int64
 	log     *slog.Logger
 	mux     *http.ServeMux
+	stream  http.Handler
 }
 
 // Option configures a Handler.
@@ -128,6 +135,10 @@ func WithMaxBodyBytes(n int64) Option {
 	}
 }
 
+// WithWatchStream serves GET /api/watch/stream with h (the live-update stream of
+// package watchfeed, docs/account-service.md section 1.1).
+func WithWatchStream(h http.Handler) Option { return func(hd *Handler) { hd.stream = h } }
+
 // WithLogger sets the logger for internal errors (default slog.Default()).
 func WithLogger(l *slog.Logger) Option {
 	return func(h *Handler) {
@@ -149,6 +160,9 @@ func New(svc Service, opts ...Option) *Handler {
 	h.mux.HandleFunc("POST /api/accounts/{id}/deposit", h.deposit)
 	h.mux.HandleFunc("POST /api/accounts/{id}/withdraw", h.withdraw)
 	h.mux.HandleFunc("POST /api/transfers", h.transfer)
+	if h.stream != nil {
+		h.mux.Handle("GET /api/watch/stream", h.stream)
+	}
 	return h
 }
 
@@ -175,9 +189,9 @@ func (f *problemFallback) WriteHeader(status int) {
 	f.wrote = true
 	switch status {
 	case http.StatusNotFound:
-		writeProblem(f.ResponseWriter, problem{Status: status, Code: "NOT_FOUND", Detail: "No such route."})
+		WriteProblem(f.ResponseWriter, status, "NOT_FOUND", "No such route.")
 	case http.StatusMethodNotAllowed:
-		writeProblem(f.ResponseWriter, problem{Status: status, Code: "METHOD_NOT_ALLOWED", Detail: "Method not allowed on this route."})
+		WriteProblem(f.ResponseWriter, status, "METHOD_NOT_ALLOWED", "Method not allowed on this route.")
 	default:
 		f.pass = true
 		f.ResponseWriter.WriteHeader(status)
@@ -382,20 +396,15 @@ func (h *Handler) decode(w http.ResponseWriter, r *http.Request, fields ...field
 	var typeErr *json.UnmarshalTypeError
 	switch {
 	case errors.As(err, &tooBig):
-		writeProblem(w, problem{Status: http.StatusRequestEntityTooLarge, Code: "PAYLOAD_TOO_LARGE",
-			Detail: "Request body is larger than " + strconv.FormatInt(tooBig.Limit, 10) + " bytes."})
+		WriteProblem(w, http.StatusRequestEntityTooLarge, "PAYLOAD_TOO_LARGE", "Request body is larger than "+strconv.FormatInt(tooBig.Limit, 10)+" bytes.")
 	case errors.Is(err, errUnknownField):
-		writeProblem(w, problem{Status: http.StatusUnprocessableEntity, Code: "VALIDATION_ERROR",
-			Detail: "Unknown field " + strconv.Quote(name) + "."})
+		WriteProblem(w, http.StatusUnprocessableEntity, "VALIDATION_ERROR", "Unknown field "+strconv.Quote(name)+".")
 	case errors.Is(err, errRepeatedField):
-		writeProblem(w, problem{Status: http.StatusUnprocessableEntity, Code: "VALIDATION_ERROR",
-			Detail: "Field " + name + " appears more than once."})
+		WriteProblem(w, http.StatusUnprocessableEntity, "VALIDATION_ERROR", "Field "+name+" appears more than once.")
 	case errors.As(err, &typeErr):
-		writeProblem(w, problem{Status: http.StatusUnprocessableEntity, Code: "VALIDATION_ERROR",
-			Detail: "Field " + name + " must be " + expected(name) + "."})
+		WriteProblem(w, http.StatusUnprocessableEntity, "VALIDATION_ERROR", "Field "+name+" must be "+expected(name)+".")
 	default:
-		writeProblem(w, problem{Status: http.StatusBadRequest, Code: "MALFORMED_REQUEST",
-			Detail: "Request body must be one JSON object."})
+		WriteProblem(w, http.StatusBadRequest, "MALFORMED_REQUEST", "Request body must be one JSON object.")
 	}
 	return false
 }
@@ -453,11 +462,10 @@ func expected(field string) string {
 func amountOf(w http.ResponseWriter, v *int64) (int32, bool) {
 	switch {
 	case v == nil:
-		writeProblem(w, problem{Status: http.StatusUnprocessableEntity, Code: "VALIDATION_ERROR", Detail: "Field amountCents is required."})
+		WriteProblem(w, http.StatusUnprocessableEntity, "VALIDATION_ERROR", "Field amountCents is required.")
 		return 0, false
 	case *v < 1 || *v > 1<<31-1:
-		writeProblem(w, problem{Status: http.StatusUnprocessableEntity, Code: "VALIDATION_ERROR",
-			Detail: "Field amountCents must be a positive integer of at most 2147483647 cents."})
+		WriteProblem(w, http.StatusUnprocessableEntity, "VALIDATION_ERROR", "Field amountCents must be a positive integer of at most 2147483647 cents.")
 		return 0, false
 	}
 	return int32(*v), true
@@ -465,16 +473,16 @@ func amountOf(w http.ResponseWriter, v *int64) (int32, bool) {
 
 func bodyID(w http.ResponseWriter, field string, v *string) (uuid.UUID, bool) {
 	if v == nil {
-		writeProblem(w, problem{Status: http.StatusUnprocessableEntity, Code: "VALIDATION_ERROR", Detail: "Field " + field + " is required."})
+		WriteProblem(w, http.StatusUnprocessableEntity, "VALIDATION_ERROR", "Field "+field+" is required.")
 		return uuid.Nil, false
 	}
 	id, err := uuid.Parse(*v)
 	if err != nil {
-		writeProblem(w, problem{Status: http.StatusUnprocessableEntity, Code: "VALIDATION_ERROR", Detail: "Field " + field + " must be a UUID."})
+		WriteProblem(w, http.StatusUnprocessableEntity, "VALIDATION_ERROR", "Field "+field+" must be a UUID.")
 		return uuid.Nil, false
 	}
 	if id == uuid.Nil {
-		writeProblem(w, problem{Status: http.StatusUnprocessableEntity, Code: "VALIDATION_ERROR", Detail: "Field " + field + " must not be the nil UUID."})
+		WriteProblem(w, http.StatusUnprocessableEntity, "VALIDATION_ERROR", "Field "+field+" must not be the nil UUID.")
 		return uuid.Nil, false
 	}
 	return id, true
@@ -483,11 +491,11 @@ func bodyID(w http.ResponseWriter, field string, v *string) (uuid.UUID, bool) {
 func pathID(w http.ResponseWriter, r *http.Request) (uuid.UUID, bool) {
 	id, err := uuid.Parse(r.PathValue("id"))
 	if err != nil {
-		writeProblem(w, problem{Status: http.StatusBadRequest, Code: "MALFORMED_REQUEST", Detail: "Account id in the path must be a UUID."})
+		WriteProblem(w, http.StatusBadRequest, "MALFORMED_REQUEST", "Account id in the path must be a UUID.")
 		return uuid.Nil, false
 	}
 	if id == uuid.Nil {
-		writeProblem(w, problem{Status: http.StatusUnprocessableEntity, Code: "VALIDATION_ERROR", Detail: "Account id must not be the nil UUID."})
+		WriteProblem(w, http.StatusUnprocessableEntity, "VALIDATION_ERROR", "Account id must not be the nil UUID.")
 		return uuid.Nil, false
 	}
 	return id, true
@@ -501,7 +509,7 @@ func queryVersion(w http.ResponseWriter, r *http.Request, name string) (uint64, 
 	}
 	v, err := strconv.ParseUint(s, 10, 64)
 	if err != nil {
-		writeProblem(w, problem{Status: http.StatusBadRequest, Code: "MALFORMED_REQUEST", Detail: "Query parameter " + name + " must be a non-negative integer."})
+		WriteProblem(w, http.StatusBadRequest, "MALFORMED_REQUEST", "Query parameter "+name+" must be a non-negative integer.")
 		return 0, false
 	}
 	return v, true
@@ -514,30 +522,31 @@ func (h *Handler) fail(w http.ResponseWriter, r *http.Request, err error) {
 	var valid *accounts.ValidationError
 	switch {
 	case errors.As(err, &funds):
-		writeProblem(w, problem{Status: http.StatusUnprocessableEntity, Code: "INSUFFICIENT_FUNDS",
-			Detail:       "Cannot process " + dollars(funds.RequestedCents) + ", balance is " + dollars(funds.BalanceCents),
-			BalanceCents: &funds.BalanceCents})
+		p := newProblem(http.StatusUnprocessableEntity, "INSUFFICIENT_FUNDS",
+			"Cannot process "+dollars(funds.RequestedCents)+", balance is "+dollars(funds.BalanceCents))
+		p.BalanceCents = &funds.BalanceCents
+		writeProblem(w, p)
 	case errors.As(err, &valid):
-		writeProblem(w, problem{Status: http.StatusUnprocessableEntity, Code: "VALIDATION_ERROR", Detail: valid.Message})
+		WriteProblem(w, http.StatusUnprocessableEntity, "VALIDATION_ERROR", valid.Message)
 	case errors.Is(err, accounts.ErrConflict):
 		h.log.InfoContext(r.Context(), "accounts: write gave up", "path", r.URL.Path, "err", err)
 		// The loop gave up on concurrent updates or ambiguous outcomes: a retry with the
 		// same key a moment later usually succeeds.
 		w.Header().Set("Retry-After", "1")
-		writeProblem(w, problem{Status: http.StatusConflict, Code: "CONFLICT", Detail: "Account was modified concurrently. Please retry."})
+		WriteProblem(w, http.StatusConflict, "CONFLICT", "Account was modified concurrently. Please retry.")
 	case errors.Is(err, accounts.ErrUnavailable):
 		h.log.WarnContext(r.Context(), "accounts: event store or projection unavailable", "path", r.URL.Path, "err", err)
 		w.Header().Set("Retry-After", "1")
-		writeProblem(w, problem{Status: http.StatusServiceUnavailable, Code: "SERVICE_UNAVAILABLE", Detail: "The event store or the projection database is unreachable; retry later."})
+		WriteProblem(w, http.StatusServiceUnavailable, "SERVICE_UNAVAILABLE", "The event store or the projection database is unreachable; retry later.")
 	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
 		// The request's context ended (client gone or server timeout) mid-loop. The
 		// outcome may be unknown; a retry with the same key resolves it.
 		h.log.InfoContext(r.Context(), "accounts: request context ended", "path", r.URL.Path, "err", err)
 		w.Header().Set("Retry-After", "1")
-		writeProblem(w, problem{Status: http.StatusServiceUnavailable, Code: "SERVICE_UNAVAILABLE", Detail: "Request did not complete in time. Please retry."})
+		WriteProblem(w, http.StatusServiceUnavailable, "SERVICE_UNAVAILABLE", "Request did not complete in time. Please retry.")
 	default:
 		h.log.ErrorContext(r.Context(), "accounts: internal error", "path", r.URL.Path, "err", err)
-		writeProblem(w, problem{Status: http.StatusInternalServerError, Code: "INTERNAL_ERROR", Detail: "Internal error."})
+		WriteProblem(w, http.StatusInternalServerError, "INTERNAL_ERROR", "Internal error.")
 	}
 }
 

@@ -214,8 +214,11 @@ func checkProblem(t *testing.T, w *httptest.ResponseRecorder, status int, code s
 	if err := json.Unmarshal(w.Body.Bytes(), &p); err != nil {
 		t.Fatalf("problem body %q: %v", w.Body, err)
 	}
-	if p["code"] != code || p["status"] != float64(status) || p["type"] == "" || p["title"] == "" {
-		t.Errorf("problem %v, want code %s", p, code)
+	// The casing rule: error is the business code as the reference spells it,
+	// code is its lower-case form and ends the type URI; message repeats detail.
+	if p["error"] != code || p["code"] != strings.ToLower(code) || p["type"] != ProblemTypePrefix+strings.ToLower(code) ||
+		p["status"] != float64(status) || p["title"] == "" || p["message"] == "" || p["message"] != p["detail"] {
+		t.Errorf("problem %v, want error %s, code %s", p, code, strings.ToLower(code))
 	}
 	return p
 }

@@ -6,36 +6,47 @@ import (
 	"strings"
 )
 
-// problem is an RFC 9457 problem details object with the project's `code` extension
-// member and, for INSUFFICIENT_FUNDS, `balanceCents`.
+// problem is one error answer: an RFC 9457 problem details object with the
+// project's `code` extension member, the two members the reference's clients
+// read (`error` and `message`, docs/account-service.md section 1.3) and, for
+// INSUFFICIENT_FUNDS, `balanceCents`.
+//
+// The casing rule (docs/architecture.md section 3): `code` is lower snake_case
+// in every problem the project answers, the middleware's and the account API's
+// alike, and is the last segment of `type`; `error` is the same code in upper
+// case, as the reference spells its business codes; `message` repeats `detail`.
 type problem struct {
 	Type         string `json:"type"`
 	Title        string `json:"title"`
 	Status       int    `json:"status"`
-	Detail       string `json:"detail,omitempty"`
+	Detail       string `json:"detail"`
 	Code         string `json:"code"`
+	Error        string `json:"error"`
+	Message      string `json:"message"`
 	BalanceCents *int64 `json:"balanceCents,omitempty"`
 }
 
-// WriteProblem answers an RFC 9457 problem of the account API: type
-// ProblemTypePrefix + lower-case code, title the status text, status, detail
-// (omitted when empty) and the code member, as application/problem+json with
-// Cache-Control: no-store. It is the one writer of the API's problems: the
-// handler's own, and those the servers answer themselves (the probes' 405, the
-// client-ID check's 400, echo's 404 and 405).
-func WriteProblem(w http.ResponseWriter, status int, code, detail string) {
-	writeProblem(w, problem{Status: status, Code: code, Detail: detail})
+// newProblem fills in a problem from its status, business code (any case) and
+// human text.
+func newProblem(status int, code, detail string) problem {
+	lower := strings.ToLower(code)
+	return problem{Type: ProblemTypePrefix + lower, Title: http.StatusText(status), Status: status,
+		Detail: detail, Code: lower, Error: strings.ToUpper(code), Message: detail}
 }
 
-// writeProblem sends p as application/problem+json; Type and Title default from Code and
-// Status.
+// WriteProblem answers status with an application/problem+json body in the
+// account API's shape (Cache-Control: no-store): type ProblemTypePrefix +
+// code, title (the status text), status, detail, code (lower snake_case),
+// error (the code in upper case) and message (the detail). code is a business
+// code such as "INSUFFICIENT_FUNDS", in either case. It is the one writer of the
+// API's problems: the handler's own, and those the servers answer themselves
+// (the probes' 405, the client-ID check's 400, echo's 404 and 405).
+func WriteProblem(w http.ResponseWriter, status int, code, detail string) {
+	writeProblem(w, newProblem(status, code, detail))
+}
+
+// writeProblem sends p as application/problem+json.
 func writeProblem(w http.ResponseWriter, p problem) {
-	if p.Type == "" {
-		p.Type = ProblemTypePrefix + strings.ToLower(p.Code)
-	}
-	if p.Title == "" {
-		p.Title = http.StatusText(p.Status)
-	}
 	body, err := json.Marshal(p)
 	if err != nil { // cannot happen: only strings and integers
 		http.Error(w, "internal error", http.StatusInternalServerError)
@@ -53,7 +64,7 @@ func writeProblem(w http.ResponseWriter, p problem) {
 func writeJSON(w http.ResponseWriter, v any) {
 	body, err := json.Marshal(v)
 	if err != nil {
-		writeProblem(w, problem{Status: http.StatusInternalServerError, Code: "INTERNAL_ERROR", Detail: "Internal error."})
+		WriteProblem(w, http.StatusInternalServerError, "INTERNAL_ERROR", "Internal error.")
 		return
 	}
 	w.Header().Set("Content-Type", "application/json")

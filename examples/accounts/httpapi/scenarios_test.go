@@ -83,7 +83,7 @@ func TestScenariosOverHTTP(t *testing.T) {
 		expect("5", r[i][0].(int), r[i][1].(string), 200, "")
 	}
 	c, b = call(0, "/api/accounts/"+acct.String()+"/withdraw", "k6", `{"amountCents":100000}`)
-	if c != 422 || !strings.Contains(b, `"code":"INSUFFICIENT_FUNDS"`) || !strings.Contains(b, `"balanceCents":205`) {
+	if c != 422 || !strings.Contains(b, `"error":"INSUFFICIENT_FUNDS"`) || !strings.Contains(b, `"balanceCents":205`) {
 		t.Fatalf("6: %d %s", c, b)
 	}
 	transfer := `{"fromAccountId":"` + acct.String() + `","toAccountId":"` + acct2.String() + `","amountCents":105}`
@@ -102,7 +102,7 @@ func TestScenariosOverHTTP(t *testing.T) {
 	// The key k1 reused for other operations once the middleware forgot it (nothing in
 	// front of this handler remembers it): each is its own request, not k1's deposit.
 	c, b = call(0, "/api/transfers", "k1", `{"fromAccountId":"`+acct.String()+`","toAccountId":"`+acct2.String()+`","amountCents":20000}`)
-	if c != 422 || !strings.Contains(b, `"code":"INSUFFICIENT_FUNDS"`) {
+	if c != 422 || !strings.Contains(b, `"error":"INSUFFICIENT_FUNDS"`) {
 		t.Fatalf("k1 as a transfer over the balance: %d %s, want 422 INSUFFICIENT_FUNDS", c, b)
 	}
 	c, b = call(1, "/api/accounts/"+acct.String()+"/withdraw", "k1", `{"amountCents":5}`)

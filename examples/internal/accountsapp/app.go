@@ -18,6 +18,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -26,6 +27,7 @@ import (
 	"github.com/idemkey/idemkey/celeriant/celeriantsim"
 	"github.com/idemkey/idemkey/examples/accounts"
 	"github.com/idemkey/idemkey/examples/accounts/httpapi"
+	"github.com/idemkey/idemkey/examples/accounts/watchfeed"
 	"github.com/idemkey/idemkey/examples/internal/setup"
 	"github.com/idemkey/idemkey/middleware"
 	"github.com/idemkey/idemkey/store"
@@ -68,6 +70,10 @@ type App struct {
 	// Registry holds the application's metrics (never the global registry): Open
 	// adds the Go runtime and process collectors to the one it is given.
 	Registry *prometheus.Registry
+	// Feed is the live-update stream of GET /api/watch/stream: one Celeriant watch
+	// on the seeded accounts, fanned out as Server-Sent Events. It stops, ending
+	// every stream, when the context given to Open ends or Close runs.
+	Feed *watchfeed.Feed
 
 	// Logger is the application's logger.
 	Logger *slog.Logger
@@ -150,9 +156,57 @@ func Open(ctx context.Context, env setup.Env, conns *setup.Conns, st store.Store
 	if err := reg.Register(collectors.NewProcessCollector(collectors.ProcessCollectorOpts{})); err != nil {
 		return a, err
 	}
+	if err := a.startFeed(ctx); err != nil {
+		return a, err
+	}
 	a.API = httpapi.New(a.Service, httpapi.WithLogger(logger), httpapi.WithKeyFunc(keyFromRequest),
-		httpapi.WithLandedFunc(takeoverFromRequest))
+		httpapi.WithLandedFunc(takeoverFromRequest), httpapi.WithWatchStream(a.Feed))
 	return a, nil
+}
+
+// feedReadyTimeout bounds Open's wait for the feed's first subscription: a browser
+// that connects later sees every commit from then on; one that connects before may
+// miss a commit made in between. Past it the feed keeps trying in the background.
+const feedReadyTimeout = 5 * time.Second
+
+// startFeed starts the live-update feed on the seeded accounts (the reference's
+// choice) and waits, up to feedReadyTimeout, for Celeriant to acknowledge it.
+func (a *App) startFeed(ctx context.Context) error {
+	w, ok := a.Events.(celeriant.Watcher)
+	if !ok {
+		return fmt.Errorf("the event store %T cannot watch", a.Events)
+	}
+	seeded := accounts.SeededAccounts()
+	ids := make([]uuid.UUID, len(seeded))
+	for i, acct := range seeded {
+		ids[i] = acct.ID
+	}
+	feed, err := watchfeed.New(w, watchfeed.Options{Org: accounts.OrgID, Type: accounts.AccountTypeID, Accounts: ids,
+		Versions: a.accountVersion, Logger: a.Logger})
+	if err != nil {
+		return err
+	}
+	feed.Start(ctx)
+	a.closers = append(a.closers, feed.Close)
+	a.Feed = feed
+	t := time.NewTimer(feedReadyTimeout)
+	defer t.Stop()
+	select {
+	case <-feed.Ready():
+	case <-t.C:
+		a.Logger.WarnContext(ctx, "the live-update feed is not subscribed yet; it keeps trying", "waited", feedReadyTimeout)
+	case <-ctx.Done():
+	}
+	return nil
+}
+
+// accountVersion is an account's current version in Celeriant (0 when it has none).
+func (a *App) accountVersion(ctx context.Context, acct uuid.UUID) (uint64, error) {
+	d, err := a.Events.AggregateDetails(ctx, accounts.Key(acct))
+	if celeriant.IsNotFound(err) {
+		return 0, nil
+	}
+	return d.MaxVersion, err
 }
 
 // takeoverFromRequest tells the account service that the request's claim took over an

@@ -44,7 +44,7 @@ func TestClientID(t *testing.T) {
 			continue
 		}
 		if ran != 0 || w.Code != http.StatusBadRequest || w.Header().Get("Content-Type") != "application/problem+json" ||
-			!strings.Contains(w.Body.String(), `"code":"MALFORMED_REQUEST"`) ||
+			!strings.Contains(w.Body.String(), `"code":"malformed_request","error":"MALFORMED_REQUEST"`) ||
 			!strings.Contains(w.Body.String(), `"type":"urn:example:accounts:problem:malformed_request"`) {
 			t.Errorf("%s: ran %d, %d %s; want a 400 MALFORMED_REQUEST problem", tc.name, ran, w.Code, w.Body)
 		}

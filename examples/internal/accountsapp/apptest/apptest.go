@@ -89,6 +89,11 @@ func StartLogged(t testing.TB, wire accountsapp.Wire, env map[string]string, log
 			return
 		}
 		stopped = true
+		// The live-update streams end with the feed (in a server, with the
+		// context given to Open): end them so they do not hold up the drain.
+		if app.Feed != nil {
+			app.Feed.Close()
+		}
 		cancel()
 		if err := <-done; err != nil {
 			t.Errorf("server stopped with %v", err)
@@ -275,12 +280,22 @@ func problemCode(t testing.TB, r Response) (code string, members map[string]any)
 		t.Errorf("problem body %q: %v", r.Body, err)
 	}
 	code, _ = members["code"].(string)
-	// The middleware's problems (lower-case codes) are the library's; the account
-	// API's own (upper-case codes) are in the API's namespace.
+	// The middleware's problems are the library's (type urn:idemkey:problem:<code>);
+	// the account API's own are in the API's namespace and also carry error (the
+	// code in upper case, as the reference spells it) and message (the detail).
+	// Either way code is lower snake_case and ends the type.
 	typ, _ := members["type"].(string)
 	want := "urn:idemkey:problem:" + code
-	if code != strings.ToLower(code) {
-		want = httpapi.ProblemTypePrefix + strings.ToLower(code)
+	if upper, ok := members["error"].(string); ok {
+		want = httpapi.ProblemTypePrefix + code
+		if code != strings.ToLower(upper) || members["message"] != members["detail"] {
+			t.Errorf("problem code %q, error %q, message %q, detail %q: want code = lower(error), message = detail",
+				code, upper, members["message"], members["detail"])
+		}
+		code = upper
+	}
+	if code != strings.ToLower(code) && members["error"] == nil {
+		t.Errorf("problem code %q is not lower case", code)
 	}
 	if typ != want {
 		t.Errorf("problem type %q, want %q", typ, want)
