@@ -316,3 +316,28 @@ func ValidateResponse(resp Response, retention time.Duration) error {
 func errorf(format string, args ...any) error {
 	return fmt.Errorf("%w: "+format, append([]any{ErrInvalid}, args...)...)
 }
+
+// Waiter is an optional interface of stores that can tell a caller when a claim
+// in flight ends, so a duplicate request can wait for the original's answer
+// instead of being answered 409 at once (middleware.WithWaitInFlight;
+// docs/architecture.md sections 3 and 4). store/memory, store/postgres,
+// store/redis and store/tiered (through its backstop) implement it.
+//
+// Wait blocks until id's claim may have ended: the holder completed or released
+// it. It first registers for the notification and then checks, so an end that
+// happens between the caller's Claim and the call is never missed; when id holds
+// no live claim at the check (absent, completed, lease expired) it returns nil at
+// once. A nil return is a hint to claim again, and only that Claim tells the
+// answer; it may be spurious (a reconnect, a claim that ended and was claimed
+// anew), but while id's claim stays in flight untouched Wait blocks until ctx
+// ends. A lease that runs out without completion or release is
+// not reported: the caller bounds ctx by the remaining lease
+// (ClaimResult.RetryAfter) and claims again (a takeover).
+//
+// Wait returns ctx.Err() when ctx ends first, and other errors (the driver's,
+// wrapped) when the store cannot watch; the caller then answers as if it had not
+// waited. Wait never changes the outcome of any claim and holds nothing once it
+// returns: no goroutine, subscription or connection is left per call.
+type Waiter interface {
+	Wait(ctx context.Context, id ID) error
+}

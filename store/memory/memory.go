@@ -31,7 +31,10 @@ type Store struct {
 	shards []shard
 }
 
-var _ store.Store = (*Store)(nil)
+var (
+	_ store.Store  = (*Store)(nil)
+	_ store.Waiter = (*Store)(nil)
+)
 
 type shard struct {
 	mu      sync.Mutex
@@ -68,6 +71,9 @@ type entry struct {
 	// rec is the record Claim hands out, built at the first replay and never
 	// written again.
 	rec *store.Record
+	// ended is closed when the claim in flight ends (completed, released or
+	// swept); made by the first Wait, so a key nobody waits for costs nothing.
+	ended chan struct{}
 }
 
 // Option configures a Store.
@@ -206,6 +212,7 @@ func (s *Store) Complete(ctx context.Context, id store.ID, token store.Token, re
 		e.completedAt = at
 		e.leaseUntil = 0
 		sh.setExpiry(e, at+int64(retention))
+		e.end()
 	})
 }
 
@@ -217,6 +224,7 @@ func (s *Store) Release(ctx context.Context, id store.ID, token store.Token) err
 	return s.withHolder(ctx, id, token, func(sh *shard, e *entry, _ int64) {
 		delete(sh.records, id)
 		sh.remove(e.index)
+		e.end()
 	})
 }
 
@@ -254,6 +262,44 @@ func (s *Store) withHolder(ctx context.Context, id store.ID, token store.Token, 
 	}
 	f(sh, e, at)
 	return nil
+}
+
+// Wait implements store.Waiter with an in-process channel per waited-for key:
+// every waiter of a key selects on the same channel, which Complete, Release or
+// the sweep closes, so one end wakes them all and no goroutine is started. It
+// returns nil at once when id holds no live claim, ctx.Err() when ctx ends first.
+func (s *Store) Wait(ctx context.Context, id store.ID) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	at := s.clock()
+	sh := s.shard(id)
+	sh.mu.Lock()
+	sh.sweep(at)
+	e, ok := sh.records[id]
+	if !ok || e.status != 0 || at >= e.leaseUntil {
+		sh.mu.Unlock()
+		return nil
+	}
+	if e.ended == nil {
+		e.ended = make(chan struct{})
+	}
+	ended := e.ended
+	sh.mu.Unlock()
+	select {
+	case <-ended:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// end wakes the waiters of e's claim. Called with the shard lock held.
+func (e *entry) end() {
+	if e.ended != nil {
+		close(e.ended)
+		e.ended = nil
+	}
 }
 
 // headerFields copies h into one slice of name, value pairs (nil when h has no
@@ -304,6 +350,7 @@ func (sh *shard) sweep(at int64) {
 		e := sh.expiry[0].e
 		sh.remove(0)
 		delete(sh.records, e.id)
+		e.end()
 	}
 }
 

@@ -101,6 +101,9 @@ var cases = []struct {
 	{"InvalidArguments", testInvalid},
 	{"PingLive", testPing},
 	{"LimitsAccepted", testLimitsAccepted},
+	{"WaitNoLiveClaim", testWaitNoLiveClaim},
+	{"WaitBlocksInFlight", testWaitBlocksInFlight},
+	{"WaitWakes", testWaitWakes},
 }
 
 func fp(s string) store.Fingerprint {
