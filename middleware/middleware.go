@@ -21,6 +21,10 @@
 //	                                          the route's recent handler duration
 //	                                          (whole seconds, rounded up), at least
 //	                                          1 s, at most the rest of the lease
+//	same key and fingerprint, lease live,     wait up to the bound for the original:
+//	  WithWaitInFlight                          its replay, or run if it released the
+//	                                            key or its lease expired; past the
+//	                                            bound 409 as above
 //	same key, other fingerprint               422 key_reused_with_different_payload
 //	handler answers 5xx/408/409/425/429,      release the claim, then send the
 //	  panics (re-panicked) or hijacks           response (held until released, so an
@@ -280,6 +284,8 @@ func New(s store.Store, scope ScopeFunc, opts ...Option) (*Middleware, error) {
 		return nil, errors.New("idemkey/middleware: nil route, release policy or clock")
 	case m.timeouts.Claim < 0 || m.timeouts.Complete < 0 || m.timeouts.Release < 0 || m.timeouts.Renew < 0:
 		return nil, fmt.Errorf("idemkey/middleware: negative store timeout in %+v", m.timeouts)
+	case m.wait < 0:
+		return nil, fmt.Errorf("idemkey/middleware: wait bound %v must not be negative", m.wait)
 	}
 	for _, d := range []*time.Duration{&m.timeouts.Claim, &m.timeouts.Complete, &m.timeouts.Release} {
 		if *d == 0 {
@@ -444,15 +450,22 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	}
 
 	t0 := m.now()
+	req := store.ClaimRequest{ID: id, Fingerprint: fp, Lease: m.lease, Retention: m.retention}
 	cctx, cancel := m.storeCtx(ctx, m.timeouts.Claim)
 	cctx, done := m.storeCall(cctx, StoreClaim, id)
-	res, err := m.store.Claim(cctx, store.ClaimRequest{ID: id, Fingerprint: fp, Lease: m.lease, Retention: m.retention})
+	res, err := m.store.Claim(cctx, req)
 	cancel()
 	latency := m.since(t0)
 	storeDone(done, err)
-	if err == nil && (res.Outcome < store.Claimed || res.Outcome > store.Mismatch ||
-		res.Outcome == store.Completed && res.Record == nil || res.Outcome == store.Claimed && res.Token.IsZero()) {
-		err = fmt.Errorf("idemkey/middleware: store answered an invalid claim result (outcome %v)", res.Outcome)
+	err = checkClaim(res, err)
+	var waited time.Duration
+	if err == nil && res.Outcome == store.InFlight && m.wait > 0 {
+		var claimTime time.Duration
+		res, claimTime, waited, err = m.waitInFlight(ctx, req, res)
+		err = checkClaim(res, err)
+		if m.observer != nil {
+			latency += claimTime
+		}
 	}
 	if errors.Is(err, store.ErrInvalid) {
 		// The store refused the request's own scope and key (say, longer than it
@@ -485,11 +498,11 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	case store.Completed:
 		pooled = true
 		m.replay(w, res.Record)
-		m.observe(ctx, Event{Decision: Replayed, ID: id, Status: res.Record.Status, StoreLatency: latency, CompletedAt: res.Record.CompletedAt})
+		m.observe(ctx, Event{Decision: Replayed, ID: id, Status: res.Record.Status, StoreLatency: latency, CompletedAt: res.Record.CompletedAt, Waited: waited})
 	case store.InFlight:
 		pooled = true
 		m.writeProblem(w, http.StatusConflict, m.problems.inFlight, m.inFlightRetryAfter(fpReq.Route, res.RetryAfter))
-		m.observe(ctx, Event{Decision: InFlight, ID: id, Status: http.StatusConflict, StoreLatency: latency})
+		m.observe(ctx, Event{Decision: InFlight, ID: id, Status: http.StatusConflict, StoreLatency: latency, Waited: waited})
 	case store.Mismatch:
 		pooled = true
 		m.writeProblem(w, http.StatusUnprocessableEntity, m.problems.mismatch, 0)
@@ -497,8 +510,17 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	case store.Claimed:
 		claim := Claim{ID: id, Token: res.Token, Fingerprint: fp, Takeover: res.Takeover, Retention: m.retention}
 		c.route = fpReq.Route
-		pooled = m.execute(c, w, c.handlerRequest(r, claim, c, body), next, id, res, latency)
+		pooled = m.execute(c, w, c.handlerRequest(r, claim, c, body), next, id, res, latency, waited)
 	}
+}
+
+// checkClaim turns an answer no store may give into an error (a store failure).
+func checkClaim(res store.ClaimResult, err error) error {
+	if err == nil && (res.Outcome < store.Claimed || res.Outcome > store.Mismatch ||
+		res.Outcome == store.Completed && res.Record == nil || res.Outcome == store.Claimed && res.Token.IsZero()) {
+		err = fmt.Errorf("idemkey/middleware: store answered an invalid claim result (outcome %v)", res.Outcome)
+	}
+	return err
 }
 
 // handlerRequest returns the request the handler sees: the key in its context
@@ -538,12 +560,12 @@ func (m *Middleware) replay(w http.ResponseWriter, rec *store.Record) {
 // execute runs the handler under the claim, then completes or releases it. It
 // reports whether c may go back to the pool.
 func (m *Middleware) execute(c *call, w http.ResponseWriter, r *http.Request, next http.Handler,
-	id store.ID, res store.ClaimResult, latency time.Duration) (reusable bool) {
+	id store.ID, res store.ClaimResult, latency, waited time.Duration) (reusable bool) {
 	c.start(w, r.Context(), id, res.Token)
 	for k := range w.Header() {
 		c.pre = append(c.pre, k) // set by outer middleware: not the handler's to replay
 	}
-	ev := Event{ID: id, Takeover: res.Takeover}
+	ev := Event{ID: id, Takeover: res.Takeover, Waited: waited}
 	returned := false
 	defer func() {
 		if returned {

@@ -82,8 +82,12 @@ type Event struct {
 	// own transaction (MarkCompleted) and the middleware did not call Complete.
 	InTransaction bool
 	// StoreLatency is the time spent in store calls on the request's path (claim,
-	// then complete or release); renewals are not counted.
+	// then complete or release); renewals are not counted. It includes the claims
+	// of a waiting duplicate but not its wait (Waited).
 	StoreLatency time.Duration
+	// Waited is how long the request waited for the original holder of its key
+	// (WithWaitInFlight) before its final claim; 0 when it did not wait.
+	Waited time.Duration
 	// Err is the store error behind StoreError, FailOpen or a failed completion;
 	// nil otherwise.
 	Err error
@@ -119,11 +123,14 @@ const (
 	// StoreRelease is store.Store.Release, after a response that releases the
 	// claim (or a panic).
 	StoreRelease
+	// StoreWait is store.Waiter.Wait, a duplicate waiting for the claim in
+	// flight (WithWaitInFlight); each wake-up is followed by one more StoreClaim.
+	StoreWait
 )
 
-var storeOpNames = [...]string{StoreClaim: "claim", StoreComplete: "complete", StoreRelease: "release"}
+var storeOpNames = [...]string{StoreClaim: "claim", StoreComplete: "complete", StoreRelease: "release", StoreWait: "wait"}
 
-// String returns the op's stable name: "claim", "complete" or "release".
+// String returns the op's stable name: "claim", "complete", "release" or "wait".
 func (o StoreOp) String() string {
 	if int(o) < len(storeOpNames) && storeOpNames[o] != "" {
 		return storeOpNames[o]
@@ -133,8 +140,8 @@ func (o StoreOp) String() string {
 
 // StoreObserver is an optional extension of Observer: an Observer that also
 // implements it is called around every store call on a request's path (claim,
-// then complete or release; lease renewals, which run off that path, are not
-// reported). StoreCallStart runs just before the call, with the request's
+// a waiting duplicate's waits and claims again, then complete or release; lease
+// renewals, which run off that path, are not reported). StoreCallStart runs just before the call, with the request's
 // context (for complete and release, detached from its cancellation); the store
 // is called with the context it returns (say, carrying a tracing span), and
 // done, if not nil, is called with the call's error as soon as the call

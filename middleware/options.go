@@ -89,6 +89,7 @@ type config struct {
 	storeRetryAfter time.Duration
 	timeouts        StoreTimeouts
 	cancelOnGone    bool
+	wait            time.Duration
 	observer        Observer
 	logger          *slog.Logger
 	clock           Clock

@@ -1,0 +1,115 @@
+package middleware
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"time"
+
+	"github.com/idemkey/idemkey/store"
+)
+
+// Back-off of waiting duplicates (WithWaitInFlight): after a wake-up that still
+// found the key in flight, the next claim comes no sooner than the back-off
+// after the previous one (doubling from waitBackoffMin up to waitBackoffMax), so
+// a store whose notification fires without the claim ending (a tiered store's
+// stale marker), or a store without notifications (polled), is never claimed in
+// a busy loop.
+const (
+	waitBackoffMin = 5 * time.Millisecond
+	waitBackoffMax = 250 * time.Millisecond
+)
+
+// WithWaitInFlight lets a duplicate that finds its key in flight (same
+// fingerprint, the original's lease live) wait up to d for the original's
+// answer instead of the immediate 409 request_in_flight: when the original
+// completes, the duplicate gets the replay; when it releases the key (a 5xx, a
+// panic, ...), the duplicate claims it and runs the handler; when its lease
+// expires, the duplicate takes it over and runs. Past d, or when the request's
+// context ends first (client gone, the request's own deadline), the answer is
+// the 409 with Retry-After as without waiting. Default 0: no waiting. Negative
+// values make New fail.
+//
+// The wait is woken by the store's notification when it implements
+// store.Waiter (memory: an in-process channel; postgres: LISTEN/NOTIFY on one
+// connection per store; redis: a PUBLISH from the scripts to one subscription
+// per store; tiered: its backstop's), otherwise by polling with back-off
+// (5 ms doubling to 250 ms). A waiting duplicate makes one Wait call and one more
+// Claim per wake-up: a duplicate that waits for one completion costs three store
+// calls instead of one. Each Claim runs under the store's claim timeout; the wait
+// itself is bounded by d and by the remaining lease (docs/architecture.md
+// section 3).
+func WithWaitInFlight(d time.Duration) Option { return func(c *config) { c.wait = d } }
+
+// waitInFlight waits, while res is InFlight and the bound allows, for the claim
+// to end and claims again. It returns the last claim's answer (InFlight when the
+// bound, the lease or the request's context ran out first), the store time spent
+// in claims, and the time spent waiting.
+func (m *Middleware) waitInFlight(ctx context.Context, req store.ClaimRequest, res store.ClaimResult) (_ store.ClaimResult, claimTime, waited time.Duration, err error) {
+	start := time.Now()
+	deadline := start.Add(m.wait)
+	waiter, _ := m.store.(store.Waiter)
+	backoff := time.Duration(0) // no floor before the first wake-up
+	last := start               // the previous claim
+	defer func() { waited = time.Since(start) - claimTime }()
+	for res.Outcome == store.InFlight {
+		left := time.Until(deadline)
+		if left <= 0 || ctx.Err() != nil {
+			break
+		}
+		// Wake at the holder's lease end at the latest: then the claim takes over.
+		d := min(left, res.RetryAfter+waitBackoffMin)
+		if waiter != nil {
+			wctx, cancel := context.WithTimeout(ctx, d)
+			callCtx, done := m.storeCall(wctx, StoreWait, req.ID)
+			werr := waiter.Wait(callCtx, req.ID)
+			storeDone(done, werr)
+			cancel()
+			if werr != nil && ctx.Err() == nil && !errors.Is(werr, context.DeadlineExceeded) {
+				m.logger.LogAttrs(ctx, slog.LevelWarn, "idempotency store could not wait for the claim in flight; answering 409",
+					slog.String("scope", req.Scope), slog.String("key", req.Key), slog.Any("error", werr))
+				break
+			}
+		}
+		// The back-off floor: no claim sooner than backoff after the previous one
+		// (all of d when polling).
+		floor := backoff
+		if waiter == nil {
+			floor = min(max(backoff, waitBackoffMin), d)
+		}
+		if rest := floor - time.Since(last); rest > 0 {
+			if !sleepCtx(ctx, min(rest, time.Until(deadline))) {
+				break
+			}
+		}
+		if ctx.Err() != nil {
+			break
+		}
+		t0 := time.Now()
+		callCtx, done := m.storeCall(ctx, StoreClaim, req.ID)
+		res, err = m.store.Claim(callCtx, req)
+		storeDone(done, err)
+		claimTime += time.Since(t0)
+		last = time.Now()
+		if err != nil {
+			return res, claimTime, 0, err
+		}
+		backoff = min(max(2*backoff, waitBackoffMin), waitBackoffMax)
+	}
+	return res, claimTime, 0, nil
+}
+
+// sleepCtx waits d; false if ctx ended first.
+func sleepCtx(ctx context.Context, d time.Duration) bool {
+	if d <= 0 {
+		return ctx.Err() == nil
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
