@@ -22,6 +22,12 @@ func TestConformance(t *testing.T) {
 	})
 }
 
+func TestWaiting(t *testing.T) {
+	storetest.RunWaiting(t, func(t *testing.T) storetest.WaitSubject {
+		return storetest.WaitSubject{Store: memory.New()}
+	})
+}
+
 func TestConformanceRealClock(t *testing.T) {
 	if testing.Short() {
 		t.Skip("real-clock run of the suite skipped in short mode")

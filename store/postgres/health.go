@@ -16,12 +16,19 @@ type Stats struct {
 	// hazard of docs/architecture.md section 4. A steady rate means many clients
 	// race on the same keys; each retry is one more round trip.
 	ClaimRetries int64
+	// Waiters is the number of Wait calls in progress (duplicates waiting for a
+	// claim in flight), and Listening whether their LISTEN connection is open.
+	Waiters   int64
+	Listening bool
 }
 
 // Stats returns the counters. It is safe to call concurrently with every other
 // method and does no I/O.
 func (s *Store) Stats() Stats {
-	return Stats{ClaimRetries: s.claimRetries.Load()}
+	s.listen.mu.Lock()
+	waiters, listening := s.listen.waiters, s.listen.run != nil
+	s.listen.mu.Unlock()
+	return Stats{ClaimRetries: s.claimRetries.Load(), Waiters: int64(waiters), Listening: listening}
 }
 
 // Ping implements store.Pinger: one round trip to the database, through the

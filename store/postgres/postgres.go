@@ -62,14 +62,22 @@ type Store struct {
 	maxBody    int
 	logger     *slog.Logger
 
-	claimSQL, completeSQL, releaseSQL, renewSQL, sweepSQL string
+	claimSQL, completeSQL, releaseSQL, renewSQL, sweepSQL, waitSQL string
+
+	// channel is the notification channel of Wait; listen its listener.
+	channel    string
+	listen     listener
+	listenIdle time.Duration
 
 	// claimRetries counts claim statements re-run because of the READ COMMITTED
 	// hazard (observed by tests).
 	claimRetries atomic.Int64
 }
 
-var _ store.Store = (*Store)(nil)
+var (
+	_ store.Store  = (*Store)(nil)
+	_ store.Waiter = (*Store)(nil)
+)
 
 // Option configures a Store.
 type Option func(*Store)
@@ -104,7 +112,7 @@ func New(db Querier, opts ...Option) (*Store, error) {
 	if db == nil {
 		return nil, fmt.Errorf("%w: postgres: nil Querier", store.ErrInvalid)
 	}
-	s := &Store{db: db, table: DefaultTable, sweepBatch: DefaultSweepBatch}
+	s := &Store{db: db, table: DefaultTable, sweepBatch: DefaultSweepBatch, listenIdle: DefaultListenerIdle}
 	for _, o := range opts {
 		o(s)
 	}
@@ -121,8 +129,10 @@ func New(db Querier, opts ...Option) (*Store, error) {
 	s.qualified = s.ident(s.table)
 	t := s.qualified
 	s.claimSQL = fmt.Sprintf(claimSQL, t)
-	s.completeSQL = fmt.Sprintf(completeSQL, t)
-	s.releaseSQL = fmt.Sprintf(releaseSQL, t)
+	s.channel = channelName(t)
+	s.completeSQL = fmt.Sprintf(completeSQL+notifyReturning, t, s.channel)
+	s.releaseSQL = fmt.Sprintf(releaseSQL+notifyReturning, t, s.channel)
+	s.waitSQL = fmt.Sprintf(waitSQL, t)
 	s.renewSQL = fmt.Sprintf(renewSQL, t)
 	s.sweepSQL = fmt.Sprintf(sweepSQL, t)
 	return s, nil
@@ -465,7 +475,7 @@ func (s *Store) log() *slog.Logger {
 }
 
 // SchemaVersion is the newest schema version this build's Migrate installs.
-const SchemaVersion = 1
+const SchemaVersion = 2
 
 //go:embed migrations/*.sql
 var migrationFiles embed.FS
