@@ -206,4 +206,3 @@ func TestWaitNeedsPool(t *testing.T) {
 		t.Fatalf("Wait on a *pgx.Conn store = %v, want ErrNoListener", err)
 	}
 }
-
