@@ -25,9 +25,7 @@ type Stats struct {
 // Stats returns the counters. It is safe to call concurrently with every other
 // method and does no I/O.
 func (s *Store) Stats() Stats {
-	s.listen.mu.Lock()
-	waiters, listening := s.listen.waiters, s.listen.run != nil
-	s.listen.mu.Unlock()
+	waiters, listening := s.waiters.Stats()
 	return Stats{ClaimRetries: s.claimRetries.Load(), Waiters: int64(waiters), Listening: listening}
 }
 

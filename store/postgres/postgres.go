@@ -20,6 +20,7 @@ import (
 
 	"github.com/idemkey/idemkey/store"
 	"github.com/idemkey/idemkey/store/internal/codec"
+	"github.com/idemkey/idemkey/store/internal/waitset"
 )
 
 // Querier is the part of pgx the store uses. *pgxpool.Pool, *pgx.Conn and pgx.Tx
@@ -64,10 +65,9 @@ type Store struct {
 
 	claimSQL, completeSQL, releaseSQL, renewSQL, sweepSQL, waitSQL string
 
-	// channel is the notification channel of Wait; listen its listener.
-	channel    string
-	listen     listener
-	listenIdle time.Duration
+	// channel is the notification channel of Wait; waiters its waiters.
+	channel string
+	waiters waitset.Set
 
 	// claimRetries counts claim statements re-run because of the READ COMMITTED
 	// hazard (observed by tests).
@@ -112,7 +112,8 @@ func New(db Querier, opts ...Option) (*Store, error) {
 	if db == nil {
 		return nil, fmt.Errorf("%w: postgres: nil Querier", store.ErrInvalid)
 	}
-	s := &Store{db: db, table: DefaultTable, sweepBatch: DefaultSweepBatch, listenIdle: DefaultListenerIdle}
+	s := &Store{db: db, table: DefaultTable, sweepBatch: DefaultSweepBatch}
+	s.waiters.Idle = DefaultListenerIdle
 	for _, o := range opts {
 		o(s)
 	}
@@ -133,6 +134,10 @@ func New(db Querier, opts ...Option) (*Store, error) {
 	s.completeSQL = fmt.Sprintf(completeSQL+notifyReturning, t, s.channel)
 	s.releaseSQL = fmt.Sprintf(releaseSQL+notifyReturning, t, s.channel)
 	s.waitSQL = fmt.Sprintf(waitSQL, t)
+	s.waiters.Listen = s.listen
+	s.waiters.OnError = func(err error) {
+		s.log().Warn("idemkey/postgres: the waiters' listening connection failed", "table", s.qualified, "err", err)
+	}
 	s.renewSQL = fmt.Sprintf(renewSQL, t)
 	s.sweepSQL = fmt.Sprintf(sweepSQL, t)
 	return s, nil

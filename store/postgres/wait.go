@@ -7,13 +7,13 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemkey/idemkey/store"
+	"github.com/idemkey/idemkey/store/internal/waitset"
 )
 
 // DefaultListenerIdle is how long the waiters' listening connection stays open
@@ -28,7 +28,7 @@ var ErrNoListener = errors.New("idemkey/postgres: wait needs a *pgxpool.Pool to 
 // the last waiter returned (default DefaultListenerIdle; 0 or less: closed at
 // once), so a steady trickle of waiting duplicates does not open a connection
 // each.
-func WithListenerIdle(d time.Duration) Option { return func(s *Store) { s.listenIdle = d } }
+func WithListenerIdle(d time.Duration) Option { return func(s *Store) { s.waiters.Idle = d } }
 
 // acquirer is the part of *pgxpool.Pool the listener uses.
 type acquirer interface {
@@ -69,31 +69,6 @@ func channelName(qualified string) string {
 	return "idemkey_" + hex.EncodeToString(sum[:8])
 }
 
-// listener fans the notifications of one LISTEN connection out to the waiters
-// of this process, by key.
-type listener struct {
-	mu      sync.Mutex
-	keys    map[string]*waitKey // by payload
-	waiters int
-	run     *listenRun // nil when not listening
-	idle    *time.Timer
-	wg      sync.WaitGroup // the listening goroutines
-}
-
-// waitKey is one waited-for key: ch is closed by its notification.
-type waitKey struct {
-	ch chan struct{}
-	n  int
-}
-
-// listenRun is one listening connection's life.
-type listenRun struct {
-	ready  chan struct{} // closed once LISTEN is active or failed (err set)
-	done   chan struct{} // closed when the connection is gone
-	err    error
-	cancel context.CancelFunc
-}
-
 // Wait implements store.Waiter with LISTEN/NOTIFY: one listening connection per
 // store (taken from the pool while anyone waits, and WithListenerIdle after),
 // whatever the number of waiters; the notification of a key wakes all its
@@ -108,109 +83,42 @@ func (s *Store) Wait(ctx context.Context, id store.ID) error {
 	if err := checkID(id); err != nil {
 		return err
 	}
-	pool, ok := s.db.(acquirer)
-	if !ok {
+	if _, ok := s.db.(acquirer); !ok {
 		return fmt.Errorf("idemkey/postgres: wait: %w", ErrNoListener)
 	}
-	if err := ctx.Err(); err != nil {
-		return err
-	}
-	l := &s.listen
-	payload := waitPayload(id)
-	l.mu.Lock()
-	if l.keys == nil {
-		l.keys = make(map[string]*waitKey)
-	}
-	wk := l.keys[payload]
-	if wk == nil {
-		wk = &waitKey{ch: make(chan struct{})}
-		l.keys[payload] = wk
-	}
-	wk.n++
-	l.waiters++
-	if l.idle != nil {
-		l.idle.Stop()
-		l.idle = nil
-	}
-	run := l.run
-	if run == nil {
-		run = s.startListener(pool)
-	}
-	l.mu.Unlock()
-	defer s.unregister(payload, wk)
-
-	select {
-	case <-run.ready:
-		if run.err != nil {
-			return fmt.Errorf("idemkey/postgres: wait: listen: %w", run.err)
+	return s.waiters.Wait(ctx, waitPayload(id), func(ctx context.Context) (bool, error) {
+		tag, err := s.db.Exec(ctx, s.waitSQL, bytesOf(id.Scope), bytesOf(id.Key))
+		if err != nil {
+			return false, fmt.Errorf("idemkey/postgres: wait: %w", err)
 		}
-	case <-ctx.Done():
-		return ctx.Err()
-	}
-	tag, err := s.db.Exec(ctx, s.waitSQL, bytesOf(id.Scope), bytesOf(id.Key))
-	if err != nil {
-		if ctx.Err() != nil {
-			return ctx.Err()
-		}
-		return fmt.Errorf("idemkey/postgres: wait: %w", err)
-	}
-	if tag.RowsAffected() == 0 {
-		return nil // no live claim: claim again
-	}
-	select {
-	case <-wk.ch:
-		return nil
-	case <-run.done:
-		return nil // the connection is gone: a notification may be lost
-	case <-ctx.Done():
-		return ctx.Err()
-	}
+		return tag.RowsAffected() > 0, nil
+	})
 }
 
-// startListener starts a listening connection. Called with l.mu held.
-func (s *Store) startListener(pool acquirer) *listenRun {
-	l := &s.listen
-	ctx, cancel := context.WithCancel(context.Background())
-	run := &listenRun{ready: make(chan struct{}), done: make(chan struct{}), cancel: cancel}
-	l.run = run
-	l.wg.Add(1)
-	go func() {
-		defer l.wg.Done()
-		err := s.listenLoop(ctx, pool, run)
-		cancel()
-		l.mu.Lock()
-		if l.run == run {
-			l.run = nil
-		}
-		l.mu.Unlock()
-		if err != nil && ctx.Err() == nil {
-			s.log().Warn("idemkey/postgres: the waiters' listening connection failed", "table", s.qualified, "err", err)
-		}
-		close(run.done)
-	}()
-	return run
-}
-
-// listenLoop acquires a connection, listens and dispatches notifications until
-// ctx is cancelled or the connection fails.
-func (s *Store) listenLoop(ctx context.Context, pool acquirer, run *listenRun) error {
-	conn, err := pool.Acquire(ctx)
-	if err == nil {
-		defer conn.Release()
-		_, err = conn.Exec(ctx, "LISTEN "+pgx.Identifier{s.channel}.Sanitize())
-	}
-	run.err = err
-	close(run.ready)
+// listen is the waiters' connection (waitset.Listen): it takes a connection from
+// the pool, listens on the store's channel and hands each notification to the
+// waiters until ctx ends or the connection fails.
+func (s *Store) listen(ctx context.Context, set *waitset.Set, ready func(error)) error {
+	conn, err := s.db.(acquirer).Acquire(ctx)
 	if err != nil {
+		err = fmt.Errorf("idemkey/postgres: wait: listen: %w", err)
+		ready(err)
 		return err
 	}
+	defer conn.Release()
+	if _, err := conn.Exec(ctx, "LISTEN "+pgx.Identifier{s.channel}.Sanitize()); err != nil {
+		err = fmt.Errorf("idemkey/postgres: wait: listen: %w", err)
+		ready(err)
+		return err
+	}
+	ready(nil)
 	for {
 		n, err := conn.Conn().WaitForNotification(ctx)
 		if err != nil {
 			if ctx.Err() == nil {
-				return err
+				return fmt.Errorf("idemkey/postgres: wait: listen: %w", err)
 			}
-			// Stopped while the connection is healthy: hand it back clean.
+			// Stopped: hand the connection back clean, or close it.
 			if !conn.Conn().IsClosed() {
 				uctx, cancel := context.WithTimeout(context.Background(), time.Second)
 				_, uerr := conn.Exec(uctx, "UNLISTEN *")
@@ -221,63 +129,14 @@ func (s *Store) listenLoop(ctx context.Context, pool acquirer, run *listenRun) e
 			}
 			return nil
 		}
-		if n.Channel != s.channel {
-			continue
+		if n.Channel == s.channel {
+			set.Notify(n.Payload)
 		}
-		s.listen.mu.Lock()
-		if wk := s.listen.keys[n.Payload]; wk != nil {
-			close(wk.ch)
-			delete(s.listen.keys, n.Payload)
-		}
-		s.listen.mu.Unlock()
 	}
-}
-
-// unregister ends one waiter of payload; the last waiter schedules the
-// listener's stop.
-func (s *Store) unregister(payload string, wk *waitKey) {
-	l := &s.listen
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	wk.n--
-	if wk.n == 0 && l.keys[payload] == wk {
-		delete(l.keys, payload)
-	}
-	l.waiters--
-	if l.waiters > 0 || l.run == nil {
-		return
-	}
-	run := l.run
-	if s.listenIdle <= 0 {
-		l.run = nil
-		run.cancel()
-		return
-	}
-	l.idle = time.AfterFunc(s.listenIdle, func() {
-		l.mu.Lock()
-		defer l.mu.Unlock()
-		if l.waiters == 0 && l.run == run {
-			l.run = nil
-			l.idle = nil
-			run.cancel()
-		}
-	})
 }
 
 // StopListener closes the waiters' listening connection now, if open, and waits
 // for its goroutine to end; waiters still waiting are woken (they claim again)
-// and a later Wait opens it again. Call it when shutting down.
-func (s *Store) StopListener() {
-	l := &s.listen
-	l.mu.Lock()
-	if l.idle != nil {
-		l.idle.Stop()
-		l.idle = nil
-	}
-	if l.run != nil {
-		l.run.cancel()
-		l.run = nil
-	}
-	l.mu.Unlock()
-	l.wg.Wait()
-}
+// and a later Wait opens it again. Call it when shutting down, after the last
+// request.
+func (s *Store) StopListener() { s.waiters.Stop() }

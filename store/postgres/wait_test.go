@@ -107,7 +107,7 @@ func TestWaitOneListenerPerStore(t *testing.T) {
 			t.Fatalf("cancelled waiter: %v", err)
 		}
 	}
-	s.listen.wg.Wait() // the listening goroutine ends once the last waiter left
+	s.StopListener() // waits for the listening goroutine, already stopped (WithListenerIdle(0))
 	if st := s.Stats(); st.Waiters != 0 || st.Listening {
 		t.Fatalf("after every waiter returned: %+v", st)
 	}
