@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strconv"
 	"time"
 
@@ -11,6 +12,7 @@ import (
 
 	"github.com/idemkey/idemkey/store"
 	"github.com/idemkey/idemkey/store/internal/codec"
+	"github.com/idemkey/idemkey/store/internal/waitset"
 )
 
 // DefaultPrefix is the key prefix used when WithPrefix is not given.
@@ -18,11 +20,16 @@ const DefaultPrefix = "idemkey:"
 
 // Store is a store.Store on Redis. Create it with New; it is safe for concurrent use.
 type Store struct {
-	client goredis.UniversalClient
-	prefix string
+	client  goredis.UniversalClient
+	prefix  string
+	channel string      // the waiters' channel: <prefix>waits
+	waiters waitset.Set // the duplicates waiting in this process
 }
 
-var _ store.Store = (*Store)(nil)
+var (
+	_ store.Store  = (*Store)(nil)
+	_ store.Waiter = (*Store)(nil)
+)
 
 // Option configures a Store.
 type Option func(*Store)
@@ -39,8 +46,14 @@ func WithPrefix(prefix string) Option {
 // loaded on first use (EVALSHA, falling back to EVAL on NOSCRIPT).
 func New(client goredis.UniversalClient, opts ...Option) *Store {
 	s := &Store{client: client, prefix: DefaultPrefix}
+	s.waiters.Idle = DefaultSubscriberIdle
 	for _, o := range opts {
 		o(s)
+	}
+	s.channel = s.prefix + "waits"
+	s.waiters.Listen = s.subscribe
+	if s.waiters.OnError == nil {
+		WithLogger(slog.Default())(s)
 	}
 	return s
 }
@@ -124,7 +137,7 @@ func (s *Store) Complete(ctx context.Context, id store.ID, token store.Token, re
 	// reply) from a second Complete: only the latter is refused.
 	nonce := store.NewToken()
 	return s.fenced(ctx, "complete", completeScript, id,
-		token[:], codec.Millis(retention), strconv.Itoa(resp.Status), head, body, omitted, nonce[:])
+		token[:], codec.Millis(retention), strconv.Itoa(resp.Status), head, body, omitted, nonce[:], s.channel)
 }
 
 // Release implements store.Store with one script call: the in-flight record is
@@ -134,7 +147,7 @@ func (s *Store) Release(ctx context.Context, id store.ID, token store.Token) err
 	if err := store.ValidateHolder(id, token); err != nil {
 		return err
 	}
-	return s.fenced(ctx, "release", releaseScript, id, token[:])
+	return s.fenced(ctx, "release", releaseScript, id, token[:], s.channel)
 }
 
 // Renew implements store.Store with one script call: the lease deadline becomes now

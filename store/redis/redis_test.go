@@ -20,7 +20,9 @@ import (
 func TestConformance(t *testing.T) {
 	c := redistest.Shared(t)
 	storetest.Run(t, func(t *testing.T) storetest.Subject {
-		return storetest.Subject{Store: redis.New(c, redis.WithPrefix(redistest.Prefix(t, c)))}
+		s := redis.New(c, redis.WithPrefix(redistest.Prefix(t, c)))
+		t.Cleanup(s.StopSubscriber)
+		return storetest.Subject{Store: s}
 	})
 }
 
@@ -33,7 +35,9 @@ func TestConformanceCluster(t *testing.T) {
 	c := redistest.StartCluster(t)
 	t.Run("HashSlot", func(t *testing.T) { testHashSlot(t, c) })
 	storetest.Run(t, func(t *testing.T) storetest.Subject {
-		return storetest.Subject{Store: redis.New(c, redis.WithPrefix(redistest.Prefix(t, c)))}
+		s := redis.New(c, redis.WithPrefix(redistest.Prefix(t, c)))
+		t.Cleanup(s.StopSubscriber)
+		return storetest.Subject{Store: s}
 	})
 	// The suite's keys really were spread over the masters.
 	var used atomic.Int32

@@ -23,6 +23,9 @@ import goredis "github.com/redis/go-redis/v9"
 //	cn   nonce of the Complete call that completed the record (completed only), so
 //	     that a client's re-delivery of that very call (go-redis retries a command
 //	     whose reply was lost) answers stored, not lease lost
+//	w    "1" once a duplicate waits for the claim in flight (waitScript): Complete
+//	     and Release then PUBLISH the record's key on the store's channel, and
+//	     only then, so a key nobody waits for publishes nothing
 //
 // The key's own TTL (PEXPIRE) enforces retention: a pending record lives for the
 // claim's retention (never less than its lease), a completed one for the retention
@@ -37,7 +40,7 @@ import goredis "github.com/redis/go-redis/v9"
 // foreign data. It leaves r == nil for an absent key.
 const prelude = `
 local k = KEYS[1]
-local r = redis.pcall('HMGET', k, 'v','st','fp','tok','le','ca','cd','ex','s','h','b','o','cn')
+local r = redis.pcall('HMGET', k, 'v','st','fp','tok','le','ca','cd','ex','s','h','b','o','cn','w')
 if type(r) ~= 'table' or r['err'] then return {-1} end
 if not r[1] then
   if redis.call('EXISTS', k) == 1 then return {-1} end
@@ -77,7 +80,7 @@ return {1, 1}
 `)
 
 // completeScript: ARGV token, retention ms, status, header, body, omitted ("1" or ""),
-// call nonce. Replies {1} stored (or this very call was already applied) | {0} lease
+// call nonce, the waiters' channel. Replies {1} stored (or this very call was already applied) | {0} lease
 // lost (also when already completed by another call) | {-1}.
 var completeScript = goredis.NewScript(prelude + `
 if r ~= nil and r[2] == 'c' and r[4] == ARGV[1] and r[13] == ARGV[7] then return {1} end
@@ -86,13 +89,28 @@ local ret = tonumber(ARGV[2])
 redis.call('HSET', k, 'st','c', 'cd',now, 'ex',now + ret, 's',ARGV[3], 'h',ARGV[4], 'b',ARGV[5], 'o',ARGV[6], 'cn',ARGV[7])
 redis.call('HDEL', k, 'le')
 redis.call('PEXPIRE', k, ret)
+if r[14] then redis.call('PUBLISH', ARGV[8], k) end
 return {1}
 `)
 
-// releaseScript: ARGV token. Replies {1} forgotten | {0} lease lost | {-1}.
+// releaseScript: ARGV token, the waiters' channel. Replies {1} forgotten | {0} lease
+// lost | {-1}.
 var releaseScript = goredis.NewScript(prelude + `
 if r == nil or r[4] ~= ARGV[1] or r[2] ~= 'p' then return {0} end
 redis.call('DEL', k)
+if r[14] then redis.call('PUBLISH', ARGV[2], k) end
+return {1}
+`)
+
+// waitScript flags a live claim in flight as waited for (field w). Replies {1}
+// flagged | {0} no live claim (absent, completed, lease expired) | {-1}.
+var waitScript = goredis.NewScript(prelude + `
+if r == nil or r[2] == 'c' then return {0} end
+if r[2] ~= 'p' then return {-1} end
+local le = tonumber(r[5])
+if not le then return {-1} end
+if le <= now then return {0} end
+redis.call('HSET', k, 'w', '1')
 return {1}
 `)
 

@@ -1,0 +1,110 @@
+package redis
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"time"
+
+	goredis "github.com/redis/go-redis/v9"
+
+	"github.com/idemkey/idemkey/store"
+	"github.com/idemkey/idemkey/store/internal/waitset"
+)
+
+// DefaultSubscriberIdle is how long the waiters' subscription stays open after
+// the last waiter left (WithSubscriberIdle).
+const DefaultSubscriberIdle = 30 * time.Second
+
+// WithSubscriberIdle sets how long the subscription Wait listens on stays open
+// after the last waiter returned (default DefaultSubscriberIdle; 0 or less:
+// closed at once).
+func WithSubscriberIdle(d time.Duration) Option { return func(s *Store) { s.waiters.Idle = d } }
+
+// WithLogger sets the logger told of a failed waiters' subscription (default
+// slog.Default()).
+func WithLogger(l *slog.Logger) Option {
+	return func(s *Store) {
+		s.waiters.OnError = func(err error) {
+			l.Warn("idemkey/store/redis: the waiters' subscription failed", "channel", s.channel, "err", err)
+		}
+	}
+}
+
+// Wait implements store.Waiter with Redis pub/sub: one subscription per store,
+// to the channel "<prefix>waits", whatever the number of waiters (open while
+// anyone waits and WithSubscriberIdle after); the message of a key wakes all its
+// waiters in this process. It registers, makes sure the subscription is
+// confirmed, then flags the record as waited for in one script (the check): no
+// live claim returns nil at once. Complete and Release of a flagged record
+// PUBLISH its key from their script; a key nobody waits for publishes nothing,
+// and the server's notify-keyspace-events setting is not needed. A resubscription
+// after a lost connection wakes every waiter (a spurious nil: they claim again).
+// Errors: store.ErrInvalid for an empty key, store.ErrCorrupt for foreign data
+// under the key, ctx.Err(), the client's errors wrapped.
+func (s *Store) Wait(ctx context.Context, id store.ID) error {
+	if id.Key == "" {
+		return fmt.Errorf("%w: empty key", store.ErrInvalid)
+	}
+	if s.client == nil {
+		return fmt.Errorf("%w: redis: nil client", store.ErrInvalid)
+	}
+	return s.waiters.Wait(ctx, keyFor(s.prefix, id), func(ctx context.Context) (bool, error) {
+		v, err := s.eval(ctx, "wait", waitScript, id)
+		if err != nil {
+			return false, err
+		}
+		_, code, err := asReply(v)
+		switch {
+		case err != nil:
+			return false, err
+		case code == 1:
+			return true, nil
+		case code == 0:
+			return false, nil
+		}
+		return false, corrupt("wait reply code")
+	})
+}
+
+// subscribe is the waiters' subscription (waitset.Listen).
+func (s *Store) subscribe(ctx context.Context, set *waitset.Set, ready func(error)) error {
+	ps := s.client.Subscribe(ctx, s.channel)
+	defer ps.Close()
+	// The confirmation: from here on every PUBLISH on the channel reaches us.
+	if _, err := ps.Receive(ctx); err != nil {
+		err = fmt.Errorf("idemkey/store/redis: wait: subscribe: %w", err)
+		ready(err)
+		return err
+	}
+	ready(nil)
+	msgs := ps.ChannelWithSubscriptions()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case m, ok := <-msgs:
+			if !ok {
+				return fmt.Errorf("idemkey/store/redis: wait: subscription closed")
+			}
+			switch m := m.(type) {
+			case *goredis.Message:
+				if m.Channel == s.channel {
+					set.Notify(m.Payload)
+				}
+			case *goredis.Subscription:
+				// A resubscription after a reconnect: messages sent in between are lost.
+				set.NotifyAll()
+			}
+		}
+	}
+}
+
+// StopSubscriber closes the waiters' subscription now, if open, and waits for it
+// to end; waiters still waiting are woken (they claim again) and a later Wait
+// subscribes again. Call it when shutting down, after the last request.
+func (s *Store) StopSubscriber() { s.waiters.Stop() }
+
+// WaitStats returns the number of Wait calls in progress and whether their
+// subscription is open.
+func (s *Store) WaitStats() (waiters int, subscribed bool) { return s.waiters.Stats() }
