@@ -65,6 +65,10 @@ func (m *Middleware) waitInFlight(ctx context.Context, req store.ClaimRequest, r
 			werr := waiter.Wait(callCtx, req.ID)
 			storeDone(done, werr)
 			cancel()
+			if errors.Is(werr, errors.ErrUnsupported) {
+				waiter = nil // this store cannot wait: poll
+				continue
+			}
 			if werr != nil && ctx.Err() == nil && !errors.Is(werr, context.DeadlineExceeded) {
 				m.logger.LogAttrs(ctx, slog.LevelWarn, "idempotency store could not wait for the claim in flight; answering 409",
 					slog.String("scope", req.Scope), slog.String("key", req.Key), slog.Any("error", werr))

@@ -2,6 +2,8 @@ package middleware
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"strconv"
@@ -296,4 +298,57 @@ func TestWaitInFlightNegativeBound(t *testing.T) {
 	if _, err := New(memory.New(), GlobalScope, WithWaitInFlight(-time.Second)); err == nil {
 		t.Fatal("New accepted a negative wait bound")
 	}
+}
+
+// unsupported is a store whose Wait says it cannot wait.
+type unsupported struct {
+	*waitCounter
+}
+
+func (u unsupported) Wait(context.Context, store.ID) error {
+	u.waits.Add(1)
+	return fmt.Errorf("no listener: %w", errors.ErrUnsupported)
+}
+
+// TestWaitInFlightUnsupportedPolls: a store whose Wait answers ErrUnsupported is
+// polled with back-off; the duplicate still gets the replay.
+func TestWaitInFlightUnsupportedPolls(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		st := &waitCounter{Store: memory.New()}
+		gate := make(chan struct{})
+		var calls atomic.Int32
+		m, err := New(unsupported{st}, GlobalScope, WithWaitInFlight(5*time.Second), WithLogger(discardLogger()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		h := m.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			calls.Add(1)
+			<-gate
+			w.WriteHeader(201)
+		}))
+		send := func() <-chan *httptest.ResponseRecorder {
+			out := make(chan *httptest.ResponseRecorder, 1)
+			go func() {
+				w := httptest.NewRecorder()
+				h.ServeHTTP(w, req("POST", "/pay", "k", "x"))
+				out <- w
+			}()
+			return out
+		}
+		orig := send()
+		synctest.Wait()
+		dup := send()
+		go func() { time.Sleep(time.Second); close(gate) }()
+		wd := <-dup
+		<-orig
+		if wd.Code != 201 || wd.Header().Get("Idempotent-Replayed") != "true" || calls.Load() != 1 {
+			t.Fatalf("duplicate: %d replayed=%q, handler ran %d times", wd.Code, wd.Header().Get("Idempotent-Replayed"), calls.Load())
+		}
+		if w := st.waits.Load(); w != 1 {
+			t.Errorf("%d Wait calls; want 1 (then polling)", w)
+		}
+		if c := st.claims.Load(); c > 15 {
+			t.Errorf("%d claims polling for 1s", c)
+		}
+	})
 }

@@ -334,8 +334,10 @@ func errorf(format string, args ...any) error {
 // not reported: the caller bounds ctx by the remaining lease
 // (ClaimResult.RetryAfter) and claims again (a takeover).
 //
-// Wait returns ctx.Err() when ctx ends first, and other errors (the driver's,
-// wrapped) when the store cannot watch; the caller then answers as if it had not
+// Wait returns ctx.Err() when ctx ends first, an error wrapping
+// errors.ErrUnsupported when the store cannot wait in its configuration (the
+// caller then polls with back-off), and other errors (the driver's, wrapped)
+// when the store cannot watch now; the caller then answers as if it had not
 // waited. Wait never changes the outcome of any claim and holds nothing once it
 // returns: no goroutine, subscription or connection is left per call.
 type Waiter interface {

@@ -21,8 +21,9 @@ import (
 const DefaultListenerIdle = 30 * time.Second
 
 // ErrNoListener is returned (wrapped) by Wait when the store's Querier cannot lend
-// a connection for LISTEN: only a *pgxpool.Pool can.
-var ErrNoListener = errors.New("idemkey/postgres: wait needs a *pgxpool.Pool to listen on")
+// a connection for LISTEN: only a *pgxpool.Pool can. It wraps
+// errors.ErrUnsupported, so the middleware polls instead.
+var ErrNoListener = fmt.Errorf("idemkey/postgres: wait needs a *pgxpool.Pool to listen on: %w", errors.ErrUnsupported)
 
 // WithListenerIdle sets how long the connection Wait listens on stays open after
 // the last waiter returned (default DefaultListenerIdle; 0 or less: closed at

@@ -99,6 +99,7 @@ type Store struct {
 var (
 	_ store.Store              = (*Store)(nil)
 	_ store.CompletionNotifier = (*Store)(nil)
+	_ store.Waiter             = (*Store)(nil)
 )
 
 // Option configures a Store.
@@ -435,6 +436,23 @@ func (s *Store) Renew(ctx context.Context, id store.ID, token store.Token, lease
 		return fmt.Errorf("idemkey/store/tiered: backstop renew: %w", err)
 	}
 	_, _ = s.fastCall(ctx, "renew", func(ctx context.Context) error { return s.fast.Renew(ctx, id, token, lease) })
+	return nil
+}
+
+// Wait implements store.Waiter with the backstop's notification (store/postgres:
+// LISTEN/NOTIFY), the store that decides claims; Redis is not asked. A waiter
+// woken by the backstop's completion may still find the Redis marker of the
+// claim (Complete reaches Redis after the backstop) and wait once more, which
+// the backstop answers at once. A backstop without store.Waiter gives an error
+// wrapping errors.ErrUnsupported (the middleware then polls).
+func (s *Store) Wait(ctx context.Context, id store.ID) error {
+	w, ok := s.backstop.(store.Waiter)
+	if !ok {
+		return fmt.Errorf("idemkey/store/tiered: backstop cannot wait: %w", errors.ErrUnsupported)
+	}
+	if err := w.Wait(ctx, id); err != nil {
+		return fmt.Errorf("idemkey/store/tiered: backstop wait: %w", err)
+	}
 	return nil
 }
 

@@ -21,10 +21,10 @@ import (
 
 // postgresBackstop returns a migrated Postgres store in a schema of its own,
 // dropped at cleanup. ok is false (after t.Skip unless required) without DATABASE_URL.
-func postgresBackstop(t testing.TB, pool *pgxpool.Pool) *postgres.Store {
+func postgresBackstop(t testing.TB, pool *pgxpool.Pool, opts ...postgres.Option) *postgres.Store {
 	t.Helper()
 	schema := "idemkey_tiered_" + store.NewToken().String()[:12]
-	s, err := postgres.New(pool, postgres.WithSchema(schema))
+	s, err := postgres.New(pool, append([]postgres.Option{postgres.WithSchema(schema)}, opts...)...)
 	if err != nil {
 		t.Fatalf("postgres.New: %v", err)
 	}

@@ -185,3 +185,17 @@ func TestNewRefusesNil(t *testing.T) {
 		})
 	}
 }
+
+// TestWaiting runs the middleware's waiting duplicates over the tiered store
+// (Redis in front of Postgres): the backstop's LISTEN/NOTIFY wakes them.
+func TestWaiting(t *testing.T) {
+	c := redistest.Shared(t)
+	pool := pgPool(t)
+	storetest.RunWaiting(t, func(t *testing.T) storetest.WaitSubject {
+		fast := redis.New(c, redis.WithPrefix(redistest.Prefix(t, c)))
+		pg := postgresBackstop(t, pool, postgres.WithListenerIdle(0))
+		t.Cleanup(pg.StopListener)
+		return storetest.WaitSubject{Store: tiered.New(fast, pg, tiered.WithTimeout(testTimeout)),
+			Waiting: func() int { return int(pg.Stats().Waiters) }}
+	})
+}
