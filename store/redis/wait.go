@@ -40,11 +40,11 @@ func WithLogger(l *slog.Logger) Option {
 // PUBLISH its key from their script; a key nobody waits for publishes nothing,
 // and the server's notify-keyspace-events setting is not needed. A resubscription
 // after a lost connection wakes every waiter (a spurious nil: they claim again).
-// Errors: store.ErrInvalid for an empty key, store.ErrCorrupt for foreign data
+// Errors: store.ErrInvalid for an invalid ID (ID.Validate), store.ErrCorrupt for foreign data
 // under the key, ctx.Err(), the client's errors wrapped.
 func (s *Store) Wait(ctx context.Context, id store.ID) error {
-	if id.Key == "" {
-		return fmt.Errorf("%w: empty key", store.ErrInvalid)
+	if err := id.Validate(); err != nil {
+		return err
 	}
 	if s.client == nil {
 		return fmt.Errorf("%w: redis: nil client", store.ErrInvalid)
