@@ -16,7 +16,7 @@ import (
 // stale marker), or a store without notifications (polled), is never claimed in
 // a busy loop.
 const (
-	waitBackoffMin = 5 * time.Millisecond
+	waitBackoffMin = time.Millisecond
 	waitBackoffMax = 250 * time.Millisecond
 )
 
@@ -34,7 +34,7 @@ const (
 // store.Waiter (memory: an in-process channel; postgres: LISTEN/NOTIFY on one
 // connection per store; redis: a PUBLISH from the scripts to one subscription
 // per store; tiered: its backstop's), otherwise by polling with back-off
-// (5 ms doubling to 250 ms). A waiting duplicate makes one Wait call and one more
+// (1 ms doubling to 250 ms). A waiting duplicate makes one Wait call and one more
 // Claim per wake-up: a duplicate that waits for one completion costs three store
 // calls instead of one. Each Claim runs under the store's claim timeout; the wait
 // itself is bounded by d and by the remaining lease (docs/architecture.md

@@ -148,3 +148,5 @@ func BenchmarkClaimCompleteSteady(b *testing.B) {
 		}
 	}
 }
+
+func BenchmarkWaiting(b *testing.B) { storetest.BenchWaiting(b, memory.New()) }

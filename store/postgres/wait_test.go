@@ -206,3 +206,8 @@ func TestWaitNeedsPool(t *testing.T) {
 		t.Fatalf("Wait on a *pgx.Conn store = %v, want ErrNoListener", err)
 	}
 }
+
+func BenchmarkWaiting(b *testing.B) {
+	pool := newPool(b, "")
+	storetest.BenchWaiting(b, newStore(b, pool, nil))
+}

@@ -180,3 +180,10 @@ func TestWaitPublishesOnlyWaitedKeys(t *testing.T) {
 		t.Fatalf("published %q, want %q (the flagged keys only)", got, want)
 	}
 }
+
+func BenchmarkWaiting(b *testing.B) {
+	c := redistest.Shared(b)
+	s := redis.New(c, redis.WithPrefix(redistest.Prefix(b, c)))
+	b.Cleanup(s.StopSubscriber)
+	storetest.BenchWaiting(b, s)
+}

@@ -199,3 +199,10 @@ func TestWaiting(t *testing.T) {
 			Waiting: func() int { return int(pg.Stats().Waiters) }}
 	})
 }
+
+func BenchmarkWaiting(b *testing.B) {
+	c := redistest.Shared(b)
+	pg := postgresBackstop(b, pgPool(b))
+	b.Cleanup(pg.StopListener)
+	storetest.BenchWaiting(b, tiered.New(redis.New(c, redis.WithPrefix(redistest.Prefix(b, c))), pg, tiered.WithTimeout(testTimeout)))
+}
