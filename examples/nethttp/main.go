@@ -66,6 +66,8 @@ func wire(ctx context.Context, env setup.Env, conns *setup.Conns, logger *slog.L
 	// Keys are scoped by the principal accountsapp.ClientID puts in the context.
 	idem, err := middleware.New(st, middleware.ScopeFromPrincipal(accountsapp.AnonymousScope),
 		middleware.WithLease(env.Lease), middleware.WithRetention(env.Retention),
+		// A retry racing the original waits for its answer (IDEM_WAIT, default 5s).
+		middleware.WithWaitInFlight(env.Wait),
 		middleware.WithObserver(observer), middleware.WithLogger(logger))
 	if err != nil {
 		return nil, nil, err
@@ -96,7 +98,9 @@ func newStore(ctx context.Context, env setup.Env, conns *setup.Conns, logger *sl
 	case "memory":
 		return memory.New(), nil, nil
 	case "redis":
-		return redis.New(conns.Redis, redis.WithPrefix(env.RedisPrefix)), nil, nil
+		rs := redis.New(conns.Redis, redis.WithPrefix(env.RedisPrefix), redis.WithLogger(logger))
+		conns.OnClose(rs.StopSubscriber) // the waiters' subscription (IDEM_WAIT)
+		return rs, nil, nil
 	}
 	pg, err := postgres.New(conns.Pool, postgres.WithTable(env.IdemTable), postgres.WithLogger(logger))
 	if err == nil {
@@ -106,6 +110,7 @@ func newStore(ctx context.Context, env setup.Env, conns *setup.Conns, logger *sl
 		return nil, nil, fmt.Errorf("postgres store: %w", err)
 	}
 	conns.OnClose(pg.StartSweeper(context.Background(), time.Minute))
+	conns.OnClose(pg.StopListener) // the waiters' connection (IDEM_WAIT)
 	stats := []idemprom.CollectorOption{idemprom.WithClaimRetries(func() int64 { return pg.Stats().ClaimRetries })}
 	if env.Store == "postgres" {
 		return pg, stats, nil

@@ -71,7 +71,8 @@ func channelName(qualified string) string {
 }
 
 // Wait implements store.Waiter with LISTEN/NOTIFY: one listening connection per
-// store (taken from the pool while anyone waits, and WithListenerIdle after),
+// store (taken out of the pool while anyone waits and WithListenerIdle after,
+// then closed; StopListener closes it at once),
 // whatever the number of waiters; the notification of a key wakes all its
 // waiters in this process. It registers, makes sure the connection listens, then
 // flags the row as waited for in one statement (the check): no live claim
@@ -99,17 +100,19 @@ func (s *Store) Wait(ctx context.Context, id store.ID) error {
 	})
 }
 
-// listen is the waiters' connection (waitset.Listen): it takes a connection from
-// the pool, listens on the store's channel and hands each notification to the
-// waiters until ctx ends or the connection fails.
+// listen is the waiters' connection (waitset.Listen): it takes a connection out
+// of the pool for good (Hijack, so closing the pool never waits for it), listens
+// on the store's channel and hands each notification to the waiters until ctx
+// ends or the connection fails; then it closes the connection.
 func (s *Store) listen(ctx context.Context, set *waitset.Set, ready func(error)) error {
-	conn, err := s.db.(acquirer).Acquire(ctx)
+	pc, err := s.db.(acquirer).Acquire(ctx)
 	if err != nil {
 		err = fmt.Errorf("idemkey/postgres: wait: listen: %w", err)
 		ready(err)
 		return err
 	}
-	defer conn.Release()
+	conn := pc.Hijack()
+	defer conn.Close(context.Background())
 	if _, err := conn.Exec(ctx, "LISTEN "+pgx.Identifier{s.channel}.Sanitize()); err != nil {
 		err = fmt.Errorf("idemkey/postgres: wait: listen: %w", err)
 		ready(err)
@@ -117,21 +120,12 @@ func (s *Store) listen(ctx context.Context, set *waitset.Set, ready func(error))
 	}
 	ready(nil)
 	for {
-		n, err := conn.Conn().WaitForNotification(ctx)
+		n, err := conn.WaitForNotification(ctx)
 		if err != nil {
-			if ctx.Err() == nil {
-				return fmt.Errorf("idemkey/postgres: wait: listen: %w", err)
+			if ctx.Err() != nil {
+				return nil
 			}
-			// Stopped: hand the connection back clean, or close it.
-			if !conn.Conn().IsClosed() {
-				uctx, cancel := context.WithTimeout(context.Background(), time.Second)
-				_, uerr := conn.Exec(uctx, "UNLISTEN *")
-				cancel()
-				if uerr != nil {
-					conn.Conn().Close(context.Background())
-				}
-			}
-			return nil
+			return fmt.Errorf("idemkey/postgres: wait: listen: %w", err)
 		}
 		if n.Channel == s.channel {
 			set.Notify(n.Payload)

@@ -12,6 +12,9 @@
 //	REDIS_URL              Redis: the store (redis, tiered)
 //	IDEM_LEASE             claim lease, Go duration, at least 100ms, default 10s
 //	IDEM_RETENTION         how long responses are replayed, default 24h
+//	IDEM_WAIT              how long a duplicate of a request in flight waits for its
+//	                       answer (middleware.WithWaitInFlight), Go duration, default
+//	                       5s; 0 answers 409 at once (the account examples)
 //	IDEM_TABLE             the Postgres store's table, default idemkey_records
 //	IDEM_REDIS_PREFIX      the Redis store's key prefix, default idemkey:
 //	CELERIANT_ADDR         Celeriant wire address host:port; empty: in-process simulator
@@ -42,6 +45,7 @@ const (
 	DefaultAddr      = "127.0.0.1:8080"
 	DefaultLease     = 10 * time.Second
 	DefaultRetention = 24 * time.Hour
+	DefaultWait      = 5 * time.Second
 )
 
 // Env is the environment an example runs with, parsed once by Load.
@@ -60,6 +64,9 @@ type Env struct {
 	// Lease and Retention are the middleware's claim lease and record retention
 	// (IDEM_LEASE, IDEM_RETENTION); Retention >= Lease > 0.
 	Lease, Retention time.Duration
+	// Wait bounds how long a duplicate of a request in flight waits for the
+	// original's answer (IDEM_WAIT, middleware.WithWaitInFlight); 0: no waiting.
+	Wait time.Duration
 	// IdemTable is the Postgres store's table (IDEM_TABLE), so tests and several
 	// deployments can share one database.
 	IdemTable string
@@ -92,7 +99,7 @@ func (e Env) NeedsRedis() bool { return e.Store == "redis" || e.Store == "tiered
 // Load reads the Env from getenv (os.Getenv in a server). Errors wrap ErrConfig
 // and name the variable: an unknown store or projection, a store or projection
 // without the server URL it needs, a duration that is not a positive Go duration
-// (CELERIANT_SIM_DELAY: non-negative), a retention shorter than the lease,
+// (IDEM_WAIT, CELERIANT_SIM_DELAY: non-negative), a retention shorter than the lease,
 // CELERIANT_SIM_DELAY with CELERIANT_ADDR.
 func Load(getenv func(string) string) (Env, error) {
 	e := Env{
@@ -102,6 +109,7 @@ func Load(getenv func(string) string) (Env, error) {
 		RedisURL:      getenv("REDIS_URL"),
 		Lease:         DefaultLease,
 		Retention:     DefaultRetention,
+		Wait:          DefaultWait,
 		IdemTable:     getenv("IDEM_TABLE"),
 		RedisPrefix:   getenv("IDEM_REDIS_PREFIX"),
 		CeleriantAddr: strings.TrimSpace(getenv("CELERIANT_ADDR")),
@@ -122,7 +130,7 @@ func Load(getenv func(string) string) (Env, error) {
 		name   string
 		dst    *time.Duration
 		zeroOK bool
-	}{{"IDEM_LEASE", &e.Lease, false}, {"IDEM_RETENTION", &e.Retention, false}, {"CELERIANT_SIM_DELAY", &e.SimDelay, true}} {
+	}{{"IDEM_LEASE", &e.Lease, false}, {"IDEM_RETENTION", &e.Retention, false}, {"IDEM_WAIT", &e.Wait, true}, {"CELERIANT_SIM_DELAY", &e.SimDelay, true}} {
 		v := strings.TrimSpace(getenv(d.name))
 		if v == "" {
 			continue

@@ -9,7 +9,7 @@ import (
 )
 
 func TestLoad(t *testing.T) {
-	defaults := Env{Addr: "127.0.0.1:8080", Store: "memory", Lease: 10 * time.Second, Retention: 24 * time.Hour,
+	defaults := Env{Addr: "127.0.0.1:8080", Store: "memory", Lease: 10 * time.Second, Retention: 24 * time.Hour, Wait: 5 * time.Second,
 		IdemTable: "idemkey_records", RedisPrefix: "idemkey:", Projection: "memory"}
 	with := func(f func(*Env)) Env { e := defaults; f(&e); return e }
 	for _, tc := range []struct {
@@ -23,7 +23,7 @@ func TestLoad(t *testing.T) {
 			"IDEM_RETENTION": "1h", "CELERIANT_ADDR": "127.0.0.1:10000", "PROJECTION": "Postgres", "DATABASE_URL": "postgres://x",
 			"REDIS_URL": "redis://y", "IDEM_TABLE": "t", "IDEM_REDIS_PREFIX": "p:", "ACCOUNTS_TABLE_PREFIX": "t_",
 			"IDEM_REPLAY_HEADER": "Idempotency-Replayed"},
-			want: Env{Addr: "127.0.0.1:0", Store: "tiered", Lease: 2 * time.Second, Retention: time.Hour, CeleriantAddr: "127.0.0.1:10000",
+			want: Env{Addr: "127.0.0.1:0", Store: "tiered", Lease: 2 * time.Second, Retention: time.Hour, Wait: DefaultWait, CeleriantAddr: "127.0.0.1:10000",
 				Projection: "postgres", DatabaseURL: "postgres://x", RedisURL: "redis://y", IdemTable: "t", RedisPrefix: "p:",
 				TablePrefix: "t_", ReplayHeader: "Idempotency-Replayed"}},
 		{name: "sim delay", env: map[string]string{"CELERIANT_SIM_DELAY": "1s"}, want: with(func(e *Env) { e.SimDelay = time.Second })},
@@ -43,6 +43,9 @@ func TestLoad(t *testing.T) {
 		{name: "postgres projection without a database", env: map[string]string{"PROJECTION": "postgres"}, wantErr: "PROJECTION=postgres needs DATABASE_URL"},
 		{name: "sim delay with a real Celeriant", env: map[string]string{"CELERIANT_SIM_DELAY": "1s", "CELERIANT_ADDR": "x:1"}, wantErr: "CELERIANT_SIM_DELAY"},
 		{name: "negative sim delay", env: map[string]string{"CELERIANT_SIM_DELAY": "-1s"}, wantErr: "non-negative"},
+		{name: "wait", env: map[string]string{"IDEM_WAIT": "2s"}, want: with(func(e *Env) { e.Wait = 2 * time.Second })},
+		{name: "no wait", env: map[string]string{"IDEM_WAIT": "0"}, want: with(func(e *Env) { e.Wait = 0 })},
+		{name: "negative wait", env: map[string]string{"IDEM_WAIT": "-1s"}, wantErr: "IDEM_WAIT"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			got, err := Load(func(k string) string { return tc.env[k] })

@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/google/uuid"
 
@@ -34,9 +35,10 @@ type step struct {
 func Run(t *testing.T, wire accountsapp.Wire) {
 	for name, env := range Backends(t) {
 		t.Run(name, func(t *testing.T) {
+			env["IDEM_WAIT"] = waitBound.String()
 			s := Start(t, wire, env)
 			t.Run("table", func(t *testing.T) { runTable(t, s) })
-			t.Run("in flight is 409", func(t *testing.T) { inFlight(t, s) })
+			t.Run("in flight: the retry waits, 409 past the bound", func(t *testing.T) { inFlight(t, s) })
 			t.Run("celeriant busy is 503, released, rerun", func(t *testing.T) { busy(t, s) })
 			t.Run("probes and metrics", func(t *testing.T) { probes(t, s) })
 		})
@@ -168,8 +170,14 @@ func runTable(t *testing.T, s *Server) {
 	}
 }
 
-// inFlight holds a deposit inside Celeriant and sends its retry: 409 with
-// Retry-After; once the original completes, the retry is a replay.
+// waitBound is the servers' IDEM_WAIT: how long a retry racing the original
+// waits for its answer.
+const waitBound = time.Second
+
+// inFlight holds a deposit inside Celeriant and sends its retry: it waits for
+// the original up to IDEM_WAIT, then gets 409 with Retry-After. A retry sent as
+// the original completes ends with the original's answer (a replay), and so
+// does one after it.
 func inFlight(t *testing.T, s *Server) {
 	acct := uuid.New()
 	path := s.URL + "/api/accounts/" + acct.String() + "/deposit"
@@ -177,13 +185,23 @@ func inFlight(t *testing.T, s *Server) {
 	first := make(chan Response, 1)
 	go func() { first <- Do(t, "POST", path, "slow", "", `{"amountCents":7}`) }()
 	<-hold.Prepared()
+	t0 := time.Now()
 	r := Do(t, "POST", path, "slow", "", `{"amountCents":7}`)
 	if code, _ := problemCode(t, r); r.Status != http.StatusConflict || code != "request_in_flight" || r.Header.Get("Retry-After") == "" {
 		t.Errorf("retry during the original: %d %v %s", r.Status, r.Header, r.Body)
 	}
+	if d := time.Since(t0); d < waitBound {
+		t.Errorf("409 after %v, before the wait bound %v", d, waitBound)
+	}
+	racing := make(chan Response, 1)
+	go func() { racing <- Do(t, "POST", path, "slow", "", `{"amountCents":7}`) }()
 	hold.Commit()
-	if r := <-first; r.Status != 200 || strings.TrimSpace(r.Body) != `{"balanceCents":7,"aggregateVersion":1}` {
+	const want = `{"balanceCents":7,"aggregateVersion":1}`
+	if r := <-first; r.Status != 200 || strings.TrimSpace(r.Body) != want {
 		t.Errorf("original: %d %s", r.Status, r.Body)
+	}
+	if r := <-racing; r.Status != 200 || r.Header.Get("Idempotent-Replayed") != "true" || strings.TrimSpace(r.Body) != want {
+		t.Errorf("retry racing the original: %d %v %s, want the original's answer replayed", r.Status, r.Header, r.Body)
 	}
 	if r := Do(t, "POST", path, "slow", "", `{"amountCents":7}`); r.Status != 200 || r.Header.Get("Idempotent-Replayed") != "true" {
 		t.Errorf("retry after: %d %v", r.Status, r.Header)
