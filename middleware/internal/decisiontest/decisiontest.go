@@ -66,7 +66,18 @@ type App struct {
 // flakyStore fails every Claim while down is set.
 type flakyStore struct {
 	store.Store
-	down atomic.Bool
+	down    atomic.Bool
+	waiting chan struct{} // a Wait started (buffered)
+}
+
+// Wait forwards to the memory store's notification (middleware.WithWaitInFlight)
+// and tells waiting of each call.
+func (f *flakyStore) Wait(ctx context.Context, id store.ID) error {
+	select {
+	case f.waiting <- struct{}{}:
+	default:
+	}
+	return f.Store.(store.Waiter).Wait(ctx, id)
 }
 
 func (f *flakyStore) Claim(ctx context.Context, req store.ClaimRequest) (store.ClaimResult, error) {
@@ -257,6 +268,30 @@ var rows = []row{
 			t.Errorf("handler ran %d times", n)
 		}
 	}},
+	{name: "same key while running, waiting on: the retry gets the original's answer", opts: []middleware.Option{middleware.WithWaitInFlight(guard)}, run: func(t *testing.T, hs *harness) {
+		slow := req{method: "POST", path: "/api/slow", key: "w", body: "x"}
+		done := make(chan *httptest.ResponseRecorder, 1)
+		go func() { done <- hs.do(slow) }()
+		release := hs.enter(t)
+		retry := make(chan *httptest.ResponseRecorder, 1)
+		go func() { retry <- hs.do(slow) }()
+		select {
+		case <-hs.a.st.waiting: // the retry waits for the original
+		case <-time.After(guard):
+			t.Fatal("the retry did not wait")
+		}
+		close(release)
+		first, w := <-done, <-retry
+		if first.Code != 200 || first.Body.String() != "slow run 1" {
+			t.Errorf("original: %d %s", first.Code, first.Body)
+		}
+		if w.Code != 200 || w.Body.String() != "slow run 1" || w.Header().Get("Idempotent-Replayed") != "true" {
+			t.Errorf("retry racing the original: %d %v %q, want its answer replayed", w.Code, w.Header(), w.Body)
+		}
+		if n := hs.a.Runs("slow"); n != 1 {
+			t.Errorf("handler ran %d times", n)
+		}
+	}},
 	{name: "same key, other body is 422", run: func(t *testing.T, hs *harness) {
 		hs.do(pay)
 		other := pay
@@ -407,7 +442,7 @@ var rows = []row{
 func New(t *testing.T, opts ...middleware.Option) (*middleware.Middleware, *App) {
 	t.Helper()
 	a := &App{clock: testclock.New(time.Unix(1_700_000_000, 0)), entered: make(chan chan struct{})}
-	a.st = &flakyStore{Store: memory.New(memory.WithClock(a.clock.Now))}
+	a.st = &flakyStore{Store: memory.New(memory.WithClock(a.clock.Now)), waiting: make(chan struct{}, 1)}
 	m, err := middleware.New(a.st, middleware.ScopeFromHeader("X-Client-ID", "anonymous"), append([]middleware.Option{
 		middleware.WithMaxRequestBody(MaxRequestBody), middleware.WithMaxStoredBody(MaxStoredBody),
 		middleware.WithLogger(slog.New(slog.DiscardHandler))}, opts...)...)
