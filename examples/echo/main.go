@@ -125,7 +125,9 @@ func newStore(ctx context.Context, env setup.Env, conns *setup.Conns, logger *sl
 	if env.Store == "postgres" {
 		return pg, stats, nil
 	}
-	ts, err := tiered.New(redis.New(conns.Redis, redis.WithPrefix(env.RedisPrefix)), pg, tiered.WithLogger(logger))
+	fast := redis.New(conns.Redis, redis.WithPrefix(env.RedisPrefix), redis.WithLogger(logger))
+	conns.OnClose(fast.StopSubscriber)
+	ts, err := tiered.New(fast, pg, tiered.WithLogger(logger))
 	if err != nil {
 		return nil, nil, fmt.Errorf("tiered store: %w", err)
 	}

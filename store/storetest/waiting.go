@@ -164,11 +164,9 @@ func testWaitReplay(t *testing.T, e *waitEnv) {
 	if n := e.calls.Load(); n != 1 {
 		t.Fatalf("handler ran %d times", n)
 	}
-	// One claim per wake-up. One wait suffices; a store whose notification can
-	// precede the state its claims read (tiered: Postgres notifies before Redis
-	// holds the completion) may need a second.
-	if c, w := e.st.claims.Load(), e.st.waits.Load(); c != 2+w || w < 1 || w > 2 {
-		t.Errorf("store calls: %d claims, %d waits; want 1 or 2 waits and one claim after each", c, w)
+	// One wait, one claim after it.
+	if c, w := e.st.claims.Load(), e.st.waits.Load(); c != 3 || w != 1 {
+		t.Errorf("store calls: %d claims, %d waits; want 3 and 1", c, w)
 	}
 	t.Logf("store calls of the waiting duplicate: %d claims + %d wait", e.st.claims.Load()-1, e.st.waits.Load())
 }

@@ -440,11 +440,15 @@ func (s *Store) Renew(ctx context.Context, id store.ID, token store.Token, lease
 }
 
 // Wait implements store.Waiter with the backstop's notification (store/postgres:
-// LISTEN/NOTIFY), the store that decides claims; Redis is not asked. A waiter
-// woken by the backstop's completion may still find the Redis marker of the
-// claim (Complete reaches Redis after the backstop) and wait once more, which
-// the backstop answers at once. A backstop without store.Waiter gives an error
-// wrapping errors.ErrUnsupported (the middleware then polls).
+// LISTEN/NOTIFY), the store that decides claims, and then, when the cache
+// implements store.Waiter too (store/redis), the cache's: Complete reaches Redis
+// after the backstop, so a waiter woken by the backstop alone could still meet the
+// Redis marker and answer InFlight. The cache's wait returns at once when Redis
+// holds no live marker (completed, released, expired, or Redis skipped after an
+// error), and ends with the marker's completion or release otherwise; a cache
+// error only ends it early (the caller claims again). A backstop without
+// store.Waiter gives an error wrapping errors.ErrUnsupported (the middleware then
+// polls).
 func (s *Store) Wait(ctx context.Context, id store.ID) error {
 	w, ok := s.backstop.(store.Waiter)
 	if !ok {
@@ -452,6 +456,14 @@ func (s *Store) Wait(ctx context.Context, id store.ID) error {
 	}
 	if err := w.Wait(ctx, id); err != nil {
 		return fmt.Errorf("idemkey/store/tiered: backstop wait: %w", err)
+	}
+	if until := s.downUntil.Load(); until != 0 && int64(time.Since(s.start)) < until {
+		return nil // the fast path is cooling down: claims skip Redis too
+	}
+	if fw, ok := s.fast.(store.Waiter); ok {
+		if err := fw.Wait(ctx, id); err != nil && ctx.Err() != nil {
+			return ctx.Err()
+		}
 	}
 	return nil
 }

@@ -23,6 +23,7 @@ func TestConformancePostgres(t *testing.T) {
 	pool := pgPool(t)
 	storetest.Run(t, func(t *testing.T) storetest.Subject {
 		fast := redis.New(c, redis.WithPrefix(redistest.Prefix(t, c)))
+		t.Cleanup(fast.StopSubscriber)
 		return storetest.Subject{Store: mustTiered(t, fast, postgresBackstop(t, pool), tiered.WithTimeout(testTimeout))}
 	})
 }
@@ -33,6 +34,7 @@ func TestConformanceMemory(t *testing.T) {
 	c := redistest.Shared(t)
 	storetest.Run(t, func(t *testing.T) storetest.Subject {
 		fast := redis.New(c, redis.WithPrefix(redistest.Prefix(t, c)))
+		t.Cleanup(fast.StopSubscriber)
 		return storetest.Subject{Store: mustTiered(t, fast, memory.New(), tiered.WithTimeout(testTimeout))}
 	})
 }
@@ -192,11 +194,12 @@ func TestWaiting(t *testing.T) {
 	c := redistest.Shared(t)
 	pool := pgPool(t)
 	storetest.RunWaiting(t, func(t *testing.T) storetest.WaitSubject {
-		fast := redis.New(c, redis.WithPrefix(redistest.Prefix(t, c)))
+		fast := redis.New(c, redis.WithPrefix(redistest.Prefix(t, c)), redis.WithSubscriberIdle(0))
+		t.Cleanup(fast.StopSubscriber)
 		pg := postgresBackstop(t, pool, postgres.WithListenerIdle(0))
 		t.Cleanup(pg.StopListener)
-		return storetest.WaitSubject{Store: tiered.New(fast, pg, tiered.WithTimeout(testTimeout)),
-			Waiting: func() int { return int(pg.Stats().Waiters) }}
+		return storetest.WaitSubject{Store: mustTiered(t, fast, pg, tiered.WithTimeout(testTimeout)),
+			Waiting: func() int { n, _ := fast.WaitStats(); return n + int(pg.Stats().Waiters) }}
 	})
 }
 
@@ -204,5 +207,7 @@ func BenchmarkWaiting(b *testing.B) {
 	c := redistest.Shared(b)
 	pg := postgresBackstop(b, pgPool(b))
 	b.Cleanup(pg.StopListener)
-	storetest.BenchWaiting(b, tiered.New(redis.New(c, redis.WithPrefix(redistest.Prefix(b, c))), pg, tiered.WithTimeout(testTimeout)))
+	fast := redis.New(c, redis.WithPrefix(redistest.Prefix(b, c)))
+	b.Cleanup(fast.StopSubscriber)
+	storetest.BenchWaiting(b, mustTiered(t, fast, pg, tiered.WithTimeout(testTimeout)))
 }
