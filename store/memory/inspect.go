@@ -46,6 +46,7 @@ func (s *Store) Evict(ctx context.Context, id store.ID, policy store.EvictPolicy
 	}
 	delete(sh.records, id)
 	sh.remove(e.index)
+	e.end()
 	return found, true, nil
 }
 

@@ -38,7 +38,7 @@ FROM (SELECT 1) AS one LEFT JOIN %[1]s ON scope = $1 AND key = $2 AND expires_at
     FOR UPDATE
 ), gone AS (
     DELETE FROM %[1]s WHERE scope = $1 AND key = $2 AND (SELECT allowed FROM found)
-    RETURNING 1
+    RETURNING CASE WHEN waiters THEN pg_notify('%[2]s', encode(sha256(int4send(length(scope)) || scope || key), 'hex')) END
 )
 SELECT now(), EXISTS (SELECT FROM gone), f.fingerprint, f.status, f.created_at, f.completed_at, f.expires_at,
        f.lease_until, f.octet_length, f.body_omitted
@@ -71,7 +71,7 @@ func (s *Store) Evict(ctx context.Context, id store.ID, policy store.EvictPolicy
 	if err := checkID(id); err != nil {
 		return store.Info{}, false, err
 	}
-	return s.scanInfo(ctx, "evict", fmt.Sprintf(evictSQL, s.qualified), bytesOf(id.Scope), bytesOf(id.Key),
+	return s.scanInfo(ctx, "evict", fmt.Sprintf(evictSQL, s.qualified, s.channel), bytesOf(id.Scope), bytesOf(id.Key),
 		policy&store.EvictCompleted != 0, policy&store.EvictLeaseExpired != 0, policy&store.EvictLive != 0)
 }
 

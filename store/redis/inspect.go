@@ -44,7 +44,8 @@ return info
 `)
 
 // evictScript: ARGV "1" or "" for each of: a completed record, an in-flight one
-// whose lease expired, one whose lease is live. Deletes the key if the flag for
+// whose lease expired, one whose lease is live; then the waiters' channel (a
+// record a duplicate waits for is published, as by Release). Deletes the key if the flag for
 // the record's state is set; replies as inspectPrelude, with code 2 instead of 1
 // when it deleted.
 var evictScript = goredis.NewScript(inspectPrelude + `
@@ -53,7 +54,9 @@ if r[2] == 'c' then allowed = ARGV[1]
 elseif le <= now then allowed = ARGV[2]
 else allowed = ARGV[3] end
 if allowed == '1' then
+  local waited = redis.call('HGET', k, 'w')
   redis.call('DEL', k)
+  if waited then redis.call('PUBLISH', ARGV[4], k) end
   info[1] = 2
 end
 return info
@@ -90,7 +93,7 @@ func (s *Store) Evict(ctx context.Context, id store.ID, policy store.EvictPolicy
 		}
 		return ""
 	}
-	v, err := s.eval(ctx, "evict", evictScript, id, flag(store.EvictCompleted), flag(store.EvictLeaseExpired), flag(store.EvictLive))
+	v, err := s.eval(ctx, "evict", evictScript, id, flag(store.EvictCompleted), flag(store.EvictLeaseExpired), flag(store.EvictLive), s.channel)
 	if err != nil {
 		return store.Info{}, false, err
 	}

@@ -77,11 +77,16 @@ func testWaitBlocksInFlight(t *testing.T, s *suite) {
 }
 
 // testWaitWakes: every waiter of a key is woken (nil) when the holder completes
-// or releases the claim, long before its own deadline.
+// or releases the claim, or an operator evicts it (store.Inspector), long before
+// its own deadline.
 func testWaitWakes(t *testing.T, s *suite) {
 	w := s.waiter(t)
-	for _, end := range []string{"complete", "release"} {
+	for _, end := range []string{"complete", "release", "evict"} {
 		t.Run(end, func(t *testing.T) {
+			ins, canEvict := s.Store.(store.Inspector)
+			if end == "evict" && !canEvict {
+				t.Skip("the store does not implement store.Inspector")
+			}
 			id := newID(t)
 			tok := s.mustClaim(t, longReq(id, fpA))
 			const n = 8
@@ -102,10 +107,17 @@ func testWaitWakes(t *testing.T, s *suite) {
 			// exercised (a Wait that registers after the end returns nil too).
 			time.Sleep(50 * time.Millisecond)
 			t0 := time.Now()
-			if end == "complete" {
+			switch end {
+			case "complete":
 				s.complete(t, id, tok, sampleResponse())
-			} else if err := s.Store.Release(s.ctx, id, tok); err != nil {
-				t.Fatalf("Release: %v", err)
+			case "release":
+				if err := s.Store.Release(s.ctx, id, tok); err != nil {
+					t.Fatalf("Release: %v", err)
+				}
+			case "evict":
+				if _, evicted, err := ins.Evict(s.ctx, id, store.EvictAny); err != nil || !evicted {
+					t.Fatalf("Evict: %v %v", evicted, err)
+				}
 			}
 			for range n {
 				if err := <-errs; err != nil {
