@@ -324,7 +324,7 @@ func errorf(format string, args ...any) error {
 // store/redis and store/tiered (through its backstop) implement it.
 //
 // Wait blocks until id's claim may have ended: the holder completed or released
-// it. It first registers for the notification and then checks, so an end that
+// it (or an operator evicted it, store.Inspector). It first registers for the notification and then checks, so an end that
 // happens between the caller's Claim and the call is never missed; when id holds
 // no live claim at the check (absent, completed, lease expired) it returns nil at
 // once. A nil return is a hint to claim again, and only that Claim tells the
