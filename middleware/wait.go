@@ -33,12 +33,13 @@ const (
 // The wait is woken by the store's notification when it implements
 // store.Waiter (memory: an in-process channel; postgres: LISTEN/NOTIFY on one
 // connection per store; redis: a PUBLISH from the scripts to one subscription
-// per store; tiered: its backstop's), otherwise by polling with back-off
-// (1 ms doubling to 250 ms). A waiting duplicate makes one Wait call and one more
-// Claim per wake-up: a duplicate that waits for one completion costs three store
-// calls instead of one. Each Claim runs under the store's claim timeout; the wait
-// itself is bounded by d and by the remaining lease (docs/architecture.md
-// section 3).
+// per store; tiered: its backstop's, then its cache's), otherwise by polling
+// with back-off (1 ms doubling to 250 ms). A waiting duplicate makes one Wait
+// call and one more Claim per wake-up: a duplicate that waits for one completion
+// costs three store calls instead of one. Each Claim runs under the claim
+// timeout (WithStoreTimeouts); the wait itself is bounded by d, by the remaining
+// lease and by the request's context (its deadline, its client leaving), not by
+// the store timeouts (docs/architecture.md section 3).
 func WithWaitInFlight(d time.Duration) Option { return func(c *config) { c.wait = d } }
 
 // waitInFlight waits, while res is InFlight and the bound allows, for the claim
@@ -90,8 +91,10 @@ func (m *Middleware) waitInFlight(ctx context.Context, req store.ClaimRequest, r
 			break
 		}
 		t0 := time.Now()
-		callCtx, done := m.storeCall(ctx, StoreClaim, req.ID)
-		res, err = m.store.Claim(callCtx, req)
+		cctx, cancel := m.storeCtx(ctx, m.timeouts.Claim)
+		cctx, done := m.storeCall(cctx, StoreClaim, req.ID)
+		res, err = m.store.Claim(cctx, req)
+		cancel()
 		storeDone(done, err)
 		claimTime += time.Since(t0)
 		last = time.Now()

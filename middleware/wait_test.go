@@ -352,3 +352,59 @@ func TestWaitInFlightUnsupportedPolls(t *testing.T) {
 		}
 	})
 }
+
+// hangingReclaim is a store with I/O (not store.InProcess) whose claims after the
+// first hang until their context ends.
+type hangingReclaim struct {
+	*waitCounter
+}
+
+func (h hangingReclaim) Claim(ctx context.Context, r store.ClaimRequest) (store.ClaimResult, error) {
+	if h.claims.Load() >= 2 { // the original's and the duplicate's first
+		h.claims.Add(1)
+		<-ctx.Done()
+		return store.ClaimResult{}, ctx.Err()
+	}
+	return h.waitCounter.Claim(ctx, r)
+}
+
+func (h hangingReclaim) InProcess() bool { return false }
+
+// TestWaitInFlightReclaimBounded: the claim after a wake-up runs under the claim
+// timeout (WithStoreTimeouts): a store that hangs then answers 503 within it.
+func TestWaitInFlightReclaimBounded(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		st := hangingReclaim{&waitCounter{Store: memory.New()}}
+		gate := make(chan struct{})
+		m, err := New(st, GlobalScope, WithWaitInFlight(time.Minute), WithLogger(discardLogger()),
+			WithStoreTimeouts(StoreTimeouts{Claim: time.Second}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		h := m.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			<-gate
+			w.WriteHeader(201)
+		}))
+		send := func() <-chan *httptest.ResponseRecorder {
+			out := make(chan *httptest.ResponseRecorder, 1)
+			go func() {
+				w := httptest.NewRecorder()
+				h.ServeHTTP(w, req("POST", "/pay", "k", "x"))
+				out <- w
+			}()
+			return out
+		}
+		orig := send()
+		synctest.Wait()
+		dup := send()
+		synctest.Wait() // the duplicate waits
+		close(gate)
+		<-orig
+		t0 := time.Now()
+		wd := <-dup
+		if d := time.Since(t0); d != time.Second {
+			t.Errorf("503 after %v, want the claim timeout 1s", d)
+		}
+		checkProblem(t, wd, http.StatusServiceUnavailable, CodeStoreUnavailable)
+	})
+}

@@ -15,7 +15,10 @@ import (
 // and says ErrUnsupported when the backstop has none.
 func TestWaitUsesBackstop(t *testing.T) {
 	mem := memory.New()
-	s := tiered.New(&fakeCache{}, mem)
+	s, err := tiered.New(&fakeCache{}, mem)
+	if err != nil {
+		t.Fatal(err)
+	}
 	id := store.ID{Key: "k"}
 	res, err := s.Claim(t.Context(), store.ClaimRequest{ID: id, Lease: time.Minute, Retention: time.Hour})
 	if err != nil || res.Outcome != store.Claimed {
@@ -35,7 +38,10 @@ func TestWaitUsesBackstop(t *testing.T) {
 		t.Fatalf("Wait after the completion = %v", err)
 	}
 
-	plain := tiered.New(&fakeCache{}, struct{ store.Store }{mem})
+	plain, err := tiered.New(&fakeCache{}, struct{ store.Store }{mem})
+	if err != nil {
+		t.Fatal(err)
+	}
 	if err := plain.Wait(t.Context(), id); !errors.Is(err, errors.ErrUnsupported) {
 		t.Fatalf("Wait with a backstop that cannot wait = %v, want ErrUnsupported", err)
 	}

@@ -209,5 +209,5 @@ func BenchmarkWaiting(b *testing.B) {
 	b.Cleanup(pg.StopListener)
 	fast := redis.New(c, redis.WithPrefix(redistest.Prefix(b, c)))
 	b.Cleanup(fast.StopSubscriber)
-	storetest.BenchWaiting(b, mustTiered(t, fast, pg, tiered.WithTimeout(testTimeout)))
+	storetest.BenchWaiting(b, mustTiered(b, fast, pg, tiered.WithTimeout(testTimeout)))
 }
