@@ -889,6 +889,31 @@ func TestStoreOutageLoggedOnce(t *testing.T) {
 	}
 }
 
+// A claim that fails because the client went away (its request context
+// cancelled) is no store outage: nothing is logged above debug level, and the
+// next answered claim logs no recovery either.
+func TestClientCancelIsNoOutage(t *testing.T) {
+	logs := &logRecorder{}
+	e := newEnv(t, echoHandler, WithLogger(slog.New(logs)))
+	e.st.claimErr = fmt.Errorf("store: %w", context.Canceled)
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	e.do(req("POST", "/x", "gone", "b").WithContext(ctx))
+	e.st.claimErr = nil
+	e.do(req("POST", "/x", "next", "b"))
+	if n, r := logs.count(slog.LevelInfo); n != 0 {
+		t.Fatalf("%d lines above debug for a client that hung up, last %q", n, r.Message)
+	}
+	// A request whose deadline passed while the store hung is counted.
+	e.st.claimErr = fmt.Errorf("store: %w", context.DeadlineExceeded)
+	ctx, cancel = context.WithDeadline(context.Background(), time.Unix(1, 0))
+	defer cancel()
+	e.do(req("POST", "/x", "late", "b").WithContext(ctx))
+	if n, r := logs.count(slog.LevelError); n != 1 || !strings.Contains(r.Message, "unavailable") {
+		t.Fatalf("%d error lines for a store past the deadline, want 1 (%q)", n, r.Message)
+	}
+}
+
 func TestStoreErrorFailOpen(t *testing.T) {
 	e := newEnv(t, func(w http.ResponseWriter, r *http.Request) {
 		if id, ok := KeyFromContext(r.Context()); !ok || id.Key != "k" {

@@ -2,6 +2,7 @@ package middleware
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"sync"
 	"sync/atomic"
@@ -26,8 +27,14 @@ type outage struct {
 }
 
 // storeFailed records a store failure of a request and logs the outage's start, or a
-// summary once per outageSummaryEvery; failOpen says what the requests got.
+// summary once per outageSummaryEvery; failOpen says what the requests got. A
+// claim that failed because the request's context was cancelled (the client went
+// away) says nothing about the store and is not counted. A deadline is counted:
+// a store that hangs past every request's deadline is down.
 func (m *Middleware) storeFailed(ctx context.Context, err error) {
+	if errors.Is(ctx.Err(), context.Canceled) {
+		return
+	}
 	o := &m.outage
 	now := m.clockNow()
 	o.mu.Lock()
