@@ -880,12 +880,39 @@ func TestStoreOutageLoggedOnce(t *testing.T) {
 			t.Fatalf("fail open %v: after a minute %d lines, last %q failed_requests=%s; want a summary of 101", failOpen, n, r.Message, attr(r, "failed_requests"))
 		}
 		e.st.claimErr = nil
+		e.clk.advance(outageQuiet)
 		e.do(req("POST", "/x", "back", "b"))
 		e.do(req("POST", "/x", "back-2", "b"))
 		n, r := logs.count(slog.LevelWarn)
 		if n != 3 || !strings.Contains(r.Message, "available again") || attr(r, "failed_requests") != "101" {
 			t.Fatalf("fail open %v: recovery: %d lines, last %q failed_requests=%s", failOpen, n, r.Message, attr(r, "failed_requests"))
 		}
+	}
+}
+
+// A store that fails every other claim is one outage: its start is logged
+// once, and its end only after the store has answered for outageQuiet without
+// a failure.
+func TestFlappingStoreIsOneOutage(t *testing.T) {
+	logs := &logRecorder{}
+	e := newEnv(t, echoHandler, WithLogger(slog.New(logs)))
+	for i := range 100 {
+		e.st.claimErr = nil
+		if i%2 == 0 {
+			e.st.claimErr = errors.New("connection reset")
+		}
+		e.do(req("POST", "/x", fmt.Sprint("k", i), "b"))
+		e.clk.advance(10 * time.Millisecond)
+	}
+	if n, r := logs.count(slog.LevelWarn); n != 1 || !strings.Contains(r.Message, "unavailable") {
+		t.Fatalf("%d lines at warn or above for 50 failures among 100 claims, want the start only (last %q)", n, r.Message)
+	}
+	e.clk.advance(outageQuiet)
+	e.st.claimErr = nil
+	e.do(req("POST", "/x", "back", "b"))
+	n, r := logs.count(slog.LevelWarn)
+	if n != 2 || !strings.Contains(r.Message, "available again") || attr(r, "failed_requests") != "50" {
+		t.Fatalf("after a quiet period: %d lines, last %q failed_requests=%s; want the end with 50", n, r.Message, attr(r, "failed_requests"))
 	}
 }
 
