@@ -259,8 +259,9 @@ func (in *Inbox) Record(ctx context.Context, q postgres.Querier, consumer, messa
 // It returns Applied once committed, AlreadyProcessed (fn not called, nothing
 // committed) for a duplicate, and for any error (fn's, unchanged and wrapped
 // by nothing else, or the driver's, wrapped) nothing is committed: nack the
-// message. A nil fn wraps store.ErrInvalid. A failed commit may still have committed; the redelivery then finds
-// the message processed.
+// message. A nil fn wraps store.ErrInvalid. A failed commit may still have
+// committed; the redelivery then finds the message processed. A panicking fn
+// rolls the transaction back, then the panic goes on.
 func (in *Inbox) Process(ctx context.Context, consumer, messageID string, fn func(ctx context.Context, tx pgx.Tx) error) (outcome Outcome, err error) {
 	if err := checkID(consumer, messageID); err != nil {
 		return 0, err
@@ -272,8 +273,12 @@ func (in *Inbox) Process(ctx context.Context, consumer, messageID string, fn fun
 	if err != nil {
 		return 0, fmt.Errorf("idemkey/inbox: begin: %w", err)
 	}
+	committed := false
 	defer func() {
-		if err != nil || outcome == AlreadyProcessed {
+		// Every way out but a commit rolls back, a panicking fn included: an open
+		// transaction would keep its pool connection and the inbox row's lock,
+		// and the redelivery would wait on that lock forever.
+		if !committed {
 			_ = tx.Rollback(context.WithoutCancel(ctx))
 		}
 	}()
@@ -283,6 +288,7 @@ func (in *Inbox) Process(ctx context.Context, consumer, messageID string, fn fun
 	if err = fn(ctx, tx); err != nil {
 		return 0, err
 	}
+	committed = true // a failed Commit has ended the transaction too
 	if err = tx.Commit(ctx); err != nil {
 		return 0, fmt.Errorf("idemkey/inbox: commit: %w", err)
 	}

@@ -235,6 +235,51 @@ func TestProcess(t *testing.T) {
 	}
 }
 
+// A handler that panics leaves no transaction open: its connection goes back to
+// the pool and the redelivery, which would otherwise wait on the first
+// delivery's row lock forever, applies the message.
+func TestProcessPanicRollsBack(t *testing.T) {
+	p := pool(t)
+	_, schema := newInbox(t, p)
+	// A pool of its own, so that a transaction left open fails this test
+	// instead of hanging the shared pool's Close: it is closed only when every
+	// connection came back, and the leaked one is terminated otherwise.
+	own, err := pgxpool.New(t.Context(), os.Getenv("DATABASE_URL"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	in, err := inbox.New(own, inbox.WithSchema(schema))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if own.Stat().AcquiredConns() == 0 {
+			own.Close()
+			return
+		}
+		p.Exec(context.Background(), `SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+			WHERE state LIKE 'idle in transaction%' AND query LIKE '%' || $1 || '%'`, schema)
+	})
+	func() {
+		defer func() {
+			if r := recover(); r != "boom" {
+				t.Fatalf("recovered %v, want the handler's panic", r)
+			}
+		}()
+		in.Process(t.Context(), "applier", "m1", func(context.Context, pgx.Tx) error { panic("boom") })
+	}()
+	if n := own.Stat().AcquiredConns(); n != 0 {
+		t.Fatalf("%d connections still acquired after the panic, want 0", n)
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+	called := false
+	o, err := in.Process(ctx, "applier", "m1", func(context.Context, pgx.Tx) error { called = true; return nil })
+	if err != nil || o != inbox.Applied || !called {
+		t.Fatalf("redelivery after a panic = %v, %v (handler called %v); want applied", o, err, called)
+	}
+}
+
 func TestInsertRecognisesOnlyItsConstraint(t *testing.T) {
 	p := pool(t)
 	in, schema := newInbox(t, p)
