@@ -179,9 +179,9 @@ func (c *keyCtx) Value(k any) any {
 //
 // An *http.ServeMux passed directly to Handler needs no wrapping for its 404 and
 // 405: the middleware reads the Pattern the mux sets on the request, empty when
-// no pattern matched (Go 1.22 and later; not under GODEBUG=httpmuxgo121=1). Its
-// redirect to a canonical path ("/dir" to "/dir/") names a pattern, so it is
-// stored like a route's answer. Any other router, or a ServeMux behind other
+// no pattern matched (Go 1.22 and later; not under GODEBUG=httpmuxgo121=1), and
+// its redirect to the canonical path ("/dir" to "/dir/", "/a//b" to "/a/b") is
+// recognised by its Location. Any other router, or a ServeMux behind other
 // middleware, cannot be told apart from a handler: wrap its not-found and
 // method-not-allowed handlers with Unrouted, e.g. for chi
 // r.NotFound(middleware.Unrouted(http.NotFoundHandler()).ServeHTTP). Without the
@@ -197,16 +197,17 @@ func Unrouted(h http.Handler) http.Handler {
 
 // unrouted reports whether the response to r (the request the handler got) came
 // from the router rather than an application route: marked by Unrouted, or
-// answered by a ServeMux (next itself) that matched no pattern.
-func (m *Middleware) unrouted(next http.Handler, r *http.Request) bool {
+// answered by a ServeMux (next itself) that matched no pattern or redirected to
+// the canonical path (see muxRedirect).
+func (m *Middleware) unrouted(next http.Handler, r *http.Request, c *call) bool {
 	if !m.releaseUnrouted {
 		return false
 	}
-	if c, ok := r.Context().(*keyCtx); ok && c.unrouted.Load() {
+	if k, ok := r.Context().(*keyCtx); ok && k.unrouted.Load() {
 		return true
 	}
 	_, mux := next.(*http.ServeMux)
-	return mux && r.Pattern == ""
+	return mux && (r.Pattern == "" || muxRedirect(r, c.status, c.Header()))
 }
 
 // KeyFromContext returns the scope and idempotency key of the request whose
@@ -590,7 +591,7 @@ func (m *Middleware) execute(c *call, w http.ResponseWriter, r *http.Request, ne
 		}
 		c.unhold()
 	case c.released || c.hijacked || c.status == http.StatusSwitchingProtocols || m.release(c.status) ||
-		c.incomplete(r.Context(), wroteNothing) || m.unrouted(next, r):
+		c.incomplete(r.Context(), wroteNothing) || m.unrouted(next, r, c):
 		if c.hijacked {
 			ev.Status = 0
 		}

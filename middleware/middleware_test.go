@@ -1279,6 +1279,9 @@ func TestUnroutedReleases(t *testing.T) {
 			http.Error(w, "no such item", http.StatusNotFound) // the application's answer
 		})
 		mux.HandleFunc("POST /dir/", echoHandler)
+		mux.HandleFunc("POST /dir/moved", func(w http.ResponseWriter, r *http.Request) {
+			http.Redirect(w, r, "/dir/new", http.StatusTemporaryRedirect) // the application's answer
+		})
 		return mux
 	}
 	// A router that is not a ServeMux marks its own answers with Unrouted.
@@ -1305,9 +1308,11 @@ func TestUnroutedReleases(t *testing.T) {
 	}{
 		{"mux 405", newMux(), nil, req("PATCH", "/echo", "k", "x"), http.StatusMethodNotAllowed, true},
 		{"mux 404", newMux(), nil, req("POST", "/ech", "k", "x"), http.StatusNotFound, true},
-		// The mux names the pattern it redirects to, so its redirect to the
-		// canonical path cannot be told from a route's answer: stored.
-		{"mux redirect", newMux(), nil, req("POST", "/dir", "k", "x"), http.StatusMultipleChoices /* any 3xx */, false},
+		// The mux's redirect to the canonical path: the client that follows it
+		// sends the same key to another route (a 422 if the redirect were stored).
+		{"mux redirect to the subtree", newMux(), nil, req("POST", "/dir", "k", "x"), http.StatusMultipleChoices /* any 3xx */, true},
+		{"mux redirect to the cleaned path", newMux(), nil, req("POST", "/dir//a?q=1", "k", "x"), http.StatusMultipleChoices, true},
+		{"mux: handler's own redirect elsewhere", newMux(), nil, req("POST", "/dir/moved", "k", "x"), http.StatusMultipleChoices, false},
 		{"mux: handler's own 404", newMux(), nil, req("POST", "/items/1", "k", "x"), http.StatusNotFound, false},
 		{"mux 405, release off", newMux(), []Option{WithReleaseUnrouted(false)}, req("PATCH", "/echo", "k", "x"), http.StatusMethodNotAllowed, false},
 		{"custom router, Unrouted 404", custom(), nil, req("POST", "/ech", "k", "x"), http.StatusNotFound, true},
