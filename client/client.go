@@ -39,6 +39,8 @@ import (
 	"net/textproto"
 	"strconv"
 	"time"
+
+	"github.com/idemkey/idemkey/internal/httpfield"
 )
 
 // Defaults of the options.
@@ -125,8 +127,8 @@ func WithAttemptTimeout(d time.Duration) Option { return func(t *Transport) { t.
 // NewKey). It must return a different key on each call.
 func WithKeyFunc(f func() string) Option { return func(t *Transport) { t.newKey = f } }
 
-// New returns a Transport with the options applied. It fails on an empty key
-// header, no methods, fewer than one attempt, a non-positive base delay, a max
+// New returns a Transport with the options applied. It fails on a key header
+// name that is not a token (empty, with spaces or separators), no methods, fewer than one attempt, a non-positive base delay, a max
 // delay under the base, a negative attempt timeout or a nil base or key func.
 func New(opts ...Option) (*Transport, error) {
 	t := &Transport{
@@ -145,8 +147,9 @@ func New(opts ...Option) (*Transport, error) {
 	switch {
 	case t.base == nil:
 		return nil, errors.New("client: nil base transport")
-	case t.keyHeader == "":
-		return nil, errors.New("client: empty key header name")
+	case !httpfield.ValidName(t.keyHeader):
+		// Every request would fail in the base transport instead.
+		return nil, fmt.Errorf("client: key header name %q is not a token (RFC 9110 section 5.1)", t.keyHeader)
 	case len(t.methods) == 0:
 		return nil, errors.New("client: no methods to protect")
 	case t.maxAttempts < 1:

@@ -287,6 +287,8 @@ func TestNewRefusesMisconfiguration(t *testing.T) {
 	}{
 		{"nil base", WithBase(nil)},
 		{"empty key header", WithKeyHeader("")},
+		// The base transport would refuse every request with this header.
+		{"key header with a space", WithKeyHeader("Idempotency Key")},
 		{"no methods", WithMethods()},
 		{"zero attempts", WithMaxAttempts(0)},
 		{"zero base delay", WithBackoff(0, time.Second)},

@@ -109,6 +109,7 @@ import (
 	"time"
 
 	"github.com/idemkey/idemkey/fingerprint"
+	"github.com/idemkey/idemkey/internal/httpfield"
 	"github.com/idemkey/idemkey/store"
 )
 
@@ -275,8 +276,10 @@ func New(s store.Store, scope ScopeFunc, opts ...Option) (*Middleware, error) {
 		return nil, fmt.Errorf("idemkey/middleware: retention %v shorter than the lease %v", m.retention, m.lease)
 	case m.maxRequestBody < 0 || m.maxStoredBody < 0:
 		return nil, errors.New("idemkey/middleware: negative body limit")
-	case m.keyHeader == "" || m.replayedHeader == "" || m.omittedHeader == "":
-		return nil, errors.New("idemkey/middleware: empty header name")
+	case !httpfield.ValidName(m.keyHeader) || !httpfield.ValidName(m.replayedHeader) || !httpfield.ValidName(m.omittedHeader):
+		// A key header no request can carry would answer every client 400.
+		return nil, fmt.Errorf("idemkey/middleware: header names %q, %q, %q: each must be a token (RFC 9110 section 5.1)",
+			m.keyHeader, m.replayedHeader, m.omittedHeader)
 	case m.route == nil || m.release == nil || m.clock == nil:
 		return nil, errors.New("idemkey/middleware: nil route, release policy or clock")
 	case m.timeouts.Claim < 0 || m.timeouts.Complete < 0 || m.timeouts.Release < 0 || m.timeouts.Renew < 0:

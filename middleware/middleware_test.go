@@ -37,6 +37,9 @@ func TestNewRequiresStoreAndScope(t *testing.T) {
 		{"retention below lease", st, GlobalScope, []Option{WithLease(time.Minute), WithRetention(time.Second)}},
 		{"negative body limit", st, GlobalScope, []Option{WithMaxStoredBody(-1)}},
 		{"empty header name", st, GlobalScope, []Option{WithKeyHeader("")}},
+		// No request carries it: every client would get a 400 for a missing key.
+		{"key header with a space", st, GlobalScope, []Option{WithKeyHeader("Idempotency Key")}},
+		{"replayed header with a colon", st, GlobalScope, []Option{WithReplayedHeader("Replayed:")}},
 		{"nil release policy", st, GlobalScope, []Option{WithReleasePolicy(nil)}},
 	}
 	for _, tt := range tests {
