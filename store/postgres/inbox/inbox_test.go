@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemkey/idemkey/store"
+	"github.com/idemkey/idemkey/store/postgres"
 	"github.com/idemkey/idemkey/store/postgres/inbox"
 )
 
@@ -383,6 +384,45 @@ func TestMigrateIdempotentAndConcurrent(t *testing.T) {
 	for _, want := range []string{"CREATE SCHEMA IF NOT EXISTS", `"idemkey_inbox_pkey"`, `"idemkey_inbox_processed_at_idx"`, "ON " + in.Table()} {
 		if !strings.Contains(sql, want) {
 			t.Errorf("MigrationSQL lacks %q:\n%s", want, sql)
+		}
+	}
+}
+
+// The idempotency store and the inbox migrating into the same new schema at
+// once serialise on one lock: neither sees the other's CREATE SCHEMA as a
+// unique violation.
+func TestMigrateBesideTheStore(t *testing.T) {
+	p := pool(t)
+	for round := range 5 {
+		schema := fmt.Sprintf("idemkey_inbox_test_%s_%d", store.NewToken().String()[:8], round)
+		t.Cleanup(func() {
+			p.Exec(context.Background(), "DROP SCHEMA IF EXISTS "+pgx.Identifier{schema}.Sanitize()+" CASCADE")
+		})
+		var wg sync.WaitGroup
+		errs := make(chan error, 6)
+		for i := range 6 {
+			wg.Go(func() {
+				if i%2 == 0 {
+					st, err := postgres.New(p, postgres.WithSchema(schema))
+					if err == nil {
+						err = st.Migrate(t.Context())
+					}
+					errs <- err
+					return
+				}
+				in, err := inbox.New(p, inbox.WithSchema(schema))
+				if err == nil {
+					err = in.Migrate(t.Context())
+				}
+				errs <- err
+			})
+		}
+		wg.Wait()
+		close(errs)
+		for err := range errs {
+			if err != nil {
+				t.Fatalf("round %d: Migrate beside the other: %v", round, err)
+			}
 		}
 	}
 }
