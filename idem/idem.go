@@ -180,8 +180,8 @@ func WithLogger(l *slog.Logger) Option { return func(r *Runner) { r.logger = l }
 func DefaultReleasePolicy(error) bool { return true }
 
 // New returns a Runner over st. A nil store, a lease under MinLease, a
-// non-positive store timeout, a retention shorter than the lease or a nil release policy are
-// errors here, never at call time.
+// non-positive store timeout, a retention shorter than the lease or a nil
+// release policy are errors here, never at call time.
 func New(st store.Store, opts ...Option) (*Runner, error) {
 	r := &Runner{store: st, lease: DefaultLease, retention: DefaultRetention,
 		storeTimeout: DefaultStoreTimeout, release: DefaultReleasePolicy}
