@@ -53,9 +53,11 @@ const (
 	// (Complete, Release): they run on a context detached from the caller's
 	// cancellation, so a caller that gave up still leaves no claim behind.
 	DefaultStoreTimeout = 5 * time.Second
-	// MinLease is the shortest lease New accepts: the stores on a server keep
-	// whole milliseconds, and a shorter lease would renew in a busy loop.
-	MinLease = time.Millisecond
+	// MinLease is the shortest lease New accepts, the middleware's
+	// (middleware.MinLease): the lease is renewed every third of it, and a
+	// shorter one would make renewals spin and other callers take over the key
+	// of a function that still runs.
+	MinLease = 100 * time.Millisecond
 )
 
 // Statuses of the records a Runner writes.
