@@ -38,7 +38,11 @@ import (
 	"net/http"
 	"net/textproto"
 	"strconv"
+	"strings"
 	"time"
+
+	"github.com/idemkey/idemkey/internal/httpfield"
+	"github.com/idemkey/idemkey/store"
 )
 
 // Defaults of the options.
@@ -122,11 +126,13 @@ func WithBackoff(base, max time.Duration) Option {
 func WithAttemptTimeout(d time.Duration) Option { return func(t *Transport) { t.attemptTimeout = d } }
 
 // WithKeyFunc sets how a key is minted for a request without one (default
-// NewKey). It must return a different key on each call.
+// NewKey). It must return a different key on each call, of 1 to
+// store.MaxKeyLen printable ASCII bytes ('"' and '\' are escaped); RoundTrip
+// returns an error, sending nothing, for any other.
 func WithKeyFunc(f func() string) Option { return func(t *Transport) { t.newKey = f } }
 
-// New returns a Transport with the options applied. It fails on an empty key
-// header, no methods, fewer than one attempt, a non-positive base delay, a max
+// New returns a Transport with the options applied. It fails on a key header
+// name that is not a token (empty, with spaces or separators), no methods, fewer than one attempt, a non-positive base delay, a max
 // delay under the base, a negative attempt timeout or a nil base or key func.
 func New(opts ...Option) (*Transport, error) {
 	t := &Transport{
@@ -145,8 +151,9 @@ func New(opts ...Option) (*Transport, error) {
 	switch {
 	case t.base == nil:
 		return nil, errors.New("client: nil base transport")
-	case t.keyHeader == "":
-		return nil, errors.New("client: empty key header name")
+	case !httpfield.ValidName(t.keyHeader):
+		// Every request would fail in the base transport instead.
+		return nil, fmt.Errorf("client: key header name %q is not a token (RFC 9110 section 5.1)", t.keyHeader)
 	case len(t.methods) == 0:
 		return nil, errors.New("client: no methods to protect")
 	case t.maxAttempts < 1:
@@ -182,6 +189,29 @@ func NewKey() string {
 	return string(b[:])
 }
 
+// keyField returns key as the Structured Field string the key header carries
+// ('"' and '\' escaped), or an error, before anything is sent, for a key no
+// server would accept: empty, only spaces, over store.MaxKeyLen bytes, or with a
+// byte outside printable ASCII (RFC 8941 section 3.3.3).
+func keyField(key string) (string, error) {
+	if key == "" || len(key) > store.MaxKeyLen || strings.Trim(key, " ") == "" {
+		return "", fmt.Errorf("client: the key func returned %d bytes, want 1 to %d that are not all spaces", len(key), store.MaxKeyLen)
+	}
+	b := make([]byte, 0, len(key)+2)
+	b = append(b, '"')
+	for i := 0; i < len(key); i++ {
+		switch c := key[i]; {
+		case c < 0x20 || c > 0x7e:
+			return "", fmt.Errorf("client: the key func returned byte %#x at %d, want printable ASCII", c, i)
+		case c == '"' || c == '\\':
+			b = append(b, '\\', c)
+		default:
+			b = append(b, c)
+		}
+	}
+	return string(append(b, '"')), nil
+}
+
 // RoundTrip sends req, with its key and retries as the package doc says. It
 // does not modify req: each attempt is a clone carrying the key.
 func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
@@ -198,7 +228,11 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		header = http.Header{}
 	}
 	if len(header[t.keyHeader]) == 0 {
-		header[t.keyHeader] = []string{`"` + t.newKey() + `"`}
+		v, err := keyField(t.newKey())
+		if err != nil {
+			return nil, err
+		}
+		header[t.keyHeader] = []string{v}
 	}
 	for attempt := 1; ; attempt++ {
 		resp, err := t.try(ctx, req, header, getBody)

@@ -12,6 +12,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/idemkey/idemkey/middleware"
 )
 
 // script is a test server answering each attempt with the next status of its
@@ -287,6 +289,8 @@ func TestNewRefusesMisconfiguration(t *testing.T) {
 	}{
 		{"nil base", WithBase(nil)},
 		{"empty key header", WithKeyHeader("")},
+		// The base transport would refuse every request with this header.
+		{"key header with a space", WithKeyHeader("Idempotency Key")},
 		{"no methods", WithMethods()},
 		{"zero attempts", WithMaxAttempts(0)},
 		{"zero base delay", WithBackoff(0, time.Second)},
@@ -379,3 +383,43 @@ type closeRecorder struct {
 }
 
 func (c *closeRecorder) Close() error { c.closed = true; return nil }
+
+// A key func's key is sent as a Structured Field string the server parses back
+// to the same key ('"' and '\' escaped); a key no server accepts is an error
+// before anything is sent.
+func TestKeyFuncKeys(t *testing.T) {
+	for _, tc := range []struct {
+		key, header string // header "" when refused
+	}{
+		{"order-1", `"order-1"`},
+		{`a"b\c`, `"a\"b\\c"`},
+		{" padded ", `" padded "`},
+		{"", ""},
+		{"   ", ""},
+		{"ключ", ""},
+		{"tab\there", ""},
+		{strings.Repeat("k", 256), ""},
+	} {
+		sent := 0
+		var got string
+		tr, _ := newTransport(t, WithKeyFunc(func() string { return tc.key }), WithBase(roundTripFunc(func(r *http.Request) (*http.Response, error) {
+			sent++
+			got = r.Header.Get(DefaultKeyHeader)
+			return &http.Response{StatusCode: http.StatusCreated, Body: http.NoBody, Request: r}, nil
+		})))
+		resp, err := post(t, tr, "http://example.test/x", strings.NewReader("b"), "")
+		if tc.header == "" {
+			if err == nil || sent != 0 {
+				t.Errorf("key %q: err %v after %d attempts, want an error before any", tc.key, err, sent)
+			}
+			continue
+		}
+		if err != nil {
+			t.Fatalf("key %q: %v", tc.key, err)
+		}
+		resp.Body.Close()
+		if back, perr := middleware.ParseKey(got); got != tc.header || perr != nil || back != tc.key {
+			t.Errorf("key %q: header %s parsed back as %q (%v), want %s", tc.key, got, back, perr, tc.header)
+		}
+	}
+}

@@ -53,6 +53,11 @@ const (
 	// (Complete, Release): they run on a context detached from the caller's
 	// cancellation, so a caller that gave up still leaves no claim behind.
 	DefaultStoreTimeout = 5 * time.Second
+	// MinLease is the shortest lease New accepts, the middleware's
+	// (middleware.MinLease): the lease is renewed every third of it, and a
+	// shorter one would make renewals spin and other callers take over the key
+	// of a function that still runs.
+	MinLease = 100 * time.Millisecond
 )
 
 // Statuses of the records a Runner writes.
@@ -149,8 +154,8 @@ type Runner struct {
 // Option configures a Runner.
 type Option func(*Runner)
 
-// WithLease sets the claim's lease (default DefaultLease). It is renewed every
-// third of it while fn runs.
+// WithLease sets the claim's lease (default DefaultLease; at least MinLease). It
+// is renewed every third of it while fn runs.
 func WithLease(d time.Duration) Option { return func(r *Runner) { r.lease = d } }
 
 // WithRetention sets how long a result is kept and replayed (default
@@ -176,9 +181,9 @@ func WithLogger(l *slog.Logger) Option { return func(r *Runner) { r.logger = l }
 // by the next one.
 func DefaultReleasePolicy(error) bool { return true }
 
-// New returns a Runner over st. A nil store, a non-positive lease or store
-// timeout, a retention shorter than the lease or a nil release policy are
-// errors here, never at call time.
+// New returns a Runner over st. A nil store, a lease under MinLease, a
+// non-positive store timeout, a retention shorter than the lease or a nil
+// release policy are errors here, never at call time.
 func New(st store.Store, opts ...Option) (*Runner, error) {
 	r := &Runner{store: st, lease: DefaultLease, retention: DefaultRetention,
 		storeTimeout: DefaultStoreTimeout, release: DefaultReleasePolicy}
@@ -188,8 +193,8 @@ func New(st store.Store, opts ...Option) (*Runner, error) {
 	switch {
 	case st == nil:
 		return nil, errors.New("idemkey/idem: nil store")
-	case r.lease <= 0:
-		return nil, fmt.Errorf("idemkey/idem: lease %v must be positive", r.lease)
+	case r.lease < MinLease:
+		return nil, fmt.Errorf("idemkey/idem: lease %v is under the minimum of %v", r.lease, MinLease)
 	case r.retention < r.lease:
 		return nil, fmt.Errorf("idemkey/idem: retention %v shorter than the lease %v", r.retention, r.lease)
 	case r.storeTimeout <= 0:

@@ -31,6 +31,9 @@ func TestNewRejectsMisconfiguration(t *testing.T) {
 		{"nil store", nil, nil},
 		{"zero lease", st, []idem.Option{idem.WithLease(0)}},
 		{"negative lease", st, []idem.Option{idem.WithLease(-time.Second)}},
+		// Renewal ticks every third of the lease: 2 ns would make a zero interval.
+		{"lease of 2ns", st, []idem.Option{idem.WithLease(2 * time.Nanosecond)}},
+		{"lease under MinLease", st, []idem.Option{idem.WithLease(idem.MinLease - time.Millisecond)}},
 		{"retention below lease", st, []idem.Option{idem.WithLease(time.Minute), idem.WithRetention(time.Second)}},
 		{"zero store timeout", st, []idem.Option{idem.WithStoreTimeout(0)}},
 		{"nil release policy", st, []idem.Option{idem.WithReleasePolicy(nil)}},

@@ -113,6 +113,7 @@ import (
 	"time"
 
 	"github.com/idemkey/idemkey/fingerprint"
+	"github.com/idemkey/idemkey/internal/httpfield"
 	"github.com/idemkey/idemkey/store"
 )
 
@@ -183,9 +184,9 @@ func (c *keyCtx) Value(k any) any {
 //
 // An *http.ServeMux passed directly to Handler needs no wrapping for its 404 and
 // 405: the middleware reads the Pattern the mux sets on the request, empty when
-// no pattern matched (Go 1.22 and later; not under GODEBUG=httpmuxgo121=1). Its
-// redirect to a canonical path ("/dir" to "/dir/") names a pattern, so it is
-// stored like a route's answer. Any other router, or a ServeMux behind other
+// no pattern matched (Go 1.22 and later; not under GODEBUG=httpmuxgo121=1), and
+// its redirect to the canonical path ("/dir" to "/dir/", "/a//b" to "/a/b") is
+// recognised by its Location. Any other router, or a ServeMux behind other
 // middleware, cannot be told apart from a handler: wrap its not-found and
 // method-not-allowed handlers with Unrouted, e.g. for chi
 // r.NotFound(middleware.Unrouted(http.NotFoundHandler()).ServeHTTP). Without the
@@ -201,16 +202,17 @@ func Unrouted(h http.Handler) http.Handler {
 
 // unrouted reports whether the response to r (the request the handler got) came
 // from the router rather than an application route: marked by Unrouted, or
-// answered by a ServeMux (next itself) that matched no pattern.
-func (m *Middleware) unrouted(next http.Handler, r *http.Request) bool {
+// answered by a ServeMux (next itself) that matched no pattern or redirected to
+// the canonical path (see muxRedirect).
+func (m *Middleware) unrouted(next http.Handler, r *http.Request, c *call) bool {
 	if !m.releaseUnrouted {
 		return false
 	}
-	if c, ok := r.Context().(*keyCtx); ok && c.unrouted.Load() {
+	if k, ok := r.Context().(*keyCtx); ok && k.unrouted.Load() {
 		return true
 	}
 	_, mux := next.(*http.ServeMux)
-	return mux && r.Pattern == ""
+	return mux && (r.Pattern == "" || muxRedirect(r, c.status, c.Header()))
 }
 
 // KeyFromContext returns the scope and idempotency key of the request whose
@@ -278,8 +280,10 @@ func New(s store.Store, scope ScopeFunc, opts ...Option) (*Middleware, error) {
 		return nil, fmt.Errorf("idemkey/middleware: retention %v shorter than the lease %v", m.retention, m.lease)
 	case m.maxRequestBody < 0 || m.maxStoredBody < 0:
 		return nil, errors.New("idemkey/middleware: negative body limit")
-	case m.keyHeader == "" || m.replayedHeader == "" || m.omittedHeader == "":
-		return nil, errors.New("idemkey/middleware: empty header name")
+	case !httpfield.ValidName(m.keyHeader) || !httpfield.ValidName(m.replayedHeader) || !httpfield.ValidName(m.omittedHeader):
+		// A key header no request can carry would answer every client 400.
+		return nil, fmt.Errorf("idemkey/middleware: header names %q, %q, %q: each must be a token (RFC 9110 section 5.1)",
+			m.keyHeader, m.replayedHeader, m.omittedHeader)
 	case m.route == nil || m.release == nil || m.clock == nil:
 		return nil, errors.New("idemkey/middleware: nil route, release policy or clock")
 	case m.timeouts.Claim < 0 || m.timeouts.Complete < 0 || m.timeouts.Release < 0 || m.timeouts.Renew < 0:
@@ -612,7 +616,7 @@ func (m *Middleware) execute(c *call, w http.ResponseWriter, r *http.Request, ne
 		}
 		c.unhold()
 	case c.released || c.hijacked || c.status == http.StatusSwitchingProtocols || m.release(c.status) ||
-		c.incomplete(r.Context(), wroteNothing) || m.unrouted(next, r):
+		c.incomplete(r.Context(), wroteNothing) || m.unrouted(next, r, c):
 		if c.hijacked {
 			ev.Status = 0
 		}

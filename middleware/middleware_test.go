@@ -37,6 +37,9 @@ func TestNewRequiresStoreAndScope(t *testing.T) {
 		{"retention below lease", st, GlobalScope, []Option{WithLease(time.Minute), WithRetention(time.Second)}},
 		{"negative body limit", st, GlobalScope, []Option{WithMaxStoredBody(-1)}},
 		{"empty header name", st, GlobalScope, []Option{WithKeyHeader("")}},
+		// No request carries it: every client would get a 400 for a missing key.
+		{"key header with a space", st, GlobalScope, []Option{WithKeyHeader("Idempotency Key")}},
+		{"replayed header with a colon", st, GlobalScope, []Option{WithReplayedHeader("Replayed:")}},
 		{"nil release policy", st, GlobalScope, []Option{WithReleasePolicy(nil)}},
 	}
 	for _, tt := range tests {
@@ -880,12 +883,64 @@ func TestStoreOutageLoggedOnce(t *testing.T) {
 			t.Fatalf("fail open %v: after a minute %d lines, last %q failed_requests=%s; want a summary of 101", failOpen, n, r.Message, attr(r, "failed_requests"))
 		}
 		e.st.claimErr = nil
+		e.clk.advance(outageQuiet)
 		e.do(req("POST", "/x", "back", "b"))
 		e.do(req("POST", "/x", "back-2", "b"))
 		n, r := logs.count(slog.LevelWarn)
 		if n != 3 || !strings.Contains(r.Message, "available again") || attr(r, "failed_requests") != "101" {
 			t.Fatalf("fail open %v: recovery: %d lines, last %q failed_requests=%s", failOpen, n, r.Message, attr(r, "failed_requests"))
 		}
+	}
+}
+
+// A store that fails every other claim is one outage: its start is logged
+// once, and its end only after the store has answered for outageQuiet without
+// a failure.
+func TestFlappingStoreIsOneOutage(t *testing.T) {
+	logs := &logRecorder{}
+	e := newEnv(t, echoHandler, WithLogger(slog.New(logs)))
+	for i := range 100 {
+		e.st.claimErr = nil
+		if i%2 == 0 {
+			e.st.claimErr = errors.New("connection reset")
+		}
+		e.do(req("POST", "/x", fmt.Sprint("k", i), "b"))
+		e.clk.advance(10 * time.Millisecond)
+	}
+	if n, r := logs.count(slog.LevelWarn); n != 1 || !strings.Contains(r.Message, "unavailable") {
+		t.Fatalf("%d lines at warn or above for 50 failures among 100 claims, want the start only (last %q)", n, r.Message)
+	}
+	e.clk.advance(outageQuiet)
+	e.st.claimErr = nil
+	e.do(req("POST", "/x", "back", "b"))
+	n, r := logs.count(slog.LevelWarn)
+	if n != 2 || !strings.Contains(r.Message, "available again") || attr(r, "failed_requests") != "50" {
+		t.Fatalf("after a quiet period: %d lines, last %q failed_requests=%s; want the end with 50", n, r.Message, attr(r, "failed_requests"))
+	}
+}
+
+// A claim that fails because the client went away (its request context
+// cancelled) is no store outage: nothing is logged above debug level, and the
+// next answered claim logs no recovery either.
+func TestClientCancelIsNoOutage(t *testing.T) {
+	logs := &logRecorder{}
+	e := newEnv(t, echoHandler, WithLogger(slog.New(logs)))
+	e.st.claimErr = fmt.Errorf("store: %w", context.Canceled)
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	e.do(req("POST", "/x", "gone", "b").WithContext(ctx))
+	e.st.claimErr = nil
+	e.do(req("POST", "/x", "next", "b"))
+	if n, r := logs.count(slog.LevelInfo); n != 0 {
+		t.Fatalf("%d lines above debug for a client that hung up, last %q", n, r.Message)
+	}
+	// A request whose deadline passed while the store hung is counted.
+	e.st.claimErr = fmt.Errorf("store: %w", context.DeadlineExceeded)
+	ctx, cancel = context.WithDeadline(context.Background(), time.Unix(1, 0))
+	defer cancel()
+	e.do(req("POST", "/x", "late", "b").WithContext(ctx))
+	if n, r := logs.count(slog.LevelError); n != 1 || !strings.Contains(r.Message, "unavailable") {
+		t.Fatalf("%d error lines for a store past the deadline, want 1 (%q)", n, r.Message)
 	}
 }
 
@@ -1227,6 +1282,9 @@ func TestUnroutedReleases(t *testing.T) {
 			http.Error(w, "no such item", http.StatusNotFound) // the application's answer
 		})
 		mux.HandleFunc("POST /dir/", echoHandler)
+		mux.HandleFunc("POST /dir/moved", func(w http.ResponseWriter, r *http.Request) {
+			http.Redirect(w, r, "/dir/new", http.StatusTemporaryRedirect) // the application's answer
+		})
 		return mux
 	}
 	// A router that is not a ServeMux marks its own answers with Unrouted.
@@ -1253,9 +1311,11 @@ func TestUnroutedReleases(t *testing.T) {
 	}{
 		{"mux 405", newMux(), nil, req("PATCH", "/echo", "k", "x"), http.StatusMethodNotAllowed, true},
 		{"mux 404", newMux(), nil, req("POST", "/ech", "k", "x"), http.StatusNotFound, true},
-		// The mux names the pattern it redirects to, so its redirect to the
-		// canonical path cannot be told from a route's answer: stored.
-		{"mux redirect", newMux(), nil, req("POST", "/dir", "k", "x"), http.StatusMultipleChoices /* any 3xx */, false},
+		// The mux's redirect to the canonical path: the client that follows it
+		// sends the same key to another route (a 422 if the redirect were stored).
+		{"mux redirect to the subtree", newMux(), nil, req("POST", "/dir", "k", "x"), http.StatusMultipleChoices /* any 3xx */, true},
+		{"mux redirect to the cleaned path", newMux(), nil, req("POST", "/dir//a?q=1", "k", "x"), http.StatusMultipleChoices, true},
+		{"mux: handler's own redirect elsewhere", newMux(), nil, req("POST", "/dir/moved", "k", "x"), http.StatusMultipleChoices, false},
 		{"mux: handler's own 404", newMux(), nil, req("POST", "/items/1", "k", "x"), http.StatusNotFound, false},
 		{"mux 405, release off", newMux(), []Option{WithReleaseUnrouted(false)}, req("PATCH", "/echo", "k", "x"), http.StatusMethodNotAllowed, false},
 		{"custom router, Unrouted 404", custom(), nil, req("POST", "/ech", "k", "x"), http.StatusNotFound, true},

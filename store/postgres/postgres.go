@@ -5,11 +5,8 @@ import (
 	"embed"
 	"errors"
 	"fmt"
-	"io/fs"
 	"log/slog"
 	"math"
-	"path"
-	"strconv"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -21,6 +18,7 @@ import (
 	"github.com/idemkey/idemkey/store"
 	"github.com/idemkey/idemkey/store/internal/codec"
 	"github.com/idemkey/idemkey/store/internal/waitset"
+	"github.com/idemkey/idemkey/store/postgres/internal/migrate"
 )
 
 // Querier is the part of pgx the store uses. *pgxpool.Pool, *pgx.Conn and pgx.Tx
@@ -485,33 +483,11 @@ const SchemaVersion = 2
 //go:embed migrations/*.sql
 var migrationFiles embed.FS
 
-type migration struct {
-	version int
-	name    string
-	sql     string // with {{table}} and {{expires_index}} placeholders
-}
+// migrations returns the embedded migrations in version order; their SQL has
+// {{table}} and {{expires_index}} placeholders.
+func migrations() ([]migrate.Migration, error) { return migrate.Load(migrationFiles, "migrations") }
 
-// migrations returns the embedded migrations in version order. Files are named
-// NNNN_description.sql.
-func migrations() ([]migration, error) {
-	entries, err := fs.ReadDir(migrationFiles, "migrations")
-	if err != nil {
-		return nil, err
-	}
-	var ms []migration
-	for _, e := range entries { // ReadDir sorts by name
-		v, err := strconv.Atoi(strings.SplitN(e.Name(), "_", 2)[0])
-		if err != nil {
-			return nil, fmt.Errorf("migration file %q: %w", e.Name(), err)
-		}
-		b, err := fs.ReadFile(migrationFiles, path.Join("migrations", e.Name()))
-		if err != nil {
-			return nil, err
-		}
-		ms = append(ms, migration{version: v, name: e.Name(), sql: string(b)})
-	}
-	return ms, nil
-}
+func (s *Store) target() migrate.Target { return migrate.Target{Schema: s.schema, Table: s.table} }
 
 func (s *Store) render(sql string) string {
 	return strings.NewReplacer(
@@ -528,14 +504,7 @@ func (s *Store) MigrationSQL() string {
 	if err != nil {
 		return "-- " + err.Error()
 	}
-	var b strings.Builder
-	if s.schema != "" {
-		fmt.Fprintf(&b, "CREATE SCHEMA IF NOT EXISTS %s;\n", pgx.Identifier{s.schema}.Sanitize())
-	}
-	for _, m := range ms {
-		fmt.Fprintf(&b, "-- %s\n%s", m.name, s.render(m.sql))
-	}
-	return b.String()
+	return migrate.SQL(s.target(), ms, s.render)
 }
 
 type beginner interface {
@@ -557,7 +526,7 @@ func (s *Store) Migrate(ctx context.Context) (err error) {
 	if err != nil {
 		return fmt.Errorf("idemkey/postgres: migrate: %w", err)
 	}
-	q := s.db
+	q := migrate.Querier(s.db)
 	var tx pgx.Tx
 	if b, ok := s.db.(beginner); ok {
 		if tx, err = b.Begin(ctx); err != nil {
@@ -569,46 +538,9 @@ func (s *Store) Migrate(ctx context.Context) (err error) {
 			}
 		}()
 		q = tx
-		// With a schema the lock is the schema's: CREATE SCHEMA IF NOT EXISTS fails
-		// (unique violation) against a concurrent twin, e.g. another application
-		// migrating its own table into the same new schema.
-		lock := "idemkey:" + s.qualified
-		if s.schema != "" {
-			lock = "idemkey:schema:" + pgx.Identifier{s.schema}.Sanitize()
-		}
-		if _, err = tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtextextended($1, 0))`, lock); err != nil {
-			return fmt.Errorf("idemkey/postgres: migrate: lock: %w", err)
-		}
 	}
-	if s.schema != "" {
-		if _, err = q.Exec(ctx, "CREATE SCHEMA IF NOT EXISTS "+pgx.Identifier{s.schema}.Sanitize()); err != nil {
-			return fmt.Errorf("idemkey/postgres: migrate: create schema: %w", err)
-		}
-	}
-	versions := s.ident(s.table + "_migrations")
-	if _, err = q.Exec(ctx, `CREATE TABLE IF NOT EXISTS `+versions+` (
-    version    integer     PRIMARY KEY,
-    applied_at timestamptz NOT NULL DEFAULT now()
-)`); err != nil {
-		return fmt.Errorf("idemkey/postgres: migrate: versions table: %w", err)
-	}
-	// The bookkeeping is trusted only while the records table exists, so a table
-	// dropped by hand (or by a test) is created again.
-	var current int
-	if err = q.QueryRow(ctx, `SELECT CASE WHEN to_regclass($1) IS NULL THEN 0 ELSE coalesce(max(version), 0) END FROM `+versions,
-		s.qualified).Scan(&current); err != nil {
-		return fmt.Errorf("idemkey/postgres: migrate: read version: %w", err)
-	}
-	for _, m := range ms {
-		if m.version <= current {
-			continue
-		}
-		if _, err = q.Exec(ctx, s.render(m.sql)); err != nil { // no arguments: simple protocol, several statements
-			return fmt.Errorf("idemkey/postgres: migrate: %s: %w", m.name, err)
-		}
-		if _, err = q.Exec(ctx, `INSERT INTO `+versions+` (version) VALUES ($1) ON CONFLICT DO NOTHING`, m.version); err != nil {
-			return fmt.Errorf("idemkey/postgres: migrate: record %s: %w", m.name, err)
-		}
+	if err = migrate.Apply(ctx, q, tx != nil, s.target(), ms, s.render); err != nil {
+		return fmt.Errorf("idemkey/postgres: migrate: %w", err)
 	}
 	if tx != nil {
 		if err = tx.Commit(ctx); err != nil {

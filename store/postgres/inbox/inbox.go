@@ -63,9 +63,6 @@ import (
 	"embed"
 	"errors"
 	"fmt"
-	"io/fs"
-	"path"
-	"strconv"
 	"strings"
 	"time"
 
@@ -74,6 +71,7 @@ import (
 
 	"github.com/idemkey/idemkey/store"
 	"github.com/idemkey/idemkey/store/postgres"
+	"github.com/idemkey/idemkey/store/postgres/internal/migrate"
 )
 
 // Defaults of the options.
@@ -259,8 +257,9 @@ func (in *Inbox) Record(ctx context.Context, q postgres.Querier, consumer, messa
 // It returns Applied once committed, AlreadyProcessed (fn not called, nothing
 // committed) for a duplicate, and for any error (fn's, unchanged and wrapped
 // by nothing else, or the driver's, wrapped) nothing is committed: nack the
-// message. A nil fn wraps store.ErrInvalid. A failed commit may still have committed; the redelivery then finds
-// the message processed.
+// message. A nil fn wraps store.ErrInvalid. A failed commit may still have
+// committed; the redelivery then finds the message processed. A panicking fn
+// rolls the transaction back, then the panic goes on.
 func (in *Inbox) Process(ctx context.Context, consumer, messageID string, fn func(ctx context.Context, tx pgx.Tx) error) (outcome Outcome, err error) {
 	if err := checkID(consumer, messageID); err != nil {
 		return 0, err
@@ -272,8 +271,12 @@ func (in *Inbox) Process(ctx context.Context, consumer, messageID string, fn fun
 	if err != nil {
 		return 0, fmt.Errorf("idemkey/inbox: begin: %w", err)
 	}
+	committed := false
 	defer func() {
-		if err != nil || outcome == AlreadyProcessed {
+		// Every way out but a commit rolls back, a panicking fn included: an open
+		// transaction would keep its pool connection and the inbox row's lock,
+		// and the redelivery would wait on that lock forever.
+		if !committed {
 			_ = tx.Rollback(context.WithoutCancel(ctx))
 		}
 	}()
@@ -283,6 +286,7 @@ func (in *Inbox) Process(ctx context.Context, consumer, messageID string, fn fun
 	if err = fn(ctx, tx); err != nil {
 		return 0, err
 	}
+	committed = true // a failed Commit has ended the transaction too
 	if err = tx.Commit(ctx); err != nil {
 		return 0, fmt.Errorf("idemkey/inbox: commit: %w", err)
 	}
@@ -349,38 +353,16 @@ func (in *Inbox) Sweep(ctx context.Context, limit int) (int64, error) {
 //go:embed migrations/*.sql
 var migrationFiles embed.FS
 
+func migrations() ([]migrate.Migration, error) { return migrate.Load(migrationFiles, "migrations") }
+
+func (in *Inbox) target() migrate.Target { return migrate.Target{Schema: in.schema, Table: in.table} }
+
 func (in *Inbox) render(sql string) string {
 	return strings.NewReplacer(
 		"{{table}}", in.qualified,
 		"{{pkey}}", pgx.Identifier{in.constraint}.Sanitize(),
 		"{{processed_index}}", pgx.Identifier{in.table + "_processed_at_idx"}.Sanitize(),
 	).Replace(sql)
-}
-
-type migration struct {
-	version int
-	name    string
-	sql     string
-}
-
-func migrations() ([]migration, error) {
-	entries, err := fs.ReadDir(migrationFiles, "migrations")
-	if err != nil {
-		return nil, err
-	}
-	var ms []migration
-	for _, e := range entries {
-		v, err := strconv.Atoi(strings.SplitN(e.Name(), "_", 2)[0])
-		if err != nil {
-			return nil, fmt.Errorf("migration file %q: %w", e.Name(), err)
-		}
-		b, err := fs.ReadFile(migrationFiles, path.Join("migrations", e.Name()))
-		if err != nil {
-			return nil, err
-		}
-		ms = append(ms, migration{version: v, name: e.Name(), sql: string(b)})
-	}
-	return ms, nil
 }
 
 // MigrationSQL returns the SQL Migrate applies, rendered for the configured
@@ -391,14 +373,7 @@ func (in *Inbox) MigrationSQL() string {
 	if err != nil {
 		return "-- " + err.Error()
 	}
-	var b strings.Builder
-	if in.schema != "" {
-		fmt.Fprintf(&b, "CREATE SCHEMA IF NOT EXISTS %s;\n", pgx.Identifier{in.schema}.Sanitize())
-	}
-	for _, m := range ms {
-		fmt.Fprintf(&b, "-- %s\n%s", m.name, in.render(m.sql))
-	}
-	return b.String()
+	return migrate.SQL(in.target(), ms, in.render)
 }
 
 // Migrate brings the inbox's schema to SchemaVersion in one transaction,
@@ -421,43 +396,8 @@ func (in *Inbox) Migrate(ctx context.Context) (err error) {
 			_ = tx.Rollback(context.WithoutCancel(ctx))
 		}
 	}()
-	lock := "idemkey:" + in.qualified
-	if in.schema != "" {
-		lock = "idemkey:schema:" + pgx.Identifier{in.schema}.Sanitize()
-	}
-	if _, err = tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtextextended($1, 0))`, lock); err != nil {
-		return fmt.Errorf("idemkey/inbox: migrate: lock: %w", err)
-	}
-	if in.schema != "" {
-		if _, err = tx.Exec(ctx, "CREATE SCHEMA IF NOT EXISTS "+pgx.Identifier{in.schema}.Sanitize()); err != nil {
-			return fmt.Errorf("idemkey/inbox: migrate: create schema: %w", err)
-		}
-	}
-	versions := pgx.Identifier{in.table + "_migrations"}.Sanitize()
-	if in.schema != "" {
-		versions = pgx.Identifier{in.schema, in.table + "_migrations"}.Sanitize()
-	}
-	if _, err = tx.Exec(ctx, `CREATE TABLE IF NOT EXISTS `+versions+` (
-    version    integer     PRIMARY KEY,
-    applied_at timestamptz NOT NULL DEFAULT now()
-)`); err != nil {
-		return fmt.Errorf("idemkey/inbox: migrate: versions table: %w", err)
-	}
-	var current int
-	if err = tx.QueryRow(ctx, `SELECT CASE WHEN to_regclass($1) IS NULL THEN 0 ELSE coalesce(max(version), 0) END FROM `+versions,
-		in.qualified).Scan(&current); err != nil {
-		return fmt.Errorf("idemkey/inbox: migrate: read version: %w", err)
-	}
-	for _, m := range ms {
-		if m.version <= current {
-			continue
-		}
-		if _, err = tx.Exec(ctx, in.render(m.sql)); err != nil {
-			return fmt.Errorf("idemkey/inbox: migrate: %s: %w", m.name, err)
-		}
-		if _, err = tx.Exec(ctx, `INSERT INTO `+versions+` (version) VALUES ($1) ON CONFLICT DO NOTHING`, m.version); err != nil {
-			return fmt.Errorf("idemkey/inbox: migrate: record %s: %w", m.name, err)
-		}
+	if err = migrate.Apply(ctx, tx, true, in.target(), ms, in.render); err != nil {
+		return fmt.Errorf("idemkey/inbox: migrate: %w", err)
 	}
 	if err = tx.Commit(ctx); err != nil {
 		return fmt.Errorf("idemkey/inbox: migrate: commit: %w", err)

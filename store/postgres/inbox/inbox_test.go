@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemkey/idemkey/store"
+	"github.com/idemkey/idemkey/store/postgres"
 	"github.com/idemkey/idemkey/store/postgres/inbox"
 )
 
@@ -235,6 +236,51 @@ func TestProcess(t *testing.T) {
 	}
 }
 
+// A handler that panics leaves no transaction open: its connection goes back to
+// the pool and the redelivery, which would otherwise wait on the first
+// delivery's row lock forever, applies the message.
+func TestProcessPanicRollsBack(t *testing.T) {
+	p := pool(t)
+	_, schema := newInbox(t, p)
+	// A pool of its own, so that a transaction left open fails this test
+	// instead of hanging the shared pool's Close: it is closed only when every
+	// connection came back, and the leaked one is terminated otherwise.
+	own, err := pgxpool.New(t.Context(), os.Getenv("DATABASE_URL"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	in, err := inbox.New(own, inbox.WithSchema(schema))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if own.Stat().AcquiredConns() == 0 {
+			own.Close()
+			return
+		}
+		p.Exec(context.Background(), `SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+			WHERE state LIKE 'idle in transaction%' AND query LIKE '%' || $1 || '%'`, schema)
+	})
+	func() {
+		defer func() {
+			if r := recover(); r != "boom" {
+				t.Fatalf("recovered %v, want the handler's panic", r)
+			}
+		}()
+		in.Process(t.Context(), "applier", "m1", func(context.Context, pgx.Tx) error { panic("boom") })
+	}()
+	if n := own.Stat().AcquiredConns(); n != 0 {
+		t.Fatalf("%d connections still acquired after the panic, want 0", n)
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+	called := false
+	o, err := in.Process(ctx, "applier", "m1", func(context.Context, pgx.Tx) error { called = true; return nil })
+	if err != nil || o != inbox.Applied || !called {
+		t.Fatalf("redelivery after a panic = %v, %v (handler called %v); want applied", o, err, called)
+	}
+}
+
 func TestInsertRecognisesOnlyItsConstraint(t *testing.T) {
 	p := pool(t)
 	in, schema := newInbox(t, p)
@@ -338,6 +384,45 @@ func TestMigrateIdempotentAndConcurrent(t *testing.T) {
 	for _, want := range []string{"CREATE SCHEMA IF NOT EXISTS", `"idemkey_inbox_pkey"`, `"idemkey_inbox_processed_at_idx"`, "ON " + in.Table()} {
 		if !strings.Contains(sql, want) {
 			t.Errorf("MigrationSQL lacks %q:\n%s", want, sql)
+		}
+	}
+}
+
+// The idempotency store and the inbox migrating into the same new schema at
+// once serialise on one lock: neither sees the other's CREATE SCHEMA as a
+// unique violation.
+func TestMigrateBesideTheStore(t *testing.T) {
+	p := pool(t)
+	for round := range 5 {
+		schema := fmt.Sprintf("idemkey_inbox_test_%s_%d", store.NewToken().String()[:8], round)
+		t.Cleanup(func() {
+			p.Exec(context.Background(), "DROP SCHEMA IF EXISTS "+pgx.Identifier{schema}.Sanitize()+" CASCADE")
+		})
+		var wg sync.WaitGroup
+		errs := make(chan error, 6)
+		for i := range 6 {
+			wg.Go(func() {
+				if i%2 == 0 {
+					st, err := postgres.New(p, postgres.WithSchema(schema))
+					if err == nil {
+						err = st.Migrate(t.Context())
+					}
+					errs <- err
+					return
+				}
+				in, err := inbox.New(p, inbox.WithSchema(schema))
+				if err == nil {
+					err = in.Migrate(t.Context())
+				}
+				errs <- err
+			})
+		}
+		wg.Wait()
+		close(errs)
+		for err := range errs {
+			if err != nil {
+				t.Fatalf("round %d: Migrate beside the other: %v", round, err)
+			}
 		}
 	}
 }
