@@ -107,7 +107,7 @@ func TestLateRetryAfterTakeover(t *testing.T) {
 	})
 }
 
-// TestKeyReusedForAnotherOperation reproduces the cases where the middleware
+// TestKeyReusedForAnotherOperation covers the cases where the middleware
 // forgot a key (a lost Redis record, a retention shorter than the dedup window) and the
 // key comes back with another operation: it executes (or is refused on its own merits)
 // instead of being answered with the first operation's result, and a retry of the same
