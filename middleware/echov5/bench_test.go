@@ -1,114 +1,34 @@
 package idemechov5_test
 
 import (
-	"net/http"
-	"net/http/httptest"
-	"strings"
 	"testing"
 
 	"github.com/labstack/echo/v5"
 
-	"github.com/idemkey/idemkey/middleware"
 	idemechov5 "github.com/idemkey/idemkey/middleware/echov5"
-	"github.com/idemkey/idemkey/store/memory"
+	"github.com/idemkey/idemkey/middleware/internal/decisiontest"
 )
 
-// benchReplay measures the replay path (one stored response, same key every
-// iteration) through h.
-func benchReplay(b *testing.B, h http.Handler) {
-	send := func() *httptest.ResponseRecorder {
-		r := httptest.NewRequest("POST", "/pay", strings.NewReader(`{"amountCents":100}`))
-		r.Header.Set("Idempotency-Key", "bench")
-		w := httptest.NewRecorder()
-		h.ServeHTTP(w, r)
-		return w
-	}
-	send()
-	b.ReportAllocs()
-	for b.Loop() {
-		if w := send(); w.Code != 201 {
-			b.Fatal(w.Code)
-		}
-	}
-}
-
-func newBenchMiddleware(b *testing.B) *middleware.Middleware {
-	m, err := middleware.New(memory.New(), middleware.GlobalScope)
-	if err != nil {
-		b.Fatal(err)
-	}
-	return m
+func benchEcho(b *testing.B) *echo.Echo {
+	e := echo.New()
+	e.POST("/pay", func(c *echo.Context) error { return c.Blob(201, "application/json", decisiontest.BenchAnswer) },
+		idemechov5.Middleware(decisiontest.NewBenchMiddleware(b)))
+	return e
 }
 
 // BenchmarkReplayNetHTTP is the core alone, the baseline of BenchmarkReplayEchoV5.
 func BenchmarkReplayNetHTTP(b *testing.B) {
-	mux := http.NewServeMux()
-	mux.Handle("POST /pay", newBenchMiddleware(b).Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		w.WriteHeader(201)
-		w.Write([]byte(`{"ok":true}`))
-	})))
-	benchReplay(b, mux)
+	decisiontest.BenchReplay(b, decisiontest.NetHTTPBaseline(b))
 }
 
 // BenchmarkReplayEchoV5 is the same through echo v5 and the adapter.
-func BenchmarkReplayEchoV5(b *testing.B) {
-	e := echo.New()
-	e.POST("/pay", func(c *echo.Context) error { return c.Blob(201, "application/json", []byte(`{"ok":true}`)) },
-		idemechov5.Middleware(newBenchMiddleware(b)))
-	benchReplay(b, e)
-}
+func BenchmarkReplayEchoV5(b *testing.B) { decisiontest.BenchReplay(b, benchEcho(b)) }
 
-// BenchmarkExecuteEchoV5 measures the first-execution path (a new key every
-// iteration) through echo v5 and the adapter.
-func BenchmarkExecuteEchoV5(b *testing.B) {
-	e := echo.New()
-	e.POST("/pay", func(c *echo.Context) error { return c.Blob(201, "application/json", []byte(`{"ok":true}`)) },
-		idemechov5.Middleware(newBenchMiddleware(b)))
-	b.ReportAllocs()
-	i := 0
-	for b.Loop() {
-		i++
-		r := httptest.NewRequest("POST", "/pay", strings.NewReader(`{"amountCents":100}`))
-		r.Header.Set("Idempotency-Key", "k"+itoa(i))
-		w := httptest.NewRecorder()
-		e.ServeHTTP(w, r)
-		if w.Code != 201 {
-			b.Fatal(w.Code)
-		}
-	}
-}
-
-func itoa(i int) string {
-	var buf [20]byte
-	n := len(buf)
-	for {
-		n--
-		buf[n] = byte('0' + i%10)
-		i /= 10
-		if i == 0 {
-			return string(buf[n:])
-		}
-	}
-}
-
-// BenchmarkExecuteNetHTTP is the core alone on the first-execution path, the
-// baseline of the adapter's execute benchmark.
+// BenchmarkExecuteNetHTTP is the core alone on the first-execution path.
 func BenchmarkExecuteNetHTTP(b *testing.B) {
-	mux := http.NewServeMux()
-	mux.Handle("POST /pay", newBenchMiddleware(b).Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		w.WriteHeader(201)
-		w.Write([]byte(`{"ok":true}`))
-	})))
-	b.ReportAllocs()
-	i := 0
-	for b.Loop() {
-		i++
-		r := httptest.NewRequest("POST", "/pay", strings.NewReader(`{"amountCents":100}`))
-		r.Header.Set("Idempotency-Key", "k"+itoa(i))
-		w := httptest.NewRecorder()
-		mux.ServeHTTP(w, r)
-		if w.Code != 201 {
-			b.Fatal(w.Code)
-		}
-	}
+	decisiontest.BenchExecute(b, decisiontest.NetHTTPBaseline(b))
 }
+
+// BenchmarkExecuteEchoV5 is the first-execution path (a new key every iteration)
+// through echo v5 and the adapter.
+func BenchmarkExecuteEchoV5(b *testing.B) { decisiontest.BenchExecute(b, benchEcho(b)) }

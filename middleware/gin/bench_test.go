@@ -1,115 +1,34 @@
 package idemgin_test
 
 import (
-	"net/http"
-	"net/http/httptest"
-	"strings"
 	"testing"
 
 	"github.com/gin-gonic/gin"
 
-	"github.com/idemkey/idemkey/middleware"
 	idemgin "github.com/idemkey/idemkey/middleware/gin"
-	"github.com/idemkey/idemkey/store/memory"
+	"github.com/idemkey/idemkey/middleware/internal/decisiontest"
 )
-
-// benchReplay measures the replay path (one stored response, same key every
-// iteration) through h.
-func benchReplay(b *testing.B, h http.Handler) {
-	send := func() *httptest.ResponseRecorder {
-		r := httptest.NewRequest("POST", "/pay", strings.NewReader(`{"amountCents":100}`))
-		r.Header.Set("Idempotency-Key", "bench")
-		w := httptest.NewRecorder()
-		h.ServeHTTP(w, r)
-		return w
-	}
-	send()
-	b.ReportAllocs()
-	for b.Loop() {
-		if w := send(); w.Code != 201 {
-			b.Fatal(w.Code)
-		}
-	}
-}
-
-func newBenchMiddleware(b *testing.B) *middleware.Middleware {
-	m, err := middleware.New(memory.New(), middleware.GlobalScope)
-	if err != nil {
-		b.Fatal(err)
-	}
-	return m
-}
-
-// BenchmarkReplayNetHTTP is the core alone, the baseline of BenchmarkReplayEcho.
-func BenchmarkReplayNetHTTP(b *testing.B) {
-	mux := http.NewServeMux()
-	mux.Handle("POST /pay", newBenchMiddleware(b).Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		w.WriteHeader(201)
-		w.Write([]byte(`{"ok":true}`))
-	})))
-	benchReplay(b, mux)
-}
-
-// BenchmarkReplayGin is the same through gin and the adapter.
-func BenchmarkReplayGin(b *testing.B) {
-	benchReplay(b, benchGin(b))
-}
 
 func benchGin(b *testing.B) *gin.Engine {
 	r := gin.New()
-	r.POST("/pay", idemgin.Middleware(newBenchMiddleware(b)), func(c *gin.Context) { c.Data(201, "application/json", []byte(`{"ok":true}`)) })
+	r.POST("/pay", idemgin.Middleware(decisiontest.NewBenchMiddleware(b)),
+		func(c *gin.Context) { c.Data(201, "application/json", decisiontest.BenchAnswer) })
 	return r
 }
 
-// BenchmarkExecuteGin measures the first-execution path (a new key every
-// iteration) through gin and the adapter.
-func BenchmarkExecuteGin(b *testing.B) {
-	e := benchGin(b)
-	b.ReportAllocs()
-	i := 0
-	for b.Loop() {
-		i++
-		r := httptest.NewRequest("POST", "/pay", strings.NewReader(`{"amountCents":100}`))
-		r.Header.Set("Idempotency-Key", "k"+itoa(i))
-		w := httptest.NewRecorder()
-		e.ServeHTTP(w, r)
-		if w.Code != 201 {
-			b.Fatal(w.Code)
-		}
-	}
+// BenchmarkReplayNetHTTP is the core alone, the baseline of BenchmarkReplayGin.
+func BenchmarkReplayNetHTTP(b *testing.B) {
+	decisiontest.BenchReplay(b, decisiontest.NetHTTPBaseline(b))
 }
 
-func itoa(i int) string {
-	var buf [20]byte
-	n := len(buf)
-	for {
-		n--
-		buf[n] = byte('0' + i%10)
-		i /= 10
-		if i == 0 {
-			return string(buf[n:])
-		}
-	}
-}
+// BenchmarkReplayGin is the same through gin and the adapter.
+func BenchmarkReplayGin(b *testing.B) { decisiontest.BenchReplay(b, benchGin(b)) }
 
-// BenchmarkExecuteNetHTTP is the core alone on the first-execution path, the
-// baseline of the adapter's execute benchmark.
+// BenchmarkExecuteNetHTTP is the core alone on the first-execution path.
 func BenchmarkExecuteNetHTTP(b *testing.B) {
-	mux := http.NewServeMux()
-	mux.Handle("POST /pay", newBenchMiddleware(b).Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		w.WriteHeader(201)
-		w.Write([]byte(`{"ok":true}`))
-	})))
-	b.ReportAllocs()
-	i := 0
-	for b.Loop() {
-		i++
-		r := httptest.NewRequest("POST", "/pay", strings.NewReader(`{"amountCents":100}`))
-		r.Header.Set("Idempotency-Key", "k"+itoa(i))
-		w := httptest.NewRecorder()
-		mux.ServeHTTP(w, r)
-		if w.Code != 201 {
-			b.Fatal(w.Code)
-		}
-	}
+	decisiontest.BenchExecute(b, decisiontest.NetHTTPBaseline(b))
 }
+
+// BenchmarkExecuteGin is the first-execution path (a new key every iteration)
+// through gin and the adapter.
+func BenchmarkExecuteGin(b *testing.B) { decisiontest.BenchExecute(b, benchGin(b)) }
