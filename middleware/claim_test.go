@@ -150,3 +150,52 @@ func TestMarkCompletedLateFromLeftoverGoroutine(t *testing.T) {
 		t.Errorf("replay of a later request: %d %q", w.Code, w.Header().Get(DefaultReplayedHeader))
 	}
 }
+
+// TestMarkCompletedThenPanic: a handler that panics after completing the record in
+// its own transaction (MarkCompleted) has a committed record: the middleware does
+// not try to release it, reports it executed in the transaction, tells a store
+// that caches records (so a cache's in-flight marker does not outlive the
+// commit), re-panics, and the retry replays the committed record.
+func TestMarkCompletedThenPanic(t *testing.T) {
+	mem := memory.New()
+	ns := &notifyStore{hookStore: hookStore{Store: mem}}
+	var events []Event
+	m, err := New(ns, GlobalScope, WithClock(&fakeClock{}), WithLogger(discardLogger()),
+		WithObserver(ObserverFunc(func(_ context.Context, ev Event) { events = append(events, ev) })))
+	if err != nil {
+		t.Fatal(err)
+	}
+	calls := 0
+	h := m.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		calls++
+		claim, _ := ClaimFromContext(r.Context())
+		resp := store.Response{Status: 201, Body: []byte("committed")}
+		if err := mem.Complete(r.Context(), claim.ID, claim.Token, resp, claim.Retention); err != nil {
+			t.Error(err)
+		}
+		if err := MarkCompleted(r.Context(), resp); err != nil {
+			t.Error(err)
+		}
+		panic("after commit")
+	}))
+	func() {
+		defer func() {
+			if p := recover(); p != "after commit" {
+				t.Fatalf("recovered %v, want the handler's panic", p)
+			}
+		}()
+		h.ServeHTTP(httptest.NewRecorder(), req("POST", "/x", "k", "b"))
+	}()
+	if len(events) != 1 || events[0].Decision != Executed || !events[0].InTransaction || events[0].Err != nil {
+		t.Fatalf("events %+v; want one, executed in transaction", events)
+	}
+	if ns.releases.Load() != 0 || ns.completes.Load() != 0 || len(ns.notified) != 1 || string(ns.notified[0].Body) != "committed" {
+		t.Fatalf("%d Release, %d Complete, notified %+v; want none, none, the committed response",
+			ns.releases.Load(), ns.completes.Load(), ns.notified)
+	}
+	w := httptest.NewRecorder()
+	h.ServeHTTP(w, req("POST", "/x", "k", "b"))
+	if w.Code != 201 || w.Body.String() != "committed" || calls != 1 {
+		t.Fatalf("retry: %d %q after %d calls; want the committed record", w.Code, w.Body, calls)
+	}
+}

@@ -576,14 +576,22 @@ func (m *Middleware) execute(c *call, w http.ResponseWriter, r *http.Request, ne
 			return
 		}
 		// The handler panicked (or called runtime.Goexit): release, then re-panic.
-		// A held response (see call.hold) is never sent.
+		// A held response (see call.hold) is never sent. A record the handler
+		// completed in its own transaction before it panicked (MarkCompleted) is
+		// committed: not released, and a cache in front of the store is told.
 		p := recover()
+		inTx := c.handlerReturned()
 		c.stopRenewal()
-		ev.Decision = Released
 		ev.Status = c.status
-		c.releaseNow()
-		ev.Err = c.releaseErr
-		ev.StoreLatency = latency + c.releaseLatency
+		if inTx {
+			ev.Decision, ev.InTransaction = Executed, true
+			ev.StoreLatency = latency + m.notifyCompleted(c)
+		} else {
+			ev.Decision = Released
+			c.releaseNow()
+			ev.Err = c.releaseErr
+			ev.StoreLatency = latency + c.releaseLatency
+		}
 		m.observe(r.Context(), ev)
 		if p != nil {
 			panic(p)
@@ -607,13 +615,7 @@ func (m *Middleware) execute(c *call, w http.ResponseWriter, r *http.Request, ne
 		// The handler completed the record in its own transaction (MarkCompleted):
 		// the store already holds it; a cache in front of it is told, best effort.
 		ev.Decision, ev.InTransaction = Executed, true
-		if n, ok := m.store.(store.CompletionNotifier); ok {
-			t0 := m.now()
-			ctx, cancel := m.storeCtx(&c.ctx, m.timeouts.Complete)
-			n.NotifyCompleted(ctx, id, c.token, c.txResp, m.retention)
-			cancel()
-			ev.StoreLatency = m.since(t0)
-		}
+		ev.StoreLatency = m.notifyCompleted(c)
 		c.unhold()
 	case c.released || c.hijacked || c.status == http.StatusSwitchingProtocols || m.release(c.status) ||
 		c.incomplete(r.Context(), wroteNothing) || m.unrouted(next, r, c):
@@ -664,6 +666,21 @@ func (m *Middleware) execute(c *call, w http.ResponseWriter, r *http.Request, ne
 	ev.StoreLatency += latency
 	m.observe(r.Context(), ev)
 	return reusable
+}
+
+// notifyCompleted tells a store that keeps a copy of records (store.CompletionNotifier)
+// that the handler completed c's record in its own transaction, best effort, and
+// returns the time it took (0 without an observer).
+func (m *Middleware) notifyCompleted(c *call) time.Duration {
+	n, ok := m.store.(store.CompletionNotifier)
+	if !ok {
+		return 0
+	}
+	t0 := m.now()
+	ctx, cancel := m.storeCtx(&c.ctx, m.timeouts.Complete)
+	n.NotifyCompleted(ctx, c.id, c.token, c.txResp, m.retention)
+	cancel()
+	return m.since(t0)
 }
 
 // Back-off of completion retries: doubling from minCompleteBackoff, at most a
