@@ -133,6 +133,13 @@ func (c *call) handlerReturned() (inTx bool) {
 	return c.inTx
 }
 
+// completedInTx reports whether the handler called MarkCompleted.
+func (c *call) completedInTx() bool {
+	c.txMu.Lock()
+	defer c.txMu.Unlock()
+	return c.inTx
+}
+
 // heldAt returns when the lease was last known held (claim or renewal sent then
 // succeeded), on the monotonic clock.
 func (c *call) heldAt() time.Time { return c.m.epoch.Add(time.Duration(c.held.Load())) }
@@ -145,9 +152,10 @@ func (c *call) restartRenewal() {
 	c.timer.Reset(c.m.lease / 3)
 }
 
-// releaseNow releases the claim once (token-checked), recording the result.
+// releaseNow releases the claim once (token-checked), recording the result;
+// never after MarkCompleted, whose record is committed.
 func (c *call) releaseNow() {
-	if c.released {
+	if c.released || c.completedInTx() {
 		return
 	}
 	c.released = true

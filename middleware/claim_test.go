@@ -199,3 +199,47 @@ func TestMarkCompletedThenPanic(t *testing.T) {
 		t.Fatalf("retry: %d %q after %d calls; want the committed record", w.Code, w.Body, calls)
 	}
 }
+
+// TestMarkCompletedNeverReleases: after MarkCompleted nothing the handler does
+// (a 5xx body over the storage cap, a 101, a hijack) makes the middleware try to
+// release the committed record.
+func TestMarkCompletedNeverReleases(t *testing.T) {
+	for name, after := range map[string]func(w http.ResponseWriter){
+		"5xx over the cap": func(w http.ResponseWriter) {
+			w.WriteHeader(http.StatusBadGateway)
+			w.Write([]byte("longer than the cap"))
+		},
+		"101": func(w http.ResponseWriter) { w.WriteHeader(http.StatusSwitchingProtocols) },
+		"hijack": func(w http.ResponseWriter) {
+			if _, _, err := http.NewResponseController(w).Hijack(); err == nil {
+				t.Error("the recorder cannot be hijacked")
+			}
+		},
+	} {
+		t.Run(name, func(t *testing.T) {
+			mem := memory.New()
+			ns := &notifyStore{hookStore: hookStore{Store: mem}}
+			var events []Event
+			m, err := New(ns, GlobalScope, WithClock(&fakeClock{}), WithLogger(discardLogger()), WithMaxStoredBody(4),
+				WithObserver(ObserverFunc(func(_ context.Context, ev Event) { events = append(events, ev) })))
+			if err != nil {
+				t.Fatal(err)
+			}
+			h := m.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				claim, _ := ClaimFromContext(r.Context())
+				resp := store.Response{Status: 201}
+				if err := mem.Complete(r.Context(), claim.ID, claim.Token, resp, claim.Retention); err != nil {
+					t.Error(err)
+				}
+				if err := MarkCompleted(r.Context(), resp); err != nil {
+					t.Error(err)
+				}
+				after(w)
+			}))
+			h.ServeHTTP(httptest.NewRecorder(), req("POST", "/x", "k", "b"))
+			if ns.releases.Load() != 0 || len(events) != 1 || !events[0].InTransaction || events[0].Err != nil {
+				t.Fatalf("%d Release calls, events %+v; want none, executed in transaction", ns.releases.Load(), events)
+			}
+		})
+	}
+}
