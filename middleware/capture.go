@@ -171,12 +171,16 @@ func (c *call) releaseNow() {
 	}
 }
 
-// unhold sends a held response to the client: status, then the buffered body.
+// unhold sends a held response to the client: status, then the buffered body;
+// nothing once the connection was hijacked (the handler answered on it).
 func (c *call) unhold() {
 	if !c.holding {
 		return
 	}
 	c.holding = false
+	if c.hijacked {
+		return
+	}
 	c.w.WriteHeader(c.status)
 	if len(c.body) > 0 {
 		if _, err := c.w.Write(c.body); err != nil && !errors.Is(err, http.ErrBodyNotAllowed) {

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
@@ -1175,6 +1176,61 @@ func TestHijackReleases(t *testing.T) {
 	}
 	if e.calls.Load() != 2 || e.lastEvent().Decision != Released {
 		t.Fatalf("calls %d, event %+v", e.calls.Load(), e.lastEvent())
+	}
+}
+
+// lockedBuffer is a bytes.Buffer safe for a server's error log.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+// A handler that sets a status the claim is released for (held back) and then
+// hijacks answers on the connection itself: the held status is never written to
+// the hijacked connection (net/http would log the misuse), the claim is released.
+func TestHijackAfterHeldStatus(t *testing.T) {
+	e := newEnv(t, func(w http.ResponseWriter, r *http.Request) {
+		w.WriteHeader(http.StatusServiceUnavailable)
+		w.Write([]byte("held"))
+		conn, _, err := http.NewResponseController(w).Hijack()
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		conn.Write([]byte("HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nhi"))
+		conn.Close()
+	})
+	var errLog lockedBuffer
+	srv := httptest.NewUnstartedServer(e.h)
+	srv.Config.ErrorLog = log.New(&errLog, "", 0)
+	srv.Start()
+	defer srv.Close()
+	r, _ := http.NewRequest("POST", srv.URL+"/h", strings.NewReader("b"))
+	r.Header.Set("Idempotency-Key", "k")
+	resp, err := srv.Client().Do(r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	e.waitEvents(1)
+	if resp.StatusCode != 200 || string(b) != "hi" || e.lastEvent().Decision != Released || e.st.releases.Load() != 1 {
+		t.Fatalf("%d %q, event %+v, %d releases; want the hijacked answer, released once", resp.StatusCode, b, e.lastEvent(), e.st.releases.Load())
+	}
+	if l := errLog.String(); l != "" {
+		t.Fatalf("server error log: %q", l)
 	}
 }
 
