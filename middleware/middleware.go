@@ -50,7 +50,8 @@
 //	                                          count every minute, its end), each
 //	                                          request at debug level
 //	completion fails (store error)            retried with back-off while the lease
-//	                                            is held; duplicates get 409 meanwhile
+//	                                            is held, for at most one lease;
+//	                                            duplicates get 409 meanwhile
 //	completion refused (lease taken over)     logged with slog; nothing overwritten
 //
 // Errors are RFC 9457 application/problem+json with type, title, status, detail
@@ -689,13 +690,19 @@ const minCompleteBackoff = 20 * time.Millisecond
 
 // complete stores resp. When the store fails (an error other than ErrLeaseLost or
 // ErrInvalid), the lease is renewed again and Complete retried with back-off until
-// it succeeds, the lease is lost, or the lease can no longer be held (no
-// successful claim or renewal within the last lease): until then duplicates get
-// 409, never a second execution. The response is flushed to the client before the
-// first retry. It returns the last error, the number of retries and whether a
-// retry succeeded; after retries the caller stops the renewals again.
+// it succeeds, the lease is lost, the lease can no longer be held (no successful
+// claim or renewal within the last lease), or the retries have lasted one lease
+// (a completion that keeps failing while renewals pass must not hold the request
+// forever): until then duplicates get 409, never a second execution. The response
+// is flushed to the client before the first retry. It returns the last error, the
+// number of retries and whether a retry succeeded; after retries the caller stops
+// the renewals again.
 func (m *Middleware) complete(c *call, resp store.Response) (err error, retries int, again bool) {
 	backoff := minCompleteBackoff
+	var (
+		failed time.Time     // the first failure
+		waited time.Duration // the back-offs so far (the clock may be a test's)
+	)
 	for {
 		ctx, cancel := m.storeCtx(&c.ctx, m.timeouts.Complete)
 		ctx, done := m.storeCall(ctx, StoreComplete, c.id)
@@ -705,8 +712,11 @@ func (m *Middleware) complete(c *call, resp store.Response) (err error, retries 
 		if err == nil {
 			return nil, retries, retries > 0
 		}
+		if retries == 0 {
+			failed = time.Now()
+		}
 		if errors.Is(err, store.ErrLeaseLost) || errors.Is(err, store.ErrInvalid) || c.renewLost.Load() ||
-			time.Since(c.heldAt())+backoff >= m.lease {
+			time.Since(c.heldAt())+backoff >= m.lease || max(time.Since(failed), waited)+backoff > m.lease {
 			return err, retries, false
 		}
 		if retries == 0 {
@@ -719,6 +729,7 @@ func (m *Middleware) complete(c *call, resp store.Response) (err error, retries 
 		wait := make(chan struct{})
 		m.clock.AfterFunc(backoff, func() { close(wait) })
 		<-wait
+		waited += backoff
 		backoff = min(2*backoff, max(m.lease/3, minCompleteBackoff))
 	}
 }

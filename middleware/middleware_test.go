@@ -1030,6 +1030,44 @@ func TestCompleteRetriesEndWhenLeaseLost(t *testing.T) {
 	}
 }
 
+// A completion that keeps failing while the renewals pass is retried for one
+// lease, not forever: the request ends with the store error, the key stays
+// claimed (409) until its lease runs out.
+func TestCompleteRetriesLastOneLease(t *testing.T) {
+	e := newEnv(t, echoHandler)
+	e.st.completeErr = errors.New("store refuses this completion (injected)")
+	done := make(chan *httptest.ResponseRecorder)
+	go func() { done <- e.do(req("POST", "/x", "k", "b")) }()
+	for fires := 0; ; {
+		select {
+		case w := <-done:
+			ev := e.lastEvent()
+			// Back-offs of 20ms doubling to a third of the 10s lease: 9 fit in it.
+			if w.Code != http.StatusCreated || ev.Err == nil || ev.CompleteRetries != 9 || e.st.completes.Load() != 10 || e.st.renews.Load() == 0 {
+				t.Fatalf("%d, event %+v, %d Complete, %d Renew calls; want the store error after 9 retries, renewals passing",
+					w.Code, ev, e.st.completes.Load(), e.st.renews.Load())
+			}
+			if w := e.do(req("POST", "/x", "k", "b")); w.Code != http.StatusConflict || e.calls.Load() != 1 {
+				t.Fatalf("duplicate: %d after %d executions; want 409, 1", w.Code, e.calls.Load())
+			}
+			if n, _ := e.clk.armed(); n != 0 {
+				t.Fatalf("%d timers still armed", n)
+			}
+			return
+		default:
+		}
+		if n, _ := e.clk.armed(); n < 2 { // the renewal and a back-off
+			runtime.Gosched()
+			continue
+		}
+		if fires > 100 {
+			t.Fatal("the completion is still retried")
+		}
+		e.clk.fire() // renewals pass, back-offs end
+		fires++
+	}
+}
+
 // Lease renewal: scheduled at a third of the lease, repeated, stopped on return.
 func TestLeaseRenewal(t *testing.T) {
 	entered, release := make(chan struct{}), make(chan struct{})

@@ -74,7 +74,7 @@ type Event struct {
 	// Takeover is set when the claim took over an expired lease.
 	Takeover bool
 	// CompleteRetries counts the Complete calls retried after the store failed to
-	// complete (the retries run while the lease is held). With Err nil the last one
+	// complete (the retries run while the lease is held, for at most one lease). With Err nil the last one
 	// stored the response; otherwise Err is why it gave up (LeaseLost when the lease
 	// was lost, Executed with the store's error when it could not be held).
 	CompleteRetries int
