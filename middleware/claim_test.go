@@ -243,3 +243,99 @@ func TestMarkCompletedNeverReleases(t *testing.T) {
 		})
 	}
 }
+
+// deadlineStore records how much time each store call had left (0: no deadline).
+type deadlineStore struct {
+	store.Store
+	mu   sync.Mutex
+	left map[string]time.Duration
+}
+
+func (d *deadlineStore) record(ctx context.Context, op string) {
+	var left time.Duration
+	if dl, ok := ctx.Deadline(); ok {
+		left = time.Until(dl)
+	}
+	d.mu.Lock()
+	d.left[op] = left
+	d.mu.Unlock()
+}
+
+func (d *deadlineStore) Claim(ctx context.Context, req store.ClaimRequest) (store.ClaimResult, error) {
+	d.record(ctx, "claim")
+	return d.Store.Claim(ctx, req)
+}
+
+func (d *deadlineStore) Complete(ctx context.Context, id store.ID, tok store.Token, resp store.Response, ret time.Duration) error {
+	d.record(ctx, "complete")
+	return d.Store.Complete(ctx, id, tok, resp, ret)
+}
+
+func (d *deadlineStore) Release(ctx context.Context, id store.ID, tok store.Token) error {
+	d.record(ctx, "release")
+	return d.Store.Release(ctx, id, tok)
+}
+
+func (d *deadlineStore) Renew(ctx context.Context, id store.ID, tok store.Token, lease time.Duration) error {
+	d.record(ctx, "renew")
+	return d.Store.Renew(ctx, id, tok, lease)
+}
+
+// inProcessStore is a deadlineStore that says it never waits on I/O.
+type inProcessStore struct{ *deadlineStore }
+
+func (inProcessStore) InProcess() bool { return true }
+
+// Every store call runs under its bound: a zero StoreTimeouts field takes its
+// default (DefaultStoreTimeout; a third of the lease, at most that, for Renew),
+// a set one is used as given, and an in-process store's calls have no deadline.
+func TestStoreTimeouts(t *testing.T) {
+	const d = DefaultStoreTimeout
+	tests := []struct {
+		name      string
+		inProcess bool
+		opts      []Option
+		want      map[string]time.Duration
+	}{
+		{"defaults", false, nil, map[string]time.Duration{"claim": d, "complete": d, "release": d, "renew": d}},
+		{"zero fields", false, []Option{WithStoreTimeouts(StoreTimeouts{})}, map[string]time.Duration{"claim": d, "complete": d, "release": d, "renew": d}},
+		{"short lease", false, []Option{WithLease(3 * time.Second)}, map[string]time.Duration{"claim": d, "complete": d, "release": d, "renew": time.Second}},
+		{"some set", false, []Option{WithStoreTimeouts(StoreTimeouts{Claim: time.Second, Renew: 2 * time.Second})},
+			map[string]time.Duration{"claim": time.Second, "complete": d, "release": d, "renew": 2 * time.Second}},
+		{"in process", true, []Option{WithStoreTimeouts(StoreTimeouts{Claim: time.Second})},
+			map[string]time.Duration{"claim": 0, "complete": 0, "release": 0, "renew": 0}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			ds := &deadlineStore{Store: memory.New(), left: map[string]time.Duration{}}
+			var st store.Store = ds
+			if tt.inProcess {
+				st = inProcessStore{ds}
+			}
+			clk := &fakeClock{}
+			m, err := New(st, GlobalScope, append([]Option{WithClock(clk), WithLogger(discardLogger())}, tt.opts...)...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			h := m.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				clk.fire() // a renewal, on this goroutine
+				if r.Header.Get("X-Fail") != "" {
+					w.WriteHeader(http.StatusInternalServerError) // released
+				}
+			}))
+			h.ServeHTTP(httptest.NewRecorder(), req("POST", "/x", "ok", "b"))
+			h.ServeHTTP(httptest.NewRecorder(), req("POST", "/x", "fail", "b", "X-Fail", "1"))
+			for op, want := range tt.want {
+				got, ok := ds.left[op]
+				switch {
+				case !ok:
+					t.Errorf("%s: not called", op)
+				case want == 0 && got != 0:
+					t.Errorf("%s: deadline %v away, want none", op, got)
+				case want != 0 && (got > want || got < want/2):
+					t.Errorf("%s: deadline %v away, want %v", op, got, want)
+				}
+			}
+		})
+	}
+}

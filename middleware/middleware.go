@@ -262,7 +262,8 @@ func (m *Middleware) storeCtx(parent context.Context, d time.Duration) (context.
 // New returns a middleware claiming keys in s, scoped by scope. Both are
 // required: a global scope must be chosen explicitly (GlobalScope). It fails on a
 // nil store or scope, a lease under MinLease, a retention shorter than the lease,
-// negative body limits or empty header names.
+// negative body limits or store timeouts, a renewal timeout longer than the lease,
+// no protected method, or a header name or method that is not an RFC 9110 token.
 func New(s store.Store, scope ScopeFunc, opts ...Option) (*Middleware, error) {
 	if s == nil {
 		return nil, errors.New("idemkey/middleware: nil store")
@@ -285,12 +286,21 @@ func New(s store.Store, scope ScopeFunc, opts ...Option) (*Middleware, error) {
 		// A key header no request can carry would answer every client 400.
 		return nil, fmt.Errorf("idemkey/middleware: header names %q, %q, %q: each must be a token (RFC 9110 section 5.1)",
 			m.keyHeader, m.replayedHeader, m.omittedHeader)
+	case len(m.methods) == 0:
+		return nil, errors.New("idemkey/middleware: no protected method (WithMethods)")
 	case m.route == nil || m.release == nil || m.clock == nil:
 		return nil, errors.New("idemkey/middleware: nil route, release policy or clock")
 	case m.timeouts.Claim < 0 || m.timeouts.Complete < 0 || m.timeouts.Release < 0 || m.timeouts.Renew < 0:
 		return nil, fmt.Errorf("idemkey/middleware: negative store timeout in %+v", m.timeouts)
 	case m.wait < 0:
 		return nil, fmt.Errorf("idemkey/middleware: wait bound %v must not be negative", m.wait)
+	case m.timeouts.Renew > m.lease:
+		return nil, fmt.Errorf("idemkey/middleware: renewal timeout %v longer than the lease %v (a renewal that slow cannot hold it)", m.timeouts.Renew, m.lease)
+	}
+	for _, meth := range m.methods {
+		if !httpfield.ValidName(meth) { // a method is a token too (RFC 9110 section 9.1)
+			return nil, fmt.Errorf("idemkey/middleware: protected method %q is not an RFC 9110 token", meth)
+		}
 	}
 	for _, d := range []*time.Duration{&m.timeouts.Claim, &m.timeouts.Complete, &m.timeouts.Release} {
 		if *d == 0 {

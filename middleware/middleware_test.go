@@ -42,6 +42,17 @@ func TestNewRequiresStoreAndScope(t *testing.T) {
 		{"key header with a space", st, GlobalScope, []Option{WithKeyHeader("Idempotency Key")}},
 		{"replayed header with a colon", st, GlobalScope, []Option{WithReplayedHeader("Replayed:")}},
 		{"nil release policy", st, GlobalScope, []Option{WithReleasePolicy(nil)}},
+		{"key header with a colon", st, GlobalScope, []Option{WithKeyHeader("Idempotency-Key:")}},
+		{"replayed header not a token", st, GlobalScope, []Option{WithReplayedHeader("Replayed\r\nX")}},
+		{"omitted header not a token", st, GlobalScope, []Option{WithOmittedHeader("a b")}},
+		{"no methods", st, GlobalScope, []Option{WithMethods()}},
+		{"empty method", st, GlobalScope, []Option{WithMethods("POST", "")}},
+		{"method with a space", st, GlobalScope, []Option{WithMethods("POST ")}},
+		{"negative store timeout", st, GlobalScope, []Option{WithStoreTimeouts(StoreTimeouts{Complete: -time.Second})}},
+		{"renewal timeout over the lease", st, GlobalScope, []Option{WithLease(time.Second), WithStoreTimeouts(StoreTimeouts{Renew: 2 * time.Second})}},
+		{"negative request body limit", st, GlobalScope, []Option{WithMaxRequestBody(-1)}},
+		{"nil route", st, GlobalScope, []Option{WithRoute(nil)}},
+		{"nil clock", st, GlobalScope, []Option{WithClock(nil)}},
 	}
 	for _, tt := range tests {
 		if m, err := New(tt.st, tt.scope, tt.opts...); err == nil || m != nil {
@@ -51,8 +62,16 @@ func TestNewRequiresStoreAndScope(t *testing.T) {
 	if _, err := New(st, GlobalScope); err != nil {
 		t.Fatalf("defaults: %v", err)
 	}
-	if _, err := New(st, GlobalScope, WithLease(MinLease)); err != nil {
-		t.Fatalf("MinLease: %v", err)
+	for name, opts := range map[string][]Option{
+		"MinLease":                 {WithLease(MinLease)},
+		"retention equal to lease": {WithLease(time.Minute), WithRetention(time.Minute)},
+		"zero store timeouts":      {WithStoreTimeouts(StoreTimeouts{})},
+		"renewal timeout = lease":  {WithLease(time.Second), WithStoreTimeouts(StoreTimeouts{Renew: time.Second})},
+		"custom header names":      {WithKeyHeader("X-Idem-Key"), WithReplayedHeader("Idempotency-Replayed")},
+	} {
+		if _, err := New(st, GlobalScope, opts...); err != nil {
+			t.Errorf("%s: %v", name, err)
+		}
 	}
 }
 

@@ -50,7 +50,8 @@ type StoreTimeouts struct {
 	// Release bounds the release of a claim (default DefaultStoreTimeout).
 	Release time.Duration
 	// Renew bounds each lease renewal (default a third of the lease, at most
-	// DefaultStoreTimeout), so one renewal ends before the next is due.
+	// DefaultStoreTimeout), so one renewal ends before the next is due. New
+	// refuses one longer than the lease.
 	Renew time.Duration
 }
 
@@ -127,13 +128,15 @@ func DefaultReleasePolicy(status int) bool {
 }
 
 // WithKeyHeader sets the request header that carries the key (default
-// "Idempotency-Key").
+// "Idempotency-Key"); New refuses a name that is not an RFC 9110 token.
 func WithKeyHeader(name string) Option {
 	return func(c *config) { c.keyHeader = textproto.CanonicalMIMEHeaderKey(name) }
 }
 
-// WithMethods sets the protected methods (default POST and PATCH). Requests with
-// other methods pass through and their key is ignored (IETF draft section 1).
+// WithMethods sets the protected methods (default POST and PATCH), compared
+// case-sensitively with the request's (RFC 9110 section 9.1). Requests with other
+// methods pass through and their key is ignored (IETF draft section 1). New
+// refuses an empty list and a method that is not an RFC 9110 token.
 func WithMethods(methods ...string) Option {
 	return func(c *config) { c.methods = append([]string(nil), methods...) }
 }
