@@ -3,7 +3,9 @@ package middleware
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"strconv"
@@ -438,6 +440,77 @@ func TestReleasedResponseHeldUntilReleased(t *testing.T) {
 			unblock()
 			if code := <-got; code <= 0 {
 				t.Fatalf("client: %d", code)
+			}
+		})
+	}
+}
+
+// blockingClaim holds each Claim until gone is closed, then claims unless its
+// context is done by then (as a driver whose query was cancelled does).
+type blockingClaim struct {
+	store.Store
+	entered chan struct{}
+	gone    chan struct{}
+}
+
+func (b *blockingClaim) Claim(ctx context.Context, req store.ClaimRequest) (store.ClaimResult, error) {
+	b.entered <- struct{}{}
+	<-b.gone
+	if err := ctx.Err(); err != nil {
+		return store.ClaimResult{}, err
+	}
+	return b.Store.Claim(ctx, req)
+}
+
+// A client that hangs up while its claim is in the store (net/http cancels the
+// request's context; here the test cancels it): by default the claim is not
+// cancelled (nor is the handler), so the request runs once and its retry replays
+// it; with WithCancelOnDisconnect the cancelled claim is neither a store outage
+// (nothing logged) nor a reason to run the handler unprotected (fail open).
+func TestHangUpDuringClaim(t *testing.T) {
+	for _, cancelOnGone := range []bool{false, true} {
+		t.Run(fmt.Sprint("cancel on disconnect ", cancelOnGone), func(t *testing.T) {
+			bs := &blockingClaim{Store: memory.New(), entered: make(chan struct{}), gone: make(chan struct{})}
+			logs := &logRecorder{}
+			var events []Event
+			var runs atomic.Int32
+			m, err := New(bs, GlobalScope, WithClock(&fakeClock{}), WithLogger(slog.New(logs)), WithFailOpen(true),
+				WithCancelOnDisconnect(cancelOnGone), WithObserver(ObserverFunc(func(_ context.Context, ev Event) { events = append(events, ev) })))
+			if err != nil {
+				t.Fatal(err)
+			}
+			h := m.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				runs.Add(1)
+				w.Write([]byte("ran"))
+			}))
+			ctx, hangUp := context.WithCancel(context.Background())
+			done := make(chan struct{})
+			go func() {
+				defer close(done)
+				h.ServeHTTP(httptest.NewRecorder(), req("POST", "/x", "k", "b").WithContext(ctx))
+			}()
+			<-bs.entered
+			hangUp() // returns once every context derived from ctx is cancelled
+			close(bs.gone)
+			<-done
+			if n, r := logs.count(slog.LevelWarn); n != 0 {
+				t.Fatalf("logged %q at %v after a hang-up", r.Message, r.Level)
+			}
+			ev := events[0]
+			if cancelOnGone {
+				if ev.Decision != StoreError || !errors.Is(ev.Err, context.Canceled) || runs.Load() != 0 {
+					t.Fatalf("event %+v after %d runs; want the cancelled claim, no run", ev, runs.Load())
+				}
+				return
+			}
+			if ev.Decision != Executed || runs.Load() != 1 {
+				t.Fatalf("event %+v after %d runs; want executed once", ev, runs.Load())
+			}
+			go func() { <-bs.entered }()
+			w := httptest.NewRecorder()
+			h.ServeHTTP(w, req("POST", "/x", "k", "b"))
+			if w.Body.String() != "ran" || w.Header().Get(DefaultReplayedHeader) != "true" || runs.Load() != 1 {
+				t.Fatalf("retry: %d %q after %d runs; want the replay", w.Code, w.Body, runs.Load())
 			}
 		})
 	}

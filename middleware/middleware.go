@@ -466,7 +466,15 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 
 	t0 := m.now()
 	req := store.ClaimRequest{ID: id, Fingerprint: fp, Lease: m.lease, Retention: m.retention}
-	cctx, cancel := m.storeCtx(ctx, m.timeouts.Claim)
+	claimParent := ctx
+	if !m.cancelOnGone {
+		// A hang-up does not cancel the claim, as it would not cancel the handler: a
+		// claim the store made but the middleware gave up on would answer 409 until
+		// its lease ends, and the hang-up would count as a store outage.
+		c.ctx.parent = ctx
+		claimParent = &c.ctx
+	}
+	cctx, cancel := m.storeCtx(claimParent, m.timeouts.Claim)
 	cctx, done := m.storeCall(cctx, StoreClaim, id)
 	res, err := m.store.Claim(cctx, req)
 	cancel()
@@ -488,6 +496,14 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		pooled = true
 		m.writeProblem(w, http.StatusBadRequest, m.problems.keyRefused, 0)
 		m.observe(ctx, Event{Decision: KeyInvalid, ID: id, Status: http.StatusBadRequest, StoreLatency: latency, Err: err})
+		return
+	}
+	if err != nil && m.cancelOnGone && ctx.Err() != nil {
+		// The client went away (WithCancelOnDisconnect): not the store's failure, and
+		// no handler runs for a gone client.
+		pooled = true
+		m.writeProblem(w, http.StatusServiceUnavailable, m.problems.storeDown, max(m.storeRetryAfter, 1))
+		m.observe(ctx, Event{Decision: StoreError, ID: id, Status: http.StatusServiceUnavailable, StoreLatency: latency, Err: err})
 		return
 	}
 	if err != nil {

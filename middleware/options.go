@@ -231,13 +231,14 @@ func WithStoreTimeouts(t StoreTimeouts) Option { return func(c *config) { c.time
 
 // WithCancelOnDisconnect(true) gives the handler the request's own context, which
 // net/http cancels when the client disconnects. The default (false) keeps the
-// handler running when the client hangs up: its context is not cancelled (it keeps
-// the request's values), the lease keeps being renewed, the whole response is
+// claim and the handler running when the client hangs up: neither context is
+// cancelled (both keep the request's values), the lease keeps being renewed, the whole response is
 // captured although writes to the dead connection fail, and it is stored, so the
 // retry replays it instead of running the side effect a second time.
 //
 // With cancellation on, a handler that stops early (it wrote nothing, or a write
-// failed, after its client went away) has its claim released, and the retry runs
+// failed, after its client went away) has its claim released, a claim the hang-up
+// cancelled is answered 503 without counting as a store outage, and the retry runs
 // the handler again: choose it only for handlers whose side effects are safe to
 // repeat, or that complete in their own transaction (an interrupted transaction
 // rolls back).
