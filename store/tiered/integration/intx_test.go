@@ -1,11 +1,15 @@
 package tiered_test
 
 import (
+	"net/http"
+	"net/http/httptest"
+	"strings"
 	"testing"
 	"time"
 
 	goredis "github.com/redis/go-redis/v9"
 
+	"github.com/idemkey/idemkey/middleware"
 	"github.com/idemkey/idemkey/store"
 	"github.com/idemkey/idemkey/store/redis"
 	"github.com/idemkey/idemkey/store/redis/redistest"
@@ -50,5 +54,57 @@ func TestCompletedInTransaction(t *testing.T) {
 	got, err := s.Claim(ctx, req)
 	if err != nil || got.Outcome != store.Completed || string(got.Record.Body) != "charged" || back.calls.Load() != b0 {
 		t.Fatalf("after the notice: %+v, %v, %d backstop calls; want a Redis replay", got, err, back.calls.Load()-b0)
+	}
+}
+
+// TestPanicAfterCommitResponse: a handler behind the middleware commits its
+// response in its own transaction (postgres CommitResponse) and then panics. The
+// record is committed, so the middleware tells the tiered store: the retry is a
+// Redis-only replay of the committed response, never a 409 from the Redis marker
+// for the rest of the lease.
+func TestPanicAfterCommitResponse(t *testing.T) {
+	shared := redistest.Shared(t)
+	c := goredis.NewClient(shared.Options())
+	t.Cleanup(func() { _ = c.Close() })
+	pool := pgPool(t)
+	pg := postgresBackstop(t, pool)
+	back := &probe{Store: pg}
+	s := mustTiered(t, redis.New(c, redis.WithPrefix(redistest.Prefix(t, shared))), back, tiered.WithTimeout(testTimeout))
+	m, err := middleware.New(s, middleware.GlobalScope, middleware.WithLease(time.Minute))
+	if err != nil {
+		t.Fatal(err)
+	}
+	runs := 0
+	h := m.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		runs++
+		tx, err := pool.Begin(r.Context())
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		if err := pg.CommitResponse(r.Context(), tx, w, store.Response{Status: 201, Body: []byte("charged")}); err != nil {
+			t.Error(err)
+			return
+		}
+		panic(http.ErrAbortHandler)
+	}))
+	func() {
+		defer func() {
+			if p := recover(); p != http.ErrAbortHandler {
+				t.Fatalf("recovered %v, want the handler's panic", p)
+			}
+		}()
+		r := httptest.NewRequest("POST", "/charges", strings.NewReader("x"))
+		r.Header.Set("Idempotency-Key", "panic-1")
+		h.ServeHTTP(httptest.NewRecorder(), r)
+	}()
+	b0 := back.calls.Load()
+	r := httptest.NewRequest("POST", "/charges", strings.NewReader("x"))
+	r.Header.Set("Idempotency-Key", "panic-1")
+	w := httptest.NewRecorder()
+	h.ServeHTTP(w, r)
+	if w.Code != 201 || w.Body.String() != "charged" || runs != 1 || back.calls.Load() != b0 {
+		t.Fatalf("retry: %d %q after %d runs, %d backstop calls; want the committed response from Redis alone",
+			w.Code, w.Body, runs, back.calls.Load()-b0)
 	}
 }
