@@ -69,21 +69,38 @@ type call struct {
 }
 
 // detachedCtx keeps the request context's values but not its cancellation, so
-// Complete and Release still reach the store when the client has gone.
-type detachedCtx struct{ parent context.Context }
+// Complete and Release still reach the store when the client has gone. A store
+// may keep a context past its call (pgxpool finishes a dial in the background
+// with the caller's values): parent is guarded, since the pooled call sets it for
+// the next request; a context kept that long sees no values, or the next
+// request's.
+type detachedCtx struct {
+	mu     sync.Mutex
+	parent context.Context
+}
 
 func (d *detachedCtx) Deadline() (time.Time, bool) { return time.Time{}, false }
 func (d *detachedCtx) Done() <-chan struct{}       { return nil }
 func (d *detachedCtx) Err() error                  { return nil }
 func (d *detachedCtx) Value(k any) any {
-	if d.parent == nil { // a store kept the context past its call
+	d.mu.Lock()
+	p := d.parent
+	d.mu.Unlock()
+	if p == nil { // a store kept the context past its call
 		return nil
 	}
-	return d.parent.Value(k)
+	return p.Value(k)
+}
+
+func (d *detachedCtx) set(parent context.Context) {
+	d.mu.Lock()
+	d.parent = parent
+	d.mu.Unlock()
 }
 
 func (c *call) start(w http.ResponseWriter, ctx context.Context, id store.ID, token store.Token) {
-	c.w, c.ctx.parent = w, ctx
+	c.w = w
+	c.ctx.set(ctx)
 	c.txMu.Lock() // a late MarkCompleted from a goroutine the handler left behind reads them
 	c.id, c.token = id, token
 	c.txMu.Unlock()
@@ -201,7 +218,8 @@ func (c *call) stopRenewal() bool {
 
 // reset readies c for the pool.
 func (c *call) reset() {
-	c.w, c.ctx.parent, c.route = nil, nil, ""
+	c.w, c.route = nil, ""
+	c.ctx.set(nil)
 	c.wroteHeader, c.status, c.hijacked, c.omitted = false, 0, false, false
 	c.writeFailed, c.written, c.declared = false, 0, 0
 	c.holding, c.released, c.releaseErr, c.releaseLatency = false, false, nil, 0

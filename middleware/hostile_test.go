@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -514,4 +515,65 @@ func TestHangUpDuringClaim(t *testing.T) {
 			}
 		})
 	}
+}
+
+// leakyStore keeps the contexts of its calls past the calls, reading their values
+// from goroutines of its own until stop is closed (as pgxpool does with a dial it
+// finishes in the background).
+type leakyStore struct {
+	store.Store
+	stop chan struct{}
+	wg   sync.WaitGroup
+}
+
+type leakKey struct{}
+
+func (l *leakyStore) keep(ctx context.Context) {
+	l.wg.Add(1)
+	go func() {
+		defer l.wg.Done()
+		for {
+			select {
+			case <-l.stop:
+				return
+			default:
+				_ = ctx.Value(leakKey{})
+				runtime.Gosched()
+			}
+		}
+	}()
+}
+
+func (l *leakyStore) Claim(ctx context.Context, req store.ClaimRequest) (store.ClaimResult, error) {
+	l.keep(ctx)
+	return l.Store.Claim(ctx, req)
+}
+
+func (l *leakyStore) Complete(ctx context.Context, id store.ID, tok store.Token, resp store.Response, ret time.Duration) error {
+	l.keep(ctx)
+	return l.Store.Complete(ctx, id, tok, resp, ret)
+}
+
+// A store that keeps a call's context past the call races with nothing (run
+// under -race): the pooled state the context reads is reset for the next
+// request under a lock.
+func TestStoreKeepsContextPastCall(t *testing.T) {
+	ls := &leakyStore{Store: memory.New(), stop: make(chan struct{})}
+	m, err := New(ls, GlobalScope, WithClock(&fakeClock{}), WithLogger(discardLogger()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := m.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusCreated) }))
+	for i := range 50 {
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, req("POST", "/x", "k"+strconv.Itoa(i), "b"))
+		if w.Code != http.StatusCreated {
+			t.Fatalf("request %d: %d", i, w.Code)
+		}
+		for range 3 {
+			runtime.Gosched() // let the store's goroutines read between two requests
+		}
+	}
+	close(ls.stop)
+	ls.wg.Wait()
 }

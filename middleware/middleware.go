@@ -471,7 +471,7 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		// A hang-up does not cancel the claim, as it would not cancel the handler: a
 		// claim the store made but the middleware gave up on would answer 409 until
 		// its lease ends, and the hang-up would count as a store outage.
-		c.ctx.parent = ctx
+		c.ctx.set(ctx)
 		claimParent = &c.ctx
 	}
 	cctx, cancel := m.storeCtx(claimParent, m.timeouts.Claim)
