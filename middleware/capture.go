@@ -368,12 +368,18 @@ func bodyAllowed(status int) bool {
 	return status >= 200 && status != http.StatusNoContent && status != http.StatusNotModified
 }
 
-// Hijack hands the connection over (http.Hijacker); the claim is released first,
-// as the response is not known and the handler may answer on the connection.
+// Hijack hands the connection over (http.Hijacker); the claim is released before
+// the handler gets it, as the response is not known and the handler may answer on
+// the connection. A hijack that fails (say, on HTTP/2) releases nothing: the
+// handler's answer is then stored as any other. When the handler already sent a
+// status (which hijacking flushes to the client), the claim is released first.
 func (c *call) Hijack() (net.Conn, *bufio.ReadWriter, error) {
-	c.releaseNow()
+	if c.wroteHeader && !c.holding {
+		c.releaseNow()
+	}
 	conn, rw, err := http.NewResponseController(c.w).Hijack()
 	if err == nil {
+		c.releaseNow()
 		c.hijacked = true
 	}
 	return conn, rw, err

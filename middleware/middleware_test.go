@@ -1236,6 +1236,26 @@ func TestHijackReleases(t *testing.T) {
 	}
 }
 
+// A handler whose hijack fails (the writer cannot hijack, as on HTTP/2) and that
+// answers normally instead has that answer stored and replayed: a failed hijack
+// releases nothing.
+func TestFailedHijackStores(t *testing.T) {
+	e := newEnv(t, func(w http.ResponseWriter, r *http.Request) {
+		if _, _, err := http.NewResponseController(w).Hijack(); !errors.Is(err, http.ErrNotSupported) {
+			t.Errorf("Hijack on a recorder: %v", err)
+		}
+		w.WriteHeader(http.StatusCreated)
+		w.Write([]byte("answered"))
+	})
+	e.do(req("POST", "/h", "k", "b"))
+	w := e.do(req("POST", "/h", "k", "b"))
+	if w.Code != http.StatusCreated || w.Body.String() != "answered" || w.Header().Get(DefaultReplayedHeader) != "true" ||
+		e.calls.Load() != 1 || e.st.releases.Load() != 0 {
+		t.Fatalf("retry: %d %q after %d calls, %d releases; want the replay, 1 call, no release",
+			w.Code, w.Body, e.calls.Load(), e.st.releases.Load())
+	}
+}
+
 // lockedBuffer is a bytes.Buffer safe for a server's error log.
 type lockedBuffer struct {
 	mu sync.Mutex
