@@ -6,6 +6,8 @@ import (
 	"regexp"
 	"strings"
 	"time"
+
+	"github.com/idemkey/idemkey/middleware"
 )
 
 // errConfig reports an environment the server cannot run with; main exits 2.
@@ -72,6 +74,9 @@ func loadConfig(getenv func(string) string) (config, error) {
 			return c, fmt.Errorf("%w: %s=%q: want a positive Go duration such as 10s", errConfig, d.name, v)
 		}
 		*d.dst = parsed
+	}
+	if c.lease < middleware.MinLease {
+		return c, fmt.Errorf("%w: IDEM_LEASE=%v is under the minimum lease %v (it is renewed every third of it)", errConfig, c.lease, middleware.MinLease)
 	}
 	if c.retention < c.lease {
 		return c, fmt.Errorf("%w: IDEM_RETENTION (%v) must be at least IDEM_LEASE (%v)", errConfig, c.retention, c.lease)

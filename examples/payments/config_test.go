@@ -41,6 +41,7 @@ func TestLoadConfig(t *testing.T) {
 		{name: "no DATABASE_URL", env: map[string]string{}, wantErr: "DATABASE_URL is required"},
 		{name: "lease not a duration", env: with("IDEM_LEASE", "ten"), wantErr: "IDEM_LEASE"},
 		{name: "zero retention", env: with("IDEM_RETENTION", "0s"), wantErr: "IDEM_RETENTION"},
+		{name: "lease under the minimum", env: with("IDEM_LEASE", "1ns"), wantErr: "IDEM_LEASE=1ns is under the minimum lease"},
 		{name: "retention under the lease", env: with("IDEM_LEASE", "1m", "IDEM_RETENTION", "30s"), wantErr: "at least IDEM_LEASE"},
 		{name: "prefix with a quote", env: with("PAYMENTS_TABLE_PREFIX", `x"; drop`), wantErr: "PAYMENTS_TABLE_PREFIX"},
 		{name: "prefix too long", env: with("PAYMENTS_TABLE_PREFIX", strings.Repeat("a", 33)), wantErr: "PAYMENTS_TABLE_PREFIX"},

@@ -32,7 +32,7 @@
 //	GATEWAY_URL            the payment provider's base URL (a query string is kept on
 //	                       every call, e.g. http://127.0.0.1:9090/?lose=0.2); default:
 //	                       the fake gateway (package fakegateway) in-process
-//	IDEM_LEASE             claim lease, Go duration, default 10s
+//	IDEM_LEASE             claim lease, Go duration, at least 100ms, default 10s
 //	IDEM_RETENTION         how long answers are replayed, default 24h
 //	PAYMENTS_TOKENS        token=principal,..., default demo=merchant-demo
 //	PAYMENTS_TABLE_PREFIX  prefix of the tables <prefix>payments and
