@@ -68,7 +68,10 @@ func (s *Store) CompleteTx(ctx context.Context, tx pgx.Tx, id store.ID, token st
 // error tx is finished (rolled back, or its commit failed) and nothing was written
 // to w:
 //   - middleware.ErrNoClaim when ctx carries no claim (the route is not behind the
-//     middleware, or the request passed through without a key);
+//     middleware, or the request passed through without a key); the one exception
+//     to "tx is finished and nothing committed": called after the handler returned
+//     (from a goroutine the handler did not wait for), tx has committed before
+//     MarkCompleted refuses, and the record is resp;
 //   - store.ErrLeaseLost (wrapped) when the claim was taken over: tx was rolled
 //     back, none of its rows exist; answer 409 (the retry that took over runs);
 //   - ErrCommitUnknown (wrapped, with the driver's error) when the commit failed:
@@ -92,7 +95,9 @@ func (s *Store) CommitResponse(ctx context.Context, tx pgx.Tx, w http.ResponseWr
 		return fmt.Errorf("%w: %w", ErrCommitUnknown, err)
 	}
 	if err := middleware.MarkCompleted(ctx, resp); err != nil {
-		return err // unreachable: the claim was in ctx above
+		// Called after the handler returned (from a goroutine it did not wait for):
+		// tx has committed, and the record is resp; only this client gets nothing.
+		return err
 	}
 	h := w.Header()
 	for k, v := range resp.Header {
