@@ -236,16 +236,19 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	}
 	for attempt := 1; ; attempt++ {
 		resp, err := t.try(ctx, req, header, getBody)
-		if attempt == t.maxAttempts || ctx.Err() != nil || errors.Is(err, errRewind) {
+		if attempt == t.maxAttempts || errors.Is(err, errRewind) {
 			return resp, wrap(err, attempt)
 		}
 		wait, retry := t.decide(resp, err, attempt)
 		if !retry {
-			return resp, wrap(err, attempt)
+			return resp, wrap(err, attempt) // a final answer, even if the caller has just given up
 		}
 		if resp != nil {
 			io.CopyN(io.Discard, resp.Body, drainLimit)
 			resp.Body.Close()
+		}
+		if ctx.Err() != nil { // the caller gave up: no retry, its context's error
+			return nil, wrap(ctx.Err(), attempt)
 		}
 		if err := t.sleep(ctx, wait); err != nil {
 			return nil, wrap(err, attempt)
