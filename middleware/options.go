@@ -219,7 +219,8 @@ func WithReleaseUnrouted(on bool) Option { return func(c *config) { c.releaseUnr
 func WithFailOpen(on bool) Option { return func(c *config) { c.failOpen = on } }
 
 // WithStoreRetryAfter sets the Retry-After of the 503 answered when the store
-// fails (default 1s; whole seconds, rounded up, at least 1).
+// fails (default 1s; sent in whole seconds, rounded down as every Retry-After the
+// middleware sends, and at least 1).
 func WithStoreRetryAfter(d time.Duration) Option { return func(c *config) { c.storeRetryAfter = d } }
 
 // WithStoreTimeouts sets the deadlines of the store calls (see StoreTimeouts;
