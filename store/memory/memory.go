@@ -17,6 +17,7 @@ package memory
 
 import (
 	"context"
+	"encoding/binary"
 	"hash/maphash"
 	"net/http"
 	"sync"
@@ -74,10 +75,12 @@ type entry struct {
 	completedAt int64
 	status      int32 // the stored status; 0 while in flight
 	omitted     bool
-	body        []byte
-	// fields holds the stored header as name, value pairs (a name repeated for
-	// each of its values): one slice costs less than a map.
-	fields []string
+	body        []byte // nil when empty; shares its array with fields
+	// fields holds the stored header as length-prefixed name, value pairs (a
+	// name repeated for each of its values; see appendFields), followed in the
+	// same array by the body: one allocation, with no pointers to scan, costs
+	// less than a map.
+	fields []byte
 	// rec is the record Claim hands out, built at the first replay and never
 	// written again.
 	rec *store.Record
@@ -143,10 +146,10 @@ func (s *Store) record(e *entry) *store.Record {
 		CompletedAt: s.time(e.completedAt),
 		ExpiresAt:   s.time(e.expiresAt),
 	}
-	if e.fields != nil {
+	if len(e.fields) > 0 {
 		rec.Header = headerFromFields(e.fields)
-		e.fields = nil
 	}
+	e.fields = nil
 	return rec
 }
 
@@ -223,12 +226,8 @@ func (s *Store) Complete(ctx context.Context, id store.ID, token store.Token, re
 	if err := store.ValidateResponse(resp, retention); err != nil {
 		return err
 	}
-	// Copy outside the lock; the copies are dropped if the token is refused.
-	fields := headerFields(resp.Header)
-	var body []byte
-	if len(resp.Body) > 0 {
-		body = append([]byte(nil), resp.Body...)
-	}
+	// Copy outside the lock, into one array; dropped if the token is refused.
+	fields, body := copyResponse(resp.Header, resp.Body)
 	return s.withHolder(ctx, id, token, func(sh *shard, e *entry, at int64) {
 		e.status, e.body, e.omitted, e.fields = int32(resp.Status), body, resp.BodyOmitted, fields
 		e.completedAt = at
@@ -325,39 +324,73 @@ func (e *entry) end() {
 	}
 }
 
-// headerFields copies h into one slice of name, value pairs (nil when h has no
-// values). Strings are immutable, so only the slice is new.
-func headerFields(h http.Header) []string {
-	n := 0
-	for _, v := range h {
-		n += 2 * len(v)
-	}
-	if n == 0 {
-		return nil
-	}
-	fields := make([]string, 0, n)
+// copyResponse copies h (see appendFields) and body into one array, and returns
+// the two parts (each nil when empty).
+func copyResponse(h http.Header, body []byte) (fields, bodyCopy []byte) {
+	n := len(body)
 	for k, vs := range h {
 		for _, v := range vs {
-			fields = append(fields, k, v)
+			n += uvarintLen(len(k)) + len(k) + uvarintLen(len(v)) + len(v)
 		}
 	}
-	return fields
+	if n == 0 {
+		return nil, nil
+	}
+	buf := appendFields(make([]byte, 0, n), h)
+	fields = buf[:len(buf):len(buf)]
+	if len(body) > 0 {
+		bodyCopy = append(buf, body...)[len(buf):]
+	}
+	if len(fields) == 0 {
+		fields = nil
+	}
+	return fields, bodyCopy
 }
 
-// headerFromFields builds the header map of name, value pairs, values of one
-// name in their order, in one backing array of values.
-func headerFromFields(fields []string) http.Header {
-	h := make(http.Header, len(fields)/2)
-	vals := make([]string, len(fields)/2)
-	for i := 0; i < len(fields); i += 2 {
-		k := fields[i]
+// appendFields appends each value of h as the uvarint length of its name, the
+// name, the uvarint length of the value and the value.
+func appendFields(b []byte, h http.Header) []byte {
+	for k, vs := range h {
+		for _, v := range vs {
+			b = binary.AppendUvarint(b, uint64(len(k)))
+			b = append(b, k...)
+			b = binary.AppendUvarint(b, uint64(len(v)))
+			b = append(b, v...)
+		}
+	}
+	return b
+}
+
+func uvarintLen(n int) int {
+	l := 1
+	for ; n >= 0x80; n >>= 7 {
+		l++
+	}
+	return l
+}
+
+// headerFromFields builds the header map of what appendFields wrote, values of
+// one name in their order, in one backing array of values.
+func headerFromFields(fields []byte) http.Header {
+	var pairs []string
+	for len(fields) > 0 {
+		for range 2 {
+			n, w := binary.Uvarint(fields)
+			pairs = append(pairs, string(fields[w:w+int(n)]))
+			fields = fields[w+int(n):]
+		}
+	}
+	h := make(http.Header, len(pairs)/2)
+	vals := make([]string, len(pairs)/2)
+	for i := 0; i < len(pairs); i += 2 {
+		k := pairs[i]
 		if _, done := h[k]; done {
 			continue
 		}
 		n := 0
-		for j := i; j < len(fields); j += 2 {
-			if fields[j] == k {
-				vals[n] = fields[j+1]
+		for j := i; j < len(pairs); j += 2 {
+			if pairs[j] == k {
+				vals[n] = pairs[j+1]
 				n++
 			}
 		}
