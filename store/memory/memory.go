@@ -327,22 +327,19 @@ func (e *entry) end() {
 // copyResponse copies h (see appendFields) and body into one array, and returns
 // the two parts (each nil when empty).
 func copyResponse(h http.Header, body []byte) (fields, bodyCopy []byte) {
-	n := len(body)
-	for k, vs := range h {
-		for _, v := range vs {
-			n += uvarintLen(len(k)) + len(k) + uvarintLen(len(v)) + len(v)
-		}
-	}
-	if n == 0 {
+	var scratch [512]byte // a typical header fits: h is walked once
+	f := appendFields(scratch[:0], h)
+	if len(f)+len(body) == 0 {
 		return nil, nil
 	}
-	buf := appendFields(make([]byte, 0, n), h)
-	fields = buf[:len(buf):len(buf)]
-	if len(body) > 0 {
-		bodyCopy = append(buf, body...)[len(buf):]
+	buf := make([]byte, len(f)+len(body))
+	copy(buf, f)
+	copy(buf[len(f):], body)
+	if len(f) > 0 {
+		fields = buf[:len(f):len(f)]
 	}
-	if len(fields) == 0 {
-		fields = nil
+	if len(body) > 0 {
+		bodyCopy = buf[len(f):]
 	}
 	return fields, bodyCopy
 }
@@ -359,14 +356,6 @@ func appendFields(b []byte, h http.Header) []byte {
 		}
 	}
 	return b
-}
-
-func uvarintLen(n int) int {
-	l := 1
-	for ; n >= 0x80; n >>= 7 {
-		l++
-	}
-	return l
 }
 
 // headerFromFields builds the header map of what appendFields wrote, values of
