@@ -68,7 +68,7 @@ func (s *Store) info(e *entry, at int64) store.Info {
 	in.State = store.StateCompleted
 	in.CompletedAt = s.time(e.completedAt)
 	in.Status = int(e.status)
-	in.BodyBytes = len(e.body)
+	in.BodyBytes = len(e.body())
 	in.BodyOmitted = e.omitted
 	return in
 }

@@ -75,12 +75,12 @@ type entry struct {
 	completedAt int64
 	status      int32 // the stored status; 0 while in flight
 	omitted     bool
-	body        []byte // nil when empty; shares its array with fields
-	// fields holds the stored header as length-prefixed name, value pairs (a
-	// name repeated for each of its values; see appendFields), followed in the
-	// same array by the body: one allocation, with no pointers to scan, costs
-	// less than a map.
-	fields []byte
+	// data holds the stored header, its first fieldsLen bytes, as
+	// length-prefixed name, value pairs (a name repeated for each of its values;
+	// see appendFields), then the body: one allocation, with no pointers to
+	// scan, costs less than a map.
+	data      []byte
+	fieldsLen int
 	// rec is the record Claim hands out, built at the first replay and never
 	// written again.
 	rec *store.Record
@@ -141,16 +141,23 @@ func (s *Store) time(at int64) time.Time { return s.base.Add(time.Duration(at)) 
 func (s *Store) record(e *entry) *store.Record {
 	rec := &store.Record{
 		Fingerprint: e.fingerprint,
-		Response:    store.Response{Status: int(e.status), Body: e.body, BodyOmitted: e.omitted},
+		Response:    store.Response{Status: int(e.status), Body: e.body(), BodyOmitted: e.omitted},
 		CreatedAt:   s.time(e.createdAt),
 		CompletedAt: s.time(e.completedAt),
 		ExpiresAt:   s.time(e.expiresAt),
 	}
-	if len(e.fields) > 0 {
-		rec.Header = headerFromFields(e.fields)
+	if e.fieldsLen > 0 {
+		rec.Header = headerFromFields(e.data[:e.fieldsLen])
 	}
-	e.fields = nil
 	return rec
+}
+
+// body returns the stored body (nil when empty).
+func (e *entry) body() []byte {
+	if len(e.data) == e.fieldsLen {
+		return nil
+	}
+	return e.data[e.fieldsLen:]
 }
 
 // Len returns the number of records held, live or not yet swept.
@@ -227,9 +234,9 @@ func (s *Store) Complete(ctx context.Context, id store.ID, token store.Token, re
 		return err
 	}
 	// Copy outside the lock, into one array; dropped if the token is refused.
-	fields, body := copyResponse(resp.Header, resp.Body)
+	data, fieldsLen := copyResponse(resp.Header, resp.Body)
 	return s.withHolder(ctx, id, token, func(sh *shard, e *entry, at int64) {
-		e.status, e.body, e.omitted, e.fields = int32(resp.Status), body, resp.BodyOmitted, fields
+		e.status, e.omitted, e.data, e.fieldsLen = int32(resp.Status), resp.BodyOmitted, data, fieldsLen
 		e.completedAt = at
 		e.leaseUntil = 0
 		sh.setExpiry(e, at+int64(retention))
@@ -324,24 +331,18 @@ func (e *entry) end() {
 	}
 }
 
-// copyResponse copies h (see appendFields) and body into one array, and returns
-// the two parts (each nil when empty).
-func copyResponse(h http.Header, body []byte) (fields, bodyCopy []byte) {
+// copyResponse copies h (see appendFields) and then body into one array (nil
+// when both are empty), and returns it with the length of the header part.
+func copyResponse(h http.Header, body []byte) (data []byte, fieldsLen int) {
 	var scratch [512]byte // a typical header fits: h is walked once
 	f := appendFields(scratch[:0], h)
 	if len(f)+len(body) == 0 {
-		return nil, nil
+		return nil, 0
 	}
-	buf := make([]byte, len(f)+len(body))
-	copy(buf, f)
-	copy(buf[len(f):], body)
-	if len(f) > 0 {
-		fields = buf[:len(f):len(f)]
-	}
-	if len(body) > 0 {
-		bodyCopy = buf[len(f):]
-	}
-	return fields, bodyCopy
+	data = make([]byte, len(f)+len(body))
+	copy(data, f)
+	copy(data[len(f):], body)
+	return data, len(f)
 }
 
 // appendFields appends each value of h as the uvarint length of its name, the
