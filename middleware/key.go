@@ -36,7 +36,7 @@ func (e keyError) Unwrap() error { return ErrInvalidKey }
 // characters or other bytes outside the grammar (non-ASCII included), an
 // unterminated string, or data after the item (e.g. two keys joined by ',').
 func ParseKey(v string) (string, error) {
-	v = strings.Trim(v, " \t")
+	v = trimSpaceTab(v)
 	if v == "" {
 		return "", keyError("empty")
 	}
@@ -93,6 +93,18 @@ func ParseKey(v string) (string, error) {
 		return "", keyError("longer than 255 bytes")
 	}
 	return key, nil
+}
+
+// trimSpaceTab is strings.Trim(s, " \t") without building a cutset per call.
+func trimSpaceTab(s string) string {
+	i, j := 0, len(s)
+	for i < j && (s[i] == ' ' || s[i] == '\t') {
+		i++
+	}
+	for j > i && (s[j-1] == ' ' || s[j-1] == '\t') {
+		j--
+	}
+	return s[i:j]
 }
 
 func unescapeSFString(s string) string {

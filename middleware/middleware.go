@@ -329,7 +329,7 @@ func New(s store.Store, scope ScopeFunc, opts ...Option) (*Middleware, error) {
 	}
 	m.problems = newPrerendered()
 	m.work = newWorkEstimate()
-	m.clockNow = nowOf(m.clock)
+	m.clockNow = nowOf(m.clock, m.monotonicNow)
 	m.trueVal, m.omitVal = []string{"true"}, []string{"omitted"}
 	m.problemHeaders = []string{ProblemContentType, "no-store", "nosniff"}
 	m.pool.New = func() any {
@@ -388,8 +388,12 @@ func (m *Middleware) now() time.Time {
 	if m.observer == nil {
 		return time.Time{}
 	}
-	return time.Now()
+	return m.monotonicNow()
 }
+
+// monotonicNow reads only the monotonic clock, which is cheaper than time.Now: a
+// time to subtract from other readings (Sub, time.Since), never to show.
+func (m *Middleware) monotonicNow() time.Time { return m.epoch.Add(time.Since(m.epoch)) }
 
 func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Handler) {
 	ctx := r.Context()

@@ -258,12 +258,13 @@ func WithLogger(l *slog.Logger) Option { return func(c *config) { c.logger = l }
 // 409's Retry-After).
 func WithClock(clk Clock) Option { return func(c *config) { c.clock = clk } }
 
-// nowOf returns clk's Now if it has one, else time.Now.
-func nowOf(clk Clock) func() time.Time {
+// nowOf returns clk's Now if it has one, else monotonic: the middleware only
+// subtracts its readings.
+func nowOf(clk Clock, monotonic func() time.Time) func() time.Time {
 	if n, ok := clk.(interface{ Now() time.Time }); ok {
 		return n.Now
 	}
-	return time.Now
+	return monotonic
 }
 
 // Clock schedules lease renewals.

@@ -2,6 +2,7 @@ package peers
 
 import (
 	"bytes"
+	"crypto/sha256"
 	"flag"
 	"fmt"
 	"io"
@@ -18,6 +19,7 @@ import (
 	idem3 "github.com/gofiber/fiber/v3/middleware/idempotency"
 	"github.com/valyala/fasthttp"
 
+	"github.com/idemkey/idemkey/fingerprint"
 	"github.com/idemkey/idemkey/middleware"
 	"github.com/idemkey/idemkey/store/memory"
 )
@@ -155,6 +157,25 @@ func BenchmarkFiberV3(b *testing.B) {
 		return newFast(app.Handler())
 	}
 	bench(b, func() runner { return app(false) }, func() runner { return app(true) })
+}
+
+// BenchmarkHash is the part of a first execution and of a replay that no peer
+// pays: the request's fingerprint (SHA-256 over method, route, query and body),
+// and SHA-256 of the body alone.
+func BenchmarkHash(b *testing.B) {
+	b.Run("fingerprint", func(b *testing.B) {
+		req := fingerprint.Request{Method: http.MethodPost, Route: "/api/transfers", Body: body}
+		b.ReportAllocs()
+		for b.Loop() {
+			fingerprint.Sum(req, fingerprint.Options{})
+		}
+	})
+	b.Run("sha256", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			sha256.Sum256(body)
+		}
+	})
 }
 
 // netHTTP serves through an http.Handler with a reused request and a writer that

@@ -17,12 +17,21 @@ func checkHeap(t *testing.T, s *Store) {
 	for i := range s.shards {
 		sh := &s.shards[i]
 		sh.mu.Lock()
-		if len(sh.expiry) != len(sh.records) {
-			t.Fatalf("shard %d: %d heap items for %d records", i, len(sh.expiry), len(sh.records))
+		n := 0
+		for h, e := range sh.records {
+			for ; e != nil; e = e.next {
+				if e.hash != h {
+					t.Fatalf("shard %d: record of %v chained under hash %x, its hash is %x", i, e.id, h, e.hash)
+				}
+				n++
+			}
+		}
+		if len(sh.expiry) != n {
+			t.Fatalf("shard %d: %d heap items for %d records", i, len(sh.expiry), n)
 		}
 		for j, it := range sh.expiry {
 			e := it.e
-			if e.index != j || sh.records[e.id] != e || it.at != e.expiresAt {
+			if e.index != j || sh.records[e.hash].find(e.id) != e || it.at != e.expiresAt {
 				t.Fatalf("shard %d: heap item %d (index %d) is not the record of %v", i, j, e.index, e.id)
 			}
 			if p := (j - 1) / 2; j > 0 && sh.expiry[p].at > it.at {
@@ -35,9 +44,17 @@ func checkHeap(t *testing.T, s *Store) {
 
 // Random claims, takeovers, completions, releases, renewals and expiries keep
 // the heap exact: memory is bounded by the records, not by the calls made.
+// With a hash mask, IDs share hashes: 1 leaves two chains, 0 one chain of all.
 func TestExpiryHeapStaysExact(t *testing.T) {
+	for _, mask := range []uint64{^uint64(0), 1, 0} {
+		t.Run(strconv.FormatUint(mask, 16), func(t *testing.T) { testExpiryHeapStaysExact(t, mask) })
+	}
+}
+
+func testExpiryHeapStaysExact(t *testing.T, mask uint64) {
 	now := time.Unix(1_700_000_000, 0)
 	s := New(WithClock(func() time.Time { return now }), WithShards(2))
+	s.hashMask = mask
 	ctx := context.Background()
 	rng := rand.New(rand.NewPCG(1, 2))
 	tokens := map[store.ID]store.Token{}

@@ -19,10 +19,11 @@ func (s *Store) Inspect(ctx context.Context, id store.ID) (store.Info, error) {
 		return store.Info{}, err
 	}
 	at := s.clock()
-	sh := s.shard(id)
+	h := s.hash(id)
+	sh := s.shard(h)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
-	return s.info(sh.records[id], at), nil
+	return s.info(sh.records[h].find(id), at), nil
 }
 
 // Evict implements store.Inspector: the decision and the removal happen under the
@@ -35,17 +36,17 @@ func (s *Store) Evict(ctx context.Context, id store.ID, policy store.EvictPolicy
 		return store.Info{}, false, err
 	}
 	at := s.clock()
-	sh := s.shard(id)
+	h := s.hash(id)
+	sh := s.shard(h)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	sh.sweep(at)
-	e := sh.records[id]
+	e := sh.records[h].find(id)
 	found := s.info(e, at)
 	if !policy.Allows(found) {
 		return found, false, nil
 	}
-	delete(sh.records, id)
-	sh.remove(e.index)
+	sh.drop(e)
 	e.end()
 	return found, true, nil
 }
@@ -67,7 +68,7 @@ func (s *Store) info(e *entry, at int64) store.Info {
 	in.State = store.StateCompleted
 	in.CompletedAt = s.time(e.completedAt)
 	in.Status = int(e.status)
-	in.BodyBytes = len(e.body)
+	in.BodyBytes = len(e.body())
 	in.BodyOmitted = e.omitted
 	return in
 }

@@ -2,7 +2,9 @@
 // examples and the backend of unit tests.
 //
 // Records live in a sharded map, each shard under its own lock, so claims on
-// different keys rarely contend. Leases and retention run on the process's
+// different keys rarely contend. A record is found by a 64-bit seeded hash of its
+// scope and key (hashed once per call; it also picks the shard), records whose IDs
+// share a hash chained behind it. Leases and retention run on the process's
 // monotonic clock. Expired records are swept incrementally: every write to a shard
 // first removes that shard's records whose retention has passed (a min-heap by
 // expiry holding each record once), so memory stays bounded by the live keys
@@ -15,6 +17,7 @@ package memory
 
 import (
 	"context"
+	"encoding/binary"
 	"hash/maphash"
 	"net/http"
 	"sync"
@@ -25,10 +28,14 @@ import (
 
 // Store is the in-memory store. The zero value is not usable; call New.
 type Store struct {
-	now    func() time.Time
-	base   time.Time // deadlines are kept as nanoseconds since base
-	seed   maphash.Seed
-	shards []shard
+	now  func() time.Time
+	mono bool      // now is time.Now: read only the monotonic clock (time.Since)
+	base time.Time // deadlines are kept as nanoseconds since base
+	seed maphash.Seed
+	// hashMask keeps these bits of hash: all of them, except in tests, which
+	// clear some to make IDs share a hash.
+	hashMask uint64
+	shards   []shard
 }
 
 var (
@@ -37,8 +44,10 @@ var (
 )
 
 type shard struct {
-	mu      sync.Mutex
-	records map[store.ID]*entry
+	mu sync.Mutex
+	// records maps an ID's hash (Store.hash) to its record; records of other IDs
+	// with the same hash follow it through entry.next.
+	records map[uint64]*entry
 	expiry  []heapItem // min-heap by expiry; every record is in it exactly once
 	_       [24]byte   // keep shards on separate cache lines
 }
@@ -55,6 +64,8 @@ type heapItem struct {
 // Store.base.
 type entry struct {
 	id          store.ID
+	hash        uint64 // Store.hash(id)
+	next        *entry // the next record whose ID has the same hash
 	token       store.Token
 	fingerprint store.Fingerprint
 	index       int   // position in the shard's expiry heap
@@ -64,10 +75,12 @@ type entry struct {
 	completedAt int64
 	status      int32 // the stored status; 0 while in flight
 	omitted     bool
-	body        []byte
-	// fields holds the stored header as name, value pairs (a name repeated for
-	// each of its values): one slice costs less than a map.
-	fields []string
+	// data holds the stored header, its first fieldsLen bytes, as
+	// length-prefixed name, value pairs (a name repeated for each of its values;
+	// see appendFields), then the body: one allocation, with no pointers to
+	// scan, costs less than a map.
+	data      []byte
+	fieldsLen int
 	// rec is the record Claim hands out, built at the first replay and never
 	// written again.
 	rec *store.Record
@@ -90,27 +103,36 @@ func WithShards(n int) Option {
 
 // New returns an empty store.
 func New(opts ...Option) *Store {
-	s := &Store{now: time.Now, seed: maphash.MakeSeed(), shards: make([]shard, 64)}
+	s := &Store{seed: maphash.MakeSeed(), hashMask: ^uint64(0), shards: make([]shard, 64)}
 	for _, o := range opts {
 		o(s)
 	}
+	if s.now == nil {
+		s.now, s.mono = time.Now, true
+	}
 	s.base = s.now()
 	for i := range s.shards {
-		s.shards[i].records = make(map[store.ID]*entry)
+		s.shards[i].records = make(map[uint64]*entry)
 	}
 	return s
 }
 
-func (s *Store) shard(id store.ID) *shard {
-	if len(s.shards) == 1 {
-		return &s.shards[0]
-	}
-	h := maphash.String(s.seed, id.Key) ^ maphash.String(s.seed, id.Scope)*0x9e3779b97f4a7c15
+// hash returns the seeded hash of id that finds its shard and its record.
+func (s *Store) hash(id store.ID) uint64 {
+	return (maphash.String(s.seed, id.Key) ^ maphash.String(s.seed, id.Scope)*0x9e3779b97f4a7c15) & s.hashMask
+}
+
+func (s *Store) shard(h uint64) *shard {
 	return &s.shards[h%uint64(len(s.shards))]
 }
 
 // clock returns the store's time as ns since base.
-func (s *Store) clock() int64 { return int64(s.now().Sub(s.base)) }
+func (s *Store) clock() int64 {
+	if s.mono {
+		return int64(time.Since(s.base)) // the same reading, without the wall clock
+	}
+	return int64(s.now().Sub(s.base))
+}
 
 // time returns the instant at ns since base.
 func (s *Store) time(at int64) time.Time { return s.base.Add(time.Duration(at)) }
@@ -119,16 +141,23 @@ func (s *Store) time(at int64) time.Time { return s.base.Add(time.Duration(at)) 
 func (s *Store) record(e *entry) *store.Record {
 	rec := &store.Record{
 		Fingerprint: e.fingerprint,
-		Response:    store.Response{Status: int(e.status), Body: e.body, BodyOmitted: e.omitted},
+		Response:    store.Response{Status: int(e.status), Body: e.body(), BodyOmitted: e.omitted},
 		CreatedAt:   s.time(e.createdAt),
 		CompletedAt: s.time(e.completedAt),
 		ExpiresAt:   s.time(e.expiresAt),
 	}
-	if e.fields != nil {
-		rec.Header = headerFromFields(e.fields)
-		e.fields = nil
+	if e.fieldsLen > 0 {
+		rec.Header = headerFromFields(e.data[:e.fieldsLen])
 	}
 	return rec
+}
+
+// body returns the stored body (nil when empty).
+func (e *entry) body() []byte {
+	if len(e.data) == e.fieldsLen {
+		return nil
+	}
+	return e.data[e.fieldsLen:]
 }
 
 // Len returns the number of records held, live or not yet swept.
@@ -137,7 +166,7 @@ func (s *Store) Len() int {
 	for i := range s.shards {
 		sh := &s.shards[i]
 		sh.mu.Lock()
-		n += len(sh.records)
+		n += len(sh.expiry)
 		sh.mu.Unlock()
 	}
 	return n
@@ -156,13 +185,14 @@ func (s *Store) Claim(ctx context.Context, req store.ClaimRequest) (store.ClaimR
 		return store.ClaimResult{}, err
 	}
 	at := s.clock()
-	sh := s.shard(req.ID)
+	h := s.hash(req.ID)
+	sh := s.shard(h)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	sh.sweep(at)
 
-	e, ok := sh.records[req.ID]
-	if ok {
+	head := sh.records[h]
+	if e := head.find(req.ID); e != nil {
 		switch {
 		case e.fingerprint != req.Fingerprint:
 			return store.ClaimResult{Outcome: store.Mismatch}, nil
@@ -180,15 +210,17 @@ func (s *Store) Claim(ctx context.Context, req store.ClaimRequest) (store.ClaimR
 		sh.setExpiry(e, at+int64(req.Retention))
 		return store.ClaimResult{Outcome: store.Claimed, Token: e.token, Takeover: true}, nil
 	}
-	e = &entry{
+	e := &entry{
 		id:          req.ID,
+		hash:        h,
+		next:        head,
 		token:       store.NewToken(),
 		fingerprint: req.Fingerprint,
 		leaseUntil:  at + int64(req.Lease),
 		expiresAt:   at + int64(req.Retention),
 		createdAt:   at,
 	}
-	sh.records[req.ID] = e
+	sh.records[h] = e
 	sh.push(e)
 	return store.ClaimResult{Outcome: store.Claimed, Token: e.token}, nil
 }
@@ -201,14 +233,10 @@ func (s *Store) Complete(ctx context.Context, id store.ID, token store.Token, re
 	if err := store.ValidateResponse(resp, retention); err != nil {
 		return err
 	}
-	// Copy outside the lock; the copies are dropped if the token is refused.
-	fields := headerFields(resp.Header)
-	var body []byte
-	if len(resp.Body) > 0 {
-		body = append([]byte(nil), resp.Body...)
-	}
+	// Copy outside the lock, into one array; dropped if the token is refused.
+	data, fieldsLen := copyResponse(resp.Header, resp.Body)
 	return s.withHolder(ctx, id, token, func(sh *shard, e *entry, at int64) {
-		e.status, e.body, e.omitted, e.fields = int32(resp.Status), body, resp.BodyOmitted, fields
+		e.status, e.omitted, e.data, e.fieldsLen = int32(resp.Status), resp.BodyOmitted, data, fieldsLen
 		e.completedAt = at
 		e.leaseUntil = 0
 		sh.setExpiry(e, at+int64(retention))
@@ -222,8 +250,7 @@ func (s *Store) Release(ctx context.Context, id store.ID, token store.Token) err
 		return err
 	}
 	return s.withHolder(ctx, id, token, func(sh *shard, e *entry, _ int64) {
-		delete(sh.records, id)
-		sh.remove(e.index)
+		sh.drop(e)
 		e.end()
 	})
 }
@@ -251,13 +278,14 @@ func (s *Store) withHolder(ctx context.Context, id store.ID, token store.Token, 
 		return err
 	}
 	at := s.clock()
-	sh := s.shard(id)
+	h := s.hash(id)
+	sh := s.shard(h)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	sh.sweep(at)
-	e, ok := sh.records[id]
+	e := sh.records[h].find(id)
 	// An expired lease still belongs to its holder until someone takes it over.
-	if !ok || e.token != token || e.status != 0 {
+	if e == nil || e.token != token || e.status != 0 {
 		return store.ErrLeaseLost
 	}
 	f(sh, e, at)
@@ -273,11 +301,12 @@ func (s *Store) Wait(ctx context.Context, id store.ID) error {
 		return err
 	}
 	at := s.clock()
-	sh := s.shard(id)
+	h := s.hash(id)
+	sh := s.shard(h)
 	sh.mu.Lock()
 	sh.sweep(at)
-	e, ok := sh.records[id]
-	if !ok || e.status != 0 || at >= e.leaseUntil {
+	e := sh.records[h].find(id)
+	if e == nil || e.status != 0 || at >= e.leaseUntil {
 		sh.mu.Unlock()
 		return nil
 	}
@@ -302,39 +331,56 @@ func (e *entry) end() {
 	}
 }
 
-// headerFields copies h into one slice of name, value pairs (nil when h has no
-// values). Strings are immutable, so only the slice is new.
-func headerFields(h http.Header) []string {
-	n := 0
-	for _, v := range h {
-		n += 2 * len(v)
+// copyResponse copies h (see appendFields) and then body into one array (nil
+// when both are empty), and returns it with the length of the header part.
+func copyResponse(h http.Header, body []byte) (data []byte, fieldsLen int) {
+	var scratch [512]byte // a typical header fits: h is walked once
+	f := appendFields(scratch[:0], h)
+	if len(f)+len(body) == 0 {
+		return nil, 0
 	}
-	if n == 0 {
-		return nil
-	}
-	fields := make([]string, 0, n)
-	for k, vs := range h {
-		for _, v := range vs {
-			fields = append(fields, k, v)
-		}
-	}
-	return fields
+	data = make([]byte, len(f)+len(body))
+	copy(data, f)
+	copy(data[len(f):], body)
+	return data, len(f)
 }
 
-// headerFromFields builds the header map of name, value pairs, values of one
-// name in their order, in one backing array of values.
-func headerFromFields(fields []string) http.Header {
-	h := make(http.Header, len(fields)/2)
-	vals := make([]string, len(fields)/2)
-	for i := 0; i < len(fields); i += 2 {
-		k := fields[i]
+// appendFields appends each value of h as the uvarint length of its name, the
+// name, the uvarint length of the value and the value.
+func appendFields(b []byte, h http.Header) []byte {
+	for k, vs := range h {
+		for _, v := range vs {
+			b = binary.AppendUvarint(b, uint64(len(k)))
+			b = append(b, k...)
+			b = binary.AppendUvarint(b, uint64(len(v)))
+			b = append(b, v...)
+		}
+	}
+	return b
+}
+
+// headerFromFields builds the header map of what appendFields wrote, values of
+// one name in their order, in one backing array of values.
+func headerFromFields(fields []byte) http.Header {
+	var pairs []string
+	for len(fields) > 0 {
+		for range 2 {
+			n, w := binary.Uvarint(fields)
+			pairs = append(pairs, string(fields[w:w+int(n)]))
+			fields = fields[w+int(n):]
+		}
+	}
+	h := make(http.Header, len(pairs)/2)
+	vals := make([]string, len(pairs)/2)
+	for i := 0; i < len(pairs); i += 2 {
+		k := pairs[i]
 		if _, done := h[k]; done {
 			continue
 		}
 		n := 0
-		for j := i; j < len(fields); j += 2 {
-			if fields[j] == k {
-				vals[n] = fields[j+1]
+		for j := i; j < len(pairs); j += 2 {
+			if pairs[j] == k {
+				vals[n] = pairs[j+1]
 				n++
 			}
 		}
@@ -344,12 +390,38 @@ func headerFromFields(fields []string) http.Header {
 	return h
 }
 
+// find returns the record of id in the chain that starts at e (nil: none).
+func (e *entry) find(id store.ID) *entry {
+	for e != nil && e.id != id {
+		e = e.next
+	}
+	return e
+}
+
+// drop removes e from the records and the expiry heap. Called with mu held.
+func (sh *shard) drop(e *entry) {
+	switch head := sh.records[e.hash]; {
+	case head == e && e.next == nil:
+		delete(sh.records, e.hash)
+	case head == e:
+		sh.records[e.hash] = e.next
+	default:
+		for p := head; p != nil; p = p.next {
+			if p.next == e {
+				p.next = e.next
+				break
+			}
+		}
+	}
+	e.next = nil
+	sh.remove(e.index)
+}
+
 // sweep removes the records whose retention has passed. Called with mu held.
 func (sh *shard) sweep(at int64) {
 	for len(sh.expiry) > 0 && sh.expiry[0].at <= at {
 		e := sh.expiry[0].e
-		sh.remove(0)
-		delete(sh.records, e.id)
+		sh.drop(e)
 		e.end()
 	}
 }
