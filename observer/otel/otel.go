@@ -19,6 +19,12 @@
 //	idemkey.takeover               true when the claim took over an expired lease
 //	idemkey.original_completed_at  on a replay: when the original response was
 //	                               stored (RFC 3339, the store's clock)
+//	idemkey.complete_retries       when storing the response had to be retried: the
+//	                               number of retried Complete calls (Event.CompleteRetries)
+//	idemkey.in_transaction         true when the handler stored its response in its
+//	                               own transaction (Event.InTransaction)
+//	idemkey.waited_seconds         when the request waited for the holder of its key
+//	                               (WithWaitInFlight): how long, in seconds (Event.Waited)
 //
 // A replay links to no span of the original request, which it cannot know; the
 // completion time is what ties them. The scope and key are never recorded
@@ -28,8 +34,8 @@
 //
 //	idemkey.decisions       counter, {request}, attribute idemkey.decision
 //	idemkey.store.duration  histogram, seconds, attributes idemkey.store.op
-//	                        (claim, complete, release) and error (true when the
-//	                        call failed)
+//	                        (claim, complete, release, wait) and error (true when
+//	                        the call failed)
 package idemotel
 
 import (
@@ -56,6 +62,9 @@ const (
 	AttrReplayed            = attribute.Key("idemkey.replayed")
 	AttrTakeover            = attribute.Key("idemkey.takeover")
 	AttrOriginalCompletedAt = attribute.Key("idemkey.original_completed_at")
+	AttrCompleteRetries     = attribute.Key("idemkey.complete_retries")
+	AttrInTransaction       = attribute.Key("idemkey.in_transaction")
+	AttrWaited              = attribute.Key("idemkey.waited_seconds")
 	AttrStoreOp             = attribute.Key("idemkey.store.op")
 	AttrError               = attribute.Key("error")
 
@@ -142,6 +151,15 @@ func (o *Observer) Observe(ctx context.Context, e middleware.Event) {
 	span.SetAttributes(AttrDecision.String(e.Decision.String()), AttrReplayed.Bool(replayed), AttrTakeover.Bool(e.Takeover))
 	if replayed && !e.CompletedAt.IsZero() {
 		span.SetAttributes(AttrOriginalCompletedAt.String(e.CompletedAt.UTC().Format(time.RFC3339Nano)))
+	}
+	if e.CompleteRetries > 0 {
+		span.SetAttributes(AttrCompleteRetries.Int(e.CompleteRetries))
+	}
+	if e.InTransaction {
+		span.SetAttributes(AttrInTransaction.Bool(true))
+	}
+	if e.Waited > 0 {
+		span.SetAttributes(AttrWaited.Float64(e.Waited.Seconds()))
 	}
 }
 

@@ -3,6 +3,7 @@ package idemotel_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
@@ -190,6 +191,44 @@ func TestTraces(t *testing.T) {
 	req, st = hs.takeSpans(t)
 	if names(st) != "idemkey.store.claim" || st[0].Status.Code != codes.Error || len(st[0].Events) == 0 || req["idemkey.decision"].AsString() != "store_error" {
 		t.Errorf("store error: spans %q status %v events %d, request attributes %v", names(st), st[0].Status, len(st[0].Events), req)
+	}
+}
+
+// TestSpanAttributesOfRetriesAndWaits: completion retries, an in-transaction
+// completion and a wait become attributes of the request's span; an event
+// without them sets none of them.
+func TestSpanAttributesOfRetriesAndWaits(t *testing.T) {
+	exp := tracetest.NewInMemoryExporter()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(exp))
+	t.Cleanup(func() { tp.Shutdown(context.Background()) })
+	obs, err := idemotel.New(idemotel.WithTracerProvider(tp))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		e    middleware.Event
+		want map[attribute.Key]string
+	}{
+		{middleware.Event{Decision: middleware.Executed, CompleteRetries: 2, InTransaction: true},
+			map[attribute.Key]string{idemotel.AttrCompleteRetries: "2", idemotel.AttrInTransaction: "true"}},
+		{middleware.Event{Decision: middleware.Replayed, Waited: 1500 * time.Millisecond},
+			map[attribute.Key]string{idemotel.AttrWaited: "1.5"}},
+		{middleware.Event{Decision: middleware.Executed}, map[attribute.Key]string{}},
+	} {
+		ctx, span := tp.Tracer("server").Start(context.Background(), "req")
+		obs.Observe(ctx, tc.e)
+		span.End()
+		got := map[attribute.Key]string{}
+		for _, kv := range exp.GetSpans()[0].Attributes {
+			switch kv.Key {
+			case idemotel.AttrCompleteRetries, idemotel.AttrInTransaction, idemotel.AttrWaited:
+				got[kv.Key] = kv.Value.Emit()
+			}
+		}
+		exp.Reset()
+		if fmt.Sprint(got) != fmt.Sprint(tc.want) {
+			t.Errorf("%+v: attributes %v, want %v", tc.e, got, tc.want)
+		}
 	}
 }
 

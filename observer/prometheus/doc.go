@@ -26,6 +26,13 @@
 //	                                           fail-open runs, failed completions or
 //	                                           releases (a lost lease is not one)
 //	idemkey_takeovers_total                    claims that took over an expired lease
+//	idemkey_complete_retries_total             Complete calls retried after the store
+//	                                           failed to store a response (Event.CompleteRetries)
+//	idemkey_in_transaction_completions_total   responses the handler stored in its own
+//	                                           transaction (Event.InTransaction)
+//	idemkey_wait_seconds                       histogram: how long a duplicate waited for
+//	                                           the holder of its key (WithWaitInFlight;
+//	                                           Event.Waited), for requests that waited
 //	idemkey_handler_answers_total{status}      answers the protected handler itself gave
 //	                                           (executed, released, lease lost or fail
 //	                                           open), by HTTP status

@@ -27,6 +27,8 @@ type Observer struct {
 	latency   [256]prometheus.Observer
 
 	replays, inFlight, mismatches, storeErrors, takeovers prometheus.Counter
+	completeRetries, inTransaction                        prometheus.Counter
+	waited                                                prometheus.Observer
 
 	answers  *prometheus.CounterVec
 	byStatus [1000]atomic.Pointer[prometheus.Counter] // answers' children, filled on first use
@@ -39,8 +41,8 @@ type Option func(*options)
 
 type options struct{ buckets []float64 }
 
-// WithLatencyBuckets sets the store latency histogram's upper bounds, in seconds,
-// increasing (default DefaultLatencyBuckets).
+// WithLatencyBuckets sets the upper bounds, in seconds, increasing, of the store
+// latency histogram and of the wait histogram (default DefaultLatencyBuckets).
 func WithLatencyBuckets(b []float64) Option { return func(o *options) { o.buckets = b } }
 
 // NewObserver creates the Observer's collectors and registers them with reg (use
@@ -79,11 +81,21 @@ func NewObserver(reg prometheus.Registerer, opts ...Option) (*Observer, error) {
 		mismatches:  counter("idemkey_mismatches_total", "422 answers: the key was used for another request."),
 		storeErrors: counter("idemkey_store_errors_total", "Idempotency store failures (503, fail-open, failed completion or release)."),
 		takeovers:   counter("idemkey_takeovers_total", "Claims that took over an expired lease."),
+		completeRetries: counter("idemkey_complete_retries_total",
+			"Complete calls retried after the store failed to store a response (while the lease was held)."),
+		inTransaction: counter("idemkey_in_transaction_completions_total",
+			"Responses the handler stored in its own transaction (MarkCompleted), without the middleware's Complete."),
 		answers: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "idemkey_handler_answers_total", Help: "Answers of the protected handler itself (not replays or middleware refusals), by HTTP status.",
 		}, []string{"status"}),
 	}
-	all := []prometheus.Collector{decisions, latency, m.replays, m.inFlight, m.mismatches, m.storeErrors, m.takeovers, m.answers}
+	waited := prometheus.NewHistogram(prometheus.HistogramOpts{
+		Name: "idemkey_wait_seconds", Help: "Time a duplicate waited for the request holding its key (WithWaitInFlight), for requests that waited.",
+		Buckets: o.buckets,
+	})
+	m.waited = waited
+	all := []prometheus.Collector{decisions, latency, m.replays, m.inFlight, m.mismatches, m.storeErrors, m.takeovers,
+		m.completeRetries, m.inTransaction, waited, m.answers}
 	for i, c := range all {
 		if err := reg.Register(c); err != nil {
 			for _, done := range all[:i] { // leave reg as it was
@@ -140,6 +152,15 @@ func (m *Observer) Observe(_ context.Context, e middleware.Event) {
 	}
 	if e.Takeover {
 		m.takeovers.Inc()
+	}
+	if e.CompleteRetries > 0 {
+		m.completeRetries.Add(float64(e.CompleteRetries))
+	}
+	if e.InTransaction {
+		m.inTransaction.Inc()
+	}
+	if e.Waited > 0 {
+		m.waited.Observe(e.Waited.Seconds())
 	}
 	switch e.Decision {
 	case middleware.Executed, middleware.Released, middleware.LeaseLost, middleware.FailOpen:

@@ -26,12 +26,12 @@ func TestObserver(t *testing.T) {
 	ctx := context.Background()
 	for _, e := range []middleware.Event{
 		{Decision: middleware.Executed, StoreLatency: 2 * time.Millisecond},
-		{Decision: middleware.Executed, StoreLatency: time.Millisecond, Takeover: true},
-		{Decision: middleware.Replayed, StoreLatency: time.Millisecond},
-		{Decision: middleware.InFlight, StoreLatency: time.Millisecond},
+		{Decision: middleware.Executed, StoreLatency: time.Millisecond, Takeover: true, CompleteRetries: 2, InTransaction: true},
+		{Decision: middleware.Replayed, StoreLatency: time.Millisecond, Waited: 30 * time.Millisecond},
+		{Decision: middleware.InFlight, StoreLatency: time.Millisecond, Waited: time.Second},
 		{Decision: middleware.Mismatch, StoreLatency: time.Millisecond},
 		{Decision: middleware.StoreError, Err: errors.New("down")},
-		{Decision: middleware.Executed, Err: errors.New("complete failed")},
+		{Decision: middleware.Executed, Err: errors.New("complete failed"), CompleteRetries: 3},
 		{Decision: middleware.LeaseLost, Err: store.ErrLeaseLost}, // not a store failure
 		{Decision: middleware.PassThrough},
 		{Decision: middleware.KeyMissing},
@@ -44,19 +44,22 @@ func TestObserver(t *testing.T) {
 	}
 	got := gather(t, reg)
 	for name, want := range map[string]float64{
-		"idemkey_decisions_total/executed":       3,
-		"idemkey_decisions_total/replayed":       1,
-		"idemkey_decisions_total/pass_through":   1,
-		"idemkey_decisions_total/key_missing":    1,
-		"idemkey_decisions_total/fail_open":      0,
-		"idemkey_decisions_total/unknown":        1,
-		"idemkey_store_latency_seconds/executed": 3,
-		"idemkey_store_latency_seconds/replayed": 1,
-		"idemkey_replays_total":                  1,
-		"idemkey_in_flight_total":                1,
-		"idemkey_mismatches_total":               1,
-		"idemkey_store_errors_total":             2,
-		"idemkey_takeovers_total":                1,
+		"idemkey_decisions_total/executed":         3,
+		"idemkey_decisions_total/replayed":         1,
+		"idemkey_decisions_total/pass_through":     1,
+		"idemkey_decisions_total/key_missing":      1,
+		"idemkey_decisions_total/fail_open":        0,
+		"idemkey_decisions_total/unknown":          1,
+		"idemkey_store_latency_seconds/executed":   3,
+		"idemkey_store_latency_seconds/replayed":   1,
+		"idemkey_replays_total":                    1,
+		"idemkey_in_flight_total":                  1,
+		"idemkey_mismatches_total":                 1,
+		"idemkey_store_errors_total":               2,
+		"idemkey_takeovers_total":                  1,
+		"idemkey_complete_retries_total":           5,
+		"idemkey_in_transaction_completions_total": 1,
+		"idemkey_wait_seconds":                     2,
 	} {
 		if v, ok := got[name]; !ok || v != want {
 			t.Errorf("%s = %v (present %v), want %v", name, v, ok, want)
