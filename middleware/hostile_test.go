@@ -577,3 +577,105 @@ func TestStoreKeepsContextPastCall(t *testing.T) {
 	close(ls.stop)
 	ls.wg.Wait()
 }
+
+// reclaimBlocks lets the first two claims through (the holder's and the
+// duplicate's first, which finds the key in flight: inFlight is closed after
+// it) and blocks every later one (the duplicate's claim after its wait) until
+// gone is closed; then, as a network store would, it fails when its context
+// has ended.
+type reclaimBlocks struct {
+	store.Store
+	n                 atomic.Int32
+	inFlight, entered chan struct{}
+	gone              chan struct{}
+}
+
+func (b *reclaimBlocks) Claim(ctx context.Context, req store.ClaimRequest) (store.ClaimResult, error) {
+	n := b.n.Add(1)
+	if n >= 3 {
+		b.entered <- struct{}{}
+		<-b.gone
+		if err := ctx.Err(); err != nil {
+			return store.ClaimResult{}, err
+		}
+	}
+	res, err := b.Store.Claim(ctx, req)
+	if n == 2 {
+		close(b.inFlight)
+	}
+	return res, err
+}
+
+// A waiting duplicate (WithWaitInFlight) whose client hangs up while its claim
+// after the wake-up is in the store: by default that claim is not cancelled
+// either, so the duplicate ends with the original's replay, logs nothing and
+// counts no outage; with WithCancelOnDisconnect the cancelled claim is no
+// outage either.
+func TestHangUpDuringReclaim(t *testing.T) {
+	for _, cancelOnGone := range []bool{false, true} {
+		t.Run(fmt.Sprint("cancel on disconnect ", cancelOnGone), func(t *testing.T) {
+			bs := &reclaimBlocks{Store: memory.New(), inFlight: make(chan struct{}), entered: make(chan struct{}), gone: make(chan struct{})}
+			logs := &logRecorder{}
+			var mu sync.Mutex
+			var events []Event
+			m, err := New(bs, GlobalScope, WithLogger(slog.New(logs)), WithWaitInFlight(time.Minute), WithLease(time.Minute),
+				WithCancelOnDisconnect(cancelOnGone), WithObserver(ObserverFunc(func(_ context.Context, ev Event) {
+					mu.Lock()
+					events = append(events, ev)
+					mu.Unlock()
+				})))
+			if err != nil {
+				t.Fatal(err)
+			}
+			gate, started := make(chan struct{}), make(chan struct{})
+			var runs atomic.Int32
+			h := m.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				if runs.Add(1) == 1 {
+					close(started)
+					<-gate
+				}
+				w.WriteHeader(http.StatusCreated)
+				w.Write([]byte("ran"))
+			}))
+			orig := make(chan struct{})
+			go func() {
+				defer close(orig)
+				h.ServeHTTP(httptest.NewRecorder(), req("POST", "/x", "k", "b"))
+			}()
+			<-started
+			ctx, hangUp := context.WithCancel(context.Background())
+			dup := make(chan *httptest.ResponseRecorder)
+			go func() {
+				w := httptest.NewRecorder()
+				h.ServeHTTP(w, req("POST", "/x", "k", "b").WithContext(ctx))
+				dup <- w
+			}()
+			<-bs.inFlight // the duplicate found the key in flight and waits
+			close(gate)   // the original completes and wakes it
+			<-orig
+			<-bs.entered // the duplicate's claim after the wake-up is in the store
+			hangUp()
+			close(bs.gone)
+			w := <-dup
+			if n, r := logs.count(slog.LevelWarn); n != 0 {
+				t.Fatalf("logged %q at %v after a hang-up", r.Message, r.Level)
+			}
+			mu.Lock()
+			ev := events[len(events)-1]
+			mu.Unlock()
+			if runs.Load() != 1 {
+				t.Fatalf("%d runs, want 1", runs.Load())
+			}
+			if cancelOnGone {
+				if ev.Decision != StoreError || !errors.Is(ev.Err, context.Canceled) {
+					t.Fatalf("event %+v; want the cancelled claim", ev)
+				}
+				return
+			}
+			if ev.Decision != Replayed || w.Code != http.StatusCreated || w.Body.String() != "ran" ||
+				w.Header().Get(DefaultReplayedHeader) != "true" {
+				t.Fatalf("event %+v, answer %d %q; want the original's replay", ev, w.Code, w.Body)
+			}
+		})
+	}
+}

@@ -488,7 +488,7 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	var waited time.Duration
 	if err == nil && res.Outcome == store.InFlight && m.wait > 0 {
 		var claimTime time.Duration
-		res, claimTime, waited, err = m.waitInFlight(ctx, req, res)
+		res, claimTime, waited, err = m.waitInFlight(ctx, claimParent, req, res)
 		err = checkClaim(res, err)
 		if m.observer != nil {
 			latency += claimTime

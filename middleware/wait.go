@@ -45,8 +45,12 @@ func WithWaitInFlight(d time.Duration) Option { return func(c *config) { c.wait 
 // waitInFlight waits, while res is InFlight and the bound allows, for the claim
 // to end and claims again. It returns the last claim's answer (InFlight when the
 // bound, the lease or the request's context ran out first), the store time spent
-// in claims, and the time spent waiting.
-func (m *Middleware) waitInFlight(ctx context.Context, req store.ClaimRequest, res store.ClaimResult) (_ store.ClaimResult, claimTime, waited time.Duration, err error) {
+// in claims, and the time spent waiting. The waits end with ctx (the request's
+// context: a client gone waits no longer); each claim runs on claimCtx, the
+// context the first claim ran on (by default detached from the client's
+// hang-up, so a claim the store made is never abandoned half-way: it would
+// answer 409 until its lease ends, and the hang-up would count as an outage).
+func (m *Middleware) waitInFlight(ctx, claimCtx context.Context, req store.ClaimRequest, res store.ClaimResult) (_ store.ClaimResult, claimTime, waited time.Duration, err error) {
 	start := time.Now()
 	deadline := start.Add(m.wait)
 	waiter, _ := m.store.(store.Waiter)
@@ -91,7 +95,7 @@ func (m *Middleware) waitInFlight(ctx context.Context, req store.ClaimRequest, r
 			break
 		}
 		t0 := time.Now()
-		cctx, cancel := m.storeCtx(ctx, m.timeouts.Claim)
+		cctx, cancel := m.storeCtx(claimCtx, m.timeouts.Claim)
 		cctx, done := m.storeCall(cctx, StoreClaim, req.ID)
 		res, err = m.store.Claim(cctx, req)
 		cancel()
