@@ -21,6 +21,13 @@
 //   - c.Response() is restored to echo's own *echo.Response when the middleware
 //     returns, with the status, size and Committed flag of what was sent; c.Request()
 //     is restored too, since the middleware's request body is pooled.
+//   - echo's own 404 and 405 (no route matched: no route at all, a not-found
+//     route such as a group's catch-all, or the method-not-allowed answer) are
+//     marked middleware.Unrouted, so they release the key and the corrected
+//     request with the same key runs. A handler's own 404 is stored and
+//     replayed. An answer is echo's own when the request's router (the host's,
+//     else the default) has no route for the request's method on the matched
+//     path (c.Path()); the routes are looked up only for 404 and 405 answers.
 //   - Path parameters (c.Param), the echo.Context and its values are untouched.
 package idemecho
 
@@ -37,6 +44,8 @@ import (
 // with e.Use, e.Group or per route. Requests m does not protect (by default every
 // method but POST and PATCH) pass through to next unchanged.
 func Middleware(m *middleware.Middleware) echo.MiddlewareFunc {
+	// Marks echo's own 404 and 405 so that they release the key.
+	unrouted := middleware.Unrouted(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
 	return func(next echo.HandlerFunc) echo.HandlerFunc {
 		return func(c echo.Context) (err error) {
 			origReq, origResp := c.Request(), c.Response()
@@ -50,9 +59,13 @@ func Middleware(m *middleware.Middleware) echo.MiddlewareFunc {
 				c.SetRequest(r)
 				// w writes through to origResp, which so records status, size and
 				// Committed as usual.
-				c.SetResponse(echo.NewResponse(w, c.Echo()))
+				resp := echo.NewResponse(w, c.Echo())
+				c.SetResponse(resp)
 				if err = next(c); err != nil {
 					c.Error(err)
+				}
+				if (resp.Status == http.StatusNotFound || resp.Status == http.StatusMethodNotAllowed) && routerAnswer(c, r) {
+					unrouted.ServeHTTP(w, r)
 				}
 			})).ServeHTTP(origResp, origReq)
 			return err
@@ -66,4 +79,26 @@ func Middleware(m *middleware.Middleware) echo.MiddlewareFunc {
 // handler (and inner middleware).
 func KeyFromContext(c echo.Context) (id store.ID, ok bool) {
 	return middleware.KeyFromContext(c.Request().Context())
+}
+
+// routerAnswer reports whether c's 404 or 405 is echo's own answer to a request
+// no route matched: the request's router has no route for r's method on the
+// path it matched (none at all, a not-found route such as a group's
+// catch-all, or a path registered for other methods only).
+func routerAnswer(c echo.Context, r *http.Request) bool {
+	path := c.Path()
+	if path == "" {
+		return true
+	}
+	e := c.Echo()
+	router := e.Router()
+	if hr, ok := e.Routers()[r.Host]; ok {
+		router = hr
+	}
+	for _, rt := range router.Routes() {
+		if rt.Method == r.Method && rt.Path == path {
+			return false
+		}
+	}
+	return true
 }

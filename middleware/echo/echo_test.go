@@ -130,3 +130,61 @@ func TestResponseRestored(t *testing.T) {
 		t.Errorf("outer middleware saw statuses %v, own committed response %v", statuses, same)
 	}
 }
+
+// TestNoRouteReleasesKey: echo's own 404 (no route, a group's catch-all) and
+// 405 release the key, so the corrected request with the same key runs; a
+// handler's own 404, and a catch-all route of the application's, are its
+// answers and are replayed.
+func TestNoRouteReleasesKey(t *testing.T) {
+	m, err := middleware.New(memory.New(), middleware.GlobalScope)
+	if err != nil {
+		t.Fatal(err)
+	}
+	runs := 0
+	e := echo.New()
+	g := e.Group("/api", idemecho.Middleware(m))
+	g.POST("/pay", func(c echo.Context) error { runs++; return c.String(http.StatusCreated, "paid") })
+	g.GET("/only-get", func(c echo.Context) error { return c.String(http.StatusOK, "got") })
+	g.POST("/missing", func(c echo.Context) error { runs++; return echo.ErrNotFound })
+	g.POST("/files/*", func(c echo.Context) error { runs++; return c.String(http.StatusNotFound, "no file") })
+	var got []string
+	for _, tc := range []struct{ path, key string }{
+		{"/api/pya", "k1"}, {"/api/pay", "k1"}, // typo: echo's 404, then the corrected path runs
+		{"/api/only-get", "k2"}, {"/api/pay", "k2"}, // wrong method: echo answers 404 (the group's catch-all), then the corrected request runs
+		{"/api/missing", "k3"}, {"/api/missing", "k3"}, // the handler's own 404: stored, replayed
+		{"/api/files/a", "k4"}, {"/api/files/a", "k4"}, // the application's catch-all: stored, replayed
+	} {
+		w := send(e, "POST", tc.path, tc.key)
+		got = append(got, fmt.Sprintf("%s %d %q", tc.path, w.Code, w.Header().Get("Idempotent-Replayed")))
+	}
+	want := `[/api/pya 404 "" /api/pay 201 "" /api/only-get 404 "" /api/pay 201 "" /api/missing 404 "" /api/missing 404 "true" /api/files/a 404 "" /api/files/a 404 "true"]`
+	if fmt.Sprint(got) != want || runs != 4 {
+		t.Errorf("got %v, runs %d\nwant %s, runs 4", got, runs, want)
+	}
+
+	// Global middleware (e.Use) sees echo's 405 and its 404 without a group, and
+	// a host's router is the one looked up.
+	for _, host := range []string{"", "api.example"} {
+		e = echo.New()
+		e.Use(idemecho.Middleware(m))
+		add := e.Add
+		if host != "" {
+			add = e.Host(host).Add
+		}
+		add(http.MethodGet, "/only-get", func(c echo.Context) error { return c.String(http.StatusOK, "got") })
+		add(http.MethodPost, "/pay", func(c echo.Context) error { runs++; return c.String(http.StatusCreated, "paid") })
+		add(http.MethodPost, "/gone", func(c echo.Context) error { return c.String(http.StatusNotFound, "gone") })
+		got = nil
+		for _, tc := range []struct{ path, key string }{{"/only-get", "g1"}, {"/pay", "g1"}, {"/nowhere", "g2"}, {"/pay", "g2"}, {"/gone", "g3"}, {"/gone", "g3"}} {
+			r := httptest.NewRequest("POST", tc.path, nil)
+			r.Host = host
+			r.Header.Set("Idempotency-Key", host+tc.key)
+			w := httptest.NewRecorder()
+			e.ServeHTTP(w, r)
+			got = append(got, fmt.Sprintf("%s %d %q", tc.path, w.Code, w.Header().Get("Idempotent-Replayed")))
+		}
+		if want := `[/only-get 405 "" /pay 201 "" /nowhere 404 "" /pay 201 "" /gone 404 "" /gone 404 "true"]`; fmt.Sprint(got) != want {
+			t.Errorf("global, host %q: got %v, want %s", host, got, want)
+		}
+	}
+}
