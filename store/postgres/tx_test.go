@@ -286,7 +286,7 @@ func TestTakeoverWaitsForCompletingTx(t *testing.T) {
 		res, err := s.Claim(ctx, req)
 		got <- answer{res, err}
 	}()
-	waitForLockWait(t, pool)
+	waitBlockedBy(t, pool, int(tx.Conn().PgConn().PID())) // the claim waits for this transaction's row lock
 	if err := tx.Commit(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -294,24 +294,6 @@ func TestTakeoverWaitsForCompletingTx(t *testing.T) {
 	if a.err != nil || a.res.Outcome != store.Completed || string(a.res.Record.Body) != "one" {
 		t.Fatalf("retry during the holder's transaction: %+v, %v; want the committed replay", a.res, a.err)
 	}
-}
-
-// waitForLockWait returns once some backend of this database waits for a row lock.
-func waitForLockWait(t testing.TB, pool *pgxpool.Pool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for time.Now().Before(deadline) {
-		var n int
-		if err := pool.QueryRow(t.Context(), `SELECT count(*) FROM pg_stat_activity
-			WHERE datname = current_database() AND wait_event_type = 'Lock'`).Scan(&n); err != nil {
-			t.Fatal(err)
-		}
-		if n > 0 {
-			return
-		}
-		time.Sleep(time.Millisecond) // polling the server's view; nothing to wait on
-	}
-	t.Fatal("no claim waited for the holder's row lock")
 }
 
 // countStore counts the middleware's Complete and Release calls.
