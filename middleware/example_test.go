@@ -81,3 +81,21 @@ func ExampleUnrouted() {
 	// /payments 201 false
 	// /payments 201 true
 }
+
+// Clients that read other members than code and detail get them on every
+// problem the middleware answers: here the "error" and "message" members of the
+// Celeriant reference's page.
+func ExampleWithProblemMembers() {
+	m, err := middleware.New(memory.New(), middleware.GlobalScope,
+		middleware.WithProblemMembers(func(code, detail string) map[string]any {
+			return map[string]any{"error": strings.ToUpper(code), "message": detail}
+		}))
+	if err != nil {
+		panic(err)
+	}
+	w := httptest.NewRecorder()
+	m.Handler(http.NotFoundHandler()).ServeHTTP(w, httptest.NewRequest("POST", "/payments", strings.NewReader("{}")))
+	fmt.Print(w.Code, " ", w.Body)
+	// Output:
+	// 400 {"type":"urn:idemkey:problem:idempotency_key_missing","title":"Idempotency-Key header missing","status":400,"detail":"This operation requires an Idempotency-Key header; send one and retry.","code":"idempotency_key_missing","error":"IDEMPOTENCY_KEY_MISSING","message":"This operation requires an Idempotency-Key header; send one and retry."}
+}

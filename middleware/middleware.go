@@ -327,7 +327,10 @@ func New(s store.Store, scope ScopeFunc, opts ...Option) (*Middleware, error) {
 			m.allow[textproto.CanonicalMIMEHeaderKey(h)] = struct{}{}
 		}
 	}
-	m.problems = newPrerendered()
+	var err error
+	if m.problems, err = newPrerendered(m.problemMembers); err != nil {
+		return nil, err
+	}
 	m.work = newWorkEstimate()
 	m.clockNow = nowOf(m.clock, m.monotonicNow)
 	m.trueVal, m.omitVal = []string{"true"}, []string{"omitted"}
@@ -424,7 +427,7 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		m.writeProblem(w, http.StatusBadRequest, problem{Title: "Invalid Idempotency-Key header",
 			Status: http.StatusBadRequest, Code: CodeKeyInvalid,
 			Detail: "The " + m.keyHeader + " header must be one Structured Field string (or a bare token) of 1 to 255 printable ASCII characters, not only spaces: " +
-				strings.TrimPrefix(err.Error(), "idemkey/middleware: invalid idempotency key: ") + "."}.render(), 0)
+				strings.TrimPrefix(err.Error(), "idemkey/middleware: invalid idempotency key: ") + "."}.render(m.problemMembers), 0)
 		m.observe(ctx, Event{Decision: KeyInvalid, Status: http.StatusBadRequest})
 		return
 	}
@@ -451,13 +454,13 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		if errors.Is(err, fingerprint.ErrBodyTooLarge) {
 			m.writeProblem(w, http.StatusRequestEntityTooLarge, problem{Title: "Request body too large",
 				Status: http.StatusRequestEntityTooLarge, Code: CodeRequestTooLarge,
-				Detail: fmt.Sprintf("The request body is larger than %d bytes, the most this operation fingerprints.", m.maxRequestBody)}.render(), 0)
+				Detail: fmt.Sprintf("The request body is larger than %d bytes, the most this operation fingerprints.", m.maxRequestBody)}.render(m.problemMembers), 0)
 			m.observe(ctx, Event{Decision: BodyTooLarge, ID: id, Status: http.StatusRequestEntityTooLarge})
 			return
 		}
 		m.writeProblem(w, http.StatusBadRequest, problem{Title: "Request body unreadable",
 			Status: http.StatusBadRequest, Code: CodeBodyUnreadable,
-			Detail: "The request body could not be read completely."}.render(), 0)
+			Detail: "The request body could not be read completely."}.render(m.problemMembers), 0)
 		m.observe(ctx, Event{Decision: BodyUnreadable, ID: id, Status: http.StatusBadRequest, Err: err})
 		return
 	}

@@ -92,6 +92,7 @@ type config struct {
 	cancelOnGone    bool
 	wait            time.Duration
 	observer        Observer
+	problemMembers  func(code, detail string) map[string]any
 	logger          *slog.Logger
 	clock           Clock
 }
@@ -248,6 +249,20 @@ func WithCancelOnDisconnect(on bool) Option { return func(c *config) { c.cancelO
 // WithObserver sets the observer called once per request (default none). An
 // observer that also implements StoreObserver is called around each store call.
 func WithObserver(o Observer) Option { return func(c *config) { c.observer = o } }
+
+// WithProblemMembers adds extension members (RFC 9457 section 3.2) to every
+// problem the middleware answers, beside type, title, status, detail and code:
+// members is called with the problem's code (the Code* constants) and detail
+// and returns the members to add (nil or empty: none), which are rendered in
+// the order of their names. New calls it once for every code and fails when it
+// panics, names one of the five members above, or returns a value
+// encoding/json cannot encode; the problems without a variable detail are
+// rendered once, in New. Use it when clients read other members than code and
+// detail, for example the Celeriant reference page, which shows "message" and
+// branches on "error" (docs/account-service.md section 1.3).
+func WithProblemMembers(members func(code, detail string) map[string]any) Option {
+	return func(c *config) { c.problemMembers = members }
+}
 
 // WithLogger sets the logger (default slog.Default()).
 func WithLogger(l *slog.Logger) Option { return func(c *config) { c.logger = l } }

@@ -2,6 +2,7 @@ package middleware
 
 import (
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"strconv"
 	"time"
@@ -55,11 +56,42 @@ type problem struct {
 	Code   string `json:"code"`
 }
 
-// render returns the problem's JSON body.
-func (p problem) render() []byte {
+// render returns the problem's JSON body, with the extension members of
+// WithProblemMembers after the problem's own.
+func (p problem) render(members func(code, detail string) map[string]any) []byte {
+	b, _ := p.renderErr(members) // New checked members for every code
+	return b
+}
+
+// reservedMembers are the members every problem carries itself.
+var reservedMembers = [...]string{"type", "title", "status", "detail", "code"}
+
+func (p problem) renderErr(members func(code, detail string) map[string]any) (_ []byte, err error) {
 	p.Type = ProblemTypePrefix + p.Code
 	b, _ := json.Marshal(p) // strings and an int: cannot fail
-	return append(b, '\n')
+	if members == nil {
+		return append(b, '\n'), nil
+	}
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("idemkey/middleware: problem members for %q panicked: %v", p.Code, r)
+		}
+	}()
+	extra := members(p.Code, p.Detail)
+	if len(extra) == 0 {
+		return append(b, '\n'), nil
+	}
+	for _, name := range reservedMembers {
+		if _, ok := extra[name]; ok {
+			return append(b, '\n'), fmt.Errorf("idemkey/middleware: problem members for %q name %q, a member of every problem", p.Code, name)
+		}
+	}
+	e, err := json.Marshal(extra) // a map: members in the order of their names
+	if err != nil {
+		return append(b, '\n'), fmt.Errorf("idemkey/middleware: problem members for %q: %w", p.Code, err)
+	}
+	b = append(append(b[:len(b)-1], ','), e[1:]...)
+	return append(b, '\n'), nil
 }
 
 // prerendered holds the bodies of the problems without a variable detail.
@@ -67,22 +99,35 @@ type prerendered struct {
 	missing, inFlight, mismatch, storeDown, keyRefused, scopeTooLong []byte
 }
 
-func newPrerendered() prerendered {
-	return prerendered{
-		missing: problem{Title: "Idempotency-Key header missing", Status: http.StatusBadRequest, Code: CodeKeyMissing,
-			Detail: "This operation requires an Idempotency-Key header; send one and retry."}.render(),
-		inFlight: problem{Title: "Request in flight", Status: http.StatusConflict, Code: CodeInFlight,
-			Detail: "A request with this idempotency key is still being processed; retry after the Retry-After delay."}.render(),
-		mismatch: problem{Title: "Idempotency key reused", Status: http.StatusUnprocessableEntity, Code: CodeMismatch,
-			Detail: "This idempotency key was already used for a different request (method, route, query or body); use a new key."}.render(),
-		keyRefused: problem{Title: "Invalid Idempotency-Key header", Status: http.StatusBadRequest, Code: CodeKeyInvalid,
-			Detail: "The idempotency store does not accept this key or its scope."}.render(),
-		scopeTooLong: problem{Title: "Idempotency scope too long", Status: http.StatusBadRequest, Code: CodeScopeInvalid,
-			Detail: "The scope of this request (the client or tenant its idempotency keys belong to, e.g. a client ID header) is longer than " +
-				strconv.Itoa(store.MaxScopeLen) + " bytes; use a shorter one."}.render(),
-		storeDown: problem{Title: "Idempotency store unavailable", Status: http.StatusServiceUnavailable, Code: CodeStoreUnavailable,
-			Detail: "The request could not be checked for duplicates and was not processed; retry after the Retry-After delay."}.render(),
+// newPrerendered renders the problems without a variable detail, and checks
+// members on the others' codes with a sample detail: the error is New's.
+func newPrerendered(members func(code, detail string) map[string]any) (prerendered, error) {
+	var firstErr error
+	r := func(p problem) []byte {
+		b, err := p.renderErr(members)
+		if err != nil && firstErr == nil {
+			firstErr = err
+		}
+		return b
 	}
+	for _, code := range []string{CodeKeyInvalid, CodeBodyUnreadable, CodeRequestTooLarge} {
+		r(problem{Code: code, Detail: "sample detail"})
+	}
+	return prerendered{
+		missing: r(problem{Title: "Idempotency-Key header missing", Status: http.StatusBadRequest, Code: CodeKeyMissing,
+			Detail: "This operation requires an Idempotency-Key header; send one and retry."}),
+		inFlight: r(problem{Title: "Request in flight", Status: http.StatusConflict, Code: CodeInFlight,
+			Detail: "A request with this idempotency key is still being processed; retry after the Retry-After delay."}),
+		mismatch: r(problem{Title: "Idempotency key reused", Status: http.StatusUnprocessableEntity, Code: CodeMismatch,
+			Detail: "This idempotency key was already used for a different request (method, route, query or body); use a new key."}),
+		keyRefused: r(problem{Title: "Invalid Idempotency-Key header", Status: http.StatusBadRequest, Code: CodeKeyInvalid,
+			Detail: "The idempotency store does not accept this key or its scope."}),
+		scopeTooLong: r(problem{Title: "Idempotency scope too long", Status: http.StatusBadRequest, Code: CodeScopeInvalid,
+			Detail: "The scope of this request (the client or tenant its idempotency keys belong to, e.g. a client ID header) is longer than " +
+				strconv.Itoa(store.MaxScopeLen) + " bytes; use a shorter one."}),
+		storeDown: r(problem{Title: "Idempotency store unavailable", Status: http.StatusServiceUnavailable, Code: CodeStoreUnavailable,
+			Detail: "The request could not be checked for duplicates and was not processed; retry after the Retry-After delay."}),
+	}, firstErr
 }
 
 // writeProblem answers status with body, a prerendered problem; retryAfter > 0

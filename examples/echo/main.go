@@ -62,6 +62,9 @@ func wire(ctx context.Context, env setup.Env, conns *setup.Conns, logger *slog.L
 		middleware.WithLease(env.Lease), middleware.WithRetention(env.Retention),
 		// A retry racing the original waits for its answer (IDEM_WAIT, default 5s).
 		middleware.WithWaitInFlight(env.Wait),
+		// Its problems carry error and message too, as the API's own (the
+		// reference's page reads them).
+		middleware.WithProblemMembers(httpapi.ProblemMembers),
 		middleware.WithObserver(observer), middleware.WithLogger(logger))
 	if err != nil {
 		return nil, nil, err

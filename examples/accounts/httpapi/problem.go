@@ -45,6 +45,15 @@ func WriteProblem(w http.ResponseWriter, status int, code, detail string) {
 	writeProblem(w, newProblem(status, code, detail))
 }
 
+// ProblemMembers gives the idempotency middleware's problems the two members
+// the account API's own carry (middleware.WithProblemMembers): error, the code
+// in upper case (REQUEST_IN_FLIGHT, STORE_UNAVAILABLE, ...), and message, the
+// detail. So the reference's page shows the middleware's 400, 409, 413, 422
+// and 503 answers in words too.
+func ProblemMembers(code, detail string) map[string]any {
+	return map[string]any{"error": strings.ToUpper(code), "message": detail}
+}
+
 // writeProblem sends p as application/problem+json.
 func writeProblem(w http.ResponseWriter, p problem) {
 	body, err := json.Marshal(p)

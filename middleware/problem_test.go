@@ -1,0 +1,116 @@
+package middleware
+
+import (
+	"encoding/json"
+	"errors"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+
+	"github.com/idemkey/idemkey/store"
+	"github.com/idemkey/idemkey/store/memory"
+)
+
+// TestProblemMembers: with WithProblemMembers every problem the middleware
+// answers carries the extra members (here the reference page's "error" and
+// "message") after its own five, which stay as they were.
+func TestProblemMembers(t *testing.T) {
+	members := func(code, detail string) map[string]any {
+		return map[string]any{"message": detail, "error": strings.ToUpper(code)}
+	}
+	hs := &hookStore{Store: memory.New()}
+	m, err := New(hs, ScopeFromHeader("X-Client-ID", "anonymous"), WithProblemMembers(members),
+		WithMaxRequestBody(8), WithLogger(discardLogger()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	gate, started := make(chan struct{}), make(chan struct{})
+	h := m.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/slow" {
+			close(started)
+			<-gate
+		}
+		w.WriteHeader(http.StatusCreated)
+	}))
+	do := func(r *http.Request) *httptest.ResponseRecorder {
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, r)
+		return w
+	}
+	done := make(chan struct{})
+	go func() { defer close(done); do(req("POST", "/slow", "held", "b")) }()
+	<-started // the slow request holds its key
+	do(req("POST", "/x", "used", "b"))
+	unreadable := httptest.NewRequest("POST", "/x", io.MultiReader(strings.NewReader("part"), errReader{}))
+	unreadable.Header.Set("Idempotency-Key", "u")
+	for _, tc := range []struct {
+		name string
+		r    *http.Request
+		code string
+		down bool
+	}{
+		{"missing", req("POST", "/x", "", "b"), CodeKeyMissing, false},
+		{"invalid", req("POST", "/x", `"open`, "b"), CodeKeyInvalid, false},
+		{"scope", req("POST", "/x", "k", "b", "X-Client-ID", strings.Repeat("c", store.MaxScopeLen+1)), CodeScopeInvalid, false},
+		{"too large", req("POST", "/x", "k", "123456789"), CodeRequestTooLarge, false},
+		{"unreadable", unreadable, CodeBodyUnreadable, false},
+		{"in flight", req("POST", "/slow", "held", "b"), CodeInFlight, false},
+		{"mismatch", req("POST", "/x", "used", "other"), CodeMismatch, false},
+		{"store down", req("POST", "/x", "new", "b"), CodeStoreUnavailable, true},
+	} {
+		if tc.down {
+			hs.claimErr = errors.New("down")
+		}
+		w := do(tc.r)
+		var p map[string]any
+		if err := json.Unmarshal(w.Body.Bytes(), &p); err != nil {
+			t.Fatalf("%s: %v: %s", tc.name, err, w.Body)
+		}
+		if p["code"] != tc.code || p["type"] != ProblemTypePrefix+tc.code || p["error"] != strings.ToUpper(tc.code) ||
+			p["message"] != p["detail"] || p["detail"] == "" || p["title"] == "" || p["status"] != float64(w.Code) || len(p) != 7 {
+			t.Errorf("%s: %d %s", tc.name, w.Code, w.Body)
+		}
+		if !strings.HasPrefix(w.Body.String(), `{"type":`) || !strings.HasSuffix(w.Body.String(), "}\n") {
+			t.Errorf("%s: body %q: the problem's own members first, one line", tc.name, w.Body)
+		}
+	}
+	close(gate)
+	<-done
+}
+
+// TestProblemMembersRefused: members that could not be rendered on every
+// problem fail New, not a request.
+func TestProblemMembersRefused(t *testing.T) {
+	for name, members := range map[string]func(code, detail string) map[string]any{
+		"reserved name": func(code, _ string) map[string]any { return map[string]any{"detail": "x"} },
+		"reserved on one code": func(code, _ string) map[string]any {
+			if code == CodeRequestTooLarge {
+				return map[string]any{"status": 500}
+			}
+			return nil
+		},
+		"not JSON": func(string, string) map[string]any { return map[string]any{"f": func() {}} },
+		"panics":   func(string, string) map[string]any { panic("boom") },
+	} {
+		if m, err := New(memory.New(), GlobalScope, WithProblemMembers(members)); err == nil || m != nil {
+			t.Errorf("%s: New = %v, %v; want an error", name, m, err)
+		}
+	}
+	// nil and empty maps add nothing.
+	for _, members := range []func(code, detail string) map[string]any{
+		nil, func(string, string) map[string]any { return nil }, func(string, string) map[string]any { return map[string]any{} },
+	} {
+		m, err := New(memory.New(), GlobalScope, WithProblemMembers(members))
+		if err != nil {
+			t.Fatal(err)
+		}
+		w := httptest.NewRecorder()
+		m.Handler(http.NotFoundHandler()).ServeHTTP(w, req("POST", "/x", "", "b"))
+		var p map[string]any
+		if err := json.Unmarshal(w.Body.Bytes(), &p); err != nil || len(p) != 5 {
+			t.Errorf("members %v: %s", p, w.Body)
+		}
+	}
+}
