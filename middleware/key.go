@@ -41,7 +41,8 @@ func ParseKey(v string) (string, error) {
 		return "", keyError("empty")
 	}
 	var key, rest string
-	if v[0] == '"' {
+	quoted := v[0] == '"'
+	if quoted {
 		var escaped bool
 		end := -1
 		for i := 1; i < len(v); i++ {
@@ -87,7 +88,7 @@ func ParseKey(v string) (string, error) {
 	switch {
 	case key == "":
 		return "", keyError("empty")
-	case strings.Trim(key, " ") == "":
+	case quoted && strings.Trim(key, " ") == "": // a token has no spaces
 		return "", keyError("only spaces")
 	case len(key) > MaxKeyLen:
 		return "", keyError("longer than 255 bytes")
@@ -119,13 +120,20 @@ func unescapeSFString(s string) string {
 	return b.String()
 }
 
-// isKeyTokenChar reports whether c is an RFC 9110 tchar, ':' or '/'.
+// keyTokenLo and keyTokenHi have bit c (c-64) set for each byte c below 64 (64
+// to 127) that isKeyTokenChar accepts: ALPHA, DIGIT and "!#$%&'*+-.^_`|~:/".
+const (
+	keyTokenLo = 0x07ff_ecfa_0000_0000
+	keyTokenHi = 0x57ff_ffff_c7ff_fffe
+)
+
+// isKeyTokenChar reports whether c is an RFC 9110 tchar, ':' or '/': one shift
+// and mask, no search, since it runs for every byte of every key.
 func isKeyTokenChar(c byte) bool {
-	switch {
-	case 'a' <= c && c <= 'z', 'A' <= c && c <= 'Z', '0' <= c && c <= '9':
-		return true
+	if c < 64 {
+		return keyTokenLo>>c&1 != 0
 	}
-	return strings.IndexByte("!#$%&'*+-.^_`|~:/", c) >= 0
+	return c < 128 && keyTokenHi>>(c-64)&1 != 0
 }
 
 // checkParams validates RFC 8941 parameters: *( ";" *SP key [ "=" bare-item ] ).

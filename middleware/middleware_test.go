@@ -197,6 +197,21 @@ func TestParseKey(t *testing.T) {
 	}
 }
 
+// TestParseKeyTokenBytes checks every byte as a one-byte bare key against the
+// grammar (RFC 9110 tchar, ':' and '/'), so the bit table behind isKeyTokenChar
+// cannot drift from it.
+func TestParseKeyTokenBytes(t *testing.T) {
+	for c := 0; c < 256; c++ {
+		b := byte(c)
+		want := 'a' <= b && b <= 'z' || 'A' <= b && b <= 'Z' || '0' <= b && b <= '9' ||
+			strings.IndexByte("!#$%&'*+-.^_`|~:/", b) >= 0
+		k, err := ParseKey("k" + string(b) + "k")
+		if got := err == nil && k == "k"+string(b)+"k"; got != want {
+			t.Errorf("byte %#x inside a bare key: accepted %v (%q, %v), want %v", b, got, k, err, want)
+		}
+	}
+}
+
 func FuzzParseKey(f *testing.F) {
 	for _, s := range []string{`"abc"`, "abc", `"a\"b"`, `"k";p=?1`, `"x`, "", "\x00", `"a";b=:AAA=:`} {
 		f.Add(s)
