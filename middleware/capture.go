@@ -98,13 +98,15 @@ func (d *detachedCtx) set(parent context.Context) {
 	d.mu.Unlock()
 }
 
-func (c *call) start(w http.ResponseWriter, ctx context.Context, id store.ID, token store.Token) {
+// start readies c for the handler; held is when the claim was known held
+// (time since m.epoch).
+func (c *call) start(w http.ResponseWriter, ctx context.Context, id store.ID, token store.Token, held time.Duration) {
 	c.w = w
 	c.ctx.set(ctx)
 	c.txMu.Lock() // a late MarkCompleted from a goroutine the handler left behind reads them
 	c.id, c.token = id, token
 	c.txMu.Unlock()
-	c.held.Store(int64(time.Since(c.m.epoch)))
+	c.held.Store(int64(held))
 	c.mu.Lock()
 	c.stopped = false
 	if c.timer == nil {
@@ -216,6 +218,23 @@ func (c *call) stopRenewal() bool {
 	return c.timer.Stop()
 }
 
+// resetUnstarted readies c for the pool when start never ran: only the claim's
+// context and the request body were set.
+func (c *call) resetUnstarted() {
+	c.ctx.set(nil)
+	c.resetRequestBody()
+}
+
+// resetRequestBody drops the request body, keeping a buffer of at most
+// maxPooledBuffer bytes.
+func (c *call) resetRequestBody() {
+	if cap(c.reqBuf) > maxPooledBuffer {
+		c.reqBuf = nil
+	}
+	c.reqBuf = c.reqBuf[:0]
+	c.reqBody.Reset(nil)
+}
+
 // reset readies c for the pool.
 func (c *call) reset() {
 	c.w, c.route = nil, ""
@@ -235,11 +254,7 @@ func (c *call) reset() {
 	clear(c.header)
 	clear(c.pre)
 	c.pre = c.pre[:0]
-	if cap(c.reqBuf) > maxPooledBuffer {
-		c.reqBuf = nil
-	}
-	c.reqBuf = c.reqBuf[:0]
-	c.reqBody.Reset(nil)
+	c.resetRequestBody()
 }
 
 // commit records the final status and snapshots the replayable headers, as the

@@ -160,8 +160,8 @@ func ScopeFromHeader(name, fallback string) ScopeFunc {
 type ctxKey struct{}
 
 // keyCtx carries the request's store.ID and, while its handler runs under a
-// claim, the claim and its call; one allocation per request. unrouted is set by
-// Unrouted.
+// claim, the claim and its call; allocated with the handler's request
+// (handlerReq). unrouted is set by Unrouted.
 type keyCtx struct {
 	context.Context
 	claim    Claim // only ID is set without a claim (fail open)
@@ -242,6 +242,7 @@ type Middleware struct {
 	work             *workEstimate // recent handler durations, for a 409's Retry-After
 	outage           outage        // the current run of store failures, logged once
 	clockNow         func() time.Time
+	monoClock        bool          // clockNow is monotonicNow (no clock of the caller's with Now)
 	storeObs         StoreObserver // the observer, when it implements StoreObserver
 	bounded          bool          // store calls run under m.timeouts
 	epoch            time.Time     // origin of call.held (monotonic)
@@ -333,6 +334,8 @@ func New(s store.Store, scope ScopeFunc, opts ...Option) (*Middleware, error) {
 	}
 	m.work = newWorkEstimate()
 	m.clockNow = nowOf(m.clock, m.monotonicNow)
+	_, ownNow := m.clock.(interface{ Now() time.Time })
+	m.monoClock = !ownNow
 	m.trueVal, m.omitVal = []string{"true"}, []string{"omitted"}
 	m.problemHeaders = []string{ProblemContentType, "no-store", "nosniff"}
 	m.pool.New = func() any {
@@ -442,7 +445,11 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	pooled := false
 	defer func() {
 		if pooled {
-			c.reset()
+			if c.w == nil {
+				c.resetUnstarted() // no handler ran under a claim (replay, 409, 422, ...)
+			} else {
+				c.reset()
+			}
 			m.pool.Put(c)
 		}
 	}()
@@ -572,10 +579,18 @@ func (c *call) handlerRequest(r *http.Request, claim Claim, cl *call, body []byt
 	if cl != nil && !c.m.cancelOnGone {
 		parent = context.WithoutCancel(parent)
 	}
-	r = r.WithContext(&keyCtx{Context: parent, claim: claim, call: cl})
+	hr := &handlerReq{ctx: keyCtx{Context: parent, claim: claim, call: cl}}
+	hr.req = *r.WithContext(&hr.ctx) // inlined: its copy stays on the stack
 	c.reqBody.Reset(body)
-	r.Body = &c.reqBody
-	return r
+	hr.req.Body = &c.reqBody
+	return &hr.req
+}
+
+// handlerReq is the handler's request and its context in one allocation; neither
+// is pooled, since a goroutine the handler leaves behind may keep either.
+type handlerReq struct {
+	req http.Request
+	ctx keyCtx
 }
 
 // replay writes a stored response: status, stored headers, the replay mark, the
@@ -599,9 +614,12 @@ func (m *Middleware) replay(w http.ResponseWriter, rec *store.Record) {
 // reports whether c may go back to the pool.
 func (m *Middleware) execute(c *call, w http.ResponseWriter, r *http.Request, next http.Handler,
 	id store.ID, res store.ClaimResult, latency, waited time.Duration) (reusable bool) {
-	c.start(w, r.Context(), id, res.Token)
-	for k := range w.Header() {
-		c.pre = append(c.pre, k) // set by outer middleware: not the handler's to replay
+	held := time.Since(m.epoch) // one reading: the lease is known held, and the handler starts
+	c.start(w, r.Context(), id, res.Token, held)
+	if h := w.Header(); len(h) > 0 {
+		for k := range h {
+			c.pre = append(c.pre, k) // set by outer middleware: not the handler's to replay
+		}
 	}
 	ev := Event{ID: id, Takeover: res.Takeover, Waited: waited}
 	returned := false
@@ -631,7 +649,10 @@ func (m *Middleware) execute(c *call, w http.ResponseWriter, r *http.Request, ne
 			panic(p)
 		}
 	}()
-	began := m.clockNow()
+	began := m.epoch.Add(held) // m.monotonicNow() read at held
+	if !m.monoClock {
+		began = m.clockNow()
+	}
 	next.ServeHTTP(c, r)
 	returned = true
 	inTx := c.handlerReturned()
