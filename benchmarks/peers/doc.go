@@ -13,6 +13,10 @@
 //
 // The figure that compares across frameworks is the added cost, the middleware's time
 // minus its framework's bare time, on the first execution of a key and on a replay.
+// Each benchmark also reports cpu-ns/op, the process's CPU time per iteration (on
+// Unix): on a machine shared with other work the wall time (ns/op) also counts the
+// time spent waiting for a core, the CPU time only the work done (the garbage
+// collector's included); compare the two and trust cpu-ns/op when they differ.
 // The peers keep their defaults except the key header (Idempotency-Key) and a
 // lifetime of 24 h, as ours. BenchmarkHash gives the fingerprint's own cost (SHA-256
 // of the body) in the same run.
