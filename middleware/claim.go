@@ -39,10 +39,10 @@ var ErrNoClaim = errors.New("idemkey/middleware: no idempotency claim in the con
 // (see ErrNoClaim).
 func ClaimFromContext(ctx context.Context) (Claim, bool) {
 	c, ok := ctx.Value(ctxKey{}).(*keyCtx)
-	if !ok || c.call == nil {
+	if !ok {
 		return Claim{}, false
 	}
-	return c.claim, true
+	return c.claim()
 }
 
 // MarkCompleted tells the middleware that the handler completed the claim's record
@@ -66,7 +66,7 @@ func MarkCompleted(ctx context.Context, resp store.Response) error {
 	c := k.call
 	c.txMu.Lock()
 	defer c.txMu.Unlock()
-	if c.token != k.claim.Token || c.id != k.claim.ID || c.returned {
+	if c.token != k.token || c.id != k.id || c.returned {
 		return ErrNoClaim
 	}
 	c.inTx, c.txResp = true, resp

@@ -161,12 +161,24 @@ type ctxKey struct{}
 
 // keyCtx carries the request's store.ID and, while its handler runs under a
 // claim, the claim and its call; allocated with the handler's request
-// (handlerReq). unrouted is set by Unrouted.
+// (handlerReq), and kept to 112 bytes so that the two fit a 416-byte size class
+// (Retention comes from the call's middleware). unrouted is set by Unrouted.
 type keyCtx struct {
 	context.Context
-	claim    Claim // only ID is set without a claim (fail open)
-	call     *call // nil without a claim
+	id       store.ID
+	token    store.Token       // zero without a claim (fail open)
+	fp       store.Fingerprint // zero without a claim
+	call     *call             // nil without a claim
+	takeover bool
 	unrouted atomic.Bool
+}
+
+// claim returns the claim the handler runs under (ok false without one).
+func (c *keyCtx) claim() (Claim, bool) {
+	if c.call == nil {
+		return Claim{}, false
+	}
+	return Claim{ID: c.id, Token: c.token, Fingerprint: c.fp, Takeover: c.takeover, Retention: c.call.m.retention}, true
 }
 
 func (c *keyCtx) Value(k any) any {
@@ -221,7 +233,7 @@ func (m *Middleware) unrouted(next http.Handler, r *http.Request, c *call) bool 
 // when the request passed through unprotected without a key.
 func KeyFromContext(ctx context.Context) (id store.ID, ok bool) {
 	if c, ok := ctx.Value(ctxKey{}).(*keyCtx); ok {
-		return c.claim.ID, true
+		return c.id, true
 	}
 	return store.ID{}, false
 }
@@ -579,7 +591,8 @@ func (c *call) handlerRequest(r *http.Request, claim Claim, cl *call, body []byt
 	if cl != nil && !c.m.cancelOnGone {
 		parent = context.WithoutCancel(parent)
 	}
-	hr := &handlerReq{ctx: keyCtx{Context: parent, claim: claim, call: cl}}
+	hr := &handlerReq{ctx: keyCtx{Context: parent, id: claim.ID, token: claim.Token, fp: claim.Fingerprint,
+		call: cl, takeover: claim.Takeover}}
 	hr.req = *r.WithContext(&hr.ctx) // inlined: its copy stays on the stack
 	c.reqBody.Reset(body)
 	hr.req.Body = &c.reqBody
