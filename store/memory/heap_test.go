@@ -31,7 +31,7 @@ func checkHeap(t *testing.T, s *Store) {
 		}
 		for j, it := range sh.expiry {
 			e := it.e
-			if e.index != j || sh.records[e.hash].find(e.id) != e || it.at != e.expiresAt {
+			if int(e.index) != j || sh.records[e.hash].find(e.id) != e || it.at != e.expiresAt {
 				t.Fatalf("shard %d: heap item %d (index %d) is not the record of %v", i, j, e.index, e.id)
 			}
 			if p := (j - 1) / 2; j > 0 && sh.expiry[p].at > it.at {

@@ -62,11 +62,11 @@ func (s *Store) info(e *entry, at int64) store.Info {
 	in.ExpiresAt = s.time(e.expiresAt)
 	if e.status == 0 {
 		in.State = store.StateInFlight
-		in.LeaseUntil = s.time(e.leaseUntil)
+		in.LeaseUntil = s.time(e.until)
 		return in
 	}
 	in.State = store.StateCompleted
-	in.CompletedAt = s.time(e.completedAt)
+	in.CompletedAt = s.time(e.until)
 	in.Status = int(e.status)
 	in.BodyBytes = len(e.body())
 	in.BodyOmitted = e.omitted
