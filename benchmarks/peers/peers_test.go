@@ -2,6 +2,7 @@ package peers
 
 import (
 	"bytes"
+	"context"
 	"crypto/sha256"
 	"flag"
 	"fmt"
@@ -21,6 +22,7 @@ import (
 
 	"github.com/idemkey/idemkey/fingerprint"
 	"github.com/idemkey/idemkey/middleware"
+	"github.com/idemkey/idemkey/store"
 	"github.com/idemkey/idemkey/store/memory"
 )
 
@@ -208,6 +210,93 @@ func BenchmarkHash(b *testing.B) {
 		cpu.stop()
 	})
 }
+
+// BenchmarkParts splits our added cost (BenchmarkIdemkey's protected minus bare)
+// in the same run: store is the memory store's own calls on the middleware's
+// path (first: Claim of a new key and Complete with the handler's response, the
+// store growing as in BenchmarkIdemkey/first; replay: Claim of a completed key),
+// nullstore the middleware over a store that costs nothing (fingerprint, capture,
+// the rest). BenchmarkHash gives the fingerprint's share.
+func BenchmarkParts(b *testing.B) {
+	ctx := context.Background()
+	fp, _ := fingerprint.Sum(fingerprint.Request{Method: http.MethodPost, Route: "/api/transfers", Body: body}, fingerprint.Options{})
+	resp := store.Response{Status: http.StatusCreated, Header: http.Header{"Content-Type": {"application/json"}}, Body: answer}
+	claim := func(s *memory.Store, key string) store.ClaimResult {
+		res, err := s.Claim(ctx, store.ClaimRequest{ID: store.ID{Scope: "tenant-1", Key: key}, Fingerprint: fp,
+			Lease: middleware.DefaultLease, Retention: lifetime})
+		if err != nil {
+			b.Fatal(err)
+		}
+		return res
+	}
+	b.Run("store/first", func(b *testing.B) {
+		s := memory.New()
+		ks := keys(b.N)
+		b.ReportAllocs()
+		b.ResetTimer()
+		cpu := startCPU(b)
+		for i := 0; i < b.N; i++ {
+			res := claim(s, ks[i])
+			if err := s.Complete(ctx, store.ID{Scope: "tenant-1", Key: ks[i]}, res.Token, resp, lifetime); err != nil {
+				b.Fatal(err)
+			}
+		}
+		cpu.stop()
+	})
+	b.Run("store/replay", func(b *testing.B) {
+		s := memory.New()
+		key := keys(1)[0]
+		res := claim(s, key)
+		if err := s.Complete(ctx, store.ID{Scope: "tenant-1", Key: key}, res.Token, resp, lifetime); err != nil {
+			b.Fatal(err)
+		}
+		b.ReportAllocs()
+		cpu := startCPU(b)
+		for b.Loop() {
+			if claim(s, key).Outcome != store.Completed {
+				b.Fatal("not replayed")
+			}
+		}
+		cpu.stop()
+	})
+	b.Run("nullstore/first", func(b *testing.B) {
+		m, err := middleware.New(nullStore{}, middleware.ScopeFromHeader("X-Client-ID", "anonymous"),
+			middleware.WithRetention(lifetime), middleware.WithLogger(slog.New(slog.DiscardHandler)))
+		if err != nil {
+			b.Fatal(err)
+		}
+		handler := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			io.Copy(io.Discard, r.Body)
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(http.StatusCreated)
+			w.Write(answer)
+		})
+		r := newNetHTTP(m.Handler(handler))
+		key := keys(1)[0]
+		b.ReportAllocs()
+		cpu := startCPU(b)
+		for b.Loop() {
+			if code := r.serve(key); code != http.StatusCreated {
+				b.Fatalf("status %d", code)
+			}
+		}
+		cpu.stop()
+	})
+}
+
+// nullStore claims every key and keeps nothing: the middleware's cost without a
+// store's.
+type nullStore struct{}
+
+func (nullStore) Claim(context.Context, store.ClaimRequest) (store.ClaimResult, error) {
+	return store.ClaimResult{Outcome: store.Claimed, Token: store.Token{1}}, nil
+}
+func (nullStore) Complete(context.Context, store.ID, store.Token, store.Response, time.Duration) error {
+	return nil
+}
+func (nullStore) Release(context.Context, store.ID, store.Token) error              { return nil }
+func (nullStore) Renew(context.Context, store.ID, store.Token, time.Duration) error { return nil }
+func (nullStore) InProcess() bool                                                   { return true }
 
 // netHTTP serves through an http.Handler with a reused request and a writer that
 // keeps nothing.
