@@ -263,15 +263,27 @@ func (c *call) commit(code int) {
 	c.wroteHeader, c.status = true, code
 	h := c.w.Header()
 	c.declared = -1
-	if v := h["Content-Length"]; len(v) == 1 {
-		if n, err := strconv.ParseInt(v[0], 10, 64); err == nil && n >= 0 {
-			c.declared = n
+	var connection []string
+	for k, v := range h { // one walk, no lookups: most headers are a handful
+		switch k {
+		case "Content-Length":
+			if len(v) == 1 {
+				if n, err := strconv.ParseInt(v[0], 10, 64); err == nil && n >= 0 {
+					c.declared = n
+				}
+			}
+		case "Connection":
+			connection = v
+		}
+		if c.m.replayable(k, c.pre) {
+			c.header[k] = v
 		}
 	}
-	connection := h["Connection"]
-	for k, v := range h {
-		if c.m.replayable(k, connection, c.pre) {
-			c.header[k] = v
+	if len(connection) > 0 && c.m.allow == nil {
+		for k := range c.header {
+			if namedBy(connection, k) {
+				delete(c.header, k) // hop-by-hop
+			}
 		}
 	}
 }

@@ -810,8 +810,10 @@ func (m *Middleware) logRelease(c *call, err error) {
 		slog.String("scope", c.id.Scope), slog.String("key", c.id.Key), slog.Any("error", err))
 }
 
-// replayable reports whether the response header k may be stored for replay.
-func (m *Middleware) replayable(k string, connection, pre []string) bool {
+// replayable reports whether the response header k may be stored for replay,
+// but for the headers a Connection header names (see namedBy), which are not
+// stored either unless an allow list names them.
+func (m *Middleware) replayable(k string, pre []string) bool {
 	if _, deny := m.deny[k]; deny {
 		return false
 	}
@@ -828,14 +830,20 @@ func (m *Middleware) replayable(k string, connection, pre []string) bool {
 			return false
 		}
 	}
-	for _, v := range connection { // headers named by Connection are hop-by-hop
+	return true
+}
+
+// namedBy reports whether the Connection header values connection name the
+// header k: a hop-by-hop header (RFC 9110 section 7.6.1).
+func namedBy(connection []string, k string) bool {
+	for _, v := range connection {
 		for f := range strings.SplitSeq(v, ",") {
 			if strings.EqualFold(strings.TrimSpace(f), k) {
-				return false
+				return true
 			}
 		}
 	}
-	return true
+	return false
 }
 
 func hasPrefixFold(s, prefix string) bool {
