@@ -174,3 +174,37 @@ func BenchmarkMiddlewareNullStore(b *testing.B) {
 		b.Fatal(w.code)
 	}
 }
+
+// BenchmarkParseKey parses a bare UUID key and its quoted form, as every keyed
+// request does.
+func BenchmarkParseKey(b *testing.B) {
+	const uuid = "8e03978e-40d5-43e8-bc93-6894a57f9324"
+	for _, tt := range []struct{ name, in string }{{"bare", uuid}, {"quoted", `"` + uuid + `"`}} {
+		b.Run(tt.name, func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				if _, err := ParseKey(tt.in); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
+
+// BenchmarkHandlerRequest builds the request a handler runs with under a claim:
+// the request and its context are one allocation, the detached parent one more.
+func BenchmarkHandlerRequest(b *testing.B) {
+	m := newBenchMiddleware(b, nullStore{})
+	c := m.pool.Get().(*call)
+	r := newBenchReq().next("k")
+	claim := Claim{ID: store.ID{Scope: "tenant-1", Key: "k"}, Token: store.Token{1}, Retention: DefaultRetention}
+	b.ReportAllocs()
+	for b.Loop() {
+		if hr := c.handlerRequest(r, claim, c, benchBody); hr.Context() == r.Context() {
+			b.Fatal("no context of its own")
+		}
+	}
+	if n := testing.AllocsPerRun(100, func() { c.handlerRequest(r, claim, c, benchBody) }); n != 2 {
+		b.Fatalf("%v allocations, want 2 (request and context, detached parent)", n)
+	}
+}

@@ -197,7 +197,7 @@ func TestParseKey(t *testing.T) {
 	}
 }
 
-// TestParseKeyTokenBytes checks every byte as a one-byte bare key against the
+// TestParseKeyTokenBytes checks every byte inside a bare key against the
 // grammar (RFC 9110 tchar, ':' and '/'), so the bit table behind isKeyTokenChar
 // cannot drift from it.
 func TestParseKeyTokenBytes(t *testing.T) {

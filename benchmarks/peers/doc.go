@@ -19,5 +19,7 @@
 // collector's included); compare the two and trust cpu-ns/op when they differ.
 // The peers keep their defaults except the key header (Idempotency-Key) and a
 // lifetime of 24 h, as ours. BenchmarkHash gives the fingerprint's own cost (SHA-256
-// of the body) in the same run.
+// of the body) in the same run, and BenchmarkParts splits ours further: the memory
+// store's own calls (store/first, store/replay) and the middleware over a store that
+// costs nothing (nullstore/first).
 package peers
