@@ -108,6 +108,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/textproto"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -250,6 +251,7 @@ type Middleware struct {
 	// Header values shared by all responses, never modified in place.
 	trueVal, omitVal []string
 	problemHeaders   []string
+	retryAfterVals   [][]string // Retry-After field values of 0 to preRetryAfter-1 s, shared like problemHeaders
 	pool             sync.Pool
 	work             *workEstimate // recent handler durations, for a 409's Retry-After
 	outage           outage        // the current run of store failures, logged once
@@ -259,6 +261,11 @@ type Middleware struct {
 	bounded          bool          // store calls run under m.timeouts
 	epoch            time.Time     // origin of call.held (monotonic)
 }
+
+// preRetryAfter bounds the Retry-After values (seconds) rendered once per
+// Middleware, so a 409 or 503 within it allocates no header value: two minutes
+// cover the default lease and store back-off.
+const preRetryAfter = 120
 
 // noCancel is the cancel function of an unbounded store call.
 func noCancel() {}
@@ -350,6 +357,10 @@ func New(s store.Store, scope ScopeFunc, opts ...Option) (*Middleware, error) {
 	m.monoClock = !ownNow
 	m.trueVal, m.omitVal = []string{"true"}, []string{"omitted"}
 	m.problemHeaders = []string{ProblemContentType, "no-store", "nosniff"}
+	m.retryAfterVals = make([][]string, preRetryAfter)
+	for i := range m.retryAfterVals {
+		m.retryAfterVals[i] = []string{strconv.Itoa(i)}
+	}
 	m.pool.New = func() any {
 		c := &call{m: m, header: make(http.Header)}
 		c.renewFn = c.renew

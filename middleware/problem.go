@@ -139,7 +139,11 @@ func (m *Middleware) writeProblem(w http.ResponseWriter, status int, body []byte
 	h["Cache-Control"] = m.problemHeaders[1:2:2]
 	h["X-Content-Type-Options"] = m.problemHeaders[2:3:3]
 	if retryAfter > 0 {
-		h["Retry-After"] = []string{strconv.FormatInt(retryAfterSeconds(retryAfter), 10)}
+		if secs := retryAfterSeconds(retryAfter); secs < int64(len(m.retryAfterVals)) {
+			h["Retry-After"] = m.retryAfterVals[secs][0:1:1]
+		} else {
+			h["Retry-After"] = []string{strconv.FormatInt(secs, 10)}
+		}
 	}
 	w.WriteHeader(status)
 	w.Write(body)
