@@ -205,6 +205,7 @@ func TestFaultStaleHolder(t *testing.T) {
 		t.Fatalf("first claim: %+v %v", stale, err)
 	}
 	time.Sleep(lease + 50*time.Millisecond) // the lease runs on the servers' clocks
+	req.Lease = time.Minute                 // the new holder's lease outlasts the rest of the test
 	fresh, err := s.Claim(ctx, req)
 	if err != nil || fresh.Outcome != store.Claimed || !fresh.Takeover {
 		t.Fatalf("takeover: %+v %v", fresh, err)
