@@ -89,7 +89,11 @@ const (
 	CodeSchemaCompiledCorrupt        Code = 2023  // the stored compiled schema is corrupt
 	CodeSchemaNotLeader              Code = 2027  // schema operation sent to a follower
 	CodeSchemaCoordinationFailed     Code = 2029  // transient schema coordination failure; resend
-	CodeTrimIndexOutOfRange          Code = 3004  // TrimStart beyond the current version (JSON "requested")
+	CodeTrimAggregateNotExists       Code = 3000  // TrimStart of a missing aggregate
+	CodeTrimCacheError               Code = 3001  // TrimStart: the existence check failed; resend
+	CodeTrimReplicationError         Code = 3002  // TrimStart: replication failed, outcome unknown
+	CodeTrimFsyncError               Code = 3003  // TrimStart: the leader's fsync failed
+	CodeTrimIndexOutOfRange          Code = 3004  // TrimStart beyond the current version (JSON "requested", "max_aggregate_version")
 	CodeTrimNotLeader                Code = 3005  // trim on a follower; ErrNotLeader
 	CodeTrimBackpressure             Code = 3006  // trim load shedding; ErrBusy
 	CodeDeleteOCC                    Code = 4002  // delete with a stale expected version

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"net"
 	"os"
+	"strconv"
 	"testing"
 	"time"
 
@@ -12,6 +13,7 @@ import (
 
 	"github.com/idemkey/idemkey/celeriant"
 	"github.com/idemkey/idemkey/celeriant/celeriantsim"
+	"github.com/idemkey/idemkey/celeriant/internal/wire"
 )
 
 // startSim serves a fresh simulator on a free loopback port and returns it with its address.
@@ -233,9 +235,11 @@ func TestInvariants(t *testing.T) {
 	}
 }
 
-// TestLiveServer runs the invariant suite against a real Celeriant server
-// (CELERIANT_ADDR=host:port, protocol v3, no Identify). It is skipped otherwise, also
-// in CI: no server can run on the project's machines (docs/celeriant-protocol.md section 7).
+// TestLiveServer runs the invariant suite and the rules suite against a real Celeriant
+// server (CELERIANT_ADDR=host:port, protocol v3, no Identify, one shard). It is skipped
+// otherwise, also in CI, where no server runs (docs/celeriant-protocol.md section 7).
+// CELERIANT_MAX_RESPONSE_SIZE names the server's --max-response-size when it is not
+// the default 64 MiB; the paging rule runs only for a budget of 4 MiB or less.
 func TestLiveServer(t *testing.T) {
 	addr := os.Getenv("CELERIANT_ADDR")
 	if addr == "" {
@@ -249,6 +253,28 @@ func TestLiveServer(t *testing.T) {
 	}
 	defer c.Close()
 	runInvariants(t, c)
+	pageBytes := celeriant.DefaultMaxResponseSize
+	if v := os.Getenv("CELERIANT_MAX_RESPONSE_SIZE"); v != "" {
+		n, err := strconv.ParseUint(v, 10, 32)
+		if err != nil {
+			t.Fatalf("CELERIANT_MAX_RESPONSE_SIZE=%q: %v", v, err)
+		}
+		pageBytes = int(n)
+	}
+	t.Run("rules", func(t *testing.T) {
+		runServerRules(t, ruleTarget{s: c, watch: c, trim: trimOverWire(addr), pageBytes: pageBytes})
+	})
+	t.Run("malformed", func(t *testing.T) { closesOnMalformed(t, addr, celeriant.DefaultMaxRequestSize, false) })
+	t.Run("raw_read_from_zero", func(t *testing.T) {
+		key, client := freshKey(), uuid.New()
+		if _, err := write1(ctx, c, client, key, 0, ev(1, uuid.New(), "x")); err != nil {
+			t.Fatal(err)
+		}
+		se := rawRead(t, addr, celeriant.ReadRequest{CorrelationID: uuid.New(), Key: key})
+		if se == nil || se.Code != celeriant.CodeReadUnavailableVersion || se.Message != `{"requested":0,"minimum_available":1}` {
+			t.Fatalf("read from version 0: %v, want 1000", se)
+		}
+	})
 	t.Run("details_and_not_found", func(t *testing.T) {
 		_, err := c.AggregateDetails(ctx, freshKey())
 		if !celeriant.IsNotFound(err) {
@@ -259,4 +285,36 @@ func TestLiveServer(t *testing.T) {
 			t.Fatalf("read of a fresh key: %v", err)
 		}
 	})
+}
+
+// rawRead sends req as it is (FromVersion 0 included, which the client would send as 1)
+// and returns the server's error answer, or nil for a ReadResponse.
+func rawRead(t *testing.T, addr string, req celeriant.ReadRequest) *celeriant.ServerError {
+	t.Helper()
+	nc, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	_ = nc.SetDeadline(time.Now().Add(5 * time.Second))
+	if _, err := nc.Write(wire.NewEncoder().ReadRequest(&req)); err != nil {
+		t.Fatal(err)
+	}
+	h, body, err := wire.ReadFrame(nc, nil, func(h wire.Header) error { return h.CheckResponse(celeriant.DefaultMaxResponseSize) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if h.Type != wire.RespError {
+		return nil
+	}
+	ef, err := wire.NewDecoder().ErrorResponse(body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	se := celeriant.NewServerError(celeriant.Code(ef.Code), ef.Message)
+	se.CorrelationID = ef.CorrelationID
+	if se.CorrelationID != req.CorrelationID {
+		t.Fatalf("correlation id %s, want %s", se.CorrelationID, req.CorrelationID)
+	}
+	return se
 }

@@ -195,7 +195,8 @@ func TestServerTimestamps(t *testing.T) {
 }
 
 // TestTrimBoundaries: after a trim to 3, reading from 3 works and from 2 gives 1000 with
-// the requested and minimum available versions; trimming a missing aggregate is 1001.
+// the requested and minimum available versions; trimming a missing aggregate is 3000, as
+// the server answers a TrimStart (checked against a real server by TestLiveServer).
 func TestTrimBoundaries(t *testing.T) {
 	modes(t, celeriantsim.Options{}, func(t *testing.T, e env) {
 		k, c := key(), uuid.New()
@@ -214,7 +215,7 @@ func TestTrimBoundaries(t *testing.T) {
 		if !asServerError(err, &se) || se.Code != celeriant.CodeReadUnavailableVersion || se.Requested != 2 || se.MinimumAvailable != 3 {
 			t.Fatalf("from 2: %v", err)
 		}
-		code(t, e.sim.Trim(key(), 1), celeriant.CodeReadAggregateNotExists)
+		code(t, e.sim.Trim(key(), 1), celeriant.CodeTrimAggregateNotExists)
 	})
 }
 

@@ -47,9 +47,15 @@ type Options struct {
 	// Shards is the shard count for multi-aggregate routing (aggregate id modulo Shards,
 	// docs/celeriant-protocol.md section 6.9); default 1, where every multi-aggregate write is allowed.
 	Shards int
-	// PageBatches caps the batches of one read page (the server pages by bytes); 0 means
-	// no cap. A small value makes NextVersion paging testable.
+	// PageBatches caps the batches of one read page in addition to MaxResponseSize; 0
+	// means no cap. A small value makes NextVersion paging testable.
 	PageBatches int
+	// MaxResponseSize is the read page budget in bytes, the server's
+	// --max-response-size; default DefaultMaxResponseSize (64 MiB). As on the server, the
+	// batches of a page that pass the batch-level filters add up to at most this many
+	// bytes, each counted as its events' payloads plus EventOverhead per event (the
+	// server counts its stored form), and a page holds at least one batch.
+	MaxResponseSize int
 	// IdleTimeout closes a TCP connection that sends nothing for this long; default 30 s
 	// (the server's --client-connection-timeout-ms).
 	IdleTimeout time.Duration
@@ -141,6 +147,9 @@ func New(opts Options) *Sim {
 	}
 	if opts.MaxRequestSize == 0 {
 		opts.MaxRequestSize = celeriant.DefaultMaxRequestSize
+	}
+	if opts.MaxResponseSize <= 0 {
+		opts.MaxResponseSize = celeriant.DefaultMaxResponseSize
 	}
 	if opts.WatchQueue <= 0 {
 		opts.WatchQueue = DefaultWatchQueue
@@ -269,13 +278,13 @@ func (s *Sim) HoldNextWrite() *Hold {
 
 // Trim soft-trims key: reads from below keepFrom then give 1000 (docs/celeriant-protocol.md section
 // 6.7). keepFrom at or below the current minimum is a no-op; beyond the current version
-// it is 3004; a missing aggregate is 1001.
+// it is 3004; a missing aggregate is 3000, as the server answers a TrimStart.
 func (s *Sim) Trim(key celeriant.AggregateKey, keepFrom uint64) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	a := s.aggs[key]
 	if a == nil || len(a.batches) == 0 {
-		return celeriant.NewServerError(celeriant.CodeReadAggregateNotExists, "{}")
+		return celeriant.NewServerError(celeriant.CodeTrimAggregateNotExists, "{}")
 	}
 	if keepFrom <= a.minVersion {
 		return nil
@@ -551,7 +560,8 @@ func (a *aggregate) committedLen() int {
 // pass, appends the uncommitted batches and raises the floors. Caller holds s.mu.
 func (s *Sim) validateAndPrepare(req *celeriant.WriteRequest) ([]uint64, *celeriant.ServerError) {
 	if len(req.Writes) == 0 {
-		return nil, celeriant.NewServerError(celeriant.CodeShardRoutingIncompatible, jsonMsg("detail", "empty writes", "num_shards", s.opts.Shards))
+		return nil, celeriant.NewServerError(celeriant.CodeShardRoutingIncompatible,
+			jsonMsg("detail", "Write request must contain at least one write operation.", "num_shards", s.opts.Shards))
 	}
 	sh := s.shard(req.Writes[0].Key)
 	for _, w := range req.Writes[1:] {
@@ -675,22 +685,22 @@ func (s *Sim) serveRead(req *celeriant.ReadRequest) (celeriant.ReadResult, error
 	if f.FromVersion < a.minVersion {
 		return fail(celeriant.CodeReadUnavailableVersion, jsonMsg("requested", f.FromVersion, "minimum_available", a.minVersion))
 	}
+	size, kept := 0, 0 // the page's budget so far, in counted bytes and batches
 	for i := f.FromVersion - 1; i < uint64(len(vis)); i++ {
 		b := &vis[i].Batch
 		if f.ToVersion != nil && b.Version > *f.ToVersion {
 			break
 		}
-		if s.opts.PageBatches > 0 && len(res.Batches) == s.opts.PageBatches {
+		if !batchMayMatch(b, f) {
+			continue
+		}
+		n := batchSize(b)
+		if kept > 0 && (size+n > s.opts.MaxResponseSize || s.opts.PageBatches > 0 && kept == s.opts.PageBatches) {
 			res.NextVersion = b.Version
 			break
 		}
-		if (f.ExcludeClientID != uuid.Nil && b.ClientID == f.ExcludeClientID) ||
-			(f.IncludeClientID != uuid.Nil && b.ClientID != f.IncludeClientID) ||
-			(f.ExcludeUserID != uuid.Nil && b.UserID == f.ExcludeUserID) ||
-			(f.IncludeUserID != uuid.Nil && b.UserID != f.IncludeUserID) ||
-			!inRange(b.ServerTimestamp, f.MinServerTimestamp, f.MaxServerTimestamp) {
-			continue
-		}
+		size += n
+		kept++
 		var evs []celeriant.Event
 		for _, e := range b.Events {
 			if len(f.EventTypes) > 0 && !slices.Contains(f.EventTypes, e.TypeMajor) {
@@ -711,6 +721,45 @@ func (s *Sim) serveRead(req *celeriant.ReadRequest) (celeriant.ReadResult, error
 		res.Batches = append(res.Batches, out)
 	}
 	return res, nil
+}
+
+// EventOverhead is what the simulator adds to an event's payload when it counts a page
+// against Options.MaxResponseSize, an estimate of the server's stored form.
+const EventOverhead = 64
+
+func batchSize(b *celeriant.Batch) int {
+	n := 0
+	for _, e := range b.Events {
+		n += len(e.Value) + EventOverhead
+	}
+	return n
+}
+
+// batchMayMatch applies the filters the server checks against a batch's summary before
+// it counts the batch against the page budget: its version, client, user and server
+// time, and the ranges of its events' sequences, timestamps and types. A batch that
+// passes may still lose every event to the event-level filters.
+func batchMayMatch(b *celeriant.Batch, f *celeriant.ReadFilters) bool {
+	if (f.ExcludeClientID != uuid.Nil && b.ClientID == f.ExcludeClientID) ||
+		(f.IncludeClientID != uuid.Nil && b.ClientID != f.IncludeClientID) ||
+		(f.ExcludeUserID != uuid.Nil && b.UserID == f.ExcludeUserID) ||
+		(f.IncludeUserID != uuid.Nil && b.UserID != f.IncludeUserID) ||
+		!inRange(b.ServerTimestamp, f.MinServerTimestamp, f.MaxServerTimestamp) {
+		return false
+	}
+	overlaps := func(get func(e *celeriant.Event) uint64, lo, hi *uint64) bool {
+		mn, mx := get(&b.Events[0]), get(&b.Events[0])
+		for i := range b.Events {
+			mn, mx = min(mn, get(&b.Events[i])), max(mx, get(&b.Events[i]))
+		}
+		return (lo == nil || mx >= *lo) && (hi == nil || mn <= *hi)
+	}
+	if !overlaps(func(e *celeriant.Event) uint64 { return e.ClientSeq }, f.MinClientSeq, f.MaxClientSeq) ||
+		!overlaps(func(e *celeriant.Event) uint64 { return e.Timestamp }, f.MinEventTimestamp, f.MaxEventTimestamp) ||
+		!overlaps(func(e *celeriant.Event) uint64 { return e.EventSeq }, f.MinEventSeq, f.MaxEventSeq) {
+		return false
+	}
+	return len(f.EventTypes) == 0 || slices.ContainsFunc(b.Events, func(e celeriant.Event) bool { return slices.Contains(f.EventTypes, e.TypeMajor) })
 }
 
 func (s *Sim) serveDetails(corr uuid.UUID, key celeriant.AggregateKey) (celeriant.AggregateDetails, error) {
