@@ -147,18 +147,41 @@ func forEachKind(t *testing.T, f func(t *testing.T, mk func(t *testing.T, clock 
 	})
 }
 
-// env is a test fixture: one simulated log and its clock.
+// env is a test fixture: one log (simulated, or a real server's) and its clock.
 type env struct {
 	t     *testing.T
 	clock *testclock.Clock
-	sim   *celeriantsim.Sim
+	sim   *celeriantsim.Sim    // nil on a real server
+	log   celeriant.EventStore // sim, or the client of a real server
+	run   string               // "" on the simulator; a per-run suffix for names on a real server
 	mk    func(t *testing.T, clock *testclock.Clock, window time.Duration) Projection
 }
 
 func newEnv(t *testing.T, mk func(t *testing.T, clock *testclock.Clock, window time.Duration) Projection) *env {
 	clock := newFakeClock()
-	return &env{t: t, clock: clock, sim: celeriantsim.New(celeriantsim.Options{Now: clock.Now, PageBatches: 3}), mk: mk}
+	sim := celeriantsim.New(celeriantsim.Options{Now: clock.Now, PageBatches: 3})
+	return &env{t: t, clock: clock, sim: sim, log: sim, mk: mk}
 }
+
+// newLogEnv is newEnv on the real Celeriant server at CELERIANT_ADDR when it is set
+// (then the clock starts at the real time, which the server stamps batches with, and
+// names get a per-run suffix, since the server keeps what earlier runs wrote), else on
+// the simulator. Only tests that need no fault injection use it.
+func newLogEnv(t *testing.T, mk func(t *testing.T, clock *testclock.Clock, window time.Duration) Projection) *env {
+	addr := os.Getenv("CELERIANT_ADDR")
+	if addr == "" {
+		return newEnv(t, mk)
+	}
+	c, err := celeriant.New(celeriant.Config{Addrs: []string{addr}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Close() })
+	return &env{t: t, clock: testclock.New(time.Now()), log: c, run: "-" + randomPrefix(), mk: mk}
+}
+
+// name returns s with the run's suffix: a fresh name on a real server.
+func (e *env) name(s string) string { return s + e.run }
 
 // pod is one replica: a service with its own projection (shared state for Postgres).
 type pod struct {
@@ -170,7 +193,7 @@ type pod struct {
 
 func (e *env) pod(window time.Duration, opts ...Option) *pod {
 	e.t.Helper()
-	p := &pod{proj: e.mk(e.t, e.clock, window), store: &hookStore{EventStore: e.sim}, sleeps: &sleepRecorder{}}
+	p := &pod{proj: e.mk(e.t, e.clock, window), store: &hookStore{EventStore: e.log}, sleeps: &sleepRecorder{}}
 	all := append([]Option{WithSleep(p.sleeps.Sleep), WithLogger(slog.New(slog.DiscardHandler))}, opts...)
 	svc, err := New(p.store, p.proj, all...)
 	if err != nil {
@@ -183,9 +206,9 @@ func (e *env) pod(window time.Duration, opts ...Option) *pod {
 // events returns every event of acct's stream, read from the log itself.
 func (e *env) events(acct uuid.UUID) []celeriant.Event {
 	e.t.Helper()
-	batches, err := celeriant.ReadAll(context.Background(), e.sim, celeriant.ReadRequest{Key: Key(acct), Filters: celeriant.ReadFilters{FromVersion: 1}})
+	batches, err := celeriant.ReadAll(context.Background(), e.log, celeriant.ReadRequest{Key: Key(acct), Filters: celeriant.ReadFilters{FromVersion: 1}})
 	if minAvail, ok := celeriant.IsUnavailableVersion(err); ok { // trimmed: what is left
-		batches, err = celeriant.ReadAll(context.Background(), e.sim, celeriant.ReadRequest{Key: Key(acct), Filters: celeriant.ReadFilters{FromVersion: minAvail}})
+		batches, err = celeriant.ReadAll(context.Background(), e.log, celeriant.ReadRequest{Key: Key(acct), Filters: celeriant.ReadFilters{FromVersion: minAvail}})
 	}
 	if celeriant.IsNotFound(err) {
 		return nil
@@ -215,7 +238,7 @@ func (e *env) countID(acct, eventID uuid.UUID) int {
 // zero) to acct, unconditionally.
 func (e *env) foreignWrite(acct uuid.UUID) {
 	e.t.Helper()
-	_, err := e.sim.Write(context.Background(), celeriant.WriteRequest{
+	_, err := e.log.Write(context.Background(), celeriant.WriteRequest{
 		ClientID: uuid.MustParse("0badc0de-0000-4000-8000-000000000001"),
 		Writes: []celeriant.AggregateWrite{{Key: Key(acct), AllowCreate: true,
 			Events: []celeriant.Event{{ClientSeq: 1, TypeMajor: 99, Value: []byte("{}")}}}},

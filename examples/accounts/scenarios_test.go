@@ -37,16 +37,17 @@ func (b *barrier) wait(t *testing.T) {
 
 // TestReferenceScenarios runs scenarios 1-8 of docs/account-service.md section 5.2 in order against
 // one account, with two replicas (two services, each with its own projection; for
-// Postgres over shared tables) sharing one simulated log. Assertions read the log itself.
-// The server clock advances 5 s between scenarios (40 s in all, inside the 90 s window),
-// so index lifetimes measured against the wrong clock would show.
+// Postgres over shared tables) sharing one simulated log, or the real server at
+// CELERIANT_ADDR. Assertions read the log itself. The clock advances 5 s between
+// scenarios (40 s in all, inside the 90 s window), so index lifetimes measured against
+// the wrong clock would show; on the simulator it is also the server's clock.
 func TestReferenceScenarios(t *testing.T) {
 	forEachKind(t, func(t *testing.T, mk func(*testing.T, *testclock.Clock, time.Duration) Projection) {
-		e := newEnv(t, mk)
+		e := newLogEnv(t, mk)
 		podA, podB := e.pod(0), e.pod(0)
 		ctx := context.Background()
-		acct, acct2 := acctID("go-suite-acct-1"), acctID("go-suite-acct-2")
-		label := "go"
+		acct, acct2 := acctID(e.name("go-suite-acct-1")), acctID(e.name("go-suite-acct-2"))
+		label := e.name("go")
 		want := func(step string, got Result, err error, bal int64, ver uint64) {
 			t.Helper()
 			if err != nil {

@@ -15,13 +15,14 @@ import (
 // TestStorm races many requests over two replicas on one account: the same request sent
 // 16 times lands exactly once and every copy gets the same answer; 16 distinct requests
 // each land at most once, every success is in the log exactly once, every refusal is a
-// 409 with nothing written, and the balance is the sum of the successes.
+// 409 with nothing written, and the balance is the sum of the successes. On the
+// simulator, or the real server at CELERIANT_ADDR.
 func TestStorm(t *testing.T) {
 	forEachKind(t, func(t *testing.T, mk func(*testing.T, *testclock.Clock, time.Duration) Projection) {
 		ctx := context.Background()
-		e := newEnv(t, mk)
+		e := newLogEnv(t, mk)
 		pods := []*pod{e.pod(0), e.pod(0)}
-		acct := acctID("storm-" + t.Name())
+		acct := acctID(e.name("storm-" + t.Name()))
 
 		const n = 16
 		x := eid("storm", 0)

@@ -21,8 +21,8 @@ import (
 	"github.com/idemkey/idemkey/examples/internal/proctest"
 )
 
-// TestEndToEndStorm: cmd/celeriant-sim and two nethttp
-// processes sharing one Postgres store (and projection) and the simulator, driven
+// TestEndToEndStorm: cmd/celeriant-sim (or the real server at CELERIANT_ADDR) and two
+// nethttp processes sharing one Postgres store (and projection) and that log, driven
 // by vegeta.
 //
 // Phase 1: 5,000 deposits over 500 keys, every key sent 10 times, 5 to each
@@ -51,11 +51,14 @@ func TestEndToEndStorm(t *testing.T) {
 	table, prefix := "idem_e2e_"+sfx, "e2e_"+sfx+"_"
 	t.Cleanup(func() { apptest.DropTables(t, dbURL, table, prefix) })
 
-	sim := proctest.Start(t, proctest.Build(t, "../../cmd/celeriant-sim", "celeriant-sim"), "ADDR=127.0.0.1:0")
+	logAddr := os.Getenv("CELERIANT_ADDR") // a real server; else the simulator's process
+	if logAddr == "" {
+		logAddr = proctest.Start(t, proctest.Build(t, "../../cmd/celeriant-sim", "celeriant-sim"), "ADDR=127.0.0.1:0").Addr
+	}
 	server := proctest.Build(t, ".", "nethttp")
 	// A short lease, so the keys the killed replica held are taken over quickly.
 	env := []string{"ADDR=127.0.0.1:0", "IDEM_STORE=postgres", "DATABASE_URL=" + dbURL, "IDEM_TABLE=" + table,
-		"PROJECTION=postgres", "ACCOUNTS_TABLE_PREFIX=" + prefix, "CELERIANT_ADDR=" + sim.Addr, "IDEM_LEASE=2s"}
+		"PROJECTION=postgres", "ACCOUNTS_TABLE_PREFIX=" + prefix, "CELERIANT_ADDR=" + logAddr, "IDEM_LEASE=2s"}
 	replicas := []*proctest.Proc{proctest.Start(t, server, env...), proctest.Start(t, server, env...)}
 
 	accts := make([]uuid.UUID, nAccount)
@@ -98,7 +101,7 @@ func TestEndToEndStorm(t *testing.T) {
 	// The event log decides.
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	client, err := celeriant.Dial(ctx, sim.Addr)
+	client, err := celeriant.Dial(ctx, logAddr)
 	if err != nil {
 		t.Fatal(err)
 	}

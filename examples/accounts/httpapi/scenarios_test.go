@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"strings"
 	"sync"
 	"testing"
@@ -18,13 +19,23 @@ import (
 )
 
 // TestScenariosOverHTTP repeats docs/account-service.md section 5.2 scenarios 1-8 through the
-// handler (no middleware), two replicas over one simulated log, keys in the
-// Idempotency-Key header, and checks status and JSON of each answer and the log.
+// handler (no middleware), two replicas over one simulated log (or the real server at
+// CELERIANT_ADDR), keys in the Idempotency-Key header, and checks status and JSON of
+// each answer and the log.
 func TestScenariosOverHTTP(t *testing.T) {
-	sim := celeriantsim.New(celeriantsim.Options{})
+	var log celeriant.EventStore = celeriantsim.New(celeriantsim.Options{})
+	run := "" // a suffix for the account names: a real server keeps earlier runs' streams
+	if addr := os.Getenv("CELERIANT_ADDR"); addr != "" {
+		c, err := celeriant.New(celeriant.Config{Addrs: []string{addr}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = c.Close() })
+		log, run = c, "-"+uuid.NewString()
+	}
 	var pods [2]http.Handler
 	for i := range pods {
-		svc, err := accounts.New(sim, accounts.NewMemoryProjection(),
+		svc, err := accounts.New(log, accounts.NewMemoryProjection(),
 			accounts.WithLogger(slog.New(slog.DiscardHandler)),
 			accounts.WithSleep(func(context.Context, time.Duration) error { return nil }))
 		if err != nil {
@@ -35,8 +46,8 @@ func TestScenariosOverHTTP(t *testing.T) {
 			return "scenario-tenant", k, k != ""
 		}))
 	}
-	acct := uuid.NewSHA1(accounts.ReferenceNamespace, []byte("http-suite-acct-1"))
-	acct2 := uuid.NewSHA1(accounts.ReferenceNamespace, []byte("http-suite-acct-2"))
+	acct := uuid.NewSHA1(accounts.ReferenceNamespace, []byte("http-suite-acct-1"+run))
+	acct2 := uuid.NewSHA1(accounts.ReferenceNamespace, []byte("http-suite-acct-2"+run))
 	call := func(pod int, path, key, body string) (int, string) {
 		req := httptest.NewRequest("POST", path, strings.NewReader(body))
 		req.Header.Set("Idempotency-Key", key)
@@ -111,7 +122,7 @@ func TestScenariosOverHTTP(t *testing.T) {
 	// The log itself: 9 events on acct, 1 on acct2, each keyed request exactly once.
 	count := map[uuid.UUID]int{}
 	for id, want := range map[uuid.UUID]int{acct: 9, acct2: 1} {
-		batches, err := celeriant.ReadAll(context.Background(), sim, celeriant.ReadRequest{Key: accounts.Key(id), Filters: celeriant.ReadFilters{FromVersion: 1}})
+		batches, err := celeriant.ReadAll(context.Background(), log, celeriant.ReadRequest{Key: accounts.Key(id), Filters: celeriant.ReadFilters{FromVersion: 1}})
 		if err != nil {
 			t.Fatal(err)
 		}
