@@ -2,6 +2,7 @@ package celeriant_test
 
 import (
 	"context"
+	"os"
 	"testing"
 
 	"github.com/google/uuid"
@@ -40,18 +41,59 @@ func BenchmarkDecodeReadResponse100(b *testing.B) {
 	}
 }
 
-// BenchmarkClientWriteTCP: one Write round trip through the client to the simulator
-// over loopback TCP (one frame out, one frame back).
-func BenchmarkClientWriteTCP(b *testing.B) {
+// benchTargets returns the servers the round-trip benchmarks run against: the simulator
+// over loopback TCP, and the real server at CELERIANT_ADDR when it is set.
+func benchTargets(b *testing.B) map[string]string {
 	_, addr := startSim(b, celeriantsim.Options{})
-	c := newClient(b, celeriant.Config{Addrs: []string{addr}})
-	ctx, key, client := context.Background(), freshKey(), uuid.New()
-	seq := uint64(0)
-	b.ReportAllocs()
-	for b.Loop() {
-		seq++
-		if _, err := c.Write(ctx, simpleWrite(key, client, seq)); err != nil {
-			b.Fatal(err)
-		}
+	out := map[string]string{"sim": addr}
+	if live := os.Getenv("CELERIANT_ADDR"); live != "" {
+		out["live"] = live
+	}
+	return out
+}
+
+// BenchmarkClientWriteTCP: one Write round trip through the client over loopback TCP
+// (one frame out, one frame back), one at a time: against the simulator it measures the
+// client and the codec; against a real server also its fsync (amortised over the
+// --fsync-delay-us window, 4 ms by default).
+func BenchmarkClientWriteTCP(b *testing.B) {
+	for name, addr := range benchTargets(b) {
+		b.Run(name, func(b *testing.B) {
+			c := newClient(b, celeriant.Config{Addrs: []string{addr}})
+			ctx, key, client := context.Background(), freshKey(), uuid.New()
+			seq := uint64(0)
+			b.ReportAllocs()
+			for b.Loop() {
+				seq++
+				if _, err := c.Write(ctx, simpleWrite(key, client, seq)); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
+
+// BenchmarkClientWriteTCPParallel: Write round trips from 8 goroutines per CPU (the
+// client's default 8 connections), each to an aggregate of its own: the throughput a
+// server reaches when concurrent writes share its fsyncs.
+func BenchmarkClientWriteTCPParallel(b *testing.B) {
+	for name, addr := range benchTargets(b) {
+		b.Run(name, func(b *testing.B) {
+			c := newClient(b, celeriant.Config{Addrs: []string{addr}})
+			ctx := context.Background()
+			b.SetParallelism(8)
+			b.ReportAllocs()
+			b.RunParallel(func(pb *testing.PB) {
+				key, client := freshKey(), uuid.New()
+				seq := uint64(0)
+				for pb.Next() {
+					seq++
+					if _, err := c.Write(ctx, simpleWrite(key, client, seq)); err != nil {
+						b.Error(err)
+						return
+					}
+				}
+			})
+		})
 	}
 }
