@@ -286,3 +286,39 @@ func TestCloseWhileWriteDelayed(t *testing.T) {
 		t.Fatal("Close hangs on a write held after Close")
 	}
 }
+
+// TestCommitDelay: with Options.CommitDelay a write stays in flight before it commits,
+// as on the server (TestLiveServer's concurrent_duplicates sees 2013 every time there):
+// of two concurrent writes of one sequence, one is held and the other gets 2013; a
+// conditional write against the held one's version gets 2003 although no read sees that
+// version yet; Close commits the held write (over TCP its answer is lost with the
+// connection).
+func TestCommitDelay(t *testing.T) {
+	modes(t, celeriantsim.Options{CommitDelay: time.Hour}, func(t *testing.T, e env) {
+		k, c := key(), uuid.New()
+		errs := make(chan error, 2)
+		for range 2 {
+			go func() { _, err := e.store.Write(ctx, wr(c, aw(k, nil, true, evt(1)))); errs <- err }()
+		}
+		err := <-errs // the held one answers only after an hour, or at Close
+		code(t, err, celeriant.CodeWriteInflightDuplicate)
+		var se *celeriant.ServerError
+		if !asServerError(err, &se) || se.Message != `{"last_client_seq":1,"attempted_client_seq":1}` {
+			t.Fatalf("detail: %v", err)
+		}
+		_, err = e.store.Read(ctx, celeriant.ReadRequest{Key: k, Filters: celeriant.ReadFilters{FromVersion: 1}})
+		code(t, err, celeriant.CodeReadAggregateNotExists)
+		_, err = e.store.AggregateDetails(ctx, k)
+		code(t, err, celeriant.CodeExistsAggregateNotFound)
+		_, err = e.store.Write(ctx, wr(uuid.New(), aw(k, celeriant.Version(0), true, evt(1))))
+		if !asServerError(err, &se) || se.Code != celeriant.CodeWriteOCC || se.Message != `{"expected_version":0,"current_aggregate_version":1}` {
+			t.Fatalf("expected 0 against the held write: %v", err)
+		}
+		ok(t, e.sim.Close())
+		if err := <-errs; e.store == celeriant.EventStore(e.sim) {
+			ok(t, err) // in-process the held write commits and answers
+		} else if !celeriant.IsOutcomeUnknown(err) {
+			t.Fatalf("held write over TCP after Close: %v, want its answer lost", err) // Close drops the connection
+		}
+	})
+}

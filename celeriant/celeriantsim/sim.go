@@ -56,6 +56,13 @@ type Options struct {
 	// bytes, each counted as its events' payloads plus EventOverhead per event (the
 	// server counts its stored form), and a page holds at least one batch.
 	MaxResponseSize int
+	// CommitDelay keeps every write that passed validation in flight this long before
+	// it commits and is answered, like the server's amortised fsync (--fsync-delay-us,
+	// up to 4 ms by default): meanwhile its version and sequence floor are taken, so
+	// another write gets 2003 or 2013, while reads and AggregateDetails do not see it
+	// yet (docs/celeriant-protocol.md sections 6.2 and 6.5). Default 0: a write commits
+	// before its answer, at once.
+	CommitDelay time.Duration
 	// IdleTimeout closes a TCP connection that sends nothing for this long; default 30 s
 	// (the server's --client-connection-timeout-ms).
 	IdleTimeout time.Duration
@@ -478,6 +485,11 @@ func (s *Sim) serveWrite(ctx context.Context, req *celeriant.WriteRequest) (res 
 	var hold *Hold
 	if len(s.holds) > 0 && !s.closed { // after Close nothing would commit the hold
 		hold, s.holds = s.holds[0], s.holds[1:]
+	}
+	if hold == nil && s.opts.CommitDelay > 0 && !s.closed {
+		hold = &Hold{prepared: make(chan struct{}), commit: make(chan struct{})}
+		timer := time.AfterFunc(s.opts.CommitDelay, hold.Commit)
+		defer timer.Stop()
 	}
 	if hold == nil {
 		s.commitLocked(req, versions)
