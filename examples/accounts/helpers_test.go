@@ -25,8 +25,13 @@ func newFakeClock() *testclock.Clock {
 	return testclock.New(time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC))
 }
 
-// sleepRecorder replaces the backoff sleep: it records the durations and returns at once.
+// sleepRecorder replaces the backoff sleep: it records the durations and returns at
+// once, or, with real set, also sleeps them. The simulator commits a write before it
+// answers, so a catch-up right after a 2003 sees the write that caused it; a real server
+// answers 2003 as soon as the other write is queued, and makes it readable only once
+// fsynced (docs/celeriant-protocol.md section 6.5), so there the backoff must really wait.
 type sleepRecorder struct {
+	real   bool
 	mu     sync.Mutex
 	sleeps []time.Duration
 }
@@ -35,7 +40,17 @@ func (r *sleepRecorder) Sleep(ctx context.Context, d time.Duration) error {
 	r.mu.Lock()
 	r.sleeps = append(r.sleeps, d)
 	r.mu.Unlock()
-	return ctx.Err()
+	if !r.real {
+		return ctx.Err()
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
 }
 
 func (r *sleepRecorder) Sleeps() []time.Duration {
@@ -193,7 +208,7 @@ type pod struct {
 
 func (e *env) pod(window time.Duration, opts ...Option) *pod {
 	e.t.Helper()
-	p := &pod{proj: e.mk(e.t, e.clock, window), store: &hookStore{EventStore: e.log}, sleeps: &sleepRecorder{}}
+	p := &pod{proj: e.mk(e.t, e.clock, window), store: &hookStore{EventStore: e.log}, sleeps: &sleepRecorder{real: e.sim == nil}}
 	all := append([]Option{WithSleep(p.sleeps.Sleep), WithLogger(slog.New(slog.DiscardHandler))}, opts...)
 	svc, err := New(p.store, p.proj, all...)
 	if err != nil {
