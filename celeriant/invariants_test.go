@@ -275,6 +275,19 @@ func TestLiveServer(t *testing.T) {
 			t.Fatalf("read from version 0: %v, want 1000", se)
 		}
 	})
+	t.Run("watch_heartbeat", func(t *testing.T) {
+		// A quiet subscription gets an empty frame within the heartbeat interval.
+		st, err := c.Watch(ctx, celeriant.WatchRequest{Aggregates: []uuid.UUID{freshKey().ID}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer st.Close()
+		start := time.Now()
+		res, err := st.Next(ctx)
+		if waited := time.Since(start); err != nil || len(res.Events) != 0 || waited > celeriant.WatchHeartbeat+time.Second {
+			t.Fatalf("after %v: %+v, %v; want a heartbeat within %v", waited, res, err, celeriant.WatchHeartbeat)
+		}
+	})
 	t.Run("details_and_not_found", func(t *testing.T) {
 		_, err := c.AggregateDetails(ctx, freshKey())
 		if !celeriant.IsNotFound(err) {
