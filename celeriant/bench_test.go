@@ -2,7 +2,9 @@ package celeriant_test
 
 import (
 	"context"
+	"fmt"
 	"os"
+	"runtime"
 	"testing"
 
 	"github.com/google/uuid"
@@ -73,27 +75,30 @@ func BenchmarkClientWriteTCP(b *testing.B) {
 	}
 }
 
-// BenchmarkClientWriteTCPParallel: Write round trips from 8 goroutines per CPU (the
-// client's default 8 connections), each to an aggregate of its own: the throughput a
-// server reaches when concurrent writes share its fsyncs.
+// BenchmarkClientWriteTCPParallel: Write round trips from many goroutines, each to an
+// aggregate of its own, on the client's default 8 connections and on 64: the throughput
+// a server reaches when concurrent writes share its fsyncs (ns/op is wall time per
+// write of all goroutines together).
 func BenchmarkClientWriteTCPParallel(b *testing.B) {
 	for name, addr := range benchTargets(b) {
-		b.Run(name, func(b *testing.B) {
-			c := newClient(b, celeriant.Config{Addrs: []string{addr}})
-			ctx := context.Background()
-			b.SetParallelism(8)
-			b.ReportAllocs()
-			b.RunParallel(func(pb *testing.PB) {
-				key, client := freshKey(), uuid.New()
-				seq := uint64(0)
-				for pb.Next() {
-					seq++
-					if _, err := c.Write(ctx, simpleWrite(key, client, seq)); err != nil {
-						b.Error(err)
-						return
+		for _, conns := range []int{8, 64} {
+			b.Run(fmt.Sprintf("%s/conns=%d", name, conns), func(b *testing.B) {
+				c := newClient(b, celeriant.Config{Addrs: []string{addr}, MaxConns: conns})
+				ctx := context.Background()
+				b.SetParallelism(max(conns/runtime.GOMAXPROCS(0), 1)) // one goroutine per connection
+				b.ReportAllocs()
+				b.RunParallel(func(pb *testing.PB) {
+					key, client := freshKey(), uuid.New()
+					seq := uint64(0)
+					for pb.Next() {
+						seq++
+						if _, err := c.Write(ctx, simpleWrite(key, client, seq)); err != nil {
+							b.Error(err)
+							return
+						}
 					}
-				}
+				})
 			})
-		})
+		}
 	}
 }

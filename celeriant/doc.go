@@ -1,9 +1,9 @@
 // Package celeriant is a Go client for the Celeriant event store, speaking the client
 // wire protocol v3 (17-byte little-endian frame header, MessagePack bodies) as described
 // in docs/celeriant-protocol.md, pinned to celeriant-db commit e7c6df9. It has been
-// verified against the derived byte vectors of docs/celeriant-protocol.md section 8.3 and against the
-// simulator in celeriant/celeriantsim, not yet against a live server (set
-// CELERIANT_ADDR to run the integration suite against one).
+// verified against the derived byte vectors of docs/celeriant-protocol.md section 8.3, against the
+// simulator in celeriant/celeriantsim, and once against a live server of that commit
+// (section 8.5; set CELERIANT_ADDR to run TestLiveServer against one).
 //
 // # API
 //
