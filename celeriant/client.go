@@ -43,6 +43,9 @@ type Config struct {
 	MaxRequestSize uint32
 	// MaxResponseSize caps a response body, in bytes; default 64 MiB. A larger answer
 	// fails the request like a lost answer (ErrTransport, or ErrOutcomeUnknown for a write).
+	// Set it to at least the server's --max-response-size. The server itself never sends
+	// a response over its limit: a read of a batch larger than that gets no answer and
+	// ends at the deadline (docs/celeriant-protocol.md section 6.6).
 	MaxResponseSize uint32
 	// Now is the clock for idle eviction; default time.Now.
 	Now func() time.Time

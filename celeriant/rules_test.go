@@ -509,6 +509,40 @@ func runServerRules(t *testing.T, tg ruleTarget) {
 		}
 	})
 
+	t.Run("batch_over_the_page_budget", func(t *testing.T) {
+		// A batch larger than --max-response-size is stored, and every read that starts
+		// at it gets no answer: the server fails to write the response, drops it and
+		// keeps the connection (docs/celeriant-protocol.md section 6.6). Reads around it
+		// still work.
+		if tg.pageBytes > 4<<20 {
+			t.Skipf("a %d-byte page budget needs too much data", tg.pageBytes)
+		}
+		key, client := freshKey(), uuid.New()
+		for i, n := range []int{100, tg.pageBytes + tg.pageBytes/2, 100} {
+			w := entry(key, v(uint64(i)), uint64(i+1))
+			w.Events[0].Value = bytes.Repeat([]byte("x"), n)
+			if _, err := write(client, w); err != nil {
+				t.Fatalf("batch %d: %v", i+1, err)
+			}
+		}
+		res, err := s.Read(ctx, celeriant.ReadRequest{Key: key, Filters: celeriant.ReadFilters{FromVersion: 1}})
+		if err != nil || len(res.Batches) != 1 || res.NextVersion != 2 {
+			t.Fatalf("from 1: %d batches, next %d, %v; want batch 1 and next 2", len(res.Batches), res.NextVersion, err)
+		}
+		rctx, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
+		_, err = s.Read(rctx, celeriant.ReadRequest{Key: key, Filters: celeriant.ReadFilters{FromVersion: 2}})
+		cancel()
+		if !errors.Is(err, celeriant.ErrTransport) {
+			t.Fatalf("from 2: %v, want no answer (ErrTransport)", err)
+		}
+		if b := readAll(t, key, celeriant.ReadFilters{FromVersion: 3}); len(b) != 1 || b[0].Version != 3 {
+			t.Fatalf("from 3: %d batches", len(b))
+		}
+		if d := details(t, key); d.MaxVersion != 3 {
+			t.Fatalf("details: %+v", d)
+		}
+	})
+
 	t.Run("trim", func(t *testing.T) {
 		key, client := freshKey(), uuid.New()
 		for i := range 5 {

@@ -152,6 +152,12 @@ func (s *Sim) serveConn(c net.Conn) {
 			_ = s.wait(ctx)
 			res, err := s.serveRead(&req)
 			frame = answer(enc, err, req.CorrelationID, func() []byte { return enc.ReadResponse(&res) })
+			if len(frame)-wire.HeaderSize > s.opts.MaxResponseSize {
+				// The server fails to write a response over --max-response-size, drops
+				// it and reads the next request: the client never gets an answer.
+				s.log.Debug("celeriantsim: response over MaxResponseSize not sent", "bytes", len(frame)-wire.HeaderSize)
+				continue
+			}
 		case wire.ReqAggregateDetails:
 			corr, key, err := dec.AggregateDetailsRequest(body)
 			if err != nil {

@@ -38,6 +38,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/idemkey/idemkey/celeriant"
+	"github.com/idemkey/idemkey/celeriant/internal/wire"
 )
 
 // Options configure a Sim. The zero value is a single-shard server with the real clock.
@@ -54,7 +55,11 @@ type Options struct {
 	// --max-response-size; default DefaultMaxResponseSize (64 MiB). As on the server, the
 	// batches of a page that pass the batch-level filters add up to at most this many
 	// bytes, each counted as its events' payloads plus EventOverhead per event (the
-	// server counts its stored form), and a page holds at least one batch.
+	// server counts its stored form), and a page holds at least one batch. A response
+	// whose encoded body is still over the limit (a batch larger than the budget) is
+	// not sent at all, as on the server: over TCP the connection stays open and the
+	// client waits for its deadline; in-process Read returns an error wrapping
+	// celeriant.ErrTransport at once.
 	MaxResponseSize int
 	// CommitDelay keeps every write that passed validation in flight this long before
 	// it commits and is answered, like the server's amortised fsync (--fsync-delay-us,
@@ -358,7 +363,16 @@ func (s *Sim) Read(ctx context.Context, req celeriant.ReadRequest) (celeriant.Re
 	if err := s.wait(ctx); err != nil {
 		return celeriant.ReadResult{}, fmt.Errorf("%w: read: %w", celeriant.ErrTransport, err)
 	}
-	return s.serveRead(&req)
+	res, err := s.serveRead(&req)
+	if err == nil && encodedBound(&res) > s.opts.MaxResponseSize {
+		if n := len(wire.NewEncoder().ReadResponse(&res)) - wire.HeaderSize; n > s.opts.MaxResponseSize {
+			// Over TCP the answer never comes (see Options.MaxResponseSize); in-process
+			// the caller gets at once the error a client gets at its deadline.
+			return celeriant.ReadResult{}, fmt.Errorf("%w: read: no answer: a %d-byte response is over the server's %d-byte limit",
+				celeriant.ErrTransport, n, s.opts.MaxResponseSize)
+		}
+	}
+	return res, err
 }
 
 // AggregateDetails implements celeriant.EventStore (docs/celeriant-protocol.md section 4.7).
@@ -733,6 +747,19 @@ func (s *Sim) serveRead(req *celeriant.ReadRequest) (celeriant.ReadResult, error
 		res.Batches = append(res.Batches, out)
 	}
 	return res, nil
+}
+
+// encodedBound is at least the encoded body size of res: payloads plus the largest
+// MessagePack form of every other field (83 bytes an event, 60 a batch, 33 the rest).
+func encodedBound(res *celeriant.ReadResult) int {
+	n := 100
+	for _, b := range res.Batches {
+		n += 100
+		for _, e := range b.Events {
+			n += 100 + len(e.Value)
+		}
+	}
+	return n
 }
 
 // EventOverhead is what the simulator adds to an event's payload when it counts a page
