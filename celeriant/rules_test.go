@@ -639,6 +639,34 @@ func runServerRules(t *testing.T, tg ruleTarget) {
 		if got := collect(one, 1); !slices.Equal(got, []celeriant.WatchEvent{{Key: key, Operation: celeriant.WatchTrimStart, KeepFromVersion: 2}}) {
 			t.Fatalf("after trim: %+v", got)
 		}
+
+		// With a requested latency the acknowledgement opens the first window: a write
+		// right after it is notified when the window ends, merged with what else came
+		// (in no particular order: the server sent the Write before the Create).
+		fresh := freshKey()
+		slow, err := tg.watch.Watch(ctx, celeriant.WatchRequest{Aggregates: []uuid.UUID{fresh.ID}, RequestedLatencyMs: celeriant.Uint64(300)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer slow.Close()
+		acked := time.Now()
+		for i := range 2 {
+			if _, err := write(client, entry(fresh, v(uint64(i)), uint64(i+1))); err != nil {
+				t.Fatal(err)
+			}
+		}
+		res, err := slow.Next(ctx)
+		if waited := time.Since(acked); err != nil || waited < 250*time.Millisecond {
+			t.Fatalf("first frame after %v: %+v, %v; want one after the 300 ms window", waited, res, err)
+		}
+		got := map[celeriant.WatchEvent]bool{}
+		for _, e := range res.Events {
+			got[e] = true
+		}
+		if len(res.Events) != 2 || !got[celeriant.WatchEvent{Key: fresh, Operation: celeriant.WatchCreate}] ||
+			!got[celeriant.WatchEvent{Key: fresh, Operation: celeriant.WatchWrite, FromVersion: 1, ToVersion: 2}] {
+			t.Fatalf("merged frame %+v, want Create and Write 1-2", res.Events)
+		}
 	})
 }
 

@@ -238,7 +238,7 @@ func TestWatchLatencyMerges(t *testing.T) {
 	watchers(t, celeriantsim.Options{}, func(t *testing.T, sim *celeriantsim.Sim, w celeriant.Watcher) {
 		ctx := context.Background()
 		key, client := freshKey(), uuid.New()
-		s, err := w.Watch(ctx, celeriant.WatchRequest{Aggregates: []uuid.UUID{key.ID}, RequestedLatencyMs: celeriant.Version(1000),
+		s, err := w.Watch(ctx, celeriant.WatchRequest{Aggregates: []uuid.UUID{key.ID}, RequestedLatencyMs: celeriant.Version(200),
 			Operations: []celeriant.WatchOperation{celeriant.WatchWrite}})
 		if err != nil {
 			t.Fatal(err)
@@ -248,8 +248,9 @@ func TestWatchLatencyMerges(t *testing.T) {
 		if _, err := sim.Write(ctx, simpleWrite(key, client, 1)); err != nil {
 			t.Fatal(err)
 		}
-		// The first notification after a quiet period goes out at once; the writes
-		// within the next 1 s window are merged into one.
+		// The acknowledgement opened a window: the first write waits for its end. The
+		// first notification after a quiet window goes out at once; the writes within
+		// the next window are merged into one.
 		assertEqual(t, next(t, s).Events, []celeriant.WatchEvent{{Key: key, Operation: celeriant.WatchWrite, FromVersion: 1, ToVersion: 1}})
 		for seq := uint64(2); seq <= 4; seq++ {
 			if _, err := sim.Write(ctx, simpleWrite(key, client, seq)); err != nil {

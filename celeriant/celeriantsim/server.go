@@ -211,7 +211,7 @@ func (s *Sim) serveWatch(c net.Conn, enc *wire.Encoder, req *celeriant.WatchRequ
 		_, _ = c.Write(enc.ErrorResponse(req.CorrelationID, uint32(serr.Code), serr.Message))
 		return
 	}
-	st := &stream{s: s, w: w, done: make(chan struct{})}
+	st := &stream{s: s, w: w, done: make(chan struct{}), lastSend: time.Now()}
 	defer st.Close()
 	_ = c.SetWriteDeadline(time.Now().Add(s.opts.IdleTimeout))
 	if _, err := c.Write(enc.WatchResponse(&celeriant.WatchResponse{})); err != nil {

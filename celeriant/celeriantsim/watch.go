@@ -78,7 +78,7 @@ func (s *Sim) Watch(ctx context.Context, req celeriant.WatchRequest) (celeriant.
 	if err != nil {
 		return nil, err
 	}
-	return &stream{s: s, w: w, done: make(chan struct{})}, nil
+	return &stream{s: s, w: w, done: make(chan struct{}), lastSend: time.Now()}, nil
 }
 
 // subscribe validates req and registers its watcher.
@@ -186,7 +186,7 @@ func (s *Sim) Watchers() int {
 type stream struct {
 	s        *Sim
 	w        *watcher
-	lastSend time.Time
+	lastSend time.Time // the last frame; the acknowledgement counts, as on the server
 	closeMu  sync.Mutex
 	closed   bool
 	done     chan struct{}
