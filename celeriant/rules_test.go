@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"os"
 	"slices"
 	"sync"
 	"testing"
@@ -761,4 +762,96 @@ func decodeErrorBody(b []byte) error {
 		return bad
 	}
 	return celeriant.NewServerError(celeriant.Code(code), string(msg))
+}
+
+// TestShardRules: on a server with two shards (by aggregate id, read as a big-endian
+// 128-bit integer, modulo the shard count), a write across shards is 9001 and writes
+// nothing, a write within one shard commits, and a watch must name aggregates of one
+// shard (9001/9002 with num_shards) unless the client opens one per shard. Against the
+// simulator with Options.Shards 2, and against CELERIANT_SHARDED_ADDR, a real server
+// started with --num-shards 2, when it is set.
+func TestShardRules(t *testing.T) {
+	type target struct {
+		s celeriant.EventStore
+		w celeriant.Watcher
+	}
+	targets := map[string]target{}
+	inproc := celeriantsim.New(celeriantsim.Options{Shards: 2})
+	t.Cleanup(func() { _ = inproc.Close() })
+	targets["sim-inprocess"] = target{inproc, inproc}
+	_, addr := startSim(t, celeriantsim.Options{Shards: 2})
+	c := newClient(t, celeriant.Config{Addrs: []string{addr}})
+	targets["client-tcp-sim"] = target{c, c}
+	if live := os.Getenv("CELERIANT_SHARDED_ADDR"); live != "" {
+		lc := newClient(t, celeriant.Config{Addrs: []string{live}})
+		targets["live"] = target{lc, lc}
+	}
+	for name, tg := range targets {
+		t.Run(name, func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+			defer cancel()
+			onShard := func(shard byte) celeriant.AggregateKey {
+				for {
+					if k := freshKey(); k.ID[15]%2 == shard { // id mod 2 is the last byte's parity
+						return k
+					}
+				}
+			}
+			p, q, r := onShard(0), onShard(1), onShard(0)
+			q.Org, r.Org = p.Org, p.Org
+			client := uuid.New()
+			w := func(k celeriant.AggregateKey) celeriant.AggregateWrite {
+				return celeriant.AggregateWrite{Key: k, AllowCreate: true, ExpectedVersion: celeriant.Version(0), EnforceClientIdempotency: true,
+					Events: []celeriant.Event{{ClientSeq: 1, TypeMajor: 1, Value: []byte("{}")}}}
+			}
+			_, err := tg.s.Write(ctx, celeriant.WriteRequest{ClientID: client, Writes: []celeriant.AggregateWrite{w(p), w(q)}})
+			var se *celeriant.ServerError
+			if !errors.As(err, &se) || se.Code != celeriant.CodeShardRoutingMultipleShards || se.Message != `{"num_shards":2}` {
+				t.Fatalf("across shards: %v", err)
+			}
+			for _, k := range []celeriant.AggregateKey{p, q} {
+				if _, err := tg.s.AggregateDetails(ctx, k); !celeriant.IsNotFound(err) {
+					t.Fatalf("%s after the refused write: %v", k, err)
+				}
+			}
+			if _, err := tg.s.Write(ctx, celeriant.WriteRequest{ClientID: client, Writes: []celeriant.AggregateWrite{w(p), w(r)}}); err != nil {
+				t.Fatalf("within shard 0: %v", err)
+			}
+			_, err = tg.w.Watch(ctx, celeriant.WatchRequest{Aggregates: []uuid.UUID{p.ID, q.ID}, ShardID: celeriant.Uint64(5)})
+			if !errors.As(err, &se) || se.Code != celeriant.CodeShardRoutingIncompatible || se.NumShards != 2 {
+				t.Fatalf("watch of shard 5: %v", err)
+			}
+			if _, ok := tg.w.(*celeriant.Client); !ok {
+				_, err = tg.w.Watch(ctx, celeriant.WatchRequest{Aggregates: []uuid.UUID{p.ID, q.ID}})
+				if !errors.As(err, &se) || se.Code != celeriant.CodeShardRoutingMultipleShards || se.Message != `{"num_shards":2}` {
+					t.Fatalf("watch across shards in-process: %v", err)
+				}
+				return
+			}
+			st, err := tg.w.Watch(ctx, celeriant.WatchRequest{Orgs: []uuid.UUID{p.Org}, Operations: []celeriant.WatchOperation{celeriant.WatchWrite}})
+			if err != nil {
+				t.Fatalf("watch of an org: %v", err)
+			}
+			defer st.Close()
+			seen := map[celeriant.AggregateKey]bool{}
+			for _, k := range []celeriant.AggregateKey{p, q} {
+				ww := w(k)
+				ww.ExpectedVersion = nil
+				ww.Events[0].ClientSeq = 2
+				if _, err := tg.s.Write(ctx, celeriant.WriteRequest{ClientID: client, Writes: []celeriant.AggregateWrite{ww}}); err != nil {
+					t.Fatal(err)
+				}
+				res, err := st.Next(ctx)
+				if err != nil {
+					t.Fatal(err)
+				}
+				for _, e := range res.Events {
+					seen[e.Key] = true
+				}
+			}
+			if !seen[p] || !seen[q] {
+				t.Fatalf("notifications of %v, want both shards' aggregates", seen)
+			}
+		})
+	}
 }
