@@ -56,8 +56,9 @@ func benchTargets(b *testing.B) map[string]string {
 
 // BenchmarkClientWriteTCP: one Write round trip through the client over loopback TCP
 // (one frame out, one frame back), one at a time: against the simulator it measures the
-// client and the codec; against a real server also its fsync (amortised over the
-// --fsync-delay-us window, 4 ms by default).
+// client and the codec; against a real server also the server's write path and its
+// durable commit (a lone write is answered well within the server's fsync window;
+// concurrent writes share one).
 func BenchmarkClientWriteTCP(b *testing.B) {
 	for name, addr := range benchTargets(b) {
 		b.Run(name, func(b *testing.B) {
@@ -85,7 +86,7 @@ func BenchmarkClientWriteTCPParallel(b *testing.B) {
 			b.Run(fmt.Sprintf("%s/conns=%d", name, conns), func(b *testing.B) {
 				c := newClient(b, celeriant.Config{Addrs: []string{addr}, MaxConns: conns})
 				ctx := context.Background()
-				b.SetParallelism(max(conns/runtime.GOMAXPROCS(0), 1)) // one goroutine per connection
+				b.SetParallelism(max(conns/runtime.GOMAXPROCS(0), 1)) // about one goroutine per connection (exactly when GOMAXPROCS divides conns)
 				b.ReportAllocs()
 				b.RunParallel(func(pb *testing.PB) {
 					key, client := freshKey(), uuid.New()

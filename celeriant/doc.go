@@ -2,8 +2,9 @@
 // wire protocol v3 (17-byte little-endian frame header, MessagePack bodies) as described
 // in docs/celeriant-protocol.md, pinned to celeriant-db commit e7c6df9. It has been
 // verified against the derived byte vectors of docs/celeriant-protocol.md section 8.3, against the
-// simulator in celeriant/celeriantsim, and once against a live server of that commit
-// (section 8.5; set CELERIANT_ADDR to run TestLiveServer against one).
+// simulator in celeriant/celeriantsim, and once against a live server built from that
+// commit (with some dependencies at other versions than its lockfile; sections 7.3 and
+// 8.5; set CELERIANT_ADDR to run TestLiveServer against one).
 //
 // # API
 //

@@ -50,7 +50,8 @@ var (
 	// ErrUnavailableVersion is 1000: FromVersion is below the first available version;
 	// see ServerError.MinimumAvailable.
 	ErrUnavailableVersion = errors.New("celeriant: batch index unavailable")
-	// ErrNotFound is 1001 (read), 2005 (write without AllowCreate) or 7001 (details).
+	// ErrNotFound is 1001 (read), 2005 (write without AllowCreate), 3000 (TrimStart)
+	// or 7001 (details).
 	ErrNotFound = errors.New("celeriant: aggregate not found")
 	// ErrNotLeader is 2011, 3005 or 4006; see ServerError.LeaderAddress.
 	ErrNotLeader = errors.New("celeriant: not leader")
@@ -89,7 +90,7 @@ const (
 	CodeSchemaCompiledCorrupt        Code = 2023  // the stored compiled schema is corrupt
 	CodeSchemaNotLeader              Code = 2027  // schema operation sent to a follower
 	CodeSchemaCoordinationFailed     Code = 2029  // transient schema coordination failure; resend
-	CodeTrimAggregateNotExists       Code = 3000  // TrimStart of a missing aggregate
+	CodeTrimAggregateNotExists       Code = 3000  // TrimStart of a missing aggregate; ErrNotFound
 	CodeTrimCacheError               Code = 3001  // TrimStart: the existence check failed; resend
 	CodeTrimReplicationError         Code = 3002  // TrimStart: replication failed, outcome unknown
 	CodeTrimFsyncError               Code = 3003  // TrimStart: the leader's fsync failed
@@ -135,7 +136,7 @@ func (c Code) class() error {
 		return ErrInflightDuplicate
 	case CodeReadUnavailableVersion:
 		return ErrUnavailableVersion
-	case CodeReadAggregateNotExists, CodeWriteAggregateNotExists, CodeExistsAggregateNotFound:
+	case CodeReadAggregateNotExists, CodeWriteAggregateNotExists, CodeTrimAggregateNotExists, CodeExistsAggregateNotFound:
 		return ErrNotFound
 	case CodeWriteNotLeader, CodeTrimNotLeader, CodeDeleteNotLeader:
 		return ErrNotLeader

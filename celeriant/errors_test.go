@@ -33,7 +33,7 @@ var allCodes = []struct {
 	{2013, celeriant.ErrInflightDuplicate, `{"last_client_seq":9,"attempted_client_seq":8}`},
 	{2020, nil, `{}`}, {2021, nil, `{}`}, {2022, nil, `{"detail":"bad"}`}, {2023, nil, `{}`}, {2024, nil, `{}`},
 	{2025, nil, `{}`}, {2026, nil, `{}`}, {2027, nil, `{}`}, {2028, nil, `{}`}, {2029, nil, `{}`},
-	{3000, nil, `{}`}, {3001, nil, `{}`}, {3002, nil, `{}`}, {3003, nil, `{}`},
+	{3000, celeriant.ErrNotFound, `{}`}, {3001, nil, `{}`}, {3002, nil, `{}`}, {3003, nil, `{}`},
 	{3004, nil, `{"requested":9,"max_aggregate_version":3}`},
 	{3005, celeriant.ErrNotLeader, `{"leader_address":"LEADER"}`}, {3006, celeriant.ErrBusy, `{}`},
 	{4000, nil, `{}`}, {4001, nil, `{}`}, {4002, nil, `{}`}, {4003, nil, `{}`}, {4004, nil, `{}`}, {4005, nil, `{}`},

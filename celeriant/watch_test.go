@@ -232,19 +232,24 @@ func TestWatchLaggingSubscriberIsDropped(t *testing.T) {
 	})
 }
 
-// TestWatchLatencyMerges: with a requested latency, notifications of one window
-// come in one frame, merged per aggregate and operation (a version range).
+// TestWatchLatencyMerges: with a requested latency, the acknowledgement opens
+// the first window (a write right after it waits for the window's end), and
+// notifications of one window come in one frame, merged per aggregate and
+// operation (a version range). The window is 1 s: the three writes after the
+// first frame must land within it on a loaded machine, and the first frame must
+// come no sooner than half of it.
 func TestWatchLatencyMerges(t *testing.T) {
 	watchers(t, celeriantsim.Options{}, func(t *testing.T, sim *celeriantsim.Sim, w celeriant.Watcher) {
 		ctx := context.Background()
 		key, client := freshKey(), uuid.New()
-		s, err := w.Watch(ctx, celeriant.WatchRequest{Aggregates: []uuid.UUID{key.ID}, RequestedLatencyMs: celeriant.Version(200),
+		s, err := w.Watch(ctx, celeriant.WatchRequest{Aggregates: []uuid.UUID{key.ID}, RequestedLatencyMs: celeriant.Version(1000),
 			Operations: []celeriant.WatchOperation{celeriant.WatchWrite}})
 		if err != nil {
 			t.Fatal(err)
 		}
 		defer s.Close()
 		waitWatchers(t, sim, 1)
+		subscribed := time.Now() // after the acknowledgement
 		if _, err := sim.Write(ctx, simpleWrite(key, client, 1)); err != nil {
 			t.Fatal(err)
 		}
@@ -252,6 +257,9 @@ func TestWatchLatencyMerges(t *testing.T) {
 		// first notification after a quiet window goes out at once; the writes within
 		// the next window are merged into one.
 		assertEqual(t, next(t, s).Events, []celeriant.WatchEvent{{Key: key, Operation: celeriant.WatchWrite, FromVersion: 1, ToVersion: 1}})
+		if waited := time.Since(subscribed); waited < 500*time.Millisecond {
+			t.Fatalf("the first notification came %v after subscribing, want the end of the 1 s window the acknowledgement opened", waited)
+		}
 		for seq := uint64(2); seq <= 4; seq++ {
 			if _, err := sim.Write(ctx, simpleWrite(key, client, seq)); err != nil {
 				t.Fatal(err)

@@ -48,8 +48,10 @@ type Options struct {
 	// Shards is the shard count for multi-aggregate routing (aggregate id modulo Shards,
 	// docs/celeriant-protocol.md section 6.9); default 1, where every multi-aggregate write is allowed.
 	Shards int
-	// PageBatches caps the batches of one read page in addition to MaxResponseSize; 0
-	// means no cap. A small value makes NextVersion paging testable.
+	// PageBatches caps, in addition to MaxResponseSize, the batches of one read page
+	// that pass the batch-level filters (as the byte budget counts them); 0 means no
+	// cap. The event-level filters may then empty them, so a page can hold no batch
+	// and still a NextVersion to go on from. A small value makes paging testable.
 	PageBatches int
 	// MaxResponseSize is the read page budget in bytes, the server's
 	// --max-response-size; default DefaultMaxResponseSize (64 MiB). As on the server, the

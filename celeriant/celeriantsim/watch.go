@@ -186,7 +186,7 @@ func (s *Sim) Watchers() int {
 type stream struct {
 	s        *Sim
 	w        *watcher
-	lastSend time.Time // the last frame; the acknowledgement counts, as on the server
+	lastSend time.Time // the last frame with events; the acknowledgement counts, as on the server (a heartbeat does not)
 	closeMu  sync.Mutex
 	closed   bool
 	done     chan struct{}
