@@ -283,7 +283,9 @@ func (m *Middleware) storeCtx(parent context.Context, d time.Duration) (context.
 // required: a global scope must be chosen explicitly (GlobalScope). It fails on a
 // nil store or scope, a lease under MinLease, a retention shorter than the lease,
 // negative body limits or store timeouts, a renewal timeout longer than the lease,
-// no protected method, or a header name or method that is not an RFC 9110 token.
+// no protected method, a header name or method that is not an RFC 9110 token, a
+// negative wait bound, or problem members that cannot be rendered
+// (WithProblemMembers).
 func New(s store.Store, scope ScopeFunc, opts ...Option) (*Middleware, error) {
 	if s == nil {
 		return nil, errors.New("idemkey/middleware: nil store")
@@ -532,7 +534,7 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		// can index): a client mistake, answered 400 even in fail-open mode.
 		pooled = true
 		m.writeProblem(w, http.StatusBadRequest, m.problems.keyRefused, 0)
-		m.observe(ctx, Event{Decision: KeyInvalid, ID: id, Status: http.StatusBadRequest, StoreLatency: latency, Err: err})
+		m.observe(ctx, Event{Decision: KeyInvalid, ID: id, Status: http.StatusBadRequest, StoreLatency: latency, Waited: waited, Err: err})
 		return
 	}
 	if err != nil && m.cancelOnGone && ctx.Err() != nil {
@@ -540,7 +542,7 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		// no handler runs for a gone client.
 		pooled = true
 		m.writeProblem(w, http.StatusServiceUnavailable, m.problems.storeDown, max(m.storeRetryAfter, 1))
-		m.observe(ctx, Event{Decision: StoreError, ID: id, Status: http.StatusServiceUnavailable, StoreLatency: latency, Err: err})
+		m.observe(ctx, Event{Decision: StoreError, ID: id, Status: http.StatusServiceUnavailable, StoreLatency: latency, Waited: waited, Err: err})
 		return
 	}
 	if err != nil {
@@ -551,14 +553,14 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 			pooled = true
 			sw := &statusWriter{ResponseWriter: w}
 			next.ServeHTTP(sw, c.handlerRequest(r, Claim{ID: id}, nil, body))
-			m.observe(ctx, Event{Decision: FailOpen, ID: id, Status: sw.status(), StoreLatency: latency, Err: err})
+			m.observe(ctx, Event{Decision: FailOpen, ID: id, Status: sw.status(), StoreLatency: latency, Waited: waited, Err: err})
 			return
 		}
 		m.logger.LogAttrs(ctx, slog.LevelDebug, "idempotency store failed; answering 503",
 			slog.String("scope", id.Scope), slog.String("key", id.Key), slog.Any("error", err))
 		pooled = true
 		m.writeProblem(w, http.StatusServiceUnavailable, m.problems.storeDown, max(m.storeRetryAfter, 1))
-		m.observe(ctx, Event{Decision: StoreError, ID: id, Status: http.StatusServiceUnavailable, StoreLatency: latency, Err: err})
+		m.observe(ctx, Event{Decision: StoreError, ID: id, Status: http.StatusServiceUnavailable, StoreLatency: latency, Waited: waited, Err: err})
 		return
 	}
 	m.storeAnswered(ctx)
@@ -574,7 +576,7 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	case store.Mismatch:
 		pooled = true
 		m.writeProblem(w, http.StatusUnprocessableEntity, m.problems.mismatch, 0)
-		m.observe(ctx, Event{Decision: Mismatch, ID: id, Status: http.StatusUnprocessableEntity, StoreLatency: latency})
+		m.observe(ctx, Event{Decision: Mismatch, ID: id, Status: http.StatusUnprocessableEntity, StoreLatency: latency, Waited: waited})
 	case store.Claimed:
 		claim := Claim{ID: id, Token: res.Token, Fingerprint: fp, Takeover: res.Takeover, Retention: m.retention}
 		c.route = fpReq.Route

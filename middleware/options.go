@@ -253,13 +253,19 @@ func WithObserver(o Observer) Option { return func(c *config) { c.observer = o }
 // WithProblemMembers adds extension members (RFC 9457 section 3.2) to every
 // problem the middleware answers, beside type, title, status, detail and code:
 // members is called with the problem's code (the Code* constants) and detail
-// and returns the members to add (nil or empty: none), which are rendered in
-// the order of their names. New calls it once for every code and fails when it
-// panics, names one of the five members above, or returns a value
-// encoding/json cannot encode; the problems without a variable detail are
-// rendered once, in New. Use it when clients read other members than code and
-// detail, for example the Celeriant reference page, which shows "message" and
-// branches on "error" (docs/account-service.md section 1.3).
+// and returns the members to add (nil or empty: none), which are rendered after
+// the problem's own, in the order of their names. The six problems whose detail
+// never varies are rendered once, in New; for the three whose detail does
+// (CodeKeyInvalid on a malformed key, CodeBodyUnreadable, CodeRequestTooLarge)
+// members is called on each such request, concurrently, so it must be safe for
+// concurrent use and should return the same members for the same code. New
+// calls it for every code (a sample detail for the variable ones) and fails when
+// it panics, names one of the five members above (in any case), or returns a
+// value encoding/json cannot encode. Should it fail later on a detail New did
+// not see, that problem is sent without extension members. Use it when clients
+// read other members than code and detail, for example the Celeriant
+// reference page, which shows "message" and branches on "error"
+// (docs/account-service.md section 1.3).
 func WithProblemMembers(members func(code, detail string) map[string]any) Option {
 	return func(c *config) { c.problemMembers = members }
 }

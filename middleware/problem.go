@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/http"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/idemkey/idemkey/store"
@@ -57,41 +58,56 @@ type problem struct {
 }
 
 // render returns the problem's JSON body, with the extension members of
-// WithProblemMembers after the problem's own.
+// WithProblemMembers after the problem's own. A members function that fails on
+// this problem (New checked every code, with a sample detail for the variable
+// ones) gives the body without extension members: always a whole problem.
 func (p problem) render(members func(code, detail string) map[string]any) []byte {
-	b, _ := p.renderErr(members) // New checked members for every code
+	b, _ := p.renderErr(members)
 	return b
 }
 
-// reservedMembers are the members every problem carries itself.
+// reservedMembers are the members every problem carries itself; an extension
+// member may not name one in any case (encoding/json matches names without
+// regard to case, so "Code" would read as code).
 var reservedMembers = [...]string{"type", "title", "status", "detail", "code"}
 
-func (p problem) renderErr(members func(code, detail string) map[string]any) (_ []byte, err error) {
+// renderErr is render that also says why the extension members were left out.
+func (p problem) renderErr(members func(code, detail string) map[string]any) ([]byte, error) {
 	p.Type = ProblemTypePrefix + p.Code
 	b, _ := json.Marshal(p) // strings and an int: cannot fail
+	b = append(b, '\n')
 	if members == nil {
-		return append(b, '\n'), nil
+		return b, nil
 	}
+	extra, err := p.members(members)
+	if err != nil || len(extra) == 0 {
+		return b, err
+	}
+	for name := range extra {
+		for _, own := range reservedMembers {
+			if strings.EqualFold(name, own) {
+				return b, fmt.Errorf("idemkey/middleware: problem members for %q name %q, a member of every problem", p.Code, name)
+			}
+		}
+	}
+	e, err := json.Marshal(extra) // a map: members in the order of their names
+	if err != nil {
+		return b, fmt.Errorf("idemkey/middleware: problem members for %q: %w", p.Code, err)
+	}
+	// b is {...}\n: replace its closing brace and newline with the extra members.
+	out := make([]byte, 0, len(b)+len(e))
+	out = append(append(out, b[:len(b)-2]...), ',')
+	return append(append(out, e[1:]...), '\n'), nil
+}
+
+// members calls f for p, turning a panic into an error.
+func (p problem) members(f func(code, detail string) map[string]any) (extra map[string]any, err error) {
 	defer func() {
 		if r := recover(); r != nil {
 			err = fmt.Errorf("idemkey/middleware: problem members for %q panicked: %v", p.Code, r)
 		}
 	}()
-	extra := members(p.Code, p.Detail)
-	if len(extra) == 0 {
-		return append(b, '\n'), nil
-	}
-	for _, name := range reservedMembers {
-		if _, ok := extra[name]; ok {
-			return append(b, '\n'), fmt.Errorf("idemkey/middleware: problem members for %q name %q, a member of every problem", p.Code, name)
-		}
-	}
-	e, err := json.Marshal(extra) // a map: members in the order of their names
-	if err != nil {
-		return append(b, '\n'), fmt.Errorf("idemkey/middleware: problem members for %q: %w", p.Code, err)
-	}
-	b = append(append(b[:len(b)-1], ','), e[1:]...)
-	return append(b, '\n'), nil
+	return f(p.Code, p.Detail), nil
 }
 
 // prerendered holds the bodies of the problems without a variable detail.

@@ -91,8 +91,9 @@ func TestProblemMembersRefused(t *testing.T) {
 			}
 			return nil
 		},
-		"not JSON": func(string, string) map[string]any { return map[string]any{"f": func() {}} },
-		"panics":   func(string, string) map[string]any { panic("boom") },
+		"reserved name in another case": func(string, string) map[string]any { return map[string]any{"Code": "x"} },
+		"not JSON":                      func(string, string) map[string]any { return map[string]any{"f": func() {}} },
+		"panics":                        func(string, string) map[string]any { panic("boom") },
 	} {
 		if m, err := New(memory.New(), GlobalScope, WithProblemMembers(members)); err == nil || m != nil {
 			t.Errorf("%s: New = %v, %v; want an error", name, m, err)
@@ -111,6 +112,38 @@ func TestProblemMembersRefused(t *testing.T) {
 		var p map[string]any
 		if err := json.Unmarshal(w.Body.Bytes(), &p); err != nil || len(p) != 5 {
 			t.Errorf("members %v: %s", p, w.Body)
+		}
+	}
+}
+
+// TestProblemMembersFailingLater: a members function that fails only on a
+// detail New did not try (here a panic, and a reserved name, for the 413's
+// detail) leaves that problem whole, without extension members.
+func TestProblemMembersFailingLater(t *testing.T) {
+	for name, members := range map[string]func(code, detail string) map[string]any{
+		"panics": func(_, detail string) map[string]any {
+			if strings.Contains(detail, "larger than") {
+				panic("boom")
+			}
+			return map[string]any{"error": "E"}
+		},
+		"reserved": func(_, detail string) map[string]any {
+			if strings.Contains(detail, "larger than") {
+				return map[string]any{"status": 500}
+			}
+			return map[string]any{"error": "E"}
+		},
+	} {
+		m, err := New(memory.New(), GlobalScope, WithProblemMembers(members), WithMaxRequestBody(4))
+		if err != nil {
+			t.Fatalf("%s: New: %v", name, err)
+		}
+		w := httptest.NewRecorder()
+		m.Handler(http.NotFoundHandler()).ServeHTTP(w, req("POST", "/x", "k", "too large"))
+		var p map[string]any
+		if err := json.Unmarshal(w.Body.Bytes(), &p); err != nil || w.Code != http.StatusRequestEntityTooLarge ||
+			p["code"] != CodeRequestTooLarge || p["status"] != float64(413) || len(p) != 5 {
+			t.Errorf("%s: %d %q (%v)", name, w.Code, w.Body, err)
 		}
 	}
 }

@@ -6,9 +6,11 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/idemkey/idemkey/internal/testclock"
@@ -114,5 +116,63 @@ func TestStoreObserver(t *testing.T) {
 		if tc.want[len(tc.want)-8:] == "replayed" && !o.last.CompletedAt.Equal(clock.Now()) {
 			t.Errorf("replay's CompletedAt %v, want the original's completion %v", o.last.CompletedAt, clock.Now())
 		}
+	}
+}
+
+// TestWaitEndIsNoStoreError: a duplicate's wait that ends on its own bound, or
+// because its client left, is reported to the StoreObserver as a call that did
+// not fail (no error span, no error=true latency sample); the answer is the 409.
+func TestWaitEndIsNoStoreError(t *testing.T) {
+	for _, how := range []string{"bound", "client gone"} {
+		t.Run(how, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				o := &tracingObserver{}
+				gate := make(chan struct{})
+				m, err := New(memory.New(), GlobalScope, WithObserver(o), WithLogger(discardLogger()), WithWaitInFlight(time.Second))
+				if err != nil {
+					t.Fatal(err)
+				}
+				h := m.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+					if r.Header.Get("X-First") != "" {
+						<-gate
+					}
+					w.WriteHeader(http.StatusCreated)
+				}))
+				orig := make(chan struct{})
+				go func() {
+					defer close(orig)
+					h.ServeHTTP(httptest.NewRecorder(), req("POST", "/x", "k", "b", "X-First", "1"))
+				}()
+				synctest.Wait() // the original holds the key
+				ctx, cancel := context.WithCancel(t.Context())
+				defer cancel()
+				dup := make(chan int)
+				go func() {
+					w := httptest.NewRecorder()
+					h.ServeHTTP(w, req("POST", "/x", "k", "b").WithContext(ctx))
+					dup <- w.Code
+				}()
+				synctest.Wait() // the duplicate waits
+				if how == "client gone" {
+					cancel()
+				}
+				if code := <-dup; code != http.StatusConflict {
+					t.Errorf("duplicate answered %d, want 409", code)
+				}
+				close(gate)
+				<-orig
+				o.mu.Lock()
+				defer o.mu.Unlock()
+				var waits []string
+				for _, s := range o.trail {
+					if strings.HasPrefix(s, "done wait") {
+						waits = append(waits, s)
+					}
+				}
+				if len(waits) == 0 || slices.ContainsFunc(waits, func(s string) bool { return s != "done wait <nil>" }) {
+					t.Errorf("wait calls ended %q, want each without error", waits)
+				}
+			})
+		})
 	}
 }

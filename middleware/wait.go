@@ -26,9 +26,13 @@ const (
 // completes, the duplicate gets the replay; when it releases the key (a 5xx, a
 // panic, ...), the duplicate claims it and runs the handler; when its lease
 // expires, the duplicate takes it over and runs. Past d, or when the request's
-// context ends first (client gone, the request's own deadline), the answer is
-// the 409 with Retry-After as without waiting. Default 0: no waiting. Negative
-// values make New fail.
+// context ends during a wait (client gone, the request's own deadline), the
+// answer is the 409 with Retry-After as without waiting. A claim after a
+// wake-up is not cut short by the client leaving (unless WithCancelOnDisconnect),
+// only by the claim timeout, like the request's first claim: what it finds is
+// then served as usual (a replay written to a gone client, or a run of the
+// handler, whose answer is stored for the retry). Default 0: no waiting.
+// Negative values make New fail.
 //
 // The wait is woken by the store's notification when it implements
 // store.Waiter (memory: an in-process channel; postgres: LISTEN/NOTIFY on one
@@ -68,7 +72,13 @@ func (m *Middleware) waitInFlight(ctx, claimCtx context.Context, req store.Claim
 			wctx, cancel := context.WithTimeout(ctx, d)
 			callCtx, done := m.storeCall(wctx, StoreWait, req.ID)
 			werr := waiter.Wait(callCtx, req.ID)
-			storeDone(done, werr)
+			if werr != nil && (ctx.Err() != nil || wctx.Err() != nil && errors.Is(werr, context.DeadlineExceeded)) {
+				// The wait's own bound or the client's leaving ended it: not a
+				// failure of the store.
+				storeDone(done, nil)
+			} else {
+				storeDone(done, werr)
+			}
 			cancel()
 			if errors.Is(werr, errors.ErrUnsupported) {
 				waiter = nil // this store cannot wait: poll

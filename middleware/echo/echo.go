@@ -26,8 +26,12 @@
 //     marked middleware.Unrouted, so they release the key and the corrected
 //     request with the same key runs. A handler's own 404 is stored and
 //     replayed. An answer is echo's own when the request's router (the host's,
-//     else the default) has no route for the request's method on the matched
-//     path (c.Path()); the routes are looked up only for 404 and 405 answers.
+//     else the default) lists no route for the request's method on the matched
+//     path (c.Path()); the routes are looked up only for the 404 and 405 answers
+//     of keyed requests. The application's own RouteNotFound handlers count as
+//     echo's (their 404 releases the key). Routes added with e.Router().Add are
+//     not listed by echo (Router.Routes), so a 404 of theirs releases the key
+//     too: add routes with e.Add, e.POST and the like.
 //   - Path parameters (c.Param), the echo.Context and its values are untouched.
 package idemecho
 
@@ -64,7 +68,9 @@ func Middleware(m *middleware.Middleware) echo.MiddlewareFunc {
 				if err = next(c); err != nil {
 					c.Error(err)
 				}
-				if (resp.Status == http.StatusNotFound || resp.Status == http.StatusMethodNotAllowed) && routerAnswer(c, r) {
+				// Only a keyed request has a claim to release, so only its 404 or 405
+				// pays for the routes' look-up.
+				if (resp.Status == http.StatusNotFound || resp.Status == http.StatusMethodNotAllowed) && keyed(r) && routerAnswer(c, r) {
 					unrouted.ServeHTTP(w, r)
 				}
 			})).ServeHTTP(origResp, origReq)
@@ -79,6 +85,12 @@ func Middleware(m *middleware.Middleware) echo.MiddlewareFunc {
 // handler (and inner middleware).
 func KeyFromContext(c echo.Context) (id store.ID, ok bool) {
 	return middleware.KeyFromContext(c.Request().Context())
+}
+
+// keyed reports whether r carries a claimed idempotency key.
+func keyed(r *http.Request) bool {
+	_, ok := middleware.KeyFromContext(r.Context())
+	return ok
 }
 
 // routerAnswer reports whether c's 404 or 405 is echo's own answer to a request

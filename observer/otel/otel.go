@@ -23,7 +23,7 @@
 //	                               number of retried Complete calls (Event.CompleteRetries)
 //	idemkey.in_transaction         true when the handler stored its response in its
 //	                               own transaction (Event.InTransaction)
-//	idemkey.waited_seconds         when the request waited for the holder of its key
+//	idemkey.wait_seconds           when the request waited for the holder of its key
 //	                               (WithWaitInFlight): how long, in seconds (Event.Waited)
 //
 // A replay links to no span of the original request, which it cannot know; the
@@ -64,7 +64,7 @@ const (
 	AttrOriginalCompletedAt = attribute.Key("idemkey.original_completed_at")
 	AttrCompleteRetries     = attribute.Key("idemkey.complete_retries")
 	AttrInTransaction       = attribute.Key("idemkey.in_transaction")
-	AttrWaited              = attribute.Key("idemkey.waited_seconds")
+	AttrWaited              = attribute.Key("idemkey.wait_seconds")
 	AttrStoreOp             = attribute.Key("idemkey.store.op")
 	AttrError               = attribute.Key("error")
 

@@ -30,7 +30,7 @@
 //	                                           failed to store a response (Event.CompleteRetries)
 //	idemkey_in_transaction_completions_total   responses the handler stored in its own
 //	                                           transaction (Event.InTransaction)
-//	idemkey_wait_seconds                       histogram: how long a duplicate waited for
+//	idemkey_wait_seconds                       histogram (DefaultWaitBuckets, 1 ms to 30 s): how long a duplicate waited for
 //	                                           the holder of its key (WithWaitInFlight;
 //	                                           Event.Waited), for requests that waited
 //	idemkey_handler_answers_total{status}      answers the protected handler itself gave

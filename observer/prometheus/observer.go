@@ -18,6 +18,11 @@ import (
 // seconds: 100 µs to 2.5 s.
 var DefaultLatencyBuckets = []float64{.0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5}
 
+// DefaultWaitBuckets are the wait histogram's upper bounds, in seconds: 1 ms to
+// 30 s (a wait is bounded by WithWaitInFlight, 5 s in the examples, and by the
+// lease).
+var DefaultWaitBuckets = []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30}
+
 // Observer is the middleware.Observer that counts every request (see the package
 // doc for its series). Build it with NewObserver; it is safe for concurrent use.
 type Observer struct {
@@ -39,11 +44,15 @@ var _ middleware.Observer = (*Observer)(nil)
 // Option configures an Observer.
 type Option func(*options)
 
-type options struct{ buckets []float64 }
+type options struct{ buckets, waitBuckets []float64 }
 
-// WithLatencyBuckets sets the upper bounds, in seconds, increasing, of the store
-// latency histogram and of the wait histogram (default DefaultLatencyBuckets).
+// WithLatencyBuckets sets the store latency histogram's upper bounds, in
+// seconds, strictly increasing (default DefaultLatencyBuckets).
 func WithLatencyBuckets(b []float64) Option { return func(o *options) { o.buckets = b } }
+
+// WithWaitBuckets sets the wait histogram's upper bounds, in seconds, strictly
+// increasing (default DefaultWaitBuckets).
+func WithWaitBuckets(b []float64) Option { return func(o *options) { o.waitBuckets = b } }
 
 // NewObserver creates the Observer's collectors and registers them with reg (use
 // a registry of the application's own, never the global default). It fails when
@@ -53,16 +62,21 @@ func NewObserver(reg prometheus.Registerer, opts ...Option) (*Observer, error) {
 	if reg == nil {
 		return nil, errors.New("idemprom: nil Registerer; pass the application's registry")
 	}
-	o := options{buckets: DefaultLatencyBuckets}
+	o := options{buckets: DefaultLatencyBuckets, waitBuckets: DefaultWaitBuckets}
 	for _, opt := range opts {
 		opt(&o)
 	}
-	if len(o.buckets) == 0 {
-		return nil, errors.New("idemprom: no latency buckets")
-	}
-	for i, b := range o.buckets {
-		if math.IsNaN(b) || i > 0 && b <= o.buckets[i-1] {
-			return nil, fmt.Errorf("idemprom: latency buckets %v are not strictly increasing", o.buckets)
+	for _, bs := range []struct {
+		name    string
+		buckets []float64
+	}{{"latency", o.buckets}, {"wait", o.waitBuckets}} {
+		if len(bs.buckets) == 0 {
+			return nil, fmt.Errorf("idemprom: no %s buckets", bs.name)
+		}
+		for i, b := range bs.buckets {
+			if math.IsNaN(b) || i > 0 && b <= bs.buckets[i-1] {
+				return nil, fmt.Errorf("idemprom: %s buckets %v are not strictly increasing", bs.name, bs.buckets)
+			}
 		}
 	}
 	counter := func(name, help string) prometheus.Counter {
@@ -91,7 +105,7 @@ func NewObserver(reg prometheus.Registerer, opts ...Option) (*Observer, error) {
 	}
 	waited := prometheus.NewHistogram(prometheus.HistogramOpts{
 		Name: "idemkey_wait_seconds", Help: "Time a duplicate waited for the request holding its key (WithWaitInFlight), for requests that waited.",
-		Buckets: o.buckets,
+		Buckets: o.waitBuckets,
 	})
 	m.waited = waited
 	all := []prometheus.Collector{decisions, latency, m.replays, m.inFlight, m.mismatches, m.storeErrors, m.takeovers,

@@ -65,6 +65,15 @@ func TestObserver(t *testing.T) {
 			t.Errorf("%s = %v (present %v), want %v", name, v, ok, want)
 		}
 	}
+	families, _ := reg.Gather()
+	for _, f := range families {
+		if f.GetName() == "idemkey_wait_seconds" {
+			b := f.GetMetric()[0].GetHistogram().GetBucket()
+			if len(b) != len(idemprom.DefaultWaitBuckets) || b[len(b)-1].GetUpperBound() != 30 || b[len(b)-1].GetCumulativeCount() != 2 {
+				t.Errorf("wait buckets %v: want DefaultWaitBuckets, up to 30 s, the 1 s wait inside", b)
+			}
+		}
+	}
 	for _, name := range []string{"idemkey_store_latency_seconds/pass_through", "idemkey_store_latency_seconds/key_missing"} {
 		if _, ok := got[name]; ok {
 			t.Errorf("%s: a request that never reached the store observed store latency", name)
@@ -142,6 +151,9 @@ func TestObserverBadBuckets(t *testing.T) {
 			m, err := idemprom.NewObserver(reg, idemprom.WithLatencyBuckets(tc.buckets))
 			if (err == nil) != tc.ok {
 				t.Errorf("%v: NewObserver error %v, want ok %v", tc.buckets, err, tc.ok)
+			}
+			if _, err := idemprom.NewObserver(prometheus.NewRegistry(), idemprom.WithWaitBuckets(tc.buckets)); (err == nil) != tc.ok {
+				t.Errorf("%v as wait buckets: NewObserver error %v, want ok %v", tc.buckets, err, tc.ok)
 			}
 			if err != nil {
 				return
