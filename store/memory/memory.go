@@ -6,9 +6,11 @@
 // scope and key (hashed once per call; it also picks the shard), records whose IDs
 // share a hash chained behind it. Leases and retention run on the process's
 // monotonic clock. Expired records are swept incrementally: every write to a shard
-// first removes that shard's records whose retention has passed (a min-heap by
-// expiry holding each record once), so memory stays bounded by the live keys
-// without a background goroutine.
+// first removes that shard's records whose retention has passed, so memory stays
+// bounded by the live keys without a background goroutine. Each record is in one
+// of two expiry structures, once: a FIFO queue takes the deadlines that arrive in
+// order (one retention for every key, the common case), O(1) a record; a min-heap
+// takes the others.
 //
 // The store lives and dies with the process: it protects retries that reach the
 // same process only. Use store/postgres, store/redis or store/tiered for several
@@ -48,8 +50,10 @@ type shard struct {
 	// records maps an ID's hash (Store.hash) to its record; records of other IDs
 	// with the same hash follow it through entry.next.
 	records map[uint64]*entry
-	expiry  []heapItem // min-heap by expiry; every record is in it exactly once
-	_       [24]byte   // keep shards on separate cache lines
+	// Every record is in exactly one of expiry and queue (entry.queued says which).
+	expiry []heapItem // min-heap by expiry
+	queue  queue      // FIFO by expiry, for deadlines that arrive in order
+	_      [40]byte   // keep shards on separate cache lines
 }
 
 // heapItem is a record in the expiry heap; at (its expiresAt) is kept inline so
@@ -73,9 +77,10 @@ type entry struct {
 	until     int64
 	expiresAt int64 // retention deadline
 	createdAt int64
-	index     int32 // position in the shard's expiry heap
+	index     int32 // position in the shard's expiry heap, or sequence number in its queue (as uint32)
 	status    int32 // the stored status; 0 while in flight
 	omitted   bool
+	queued    bool // in the shard's queue, not its heap
 	// data holds the stored header, its first fieldsLen bytes, as
 	// length-prefixed name, value pairs (a name repeated for each of its values;
 	// see appendFields), then the body: one allocation, with no pointers to
@@ -167,7 +172,7 @@ func (s *Store) Len() int {
 	for i := range s.shards {
 		sh := &s.shards[i]
 		sh.mu.Lock()
-		n += len(sh.expiry)
+		n += len(sh.expiry) + sh.queue.live()
 		sh.mu.Unlock()
 	}
 	return n
@@ -398,7 +403,7 @@ func (e *entry) find(id store.ID) *entry {
 	return e
 }
 
-// drop removes e from the records and the expiry heap. Called with mu held.
+// drop removes e from the records and from the expiry heap or queue. Called with mu held.
 func (sh *shard) drop(e *entry) {
 	switch head := sh.records[e.hash]; {
 	case head == e && e.next == nil:
@@ -414,34 +419,79 @@ func (sh *shard) drop(e *entry) {
 		}
 	}
 	e.next = nil
-	sh.remove(int(e.index))
+	if e.queued {
+		sh.queue.remove(e)
+	} else {
+		sh.remove(int(e.index))
+	}
 }
 
 // sweep removes the records whose retention has passed. Called with mu held.
+// A queued record whose deadline moved later is queued again at its deadline
+// instead, once: the sweep visits at most the records that expired and those.
 func (sh *shard) sweep(at int64) {
 	for len(sh.expiry) > 0 && sh.expiry[0].at <= at {
 		e := sh.expiry[0].e
 		sh.drop(e)
 		e.end()
 	}
+	q := &sh.queue
+	for q.len() > 0 {
+		it := q.item(q.head) // never a tombstone
+		if it.at > at {
+			break
+		}
+		e := it.e
+		if e.expiresAt > at {
+			q.remove(e)
+			sh.push(e) // at a deadline after at: not seen again here
+			continue
+		}
+		sh.drop(e)
+		e.end()
+	}
 }
 
-// The expiry heap: a min-heap of entries by expiresAt, each entry knowing its
-// index, so a changed deadline is fixed in place and a released entry removed.
-
+// push adds e at its deadline (e.expiresAt): to the queue when no queued
+// deadline is later, to the heap otherwise.
 func (sh *shard) push(e *entry) {
+	if q := &sh.queue; q.len() == 0 || q.item(q.tail-1).at <= e.expiresAt {
+		q.push(e)
+		return
+	}
 	i := len(sh.expiry)
 	e.index = int32(i)
 	sh.expiry = append(sh.expiry, heapItem{at: e.expiresAt, e: e})
 	sh.up(i)
 }
 
-// setExpiry changes e's retention deadline and its place in the heap.
+// setExpiry changes e's retention deadline. A queued record keeps its place
+// when the deadline moves later (its item's deadline is then a lower bound, and
+// the sweep queues it again when it comes up), and is updated in place when it
+// is the last queued; a deadline moved earlier takes it out and pushes it again.
 func (sh *shard) setExpiry(e *entry, at int64) {
+	if !e.queued {
+		e.expiresAt = at
+		sh.expiry[e.index].at = at
+		sh.fix(int(e.index))
+		return
+	}
+	q := &sh.queue
+	it := q.item(uint32(e.index))
+	switch {
+	case at < it.at:
+		q.remove(e)
+		e.expiresAt = at
+		sh.push(e)
+		return
+	case uint32(e.index) == q.tail-1:
+		it.at = at
+	}
 	e.expiresAt = at
-	sh.expiry[e.index].at = at
-	sh.fix(int(e.index))
 }
+
+// The expiry heap: a min-heap of entries by expiresAt, each entry knowing its
+// index, so a changed deadline is fixed in place and a released entry removed.
 
 func (sh *shard) remove(i int) {
 	h := sh.expiry
