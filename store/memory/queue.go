@@ -1,7 +1,7 @@
 package memory
 
-// chunkLen is the number of items in one block of a queue (2 KiB).
-const chunkLen = 128
+// chunkLen is the number of items in one block of a queue (1 KiB).
+const chunkLen = 64
 
 type chunk [chunkLen]heapItem
 
