@@ -21,6 +21,7 @@ package store
 
 import (
 	"context"
+	"encoding/binary"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -127,11 +128,8 @@ type Token [16]byte
 func NewToken() Token {
 	var t Token
 	for t.IsZero() {
-		a, b := rand.Uint64(), rand.Uint64()
-		for i := range 8 {
-			t[i] = byte(a >> (8 * i))
-			t[8+i] = byte(b >> (8 * i))
-		}
+		binary.LittleEndian.PutUint64(t[:8], rand.Uint64()) // one store each
+		binary.LittleEndian.PutUint64(t[8:], rand.Uint64())
 	}
 	return t
 }
