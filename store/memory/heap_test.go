@@ -59,6 +59,14 @@ func checkHeap(t *testing.T, s *Store) {
 		if span := int(q.tail - q.head&^(chunkLen-1)); len(q.chunks) != (span+chunkLen-1)/chunkLen {
 			t.Fatalf("shard %d: %d blocks for %d items from a block's start", i, len(q.chunks), span)
 		}
+		if len(q.spares) > maxSpares {
+			t.Fatalf("shard %d: %d spare blocks", i, len(q.spares))
+		}
+		for _, c := range q.spares {
+			if *c != (chunk{}) {
+				t.Fatalf("shard %d: a spare block holds items", i)
+			}
+		}
 		for j, it := range sh.expiry {
 			e := it.e
 			if e.queued || int(e.index) != j || sh.records[e.hash].find(e.id) != e || it.at != e.expiresAt {

@@ -13,10 +13,11 @@ type chunk [chunkLen]heapItem
 // sequence number (entry.index); a record removed from the middle leaves a
 // tombstone (an item with no record) until the head reaches it, and the queue is
 // rebuilt without them when they outnumber the records, so its size stays within
-// twice the records it holds (plus a block). Called with the shard lock held.
+// twice the records it holds, plus a block and the spare blocks (at most
+// maxSpares). Called with the shard lock held.
 type queue struct {
 	chunks     []*chunk // chunks[0] holds head; len is ceil((tail-base)/chunkLen), base = head rounded down to a block
-	spare      *chunk   // an emptied block, zeroed, kept for the next one needed
+	spares     []*chunk // emptied blocks, zeroed, kept for the next ones needed (at most maxSpares)
 	head, tail uint32
 	dead       int32 // tombstones between head and tail; head and tail-1 are never one
 }
@@ -38,11 +39,13 @@ func (q *queue) push(e *entry) { q.pushItem(heapItem{at: e.expiresAt, e: e}) }
 
 func (q *queue) pushItem(it heapItem) {
 	if int(q.tail-q.head&^(chunkLen-1)) == len(q.chunks)*chunkLen {
-		c := q.spare
-		if c == nil {
+		var c *chunk
+		if n := len(q.spares); n > 0 {
+			c, q.spares[n-1] = q.spares[n-1], nil
+			q.spares = q.spares[:n-1]
+		} else {
 			c = new(chunk)
 		}
-		q.spare = nil
 		q.chunks = append(q.chunks, c)
 	}
 	*q.item(q.tail) = it
@@ -80,7 +83,7 @@ func (q *queue) popHead() {
 	*q.item(q.head) = heapItem{}
 	q.head++
 	if q.head%chunkLen == 0 { // left chunks[0]
-		q.spare = q.chunks[0]
+		q.keep(q.chunks[0])
 		q.chunks[0] = nil
 		q.chunks = q.chunks[1:]
 	}
@@ -91,16 +94,27 @@ func (q *queue) popTail() {
 	*q.item(q.tail) = heapItem{}
 	if (q.tail-q.head&^(chunkLen-1))%chunkLen == 0 { // the last block is empty
 		last := len(q.chunks) - 1
-		q.spare = q.chunks[last]
+		q.keep(q.chunks[last])
 		q.chunks[last] = nil
 		q.chunks = q.chunks[:last]
+	}
+}
+
+// maxSpares bounds the emptied blocks a queue keeps (4 KiB): enough that a
+// queue whose length wavers around a block boundary allocates none.
+const maxSpares = 4
+
+// keep keeps the emptied block c for reuse, or leaves it to the collector.
+func (q *queue) keep(c *chunk) {
+	if len(q.spares) < maxSpares {
+		q.spares = append(q.spares, c)
 	}
 }
 
 // compact rebuilds the queue without its tombstones, in order.
 func (q *queue) compact() {
 	old := *q
-	*q = queue{spare: old.spare}
+	*q = queue{spares: old.spares}
 	for seq := old.head; seq != old.tail; seq++ {
 		if it := old.item(seq); it.e != nil {
 			q.pushItem(*it)
