@@ -15,7 +15,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemkey/idemkey/store"
-	"github.com/idemkey/idemkey/store/internal/codec"
+	"github.com/idemkey/idemkey/store/codec"
 )
 
 // BenchmarkClaimComplete measures claim+complete pairs on fresh keys per second at

@@ -16,8 +16,8 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/idemkey/idemkey/store"
-	"github.com/idemkey/idemkey/store/internal/codec"
-	"github.com/idemkey/idemkey/store/internal/waitset"
+	"github.com/idemkey/idemkey/store/codec"
+	"github.com/idemkey/idemkey/store/waitset"
 	"github.com/idemkey/idemkey/store/postgres/internal/migrate"
 )
 

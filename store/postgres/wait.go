@@ -13,7 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemkey/idemkey/store"
-	"github.com/idemkey/idemkey/store/internal/waitset"
+	"github.com/idemkey/idemkey/store/waitset"
 )
 
 // DefaultListenerIdle is how long the waiters' listening connection stays open

@@ -11,7 +11,7 @@ import (
 	goredis "github.com/redis/go-redis/v9"
 
 	"github.com/idemkey/idemkey/store"
-	"github.com/idemkey/idemkey/store/internal/codec"
+	"github.com/idemkey/idemkey/store/codec"
 	"github.com/idemkey/idemkey/store/redis/redistest"
 )
 

@@ -7,7 +7,7 @@ import (
 	"time"
 
 	"github.com/idemkey/idemkey/store"
-	"github.com/idemkey/idemkey/store/internal/codec"
+	"github.com/idemkey/idemkey/store/codec"
 )
 
 // keyFor returns the Redis key of id:

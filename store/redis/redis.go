@@ -11,8 +11,8 @@ import (
 	goredis "github.com/redis/go-redis/v9"
 
 	"github.com/idemkey/idemkey/store"
-	"github.com/idemkey/idemkey/store/internal/codec"
-	"github.com/idemkey/idemkey/store/internal/waitset"
+	"github.com/idemkey/idemkey/store/codec"
+	"github.com/idemkey/idemkey/store/waitset"
 )
 
 // DefaultPrefix is the key prefix used when WithPrefix is not given.

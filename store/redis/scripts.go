@@ -17,7 +17,7 @@ import goredis "github.com/redis/go-redis/v9"
 //	cd   completed at (completed only)
 //	ex   expires at = cd + retention (completed only)
 //	s    HTTP status, decimal (completed only)
-//	h    replayable headers, binary (see store/internal/codec; completed only)
+//	h    replayable headers, binary (see store/codec; completed only)
 //	b    body bytes as is (completed only)
 //	o    "1" when the body was omitted (completed only)
 //	cn   nonce of the Complete call that completed the record (completed only), so

@@ -9,7 +9,7 @@ import (
 	goredis "github.com/redis/go-redis/v9"
 
 	"github.com/idemkey/idemkey/store"
-	"github.com/idemkey/idemkey/store/internal/waitset"
+	"github.com/idemkey/idemkey/store/waitset"
 )
 
 // DefaultSubscriberIdle is how long the waiters' subscription stays open after
