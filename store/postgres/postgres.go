@@ -17,8 +17,8 @@ import (
 
 	"github.com/idemkey/idemkey/store"
 	"github.com/idemkey/idemkey/store/codec"
-	"github.com/idemkey/idemkey/store/waitset"
 	"github.com/idemkey/idemkey/store/postgres/internal/migrate"
+	"github.com/idemkey/idemkey/store/waitset"
 )
 
 // Querier is the part of pgx the store uses. *pgxpool.Pool, *pgx.Conn and pgx.Tx
