@@ -300,8 +300,13 @@ func (r *Runner) run(ctx context.Context, id store.ID, res store.ClaimResult, se
 	value, fnErr := fn(claim.NewContext(fnCtx, claim.Claim{ID: id, Token: res.Token, Takeover: res.Takeover, Retention: r.retention}, &e))
 	returned = true
 	e.Stop()
-	e.Returned()
 	out = Result{Value: value, Takeover: res.Takeover}
+	if inTx, resp := e.Returned(); inTx {
+		// fn completed the record in its own transaction (claim.MarkCompleted): it
+		// is committed; a cache in front of the store is told.
+		e.NotifyCompleted(resp)
+		return out, fnErr
+	}
 
 	if e.LeaseLost() { // the key is another caller's now: neither release nor complete it
 		err := fmt.Errorf("idemkey/idem: key %q in scope %q taken over while fn ran; result not stored: %w", id.Key, id.Scope, store.ErrLeaseLost)

@@ -114,6 +114,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/idemkey/idemkey/claim"
 	"github.com/idemkey/idemkey/fingerprint"
 	"github.com/idemkey/idemkey/internal/httpfield"
 	"github.com/idemkey/idemkey/store"
@@ -161,25 +162,11 @@ func ScopeFromHeader(name, fallback string) ScopeFunc {
 type ctxKey struct{}
 
 // keyCtx carries the request's store.ID and, while its handler runs under a
-// claim, the claim and its call; allocated with the handler's request
-// (handlerReq), and kept to 112 bytes so that the two fit a 416-byte size class
-// (Retention comes from the call's middleware). unrouted is set by Unrouted.
+// claim, the claim and its execution (claim.Context); allocated with the
+// handler's request (handlerReq). unrouted is set by Unrouted.
 type keyCtx struct {
-	context.Context
-	id       store.ID
-	token    store.Token       // zero without a claim (fail open)
-	fp       store.Fingerprint // zero without a claim
-	call     *call             // nil without a claim
-	takeover bool
+	claim.Context
 	unrouted atomic.Bool
-}
-
-// claim returns the claim the handler runs under (ok false without one).
-func (c *keyCtx) claim() (Claim, bool) {
-	if c.call == nil {
-		return Claim{}, false
-	}
-	return Claim{ID: c.id, Token: c.token, Fingerprint: c.fp, Takeover: c.takeover, Retention: c.call.m.retention}, true
 }
 
 func (c *keyCtx) Value(k any) any {
@@ -234,7 +221,7 @@ func (m *Middleware) unrouted(next http.Handler, r *http.Request, c *call) bool 
 // when the request passed through unprotected without a key.
 func KeyFromContext(ctx context.Context) (id store.ID, ok bool) {
 	if c, ok := ctx.Value(ctxKey{}).(*keyCtx); ok {
-		return c.id, true
+		return c.ID(), true
 	}
 	return store.ID{}, false
 }
@@ -258,26 +245,14 @@ type Middleware struct {
 	clockNow         func() time.Time
 	monoClock        bool          // clockNow is monotonicNow (no clock of the caller's with Now)
 	storeObs         StoreObserver // the observer, when it implements StoreObserver
-	bounded          bool          // store calls run under m.timeouts
-	epoch            time.Time     // origin of call.held (monotonic)
+	claimer          *claim.Claimer
+	epoch            time.Time // origin of the middleware's monotonic readings
 }
 
 // preRetryAfter bounds the Retry-After values (seconds) rendered once per
 // Middleware, so a 409 or 503 within it allocates no header value: two minutes
 // cover the default lease and store back-off.
 const preRetryAfter = 120
-
-// noCancel is the cancel function of an unbounded store call.
-func noCancel() {}
-
-// storeCtx returns parent bounded by d for one store call, unless the store
-// never waits on I/O (store.InProcess): then parent itself, with no timer.
-func (m *Middleware) storeCtx(parent context.Context, d time.Duration) (context.Context, context.CancelFunc) {
-	if !m.bounded {
-		return parent, noCancel
-	}
-	return context.WithTimeout(parent, d)
-}
 
 // New returns a middleware claiming keys in s, scoped by scope. Both are
 // required: a global scope must be chosen explicitly (GlobalScope). It fails on a
@@ -324,21 +299,21 @@ func New(s store.Store, scope ScopeFunc, opts ...Option) (*Middleware, error) {
 			return nil, fmt.Errorf("idemkey/middleware: protected method %q is not an RFC 9110 token", meth)
 		}
 	}
-	for _, d := range []*time.Duration{&m.timeouts.Claim, &m.timeouts.Complete, &m.timeouts.Release} {
-		if *d == 0 {
-			*d = DefaultStoreTimeout
-		}
-	}
-	if m.timeouts.Renew == 0 {
-		m.timeouts.Renew = min(m.lease/3, DefaultStoreTimeout)
-	}
-	if ip, ok := s.(store.InProcess); !ok || !ip.InProcess() {
-		m.bounded = true
-	}
 	if m.logger == nil {
 		m.logger = slog.Default()
 	}
 	m.storeObs, _ = m.observer.(StoreObserver)
+	var err error
+	cfg := claim.Config{Store: s, Lease: m.lease, Retention: m.retention, Timeouts: m.timeouts, Clock: m.clock, Logger: m.logger}
+	if m.storeObs != nil {
+		cfg.Observe = func(ctx context.Context, op claim.Op, id store.ID) (context.Context, func(error)) {
+			return m.storeObs.StoreCallStart(ctx, StoreOp(op), id)
+		}
+	}
+	if m.claimer, err = claim.New(cfg); err != nil {
+		return nil, fmt.Errorf("idemkey/middleware: %w", err)
+	}
+	m.timeouts = m.claimer.Timeouts()
 	m.deny = make(map[string]struct{})
 	for _, h := range append(append(append([]string{}, DefaultDenyHeaders...), m.config.deny...), m.replayedHeader, m.omittedHeader) {
 		m.deny[textproto.CanonicalMIMEHeaderKey(h)] = struct{}{}
@@ -349,7 +324,6 @@ func New(s store.Store, scope ScopeFunc, opts ...Option) (*Middleware, error) {
 			m.allow[textproto.CanonicalMIMEHeaderKey(h)] = struct{}{}
 		}
 	}
-	var err error
 	if m.problems, err = newPrerendered(m.problemMembers); err != nil {
 		return nil, err
 	}
@@ -364,9 +338,7 @@ func New(s store.Store, scope ScopeFunc, opts ...Option) (*Middleware, error) {
 		m.retryAfterVals[i] = []string{strconv.Itoa(i)}
 	}
 	m.pool.New = func() any {
-		c := &call{m: m, header: make(http.Header)}
-		c.renewFn = c.renew
-		return c
+		return &call{m: m, header: make(http.Header)}
 	}
 	return m, nil
 }
@@ -510,21 +482,15 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		// A hang-up does not cancel the claim, as it would not cancel the handler: a
 		// claim the store made but the middleware gave up on would answer 409 until
 		// its lease ends, and the hang-up would count as a store outage.
-		c.ctx.set(ctx)
-		claimParent = &c.ctx
+		c.exec.Detach(m.claimer, ctx)
+		claimParent = c.exec.Detached()
 	}
-	cctx, cancel := m.storeCtx(claimParent, m.timeouts.Claim)
-	cctx, done := m.storeCall(cctx, StoreClaim, id)
-	res, err := m.store.Claim(cctx, req)
-	cancel()
+	res, sent, err := m.claimer.Claim(claimParent, req)
 	latency := m.since(t0)
-	storeDone(done, err)
-	err = checkClaim(res, err)
 	var waited time.Duration
 	if err == nil && res.Outcome == store.InFlight && m.wait > 0 {
 		var claimTime time.Duration
-		res, claimTime, waited, err = m.waitInFlight(ctx, claimParent, req, res)
-		err = checkClaim(res, err)
+		res, sent, claimTime, waited, err = m.waitInFlight(ctx, claimParent, req, res, sent)
 		if m.observer != nil {
 			latency += claimTime
 		}
@@ -580,17 +546,8 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	case store.Claimed:
 		claim := Claim{ID: id, Token: res.Token, Fingerprint: fp, Takeover: res.Takeover, Retention: m.retention}
 		c.route = fpReq.Route
-		pooled = m.execute(c, w, c.handlerRequest(r, claim, c, body), next, id, res, latency, waited)
+		pooled = m.execute(c, w, c.handlerRequest(r, claim, c, body), next, id, res, sent, latency, waited)
 	}
-}
-
-// checkClaim turns an answer no store may give into an error (a store failure).
-func checkClaim(res store.ClaimResult, err error) error {
-	if err == nil && (res.Outcome < store.Claimed || res.Outcome > store.Mismatch ||
-		res.Outcome == store.Completed && res.Record == nil || res.Outcome == store.Claimed && res.Token.IsZero()) {
-		err = fmt.Errorf("idemkey/middleware: store answered an invalid claim result (outcome %v)", res.Outcome)
-	}
-	return err
 }
 
 // handlerRequest returns the request the handler sees: the key in its context
@@ -599,13 +556,21 @@ func checkClaim(res store.ClaimResult, err error) error {
 //
 // Under a claim the context is detached from the client's connection unless
 // WithCancelOnDisconnect is on: a hang-up must not stop a side effect half way.
-func (c *call) handlerRequest(r *http.Request, claim Claim, cl *call, body []byte) *http.Request {
+// A lost lease cancels it, with cause store.ErrLeaseLost.
+func (c *call) handlerRequest(r *http.Request, cl0 Claim, cl *call, body []byte) *http.Request {
 	parent := r.Context()
-	if cl != nil && !c.m.cancelOnGone {
-		parent = context.WithoutCancel(parent)
+	var exec *claim.Execution
+	if cl != nil {
+		if !c.m.cancelOnGone {
+			parent = context.WithoutCancel(parent)
+		}
+		// A lost lease cancels the handler's context (package claim): another
+		// request runs the key now.
+		parent, cl.cancelLost = context.WithCancelCause(parent)
+		exec = &cl.exec
 	}
-	hr := &handlerReq{ctx: keyCtx{Context: parent, id: claim.ID, token: claim.Token, fp: claim.Fingerprint,
-		call: cl, takeover: claim.Takeover}}
+	hr := &handlerReq{}
+	hr.ctx.Set(parent, cl0, exec)
 	hr.req = *r.WithContext(&hr.ctx) // inlined: its copy stays on the stack
 	c.reqBody.Reset(body)
 	hr.req.Body = &c.reqBody
@@ -639,9 +604,8 @@ func (m *Middleware) replay(w http.ResponseWriter, rec *store.Record) {
 // execute runs the handler under the claim, then completes or releases it. It
 // reports whether c may go back to the pool.
 func (m *Middleware) execute(c *call, w http.ResponseWriter, r *http.Request, next http.Handler,
-	id store.ID, res store.ClaimResult, latency, waited time.Duration) (reusable bool) {
-	held := time.Since(m.epoch) // one reading: the lease is known held, and the handler starts
-	c.start(w, r.Context(), id, res.Token, held)
+	id store.ID, res store.ClaimResult, sent time.Time, latency, waited time.Duration) (reusable bool) {
+	c.start(w, r.Context(), id, res.Token, sent)
 	if h := w.Header(); len(h) > 0 {
 		for k := range h {
 			c.pre = append(c.pre, k) // set by outer middleware: not the handler's to replay
@@ -658,12 +622,12 @@ func (m *Middleware) execute(c *call, w http.ResponseWriter, r *http.Request, ne
 		// completed in its own transaction before it panicked (MarkCompleted) is
 		// committed: not released, and a cache in front of the store is told.
 		p := recover()
-		inTx := c.handlerReturned()
-		c.stopRenewal()
+		inTx, txResp := c.exec.Returned()
+		c.exec.Stop()
 		ev.Status = c.status
 		if inTx {
 			ev.Decision, ev.InTransaction = Executed, true
-			ev.StoreLatency = latency + m.notifyCompleted(c)
+			ev.StoreLatency = latency + m.notifyCompleted(c, txResp)
 		} else {
 			ev.Decision = Released
 			c.releaseNow()
@@ -675,15 +639,12 @@ func (m *Middleware) execute(c *call, w http.ResponseWriter, r *http.Request, ne
 			panic(p)
 		}
 	}()
-	began := m.epoch.Add(held) // m.monotonicNow() read at held
-	if !m.monoClock {
-		began = m.clockNow()
-	}
+	began := m.clockNow()
 	next.ServeHTTP(c, r)
 	returned = true
-	inTx := c.handlerReturned()
+	inTx, txResp := c.exec.Returned()
 	m.work.observe(c.route, m.clockNow().Sub(began))
-	reusable = c.stopRenewal()
+	reusable = c.exec.Stop()
 
 	wroteNothing := !c.wroteHeader
 	if wroteNothing {
@@ -696,9 +657,9 @@ func (m *Middleware) execute(c *call, w http.ResponseWriter, r *http.Request, ne
 		// The handler completed the record in its own transaction (MarkCompleted):
 		// the store already holds it; a cache in front of it is told, best effort.
 		ev.Decision, ev.InTransaction = Executed, true
-		ev.StoreLatency = m.notifyCompleted(c)
+		ev.StoreLatency = m.notifyCompleted(c, txResp)
 		c.unhold()
-	case c.released || c.hijacked || c.status == http.StatusSwitchingProtocols || m.release(c.status) ||
+	case c.exec.Released() || c.hijacked || c.status == http.StatusSwitchingProtocols || m.release(c.status) ||
 		c.incomplete(r.Context(), wroteNothing) || m.unrouted(next, r, c):
 		if c.hijacked {
 			ev.Status = 0
@@ -710,7 +671,7 @@ func (m *Middleware) execute(c *call, w http.ResponseWriter, r *http.Request, ne
 		c.unhold()
 	default:
 		ev.Decision = Executed
-		if c.renewLost.Load() {
+		if c.exec.LeaseLost() {
 			m.logger.LogAttrs(r.Context(), slog.LevelWarn,
 				"idempotency lease lost while the handler ran; its response will not be stored",
 				slog.String("scope", id.Scope), slog.String("key", id.Key))
@@ -723,9 +684,9 @@ func (m *Middleware) execute(c *call, w http.ResponseWriter, r *http.Request, ne
 			resp.Header = nil
 		}
 		t0 := m.now()
-		var again bool
-		err, ev.CompleteRetries, again = m.complete(c, resp)
-		if ev.CompleteRetries > 0 && !c.stopRenewal() {
+		var again, stopped bool
+		err, ev.CompleteRetries, again, stopped = m.complete(c, resp)
+		if !stopped {
 			reusable = false // a renewal restarted for the retries may still look at c
 		}
 		ev.StoreLatency = m.since(t0)
@@ -750,77 +711,24 @@ func (m *Middleware) execute(c *call, w http.ResponseWriter, r *http.Request, ne
 }
 
 // notifyCompleted tells a store that keeps a copy of records (store.CompletionNotifier)
-// that the handler completed c's record in its own transaction, best effort, and
-// returns the time it took (0 without an observer).
-func (m *Middleware) notifyCompleted(c *call) time.Duration {
-	n, ok := m.store.(store.CompletionNotifier)
-	if !ok {
-		return 0
-	}
+// that the handler completed c's record in its own transaction with resp, best
+// effort, and returns the time it took (0 without an observer).
+func (m *Middleware) notifyCompleted(c *call, resp store.Response) time.Duration {
 	t0 := m.now()
-	ctx, cancel := m.storeCtx(&c.ctx, m.timeouts.Complete)
-	n.NotifyCompleted(ctx, c.id, c.token, c.txResp, m.retention)
-	cancel()
+	c.exec.NotifyCompleted(resp)
 	return m.since(t0)
 }
 
-// Back-off of completion retries: doubling from minCompleteBackoff, at most a
-// third of the lease.
-const minCompleteBackoff = 20 * time.Millisecond
-
-// complete stores resp. When the store fails (an error other than ErrLeaseLost or
-// ErrInvalid), the lease is renewed again and Complete retried with back-off until
-// it succeeds, the lease is lost, the lease can no longer be held (no successful
-// claim or renewal within the last lease), or the retries have lasted one lease
-// (a completion that keeps failing while renewals pass must not hold the request
-// forever): until then duplicates get 409, never a second execution. The response
-// is flushed to the client before the first retry. It returns the last error, the
-// number of retries and whether a retry succeeded; after retries the caller stops
-// the renewals again.
-func (m *Middleware) complete(c *call, resp store.Response) (err error, retries int, again bool) {
-	backoff := minCompleteBackoff
-	var (
-		failed time.Time     // the first failure
-		waited time.Duration // the back-offs so far (the clock may be a test's)
-	)
-	for {
-		ctx, cancel := m.storeCtx(&c.ctx, m.timeouts.Complete)
-		ctx, done := m.storeCall(ctx, StoreComplete, c.id)
-		err = m.store.Complete(ctx, c.id, c.token, resp, m.retention)
-		cancel()
-		storeDone(done, err)
-		if err == nil {
-			return nil, retries, retries > 0
-		}
-		if retries == 0 {
-			failed = time.Now()
-		}
-		if errors.Is(err, store.ErrLeaseLost) || errors.Is(err, store.ErrInvalid) || c.renewLost.Load() ||
-			time.Since(c.heldAt())+backoff >= m.lease || max(time.Since(failed), waited)+backoff > m.lease {
-			return err, retries, false
-		}
-		if retries == 0 {
-			_ = http.NewResponseController(c.w).Flush() // the client need not wait for the store
-			c.restartRenewal()
-		}
-		retries++
-		m.logger.LogAttrs(context.Background(), slog.LevelWarn, "idempotency store failed to complete; retrying while the lease is held",
-			slog.String("scope", c.id.Scope), slog.String("key", c.id.Key), slog.Int("retry", retries), slog.Any("error", err))
-		wait := make(chan struct{})
-		m.clock.AfterFunc(backoff, func() { close(wait) })
-		<-wait
-		waited += backoff
-		backoff = min(2*backoff, max(m.lease/3, minCompleteBackoff))
-	}
-}
-
-func (m *Middleware) logRelease(c *call, err error) {
-	level := slog.LevelError
-	if errors.Is(err, store.ErrLeaseLost) {
-		level = slog.LevelWarn
-	}
-	m.logger.LogAttrs(context.Background(), level, "idempotency claim release failed",
-		slog.String("scope", c.id.Scope), slog.String("key", c.id.Key), slog.Any("error", err))
+// complete stores resp (claim.Execution.Complete: retried with back-off while the
+// lease is held, for at most one lease; duplicates get 409 meanwhile). The
+// response is flushed to the client before the first retry. It returns the last
+// error, the number of retries, whether a retry succeeded, and whether the
+// renewals restarted for the retries are known stopped (c may be reused).
+func (m *Middleware) complete(c *call, resp store.Response) (err error, retries int, again, stopped bool) {
+	retries, stopped, err = c.exec.Complete(resp, func() {
+		_ = http.NewResponseController(c.w).Flush() // the client need not wait for the store
+	})
+	return err, retries, err == nil && retries > 0, stopped
 }
 
 // replayable reports whether the response header k may be stored for replay,
