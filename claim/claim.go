@@ -84,15 +84,15 @@ const (
 	OpRelease
 )
 
-// Config configures a Claimer. Store is required; zero durations take their
-// defaults.
+// Config configures a Claimer. Store, Lease and Retention are required; zero
+// timeouts, a nil Clock or Logger take their defaults.
 type Config struct {
 	// Store is where keys are claimed.
 	Store store.Store
-	// Lease is the claim's lease (default DefaultLease, at least MinLease).
+	// Lease is the claim's lease (at least MinLease; DefaultLease is the usual).
 	Lease time.Duration
-	// Retention is how long a completed record is kept (default DefaultRetention,
-	// at least the lease).
+	// Retention is how long a completed record is kept (at least the lease;
+	// DefaultRetention is the usual).
 	Retention time.Duration
 	// Timeouts bound the store calls (zero fields: defaults).
 	Timeouts Timeouts
@@ -119,12 +119,6 @@ type Claimer struct {
 // MinLease, a retention shorter than the lease, a negative timeout, or a
 // renewal timeout longer than the lease.
 func New(cfg Config) (*Claimer, error) {
-	if cfg.Lease == 0 {
-		cfg.Lease = DefaultLease
-	}
-	if cfg.Retention == 0 {
-		cfg.Retention = DefaultRetention
-	}
 	t := &cfg.Timeouts
 	switch {
 	case cfg.Store == nil:
@@ -197,7 +191,7 @@ func done(f func(error), err error) {
 }
 
 // Claim sends req (Lease and Retention filled in from the configuration when
-// zero) under the claim deadline and returns the store's answer and when it was
+// zero: callers set only ID and Fingerprint) under the claim deadline and returns the store's answer and when it was
 // sent (on the monotonic clock: the start of the lease, for Execution.Start). An
 // answer no store may give (an unknown outcome, Completed without a record,
 // Claimed without a token) is returned as an error.

@@ -200,10 +200,6 @@ func New(st store.Store, opts ...Option) (*Runner, error) {
 	switch {
 	case st == nil:
 		return nil, errors.New("idemkey/idem: nil store")
-	case r.lease < MinLease:
-		return nil, fmt.Errorf("idemkey/idem: lease %v is under the minimum of %v", r.lease, MinLease)
-	case r.retention < r.lease:
-		return nil, fmt.Errorf("idemkey/idem: retention %v shorter than the lease %v", r.retention, r.lease)
 	case r.storeTimeout <= 0:
 		return nil, fmt.Errorf("idemkey/idem: store timeout %v must be positive", r.storeTimeout)
 	case r.release == nil:

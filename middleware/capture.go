@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/http"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/idemkey/idemkey/claim"
@@ -278,3 +279,43 @@ func (c *call) Hijack() (net.Conn, *bufio.ReadWriter, error) {
 // Unwrap returns the live ResponseWriter, so http.ResponseController reaches its
 // deadlines and full-duplex controls.
 func (c *call) Unwrap() http.ResponseWriter { return c.w }
+
+// replayable reports whether the response header k may be stored for replay,
+// but for the headers a Connection header names (see namedBy), which are not
+// stored either unless an allow list names them.
+func (m *Middleware) replayable(k string, pre []string) bool {
+	if _, deny := m.deny[k]; deny {
+		return false
+	}
+	if m.allow != nil {
+		_, ok := m.allow[k]
+		return ok
+	}
+	if hasPrefixFold(k, "Ratelimit") || hasPrefixFold(k, "X-Ratelimit") || hasPrefixFold(k, "X-Rate-Limit") ||
+		strings.HasPrefix(k, http.TrailerPrefix) {
+		return false
+	}
+	for _, p := range pre {
+		if p == k {
+			return false
+		}
+	}
+	return true
+}
+
+// namedBy reports whether the Connection header values connection name the
+// header k: a hop-by-hop header (RFC 9110 section 7.6.1).
+func namedBy(connection []string, k string) bool {
+	for _, v := range connection {
+		for f := range strings.SplitSeq(v, ",") {
+			if strings.EqualFold(strings.TrimSpace(f), k) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+func hasPrefixFold(s, prefix string) bool {
+	return len(s) >= len(prefix) && strings.EqualFold(s[:len(prefix)], prefix)
+}

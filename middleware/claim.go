@@ -35,4 +35,6 @@ func ClaimFromContext(ctx context.Context) (Claim, bool) { return claim.FromCont
 //
 // Call it from the handler (or a goroutine it waits for) before the handler
 // returns; ErrNoClaim when ctx carries no claim or the handler has returned.
-func MarkCompleted(ctx context.Context, resp store.Response) error { return claim.MarkCompleted(ctx, resp) }
+func MarkCompleted(ctx context.Context, resp store.Response) error {
+	return claim.MarkCompleted(ctx, resp)
+}

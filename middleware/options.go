@@ -1,12 +1,15 @@
 package middleware
 
 import (
+	"errors"
+	"fmt"
 	"log/slog"
 	"net/http"
 	"net/textproto"
 	"time"
 
 	"github.com/idemkey/idemkey/claim"
+	"github.com/idemkey/idemkey/internal/httpfield"
 )
 
 // Defaults of the options.
@@ -106,6 +109,31 @@ func defaultConfig() config {
 		storeRetryAfter: DefaultStoreRetryAfter,
 		clock:           claim.RealClock{},
 	}
+}
+
+// validate checks what package claim does not (it checks the lease, the
+// retention and the store timeouts): the HTTP knobs.
+func (c *config) validate() error {
+	switch {
+	case c.maxRequestBody < 0 || c.maxStoredBody < 0:
+		return errors.New("idemkey/middleware: negative body limit")
+	case !httpfield.ValidName(c.keyHeader) || !httpfield.ValidName(c.replayedHeader) || !httpfield.ValidName(c.omittedHeader):
+		// A key header no request can carry would answer every client 400.
+		return fmt.Errorf("idemkey/middleware: header names %q, %q, %q: each must be a token (RFC 9110 section 5.1)",
+			c.keyHeader, c.replayedHeader, c.omittedHeader)
+	case len(c.methods) == 0:
+		return errors.New("idemkey/middleware: no protected method (WithMethods)")
+	case c.route == nil || c.release == nil || c.clock == nil:
+		return errors.New("idemkey/middleware: nil route, release policy or clock")
+	case c.wait < 0:
+		return fmt.Errorf("idemkey/middleware: wait bound %v must not be negative", c.wait)
+	}
+	for _, meth := range c.methods {
+		if !httpfield.ValidName(meth) { // a method is a token too (RFC 9110 section 9.1)
+			return fmt.Errorf("idemkey/middleware: protected method %q is not an RFC 9110 token", meth)
+		}
+	}
+	return nil
 }
 
 // DefaultReleasePolicy releases the claim (the next retry runs the handler again)
