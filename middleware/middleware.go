@@ -52,6 +52,9 @@
 //	completion fails (store error)            retried with back-off while the lease
 //	                                            is held, for at most one lease;
 //	                                            duplicates get 409 meanwhile
+//	lease lost while the handler runs         its context is cancelled with cause
+//	  (a renewal finds it taken over)           store.ErrLeaseLost; its response is
+//	                                            not stored (package claim)
 //	completion refused (lease taken over)     logged with slog; nothing overwritten
 //
 // Errors are RFC 9457 application/problem+json with type, title, status, detail
