@@ -134,7 +134,7 @@ func GlobalScope(*http.Request) string { return "" }
 //
 // It is a stand-in for tests and demos: any client can send any header value and
 // so read another client's stored responses by guessing its keys. In production
-// scope by the authenticated principal (WithPrincipal and ScopeFromPrincipal), or
+// scope by the authenticated principal (ContextWithPrincipal and ScopeFromPrincipal), or
 // use ScopeFromHeader only behind a gateway that authenticates the header and
 // strips it from client requests.
 //
