@@ -50,6 +50,14 @@ var (
 	// alike (the checks are ID.Validate, ClaimRequest.Validate, ValidateHolder and
 	// ValidateResponse).
 	ErrInvalid = errors.New("idemkey/store: invalid argument")
+
+	// ErrFull is returned by Claim when the store is at its bound on the bytes
+	// it keeps (store/memory WithMaxBytes) and the claim would add a record: the
+	// store is up and answers every key it holds, but refuses new ones until
+	// records expire or are released. The middleware answers 503 with
+	// Retry-After (fail closed, even with fail open) and counts it apart from a
+	// store that cannot answer (middleware.StoreFull).
+	ErrFull = errors.New("idemkey/store: full")
 )
 
 // Limits of an ID, the same for every store (docs/architecture.md section 4).

@@ -38,6 +38,8 @@ type Store struct {
 	// clear some to make IDs share a hash.
 	hashMask uint64
 	shards   []shard
+	maxBytes int64  // the bound of WithMaxBytes; 0 or less: none
+	usage    *usage // shared by the shards
 }
 
 var (
@@ -53,7 +55,8 @@ type shard struct {
 	// Every record is in exactly one of expiry and queue (entry.queued says which).
 	expiry []heapItem // min-heap by expiry
 	queue  queue      // FIFO by expiry, for deadlines that arrive in order
-	_      [40]byte   // keep shards on separate cache lines
+	usage  *usage     // the Store's byte count (bound.go)
+	_      [32]byte   // keep shards on separate cache lines
 }
 
 // heapItem is a record in the expiry heap; at (its expiresAt) is kept inline so
@@ -107,9 +110,10 @@ func WithShards(n int) Option {
 	return func(s *Store) { s.shards = make([]shard, max(n, 1)) }
 }
 
-// New returns an empty store.
+// New returns an empty store, bounded to DefaultMaxBytes unless WithMaxBytes
+// says otherwise.
 func New(opts ...Option) *Store {
-	s := &Store{seed: maphash.MakeSeed(), hashMask: ^uint64(0), shards: make([]shard, 64)}
+	s := &Store{seed: maphash.MakeSeed(), hashMask: ^uint64(0), shards: make([]shard, 64), maxBytes: DefaultMaxBytes, usage: new(usage)}
 	for _, o := range opts {
 		o(s)
 	}
@@ -119,6 +123,7 @@ func New(opts ...Option) *Store {
 	s.base = s.now()
 	for i := range s.shards {
 		s.shards[i].records = make(map[uint64]*entry)
+		s.shards[i].usage = s.usage
 	}
 	return s
 }
@@ -216,6 +221,9 @@ func (s *Store) Claim(ctx context.Context, req store.ClaimRequest) (store.ClaimR
 		sh.setExpiry(e, at+int64(req.Retention))
 		return store.ClaimResult{Outcome: store.Claimed, Token: e.token, Takeover: true}, nil
 	}
+	if !s.admit(sh, RecordOverhead+int64(len(req.Scope)+len(req.Key)), at) {
+		return store.ClaimResult{}, errFull
+	}
 	e := &entry{
 		id:          req.ID,
 		hash:        h,
@@ -228,10 +236,12 @@ func (s *Store) Claim(ctx context.Context, req store.ClaimRequest) (store.ClaimR
 	}
 	sh.records[h] = e
 	sh.push(e)
+	sh.grow(e.size())
 	return store.ClaimResult{Outcome: store.Claimed, Token: e.token}, nil
 }
 
-// Complete implements store.Store. The body and headers are copied.
+// Complete implements store.Store. The body and headers are copied. It
+// completes even past the store's bound (see WithMaxBytes).
 func (s *Store) Complete(ctx context.Context, id store.ID, token store.Token, resp store.Response, retention time.Duration) error {
 	if err := store.ValidateHolder(id, token); err != nil {
 		return err
@@ -242,7 +252,9 @@ func (s *Store) Complete(ctx context.Context, id store.ID, token store.Token, re
 	// Copy outside the lock, into one array; dropped if the token is refused.
 	data, fieldsLen := copyResponse(resp.Header, resp.Body)
 	return s.withHolder(ctx, id, token, func(sh *shard, e *entry, at int64) {
+		before := e.size()
 		e.status, e.omitted, e.data, e.fieldsLen = int32(resp.Status), resp.BodyOmitted, data, int32(fieldsLen)
+		sh.grow(e.size() - before)
 		e.until = at // now the completion time
 		sh.setExpiry(e, at+int64(retention))
 		e.end()
@@ -419,6 +431,7 @@ func (sh *shard) drop(e *entry) {
 		}
 	}
 	e.next = nil
+	sh.grow(-e.size())
 	if e.queued {
 		sh.queue.remove(e)
 	} else {
