@@ -49,6 +49,8 @@
 //	                                          logged once per outage (its start, a
 //	                                          count every minute, its end), each
 //	                                          request at debug level
+//	store full (store.ErrFull: a bounded      503 store_unavailable, Retry-After,
+//	  store/memory refused a new key)           even with WithFailOpen (StoreFull)
 //	completion fails (store error)            retried with back-off while the lease
 //	                                            is held, for at most one lease;
 //	                                            duplicates get 409 meanwhile
@@ -535,6 +537,14 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		pooled = true
 		m.writeProblem(w, http.StatusBadRequest, m.problems.keyRefused, 0)
 		m.observe(ctx, Event{Decision: KeyInvalid, ID: id, Status: http.StatusBadRequest, StoreLatency: latency, Waited: waited, Err: err})
+		return
+	}
+	if errors.Is(err, store.ErrFull) {
+		// The store is up but will not add the key until records expire: fail
+		// closed, even in fail-open mode, and no outage.
+		pooled = true
+		m.writeProblem(w, http.StatusServiceUnavailable, m.problems.storeDown, max(m.storeRetryAfter, 1))
+		m.observe(ctx, Event{Decision: StoreFull, ID: id, Status: http.StatusServiceUnavailable, StoreLatency: latency, Waited: waited, Err: err})
 		return
 	}
 	if err != nil && m.cancelOnGone && ctx.Err() != nil {
