@@ -155,12 +155,8 @@ func Load(getenv func(string) string) (Env, error) {
 		}
 		*d.dst = parsed
 	}
-	if v := strings.TrimSpace(getenv("IDEM_MEMORY_MAX_BYTES")); v != "" {
-		n, err := strconv.ParseInt(v, 10, 64)
-		if err != nil || n < 0 {
-			return e, fmt.Errorf("%w: IDEM_MEMORY_MAX_BYTES=%q: want a non-negative number of bytes such as 67108864 (0: no bound)", ErrConfig, v)
-		}
-		e.MemoryMaxBytes = n
+	if err := parseBytes(getenv, "IDEM_MEMORY_MAX_BYTES", &e.MemoryMaxBytes); err != nil {
+		return e, err
 	}
 	if e.Lease < middleware.MinLease {
 		return e, fmt.Errorf("%w: IDEM_LEASE=%v is under the minimum lease %v (it is renewed every third of it)", ErrConfig, e.Lease, middleware.MinLease)
@@ -200,4 +196,19 @@ func (e Env) postgresUser() string {
 		return "IDEM_STORE=" + e.Store
 	}
 	return "PROJECTION=postgres"
+}
+
+// parseBytes sets *dst to the non-negative integer the variable name holds,
+// if it is set.
+func parseBytes(getenv func(string) string, name string, dst *int64) error {
+	v := strings.TrimSpace(getenv(name))
+	if v == "" {
+		return nil
+	}
+	n, err := strconv.ParseInt(v, 10, 64)
+	if err != nil || n < 0 {
+		return fmt.Errorf("%w: %s=%q: want a non-negative number of bytes such as 67108864 (0: no bound)", ErrConfig, name, v)
+	}
+	*dst = n
+	return nil
 }
