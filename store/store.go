@@ -319,6 +319,19 @@ func ValidateResponse(resp Response, retention time.Duration) error {
 	return nil
 }
 
+// ValidateRecord checks a completed record a cache is asked to keep for ttl
+// (the Fill of store/tiered's Cache): id (see ID.Validate), a non-nil record,
+// and its response and ttl (see ValidateResponse). The error wraps ErrInvalid.
+func ValidateRecord(id ID, rec *Record, ttl time.Duration) error {
+	if err := id.Validate(); err != nil {
+		return err
+	}
+	if rec == nil {
+		return errorf("nil record")
+	}
+	return ValidateResponse(rec.Response, ttl)
+}
+
 func errorf(format string, args ...any) error {
 	return fmt.Errorf("%w: "+format, append([]any{ErrInvalid}, args...)...)
 }

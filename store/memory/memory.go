@@ -289,17 +289,25 @@ func (s *Store) Renew(ctx context.Context, id store.ID, token store.Token, lease
 	})
 }
 
+// lockSwept locks the shard of id, after which its records past their
+// retention are swept, and returns it with id's hash and the store time. The
+// caller unlocks sh.mu.
+func (s *Store) lockSwept(id store.ID) (sh *shard, h uint64, at int64) {
+	at = s.clock()
+	h = s.hash(id)
+	sh = s.shard(h)
+	sh.mu.Lock()
+	sh.sweep(at)
+	return sh, h, at
+}
+
 // withHolder runs f under the shard lock if token holds id's uncompleted claim.
 func (s *Store) withHolder(ctx context.Context, id store.ID, token store.Token, f func(*shard, *entry, int64)) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	at := s.clock()
-	h := s.hash(id)
-	sh := s.shard(h)
-	sh.mu.Lock()
+	sh, h, at := s.lockSwept(id)
 	defer sh.mu.Unlock()
-	sh.sweep(at)
 	e := sh.records[h].find(id)
 	// An expired lease still belongs to its holder until someone takes it over.
 	if e == nil || e.token != token || e.status != 0 {
