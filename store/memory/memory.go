@@ -12,6 +12,11 @@
 // order (one retention for every key, the common case), O(1) a record; a min-heap
 // takes the others.
 //
+// The bytes the store keeps are bounded (WithMaxBytes, 64 MiB by default): when
+// full it refuses new keys with store.ErrFull and evicts nothing. The store is
+// also a tiered.Cache (Peek, Mark, Fill): an in-process copy of the records in
+// front of an authoritative store (docs/stores.md section 5.4).
+//
 // The store lives and dies with the process: it protects retries that reach the
 // same process only. Use store/postgres, store/redis or store/tiered for several
 // replicas or restarts.
