@@ -237,6 +237,8 @@ func WithReleaseUnrouted(on bool) Option { return func(c *config) { c.releaseUnr
 // WithFailOpen runs the handler unprotected when the store cannot answer a claim,
 // instead of the default 503 store_unavailable (fail closed). The key is still in
 // the request context, so an idempotent write downstream still deduplicates.
+// A store that answers but is full (store.ErrFull) is still answered 503: a
+// flood of new keys must not turn the protection off.
 func WithFailOpen(on bool) Option { return func(c *config) { c.failOpen = on } }
 
 // WithStoreRetryAfter sets the Retry-After of the 503 answered when the store
