@@ -98,6 +98,9 @@ type Handler struct {
 	log     *slog.Logger
 	mux     *http.ServeMux
 	stream  http.Handler
+	// fallback answers the requests no route takes (404, 405, a redirect to
+	// the cleaned path), wrapped by WithUnrouted.
+	fallback http.Handler
 }
 
 // Option configures a Handler.
@@ -139,6 +142,15 @@ func WithMaxBodyBytes(n int64) Option {
 // package watchfeed, docs/account-service.md section 1.1).
 func WithWatchStream(h http.Handler) Option { return func(hd *Handler) { hd.stream = h } }
 
+// WithUnrouted wraps the handler's answers to requests that no route takes (404
+// NOT_FOUND, 405 METHOD_NOT_ALLOWED, a redirect to the cleaned path) with wrap.
+// Behind the idempotency middleware pass middleware.Unrouted, so that such an
+// answer releases the request's key instead of spending it: the client's
+// corrected request with the same key then runs.
+func WithUnrouted(wrap func(http.Handler) http.Handler) Option {
+	return func(h *Handler) { h.fallback = wrap(h.fallback) }
+}
+
 // WithLogger sets the logger for internal errors (default slog.Default()).
 func WithLogger(l *slog.Logger) Option {
 	return func(h *Handler) {
@@ -151,6 +163,9 @@ func WithLogger(l *slog.Logger) Option {
 // New returns the API handler over svc.
 func New(svc Service, opts ...Option) *Handler {
 	h := &Handler{svc: svc, maxBody: DefaultMaxBodyBytes, log: slog.Default(), mux: http.NewServeMux()}
+	h.fallback = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		h.mux.ServeHTTP(&problemFallback{ResponseWriter: w}, r)
+	})
 	for _, o := range opts {
 		o(h)
 	}
@@ -169,7 +184,7 @@ func New(svc Service, opts ...Option) *Handler {
 // ServeHTTP implements http.Handler. Unknown routes and methods get problem details too.
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if _, pattern := h.mux.Handler(r); pattern == "" {
-		h.mux.ServeHTTP(&problemFallback{ResponseWriter: w}, r)
+		h.fallback.ServeHTTP(w, r)
 		return
 	}
 	h.mux.ServeHTTP(w, r)
