@@ -16,7 +16,12 @@
 // {"instructionId": "...", "accountId": "...", "amountCents": n}; header
 // Idempotency-Key: <instructionId>, the message id of the inbox. The broker's own
 // message id (Nats-Msg-Id, AMQP message-id) is not used: it differs on every
-// publish of the same instruction.
+// publish of the same instruction. A body is checked as the account API checks
+// its requests: those three members exactly so spelled (letter case included),
+// each once and no other, amountCents an integer from 1 to 2147483647. A message
+// that fails the check is poison: it is logged and rejected for good (JetStream
+// Term, AMQP reject without requeue: dead-lettered where the queue has a
+// dead-letter exchange, else dropped), and the queue moves on.
 //
 // Environment:
 //
