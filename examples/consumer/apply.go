@@ -168,7 +168,7 @@ func (a *applier) run(ctx context.Context, src source) error {
 	}
 	wg.Wait()
 	if ctx.Err() == nil {
-		return errors.New("the broker ended the subscription (connection lost?); restart to resume")
+		return errors.New("the broker ended the subscription (its queue, stream or consumer deleted?)")
 	}
 	<-stopped
 	a.logger.Info("stopped consuming", "commits", a.commits.Load())
