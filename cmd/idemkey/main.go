@@ -93,12 +93,15 @@ Exit status: 0 found / evicted, 1 not found / refused, 2 usage, 3 store failure.
 
 // parseInterleaved parses args with fs, flags and arguments in any order (Go's
 // flag package stops at the first argument), and returns the arguments in
-// order. After "--" everything is an argument.
+// order. After "--" everything is an argument. A bad flag is a usageError;
+// -h is flag.ErrHelp.
 func parseInterleaved(fs *flag.FlagSet, args []string) ([]string, error) {
 	var pos []string
 	for {
-		if err := fs.Parse(args); err != nil {
+		if err := fs.Parse(args); errors.Is(err, flag.ErrHelp) {
 			return nil, err
+		} else if err != nil {
+			return nil, usageError{err.Error()}
 		}
 		rest := fs.Args()
 		if n := len(args) - len(rest); len(rest) == 0 || n > 0 && args[n-1] == "--" {
@@ -253,10 +256,7 @@ func parse(args []string, stderr io.Writer, getenv func(string) string) (config,
 	}
 	pos, err := parseInterleaved(fs, args[1:])
 	if err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return cfg, err
-		}
-		return cfg, usageError{err.Error()}
+		return cfg, err
 	}
 	scopeSet := false
 	fs.Visit(func(f *flag.Flag) { scopeSet = scopeSet || f.Name == "scope" })
