@@ -65,7 +65,8 @@ type App struct {
 	Service *accounts.Service
 	// API serves the routes of docs/architecture.md section 6 under /api, unprotected: put
 	// the idempotency middleware in front of it. It answers unknown routes with
-	// 404 problems.
+	// 404 problems and other methods with 405, both marked middleware.Unrouted so
+	// that they release the request's key.
 	API http.Handler
 	// Registry holds the application's metrics (never the global registry): Open
 	// adds the Go runtime and process collectors to the one it is given.
@@ -160,7 +161,9 @@ func Open(ctx context.Context, env setup.Env, conns *setup.Conns, st store.Store
 		return a, err
 	}
 	a.API = httpapi.New(a.Service, httpapi.WithLogger(logger), httpapi.WithKeyFunc(keyFromRequest),
-		httpapi.WithLandedFunc(takeoverFromRequest), httpapi.WithWatchStream(a.Feed))
+		httpapi.WithLandedFunc(takeoverFromRequest), httpapi.WithWatchStream(a.Feed),
+		// The API's own 404 and 405 release the key (the middleware sits in front).
+		httpapi.WithUnrouted(middleware.Unrouted))
 	return a, nil
 }
 
