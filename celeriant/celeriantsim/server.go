@@ -27,7 +27,7 @@ func (s *Sim) ListenAndServe(addr string) (net.Listener, error) {
 // Serve accepts connections on ln and serves protocol v3 frames (docs/celeriant-protocol.md sections
 // 2-4) until ln fails or the Sim is closed: one request at a time per connection,
 // answered in order; a malformed frame, an unknown or unsupported message type (only
-// AggregateDetails, Read and Write are served), protocol version 2, or IdleTimeout without
+// AggregateDetails, Read, Write, TrimStart and Watch are served), protocol version 2, or IdleTimeout without
 // a request closes the connection without an answer, like the server.
 func (s *Sim) Serve(ln net.Listener) error {
 	s.mu.Lock()
@@ -167,6 +167,15 @@ func (s *Sim) serveConn(c net.Conn) {
 			_ = s.wait(ctx)
 			d, err := s.serveDetails(corr, key)
 			frame = answer(enc, err, corr, func() []byte { return enc.AggregateDetailsResponse(&d) })
+		case wire.ReqTrimStart:
+			req, err := dec.TrimStartRequest(body)
+			if err != nil {
+				s.log.Debug("celeriantsim: bad trim request", "err", err)
+				return
+			}
+			_ = s.wait(ctx)
+			err = s.Trim(req.Key, req.KeepFromVersion)
+			frame = answer(enc, err, req.CorrelationID, func() []byte { return enc.TrimStartResponse(req.CorrelationID) })
 		case wire.ReqWatch:
 			req, err := dec.WatchRequest(body)
 			if err != nil {

@@ -9,6 +9,8 @@
 // not), reads that see only committed batches with the 15 filters of section 4.5,
 // paging by NextVersion, soft trim (1000 below the trim point), server timestamps from an
 // injectable clock, and "close the connection without an answer" on malformed input.
+// Like the server's amortised fsync, every write stays in flight for a few
+// milliseconds by default (Options.CommitDelay, DefaultCommitDelay).
 //
 // Watch (Sim.Watch in-process, the Watch message over TCP) follows the server's rules of
 // docs/celeriant-protocol.md section 6.11: notifications after commit, shard routing,
@@ -43,8 +45,12 @@ import (
 
 // Options configure a Sim. The zero value is a single-shard server with the real clock.
 type Options struct {
-	// Now is the server clock for batch server timestamps (epoch ms); default time.Now.
+	// Now is the server clock for batch server timestamps; default time.Now.
 	Now func() time.Time
+	// Precision is the unit of the batch server timestamps, the server's
+	// --timestamp-precision (docs/celeriant-protocol.md section 6.8): ticks of Now
+	// since the Unix epoch; default celeriant.Milliseconds.
+	Precision celeriant.Precision
 	// Shards is the shard count for multi-aggregate routing (aggregate id modulo Shards,
 	// docs/celeriant-protocol.md section 6.9); default 1, where every multi-aggregate write is allowed.
 	Shards int
@@ -67,8 +73,10 @@ type Options struct {
 	// it commits and is answered, like the server's amortised fsync (--fsync-delay-us,
 	// up to 4 ms by default): meanwhile its version and sequence floor are taken, so
 	// another write gets 2003 or 2013, while reads and AggregateDetails do not see it
-	// yet (docs/celeriant-protocol.md sections 6.2 and 6.5). Default 0: a write commits
-	// before its answer, at once.
+	// yet (docs/celeriant-protocol.md sections 6.2 and 6.5). Zero means
+	// DefaultCommitDelay, so that code tested against the simulator meets the races a
+	// server shows; NoCommitDelay (any negative value) commits before the answer, at
+	// once, for a test that needs writes to land without a window and says why.
 	CommitDelay time.Duration
 	// IdleTimeout closes a TCP connection that sends nothing for this long; default 30 s
 	// (the server's --client-connection-timeout-ms).
@@ -91,6 +99,13 @@ type Options struct {
 	// default celeriant.WatchHeartbeat (5 s).
 	WatchHeartbeat time.Duration
 }
+
+// DefaultCommitDelay is the commit delay of a Sim whose Options leave CommitDelay zero:
+// a few milliseconds, the order of the server's fsync window.
+const DefaultCommitDelay = 2 * time.Millisecond
+
+// NoCommitDelay, as Options.CommitDelay, commits every write at once, before its answer.
+const NoCommitDelay time.Duration = -1
 
 // Stats counts the requests the simulator received (in-process and over TCP), including
 // those answered with an error or a lost answer. Requests refused before reaching the
@@ -118,6 +133,7 @@ type Sim struct {
 	delay     time.Duration
 	holds     []*Hold
 	active    map[*Hold]struct{} // prepared holds not yet committed
+	settled   chan struct{}      // closed while active is empty
 	stats     Stats
 	closed    bool
 	listeners map[net.Listener]struct{}
@@ -156,6 +172,9 @@ func New(opts Options) *Sim {
 	if opts.Shards <= 0 {
 		opts.Shards = 1
 	}
+	if opts.CommitDelay == 0 {
+		opts.CommitDelay = DefaultCommitDelay
+	}
 	if opts.IdleTimeout <= 0 {
 		opts.IdleTimeout = 30 * time.Second
 	}
@@ -186,6 +205,7 @@ func New(opts Options) *Sim {
 		log:       log,
 		aggs:      make(map[celeriant.AggregateKey]*aggregate),
 		active:    make(map[*Hold]struct{}),
+		settled:   closedChan(),
 		listeners: make(map[net.Listener]struct{}),
 		conns:     make(map[net.Conn]struct{}),
 		watchers:  make(map[*watcher]struct{}),
@@ -288,6 +308,22 @@ func (s *Sim) HoldNextWrite() *Hold {
 	defer s.mu.Unlock()
 	s.holds = append(s.holds, h)
 	return h
+}
+
+// Settled returns a channel that is closed once no write is in flight: every write
+// prepared so far (kept in flight by Options.CommitDelay or HoldNextWrite) has
+// committed. A test's backoff can wait on it instead of sleeping: on a server, a
+// backoff longer than the fsync window lets a re-read see the write that caused a 2003.
+func (s *Sim) Settled() <-chan struct{} {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.settled
+}
+
+func closedChan() chan struct{} {
+	c := make(chan struct{})
+	close(c)
+	return c
 }
 
 // Trim soft-trims key: reads from below keepFrom then give 1000 (docs/celeriant-protocol.md section
@@ -510,6 +546,9 @@ func (s *Sim) serveWrite(ctx context.Context, req *celeriant.WriteRequest) (res 
 	if hold == nil {
 		s.commitLocked(req, versions)
 	} else {
+		if len(s.active) == 0 {
+			s.settled = make(chan struct{})
+		}
 		s.active[hold] = struct{}{}
 	}
 	s.mu.Unlock()
@@ -518,6 +557,9 @@ func (s *Sim) serveWrite(ctx context.Context, req *celeriant.WriteRequest) (res 
 		<-hold.commit
 		s.mu.Lock()
 		delete(s.active, hold)
+		if len(s.active) == 0 {
+			close(s.settled)
+		}
 		s.commitLocked(req, versions)
 		s.mu.Unlock()
 	}
@@ -630,7 +672,7 @@ func (s *Sim) validateAndPrepare(req *celeriant.WriteRequest) ([]uint64, *celeri
 			}
 		}
 	}
-	now := uint64(s.opts.Now().UnixMilli())
+	now := s.opts.Precision.Timestamp(s.opts.Now())
 	versions := make([]uint64, len(req.Writes))
 	for i, w := range req.Writes {
 		a := s.aggs[w.Key]

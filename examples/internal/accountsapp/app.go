@@ -106,7 +106,7 @@ func Open(ctx context.Context, env setup.Env, conns *setup.Conns, st store.Store
 	a.checks = append(a.checks, check{"store", func(ctx context.Context) error { return store.Ping(ctx, st) }})
 
 	if env.CeleriantAddr == "" {
-		sim := celeriantsim.New(celeriantsim.Options{})
+		sim := celeriantsim.New(celeriantsim.Options{Precision: env.TimestampPrecision})
 		a.Events = sim
 		a.closers = append(a.closers, func() { _ = sim.Close() })
 	} else {
@@ -136,7 +136,8 @@ func Open(ctx context.Context, env setup.Env, conns *setup.Conns, st store.Store
 		proj = accounts.NewMemoryProjection()
 	}
 
-	a.Service, err = accounts.New(a.Events, proj, accounts.WithLogger(logger), accounts.WithLandedLookback(env.Retention))
+	a.Service, err = accounts.New(a.Events, proj, accounts.WithLogger(logger), accounts.WithLandedLookback(env.Retention),
+		accounts.WithTimestampPrecision(env.TimestampPrecision))
 	if err != nil {
 		return a, err
 	}

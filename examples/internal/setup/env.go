@@ -18,6 +18,10 @@
 //	IDEM_TABLE             the Postgres store's table, default idemkey_records
 //	IDEM_REDIS_PREFIX      the Redis store's key prefix, default idemkey:
 //	CELERIANT_ADDR         Celeriant wire address host:port; empty: in-process simulator
+//	CELERIANT_TIMESTAMP_PRECISION
+//	                       the Celeriant server's --timestamp-precision: ms (default),
+//	                       us or ns; the simulator stamps in it; a server that stamps
+//	                       in another stops the service at startup
 //	PROJECTION             memory (default) or postgres
 //	ACCOUNTS_TABLE_PREFIX  prefix of the Postgres projection's tables, default none
 //	CELERIANT_SIM_DELAY    latency the in-process simulator adds to every call after
@@ -32,6 +36,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/idemkey/idemkey/celeriant"
 	"github.com/idemkey/idemkey/middleware"
 	"github.com/idemkey/idemkey/store/postgres"
 	"github.com/idemkey/idemkey/store/redis"
@@ -75,6 +80,10 @@ type Env struct {
 	// CeleriantAddr is the Celeriant wire address (CELERIANT_ADDR); empty runs the
 	// in-process simulator, whose log lives and dies with the process.
 	CeleriantAddr string
+	// TimestampPrecision is the Celeriant server's timestamp precision
+	// (CELERIANT_TIMESTAMP_PRECISION: ms, us or ns; default ms): the protocol does
+	// not carry it (docs/celeriant-protocol.md section 6.8).
+	TimestampPrecision celeriant.Precision
 	// Projection is "memory" or "postgres" (PROJECTION).
 	Projection string
 	// TablePrefix prefixes the Postgres projection's tables (ACCOUNTS_TABLE_PREFIX).
@@ -119,6 +128,9 @@ func Load(getenv func(string) string) (Env, error) {
 	}
 	if v := strings.TrimSpace(getenv("ADDR")); v != "" {
 		e.Addr = v
+	}
+	if err := e.loadCeleriant(getenv); err != nil {
+		return e, err
 	}
 	if e.IdemTable == "" {
 		e.IdemTable = postgres.DefaultTable
@@ -175,6 +187,16 @@ func Load(getenv func(string) string) (Env, error) {
 		return e, fmt.Errorf("%w: IDEM_STORE=%s needs REDIS_URL", ErrConfig, e.Store)
 	}
 	return e, nil
+}
+
+// loadCeleriant reads the Celeriant settings beyond CELERIANT_ADDR.
+func (e *Env) loadCeleriant(getenv func(string) string) error {
+	p, err := celeriant.ParsePrecision(getenv("CELERIANT_TIMESTAMP_PRECISION"))
+	if err != nil {
+		return fmt.Errorf("%w: CELERIANT_TIMESTAMP_PRECISION: %w", ErrConfig, err)
+	}
+	e.TimestampPrecision = p
+	return nil
 }
 
 // postgresUser names the setting that needs Postgres, for errors.

@@ -6,6 +6,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/idemkey/idemkey/celeriant"
 )
 
 func TestLoad(t *testing.T) {
@@ -43,6 +45,11 @@ func TestLoad(t *testing.T) {
 		{name: "postgres projection without a database", env: map[string]string{"PROJECTION": "postgres"}, wantErr: "PROJECTION=postgres needs DATABASE_URL"},
 		{name: "sim delay with a real Celeriant", env: map[string]string{"CELERIANT_SIM_DELAY": "1s", "CELERIANT_ADDR": "x:1"}, wantErr: "CELERIANT_SIM_DELAY"},
 		{name: "negative sim delay", env: map[string]string{"CELERIANT_SIM_DELAY": "-1s"}, wantErr: "non-negative"},
+		{name: "microsecond server", env: map[string]string{"CELERIANT_TIMESTAMP_PRECISION": "us"},
+			want: with(func(e *Env) { e.TimestampPrecision = celeriant.Microseconds })},
+		{name: "nanosecond server", env: map[string]string{"CELERIANT_TIMESTAMP_PRECISION": " NS "},
+			want: with(func(e *Env) { e.TimestampPrecision = celeriant.Nanoseconds })},
+		{name: "unknown precision", env: map[string]string{"CELERIANT_TIMESTAMP_PRECISION": "s"}, wantErr: "CELERIANT_TIMESTAMP_PRECISION"},
 		{name: "wait", env: map[string]string{"IDEM_WAIT": "2s"}, want: with(func(e *Env) { e.Wait = 2 * time.Second })},
 		{name: "no wait", env: map[string]string{"IDEM_WAIT": "0"}, want: with(func(e *Env) { e.Wait = 0 })},
 		{name: "negative wait", env: map[string]string{"IDEM_WAIT": "-1s"}, wantErr: "IDEM_WAIT"},
