@@ -53,6 +53,15 @@ type Config struct {
 	Dial func(ctx context.Context, network, addr string) (net.Conn, error)
 	// Logger receives connection-level events at debug level; default discards.
 	Logger *slog.Logger
+	// APIKey, when set, is sent in an Identify handshake at the start of every
+	// connection (docs/celeriant-protocol.md section 1.3), for a server with API keys
+	// (or started with --require-client-identity, which answers 10004 to anything
+	// else first): standard base64 of APIKeySize bytes, else New fails. A refused key
+	// fails the request with ErrNotSent wrapping the *ServerError (10005-10007). After
+	// Identify the server compresses large responses with its dictionary, which the
+	// handshake delivers and the client applies. The key never appears in a log,
+	// an error or a printed Config (Secret).
+	APIKey Secret
 }
 
 // Client is a Celeriant client speaking protocol v3 (MessagePack) over TCP with a small
@@ -65,6 +74,8 @@ type Client struct {
 	log    *slog.Logger
 	corrHi uint64
 	corrLo atomic.Uint64
+
+	dict dictionary // the compression dictionary of an identified server
 
 	mu     sync.Mutex
 	target string
@@ -96,6 +107,11 @@ func New(cfg Config) (*Client, error) {
 	}
 	if cfg.MaxConns <= 0 {
 		cfg.MaxConns = 8
+	}
+	if cfg.APIKey != "" {
+		if err := checkAPIKey(cfg.APIKey); err != nil {
+			return nil, err
+		}
 	}
 	if cfg.IdleTimeout <= 0 {
 		cfg.IdleTimeout = 25 * time.Second
@@ -363,8 +379,8 @@ func (c *Client) attempt(ctx context.Context, addr, op string, isWrite, mayReuse
 		retry = !isWrite && reused && ctx.Err() == nil && !timeout && !errors.Is(rerr, ErrProtocol)
 		return c.lost(ctx, op, isWrite, rerr), retry
 	}
-	if h.Compression != 0 {
-		return c.lost(ctx, op, isWrite, errProtocolf("compressed response without Identify")), false
+	if body, rerr = c.dict.inflate(h, body, c.cfg.MaxResponseSize); rerr != nil {
+		return c.lost(ctx, op, isWrite, rerr), false
 	}
 	var got uuid.UUID
 	switch h.Type {
@@ -491,7 +507,14 @@ func (c *Client) dial(ctx context.Context, addr string) (*conn, error) {
 		}
 		nc = tc
 	}
-	return &conn{nc: nc, enc: wire.NewEncoder(), dec: wire.NewDecoder()}, nil
+	cn := &conn{nc: nc, enc: wire.NewEncoder(), dec: wire.NewDecoder()}
+	if c.cfg.APIKey != "" {
+		if err := c.identify(dctx, cn); err != nil {
+			_ = nc.Close()
+			return nil, fmt.Errorf("%w: identify with %s: %w", ErrNotSent, addr, err)
+		}
+	}
+	return cn, nil
 }
 
 // release returns cn to p's idle list when healthy (else closes it) and frees its slot.

@@ -16,8 +16,12 @@
 // docs/celeriant-protocol.md section 6.11: notifications after commit, shard routing,
 // heartbeats, latency batching and merging, dropping a subscriber that falls behind.
 //
-// What it leaves out: delete, list, schemas, Identify, compression, replication
-// roles (inject 2011/2012 with InjectWriteError instead), bincode (protocol version 2).
+// Over TCP it answers the Identify handshake with API keys (Options.APIKeys,
+// Options.RequireIdentity) and then compresses large answers, as the server does.
+//
+// What it leaves out: delete, list, schemas, the RSA identity of Identify, compressed
+// requests, replication roles (inject 2011/2012 with InjectWriteError instead),
+// bincode (protocol version 2).
 //
 // Errors returned in-process are the ones the TCP client decodes: *celeriant.ServerError
 // built with celeriant.NewServerError, celeriant.ErrOutcomeUnknown for a lost answer,
@@ -51,6 +55,15 @@ type Options struct {
 	// --timestamp-precision (docs/celeriant-protocol.md section 6.8): ticks of Now
 	// since the Unix epoch; default celeriant.Milliseconds.
 	Precision celeriant.Precision
+	// APIKeys are the server's API keys (standard base64 of celeriant.APIKeySize
+	// bytes) and what each allows; a key rotated out is simply absent. With keys an
+	// Identify must present one (10005 without, 10006 for a malformed, unknown or
+	// revoked one), and a ReadOnly key's writes and trims get 10007. TCP only
+	// (docs/celeriant-protocol.md section 1.3).
+	APIKeys map[string]celeriant.AccessLevel
+	// RequireIdentity is the server's --require-client-identity: a connection whose
+	// first request is not Identify gets 10004 and is closed. TCP only.
+	RequireIdentity bool
 	// Shards is the shard count for multi-aggregate routing (aggregate id modulo Shards,
 	// docs/celeriant-protocol.md section 6.9); default 1, where every multi-aggregate write is allowed.
 	Shards int
@@ -99,13 +112,6 @@ type Options struct {
 	// default celeriant.WatchHeartbeat (5 s).
 	WatchHeartbeat time.Duration
 }
-
-// DefaultCommitDelay is the commit delay of a Sim whose Options leave CommitDelay zero:
-// a few milliseconds, the order of the server's fsync window.
-const DefaultCommitDelay = 2 * time.Millisecond
-
-// NoCommitDelay, as Options.CommitDelay, commits every write at once, before its answer.
-const NoCommitDelay time.Duration = -1
 
 // Stats counts the requests the simulator received (in-process and over TCP), including
 // those answered with an error or a lost answer. Requests refused before reaching the
@@ -282,48 +288,6 @@ func (s *Sim) SetDelay(d time.Duration) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.delay = d
-}
-
-// Hold is a write kept in flight: validated, versioned and its sequence floor raised, but
-// not committed, so reads do not see it and an enforced write with a sequence at or
-// below its floor gets 2013 (docs/celeriant-protocol.md section 6.5).
-type Hold struct {
-	prepared chan struct{}
-	commit   chan struct{}
-	once     sync.Once
-}
-
-// Prepared is closed once the held write has been prepared (or answered with an error).
-func (h *Hold) Prepared() <-chan struct{} { return h.prepared }
-
-// Commit commits the held write; its caller then gets its answer.
-func (h *Hold) Commit() { h.once.Do(func() { close(h.commit) }) }
-
-// HoldNextWrite holds the next write that passes validation in flight until Commit
-// (or until Close, which commits every held write so no goroutine stays blocked; a
-// write prepared after Close is not held).
-func (s *Sim) HoldNextWrite() *Hold {
-	h := &Hold{prepared: make(chan struct{}), commit: make(chan struct{})}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.holds = append(s.holds, h)
-	return h
-}
-
-// Settled returns a channel that is closed once no write is in flight: every write
-// prepared so far (kept in flight by Options.CommitDelay or HoldNextWrite) has
-// committed. A test's backoff can wait on it instead of sleeping: on a server, a
-// backoff longer than the fsync window lets a re-read see the write that caused a 2003.
-func (s *Sim) Settled() <-chan struct{} {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.settled
-}
-
-func closedChan() chan struct{} {
-	c := make(chan struct{})
-	close(c)
-	return c
 }
 
 // Trim soft-trims key: reads from below keepFrom then give 1000 (docs/celeriant-protocol.md section

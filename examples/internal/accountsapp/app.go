@@ -110,7 +110,7 @@ func Open(ctx context.Context, env setup.Env, conns *setup.Conns, st store.Store
 		a.Events = sim
 		a.closers = append(a.closers, func() { _ = sim.Close() })
 	} else {
-		client, err := celeriant.New(celeriant.Config{Addrs: []string{env.CeleriantAddr}, Logger: logger})
+		client, err := celeriant.New(celeriant.Config{Addrs: []string{env.CeleriantAddr}, Logger: logger, APIKey: env.APIKey})
 		if err != nil {
 			return a, fmt.Errorf("%w: CELERIANT_ADDR=%q: %w", setup.ErrConfig, env.CeleriantAddr, err)
 		}
@@ -136,8 +136,12 @@ func Open(ctx context.Context, env setup.Env, conns *setup.Conns, st store.Store
 		proj = accounts.NewMemoryProjection()
 	}
 
-	a.Service, err = accounts.New(a.Events, proj, accounts.WithLogger(logger), accounts.WithLandedLookback(env.Retention),
-		accounts.WithTimestampPrecision(env.TimestampPrecision))
+	opts := []accounts.Option{accounts.WithLogger(logger), accounts.WithLandedLookback(env.Retention),
+		accounts.WithTimestampPrecision(env.TimestampPrecision)}
+	if env.ClientID != uuid.Nil {
+		opts = append(opts, accounts.WithClientID(env.ClientID))
+	}
+	a.Service, err = accounts.New(a.Events, proj, opts...)
 	if err != nil {
 		return a, err
 	}

@@ -59,3 +59,50 @@ func (w *lineWriter) Write(p []byte) (int, error) {
 	}
 	return len(p), nil
 }
+
+// TestRunWithAPIKey: against a Celeriant server requiring identity with API keys,
+// the service without CELERIANT_API_KEY stops at startup with the server's 10004;
+// with a key the server does not have, 10006; with its key it starts and serves;
+// the key is in no output or log line.
+func TestRunWithAPIKey(t *testing.T) {
+	const key = "AQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQE="
+	sim := celeriantsim.New(celeriantsim.Options{RequireIdentity: true, APIKeys: map[string]celeriant.AccessLevel{key: celeriant.ReadWrite}})
+	t.Cleanup(func() { _ = sim.Close() })
+	ln, err := sim.ListenAndServe("127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var logs strings.Builder
+	logger := slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	env := map[string]string{"ADDR": "127.0.0.1:0", "CELERIANT_ADDR": ln.Addr().String()}
+	for k, code := range map[string]celeriant.Code{"": celeriant.CodeIdentifyRequired,
+		"AgICAgICAgICAgICAgICAgICAgICAgICAgICAgICAgI=": celeriant.CodeAuthInvalidKey} {
+		env["CELERIANT_API_KEY"] = k
+		var out strings.Builder
+		err := Run(context.Background(), func(k string) string { return env[k] }, &out, logger, memoryWire)
+		if celeriant.CodeOf(err) != code || out.Len() != 0 {
+			t.Fatalf("key %q: %v (printed %q), want code %d before listening", k, err, out.String(), code)
+		}
+	}
+	env["CELERIANT_API_KEY"] = key
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan error, 1)
+	w := &lineWriter{lines: make(chan string, 1)}
+	go func() { done <- Run(ctx, func(k string) string { return env[k] }, w, logger, memoryWire) }()
+	select {
+	case line := <-w.lines:
+		if !strings.HasPrefix(line, "listening on http://") {
+			t.Fatalf("printed %q", line)
+		}
+	case err := <-done:
+		t.Fatalf("with the key: %v", err)
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatalf("after shutdown: %v", err)
+	}
+	if strings.Contains(logs.String(), key) || strings.Contains(logs.String(), "AgICAgIC") {
+		t.Fatalf("a key is in the logs: %s", logs.String())
+	}
+}

@@ -22,6 +22,11 @@
 //	                       the Celeriant server's --timestamp-precision: ms (default),
 //	                       us or ns; the simulator stamps in it; a server that stamps
 //	                       in another stops the service at startup
+//	CELERIANT_API_KEY      API key (standard base64 of 32 bytes) sent in the Identify
+//	                       handshake of every connection; empty: no handshake. Never
+//	                       logged
+//	CELERIANT_CLIENT_ID    the Celeriant client id (a UUID) the account service writes
+//	                       under, shared by all its replicas; default the service's own
 //	PROJECTION             memory (default) or postgres
 //	ACCOUNTS_TABLE_PREFIX  prefix of the Postgres projection's tables, default none
 //	CELERIANT_SIM_DELAY    latency the in-process simulator adds to every call after
@@ -31,10 +36,13 @@
 package setup
 
 import (
+	"encoding/base64"
 	"errors"
 	"fmt"
 	"strings"
 	"time"
+
+	"github.com/google/uuid"
 
 	"github.com/idemkey/idemkey/celeriant"
 	"github.com/idemkey/idemkey/middleware"
@@ -84,6 +92,14 @@ type Env struct {
 	// (CELERIANT_TIMESTAMP_PRECISION: ms, us or ns; default ms): the protocol does
 	// not carry it (docs/celeriant-protocol.md section 6.8).
 	TimestampPrecision celeriant.Precision
+	// APIKey is the Celeriant API key (CELERIANT_API_KEY), sent in the Identify
+	// handshake; it formats and logs as [redacted].
+	APIKey celeriant.Secret
+	// ClientID is the Celeriant client id the account service writes under
+	// (CELERIANT_CLIENT_ID); uuid.Nil keeps the service's default. Every replica must
+	// use the same one, and it must not change once events exist
+	// (docs/celeriant-protocol.md section 6.4).
+	ClientID uuid.UUID
 	// Projection is "memory" or "postgres" (PROJECTION).
 	Projection string
 	// TablePrefix prefixes the Postgres projection's tables (ACCOUNTS_TABLE_PREFIX).
@@ -196,6 +212,20 @@ func (e *Env) loadCeleriant(getenv func(string) string) error {
 		return fmt.Errorf("%w: CELERIANT_TIMESTAMP_PRECISION: %w", ErrConfig, err)
 	}
 	e.TimestampPrecision = p
+	if v := strings.TrimSpace(getenv("CELERIANT_API_KEY")); v != "" {
+		b, err := base64.StdEncoding.DecodeString(v)
+		if err != nil || len(b) != celeriant.APIKeySize {
+			return fmt.Errorf("%w: CELERIANT_API_KEY: want standard base64 of %d bytes", ErrConfig, celeriant.APIKeySize)
+		}
+		e.APIKey = celeriant.Secret(v)
+	}
+	if v := strings.TrimSpace(getenv("CELERIANT_CLIENT_ID")); v != "" {
+		id, err := uuid.Parse(v)
+		if err != nil || id == uuid.Nil {
+			return fmt.Errorf("%w: CELERIANT_CLIENT_ID=%q: want a non-nil UUID", ErrConfig, v)
+		}
+		e.ClientID = id
+	}
 	return nil
 }
 
