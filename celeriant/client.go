@@ -216,7 +216,8 @@ func (c *Client) nextCorrelation() uuid.UUID {
 // Write implements EventStore (docs/celeriant-protocol.md sections 4.3, 4.4). One round trip. Errors:
 // *ServerError for a server answer; ErrOutcomeUnknown when the request was sent and no
 // answer came (the write may have committed; it is never re-sent); ErrNotSent otherwise.
-// A not-leader answer re-routes later requests to the named leader but is returned.
+// A not-leader answer is followed to the named leader within the call, and a busy
+// answer retried after a backoff (see roundTrip); both had no effect on the server.
 func (c *Client) Write(ctx context.Context, req WriteRequest) (WriteResult, error) {
 	if err := CheckWrite(&req); err != nil {
 		return WriteResult{}, err
@@ -272,7 +273,23 @@ func (c *Client) AggregateDetails(ctx context.Context, key AggregateKey) (Aggreg
 	return res, err
 }
 
-// roundTrip sends one request and reads its answer, with the retry rules of Client.
+// Bounds of roundTrip's retries within one request.
+const (
+	// maxLeaderHops is how many not-leader answers naming a leader one request follows.
+	maxLeaderHops = 3
+	// maxBusyRetries is how many times one request is re-sent after a busy answer
+	// (2012, 11000) or a not-leader answer that names no leader (an election), waiting
+	// busyBackoff, then twice, four times as long.
+	maxBusyRetries = 3
+	busyBackoff    = 10 * time.Millisecond
+)
+
+// roundTrip sends one request and reads its answer, with the retry rules of Client:
+// once more on a fresh connection when a pooled one was dead (reads only); to the
+// leader a not-leader answer names (writes too: the server refuses a write on a
+// follower before any check, so it had no effect), up to maxLeaderHops; after a busy
+// answer or a not-leader answer without a leader, with a backoff, up to
+// maxBusyRetries (neither applied anything, docs/celeriant-protocol.md section 5).
 func (c *Client) roundTrip(ctx context.Context, op string, isWrite bool, corr uuid.UUID, want wire.MessageType,
 	encode func(*wire.Encoder) []byte, decode func(*wire.Decoder, []byte) (uuid.UUID, error)) error {
 	if _, ok := ctx.Deadline(); !ok {
@@ -280,31 +297,50 @@ func (c *Client) roundTrip(ctx context.Context, op string, isWrite bool, corr uu
 		ctx, cancel = context.WithTimeout(ctx, c.cfg.RequestTimeout)
 		defer cancel()
 	}
-	redirected := false
-	for attempt := 0; ; attempt++ {
+	hops, busy, mayReuse := 0, 0, true
+	for {
 		c.mu.Lock()
 		closed, addr := c.closed, c.target
 		c.mu.Unlock()
 		if closed {
 			return fmt.Errorf("%w: %w: %s", ErrNotSent, ErrClosed, op)
 		}
-		err, retry := c.attempt(ctx, addr, op, isWrite, attempt == 0, corr, want, encode, decode)
+		err, retry := c.attempt(ctx, addr, op, isWrite, mayReuse, corr, want, encode, decode)
 		if err == nil {
 			return nil
 		}
-		if leader, ok := IsNotLeader(err); ok && leader != "" && leader != addr {
+		leader, notLeader := IsNotLeader(err)
+		switch {
+		case notLeader && leader != "" && leader != addr && hops < maxLeaderHops:
+			hops++
 			c.mu.Lock()
 			c.target = leader
 			c.mu.Unlock()
 			c.log.Debug("celeriant: following leader", "from", addr, "to", leader)
-			if !isWrite && !redirected {
-				redirected = true
-				continue
+			continue
+		case (notLeader && leader == "" || IsBusy(err)) && busy < maxBusyRetries:
+			if c.backoff(ctx, busy) != nil {
+				return err
 			}
+			busy++
+			continue
+		case retry && mayReuse:
+			mayReuse = false
+			continue
 		}
-		if !retry || attempt > 0 {
-			return err
-		}
+		return err
+	}
+}
+
+// backoff waits busyBackoff << n, or until ctx ends.
+func (c *Client) backoff(ctx context.Context, n int) error {
+	t := time.NewTimer(busyBackoff << n)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
 	}
 }
 

@@ -18,7 +18,12 @@ const NoCommitDelay time.Duration = -1
 type Hold struct {
 	prepared chan struct{}
 	commit   chan struct{}
+	done     chan struct{} // closed once the write is committed (visible)
 	once     sync.Once
+}
+
+func newHold() *Hold {
+	return &Hold{prepared: make(chan struct{}), commit: make(chan struct{}), done: make(chan struct{})}
 }
 
 // Prepared is closed once the held write has been prepared (or answered with an error).
@@ -31,7 +36,7 @@ func (h *Hold) Commit() { h.once.Do(func() { close(h.commit) }) }
 // (or until Close, which commits every held write so no goroutine stays blocked; a
 // write prepared after Close is not held).
 func (s *Sim) HoldNextWrite() *Hold {
-	h := &Hold{prepared: make(chan struct{}), commit: make(chan struct{})}
+	h := newHold()
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.holds = append(s.holds, h)

@@ -117,7 +117,7 @@ func simDictionary() *simDict {
 			samples = append(samples, fmt.Appendf(nil, `{"amountCents":%d,"accountId":"%08x-0000-4000-8000-%012x","type":"Deposited"}`, i*37, i*7919, i))
 		}
 		simDictVal = &simDict{} // without a dictionary nothing is compressed
-		b, err := dict.BuildZstdDict(samples, dict.Options{MaxDictSize: 2048, HashBytes: 6, ZstdDictID: 0x5eed})
+		b, err := dict.BuildZstdDict(samples, dict.Options{MaxDictSize: 2048, HashBytes: 6, ZstdDictID: 0x5eed, ZstdLevel: zstd.SpeedFastest})
 		if err != nil {
 			return
 		}

@@ -29,7 +29,10 @@ func (s *Sim) ListenAndServe(addr string) (net.Listener, error) {
 // answered in order; a malformed frame, an unknown or unsupported message type (only
 // AggregateDetails, Read, Write, TrimStart and Watch are served), protocol version 2, or IdleTimeout without
 // a request closes the connection without an answer, like the server.
-func (s *Sim) Serve(ln net.Listener) error {
+func (s *Sim) Serve(ln net.Listener) error { return s.serve(ln, -1) }
+
+// serve is Serve for node (an index into a Cluster's nodes; -1 standalone).
+func (s *Sim) serve(ln net.Listener, node int) error {
 	s.mu.Lock()
 	if s.closed {
 		s.mu.Unlock()
@@ -59,7 +62,7 @@ func (s *Sim) Serve(ln net.Listener) error {
 		s.conns[c] = struct{}{}
 		s.wg.Add(1)
 		s.mu.Unlock()
-		go s.serveConn(c)
+		go s.serveConn(c, node)
 	}
 }
 
@@ -93,7 +96,7 @@ func (s *Sim) CloseConnections() {
 	}
 }
 
-func (s *Sim) serveConn(c net.Conn) {
+func (s *Sim) serveConn(c net.Conn, node int) {
 	defer func() {
 		_ = c.Close()
 		s.mu.Lock()
@@ -117,7 +120,7 @@ func (s *Sim) serveConn(c net.Conn) {
 		}
 		return nil
 	}
-	ss := &session{s: s, c: c, enc: wire.NewEncoder(), dec: wire.NewDecoder()}
+	ss := &session{s: s, c: c, node: node, enc: wire.NewEncoder(), dec: wire.NewDecoder()}
 	for ; ; ss.n++ {
 		_ = c.SetReadDeadline(time.Now().Add(s.opts.IdleTimeout))
 		h, body, err := wire.ReadFrame(c, buf, check)
@@ -151,12 +154,13 @@ const (
 // session is one TCP connection: its codec, what Identify established, and how many
 // requests it has read.
 type session struct {
-	s   *Sim
-	c   net.Conn
-	enc *wire.Encoder
-	dec *wire.Decoder
-	st  connState
-	n   int
+	s    *Sim
+	c    net.Conn
+	node int // the Cluster node this connection reached; -1 standalone
+	enc  *wire.Encoder
+	dec  *wire.Decoder
+	st   connState
+	n    int
 }
 
 func (ss *session) write(frame []byte) error {
@@ -178,6 +182,18 @@ func (ss *session) refuse(corr uuid.UUID, serr *celeriant.ServerError, closeAfte
 func (ss *session) gate(corr uuid.UUID, mutates bool) action {
 	if serr, closeAfter := ss.s.admit(&ss.st, ss.n == 0, mutates); serr != nil {
 		return ss.refuse(corr, serr, closeAfter)
+	}
+	return reply
+}
+
+// gateLeader is gate for a write (trim false) or trim: also 2011 or 3005 on a
+// follower, the connection staying open.
+func (ss *session) gateLeader(corr uuid.UUID, trim bool) action {
+	if a := ss.gate(corr, true); a != reply {
+		return a
+	}
+	if serr := ss.s.notLeader(ss.node, trim); serr != nil {
+		return ss.refuse(corr, serr, false)
 	}
 	return reply
 }
@@ -206,7 +222,7 @@ func (ss *session) handle(h wire.Header, body []byte) ([]byte, action) {
 		if err != nil {
 			return bad("write", err)
 		}
-		if a := ss.gate(req.CorrelationID, true); a != reply {
+		if a := ss.gateLeader(req.CorrelationID, false); a != reply {
 			return nil, a
 		}
 		res, err, lost := s.serveWrite(ctx, &req)
@@ -236,7 +252,7 @@ func (ss *session) handle(h wire.Header, body []byte) ([]byte, action) {
 		if err != nil {
 			return bad("trim", err)
 		}
-		if a := ss.gate(req.CorrelationID, true); a != reply {
+		if a := ss.gateLeader(req.CorrelationID, true); a != reply {
 			return nil, a
 		}
 		_ = s.wait(ctx)

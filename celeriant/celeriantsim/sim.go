@@ -20,8 +20,8 @@
 // Options.RequireIdentity) and then compresses large answers, as the server does.
 //
 // What it leaves out: delete, list, schemas, the RSA identity of Identify, compressed
-// requests, replication roles (inject 2011/2012 with InjectWriteError instead),
-// bincode (protocol version 2).
+// requests, replication lag and rollbacks (a Cluster has leader and followers; inject
+// 2007/2012 with InjectWriteError), bincode (protocol version 2).
 //
 // Errors returned in-process are the ones the TCP client decodes: *celeriant.ServerError
 // built with celeriant.NewServerError, celeriant.ErrOutcomeUnknown for a lost answer,
@@ -124,6 +124,9 @@ type Stats struct {
 	Reads int
 	// Details counts AggregateDetails requests.
 	Details int
+	// Rechecks counts writes a Cluster's leader rejected with 2002, 2003 or 2006 and
+	// checked again after the writes in flight committed.
+	Rechecks int
 }
 
 // Sim is the simulated server. All methods are safe for concurrent use.
@@ -146,6 +149,7 @@ type Sim struct {
 	conns     map[net.Conn]struct{}
 	watchers  map[*watcher]struct{}
 	wg        sync.WaitGroup
+	cluster   *clusterState // nil: a standalone node
 }
 
 type aggregate struct {
@@ -493,6 +497,13 @@ func (s *Sim) serveWrite(ctx context.Context, req *celeriant.WriteRequest) (res 
 		return res, e, lost
 	}
 	versions, serr := s.validateAndPrepare(req)
+	if serr != nil && s.cluster != nil && visibilityGap(serr.Code) {
+		// A leader waits once for what is replicating and checks again, so that a
+		// commit in flight does not cause a false rejection.
+		s.stats.Rechecks++
+		s.awaitInflightLocked(ctx)
+		versions, serr = s.validateAndPrepare(req)
+	}
 	if serr != nil {
 		s.mu.Unlock()
 		serr.CorrelationID = req.CorrelationID
@@ -503,7 +514,7 @@ func (s *Sim) serveWrite(ctx context.Context, req *celeriant.WriteRequest) (res 
 		hold, s.holds = s.holds[0], s.holds[1:]
 	}
 	if hold == nil && s.opts.CommitDelay > 0 && !s.closed {
-		hold = &Hold{prepared: make(chan struct{}), commit: make(chan struct{})}
+		hold = newHold()
 		timer := time.AfterFunc(s.opts.CommitDelay, hold.Commit)
 		defer timer.Stop()
 	}
@@ -525,6 +536,7 @@ func (s *Sim) serveWrite(ctx context.Context, req *celeriant.WriteRequest) (res 
 			close(s.settled)
 		}
 		s.commitLocked(req, versions)
+		close(hold.done)
 		s.mu.Unlock()
 	}
 	res.CorrelationID = req.CorrelationID

@@ -226,7 +226,13 @@ type pod struct {
 
 func (e *env) pod(window time.Duration, opts ...Option) *pod {
 	e.t.Helper()
-	p := &pod{proj: e.mk(e.t, e.clock, window), store: &hookStore{EventStore: e.log}, sleeps: e.sleeper()}
+	return e.podOn(e.log, window, opts...)
+}
+
+// podOn is pod with its own connection to the log (a replica's client).
+func (e *env) podOn(log celeriant.EventStore, window time.Duration, opts ...Option) *pod {
+	e.t.Helper()
+	p := &pod{proj: e.mk(e.t, e.clock, window), store: &hookStore{EventStore: log}, sleeps: e.sleeper()}
 	all := append([]Option{WithSleep(p.sleeps.Sleep), WithLogger(slog.New(slog.DiscardHandler)), WithTimestampPrecision(e.precision)}, opts...)
 	svc, err := New(p.store, p.proj, all...)
 	if err != nil {
