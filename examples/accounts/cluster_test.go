@@ -12,6 +12,46 @@ import (
 	"github.com/idemkey/idemkey/internal/testclock"
 )
 
+// newClusterEnv is an env on a simulated three-node cluster (node 0 leading) with two
+// replicas, each with its own client configured with a follower's address first.
+func newClusterEnv(t *testing.T, mk func(*testing.T, *testclock.Clock, time.Duration) Projection) (*env, *celeriantsim.Cluster, []*pod) {
+	clock := newFakeClock()
+	cl, err := celeriantsim.NewCluster(3, celeriantsim.Options{Now: clock.Now, PageBatches: 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cl.Close() })
+	e := &env{t: t, clock: clock, sim: cl.Sim, log: cl.Sim, mk: mk}
+	addrs := cl.Addrs()
+	var pods []*pod
+	for i := range 2 {
+		c, err := celeriant.New(celeriant.Config{Addrs: []string{addrs[1+i], addrs[0]}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = c.Close() })
+		pods = append(pods, e.podOn(c, 0))
+	}
+	return e, cl, pods
+}
+
+// TestReferenceScenariosAcrossLeaderChanges runs the reference scenarios on a
+// simulated cluster whose leader changes between every two scenarios, each replica
+// with its own client: every scenario passes as on one node.
+func TestReferenceScenariosAcrossLeaderChanges(t *testing.T) {
+	forEachKind(t, func(t *testing.T, mk func(*testing.T, *testclock.Clock, time.Duration) Projection) {
+		e, cl, pods := newClusterEnv(t, mk)
+		changes := 0
+		referenceScenarios(t, e, pods[0], pods[1], func() {
+			cl.ChangeLeader((cl.Leader() + 1) % 3)
+			changes++
+		})
+		if changes < 7 {
+			t.Fatalf("%d leader changes", changes)
+		}
+	})
+}
+
 // TestStormAcrossLeaderChange runs the two-replica storm of TestStorm on a simulated
 // three-node cluster (docs/celeriant-protocol.md section 6.12), each replica with its
 // own client configured with the follower addresses, while the leader changes in the
@@ -21,23 +61,7 @@ import (
 func TestStormAcrossLeaderChange(t *testing.T) {
 	forEachKind(t, func(t *testing.T, mk func(*testing.T, *testclock.Clock, time.Duration) Projection) {
 		ctx := context.Background()
-		clock := newFakeClock()
-		cl, err := celeriantsim.NewCluster(3, celeriantsim.Options{Now: clock.Now, PageBatches: 3})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _ = cl.Close() })
-		e := &env{t: t, clock: clock, sim: cl.Sim, log: cl.Sim, mk: mk}
-		addrs := cl.Addrs()
-		var pods []*pod
-		for i := range 2 {
-			c, err := celeriant.New(celeriant.Config{Addrs: []string{addrs[1+i], addrs[0]}})
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { _ = c.Close() })
-			pods = append(pods, e.podOn(c, 0))
-		}
+		e, cl, pods := newClusterEnv(t, mk)
 		// changeOnce moves the leadership to the next node before the replicas' k-th
 		// write of the phase, while the others are in flight.
 		changeOnce := func(k int) {
