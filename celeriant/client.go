@@ -15,6 +15,7 @@ import (
 
 	"github.com/google/uuid"
 
+	"github.com/idemkey/idemkey/celeriant/internal/sleep"
 	"github.com/idemkey/idemkey/celeriant/internal/wire"
 )
 
@@ -333,16 +334,7 @@ func (c *Client) roundTrip(ctx context.Context, op string, isWrite bool, corr uu
 }
 
 // backoff waits busyBackoff << n, or until ctx ends.
-func (c *Client) backoff(ctx context.Context, n int) error {
-	t := time.NewTimer(busyBackoff << n)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
-}
+func (c *Client) backoff(ctx context.Context, n int) error { return sleep.Ctx(ctx, busyBackoff<<n) }
 
 // attempt performs one request on one connection. retry reports a dead pooled
 // connection on a read-only request, worth one more try on a fresh connection.

@@ -58,18 +58,7 @@ func TestIdentifyAPIKey(t *testing.T) {
 
 	rw := newClient(t, celeriant.Config{Addrs: []string{addr}, APIKey: celeriant.Secret(rwKey)})
 	me := uuid.New()
-	big := bytes.Repeat([]byte(`{"amountCents":100,"type":"Deposited"} `), 64) // a read answer over 1024 bytes
-	for seq := uint64(1); seq <= 3; seq++ {
-		req := simpleWrite(key, me, seq)
-		req.Writes[0].Events[0].Value = big
-		if _, err := rw.Write(ctx, req); err != nil {
-			t.Fatalf("write %d with a read-write key: %v", seq, err)
-		}
-	}
-	batches, err := celeriant.ReadAll(ctx, rw, celeriant.ReadRequest{Key: key, Filters: celeriant.ReadFilters{FromVersion: 1}})
-	if err != nil || len(batches) != 3 || !bytes.Equal(batches[2].Events[0].Value, big) {
-		t.Fatalf("read with a read-write key: %d batches, %v", len(batches), err)
-	}
+	writeAndReadLarge(t, ctx, rw, key, me)
 
 	ro := newClient(t, celeriant.Config{Addrs: []string{addr}, APIKey: celeriant.Secret(roKey), MaxConns: 1})
 	_, err = ro.Write(ctx, simpleWrite(key, me, 4))
@@ -182,6 +171,24 @@ func TestAPIKeyNeverShown(t *testing.T) {
 	}
 }
 
+// writeAndReadLarge writes three batches of about 2.5 KB to key as client and reads
+// them back: a read answer over 1024 bytes, compressed on an identified connection.
+func writeAndReadLarge(t *testing.T, ctx context.Context, s celeriant.EventStore, key celeriant.AggregateKey, client uuid.UUID) {
+	t.Helper()
+	big := bytes.Repeat([]byte(`{"amountCents":100,"type":"Deposited"} `), 64)
+	for seq := uint64(1); seq <= 3; seq++ {
+		req := simpleWrite(key, client, seq)
+		req.Writes[0].Events[0].Value = big
+		if _, err := s.Write(ctx, req); err != nil {
+			t.Fatalf("write %d: %v", seq, err)
+		}
+	}
+	batches, err := celeriant.ReadAll(ctx, s, celeriant.ReadRequest{Key: key, Filters: celeriant.ReadFilters{FromVersion: 1}})
+	if err != nil || len(batches) != 3 || !bytes.Equal(batches[2].Events[0].Value, big) {
+		t.Fatalf("read back: %d batches, %v", len(batches), err)
+	}
+}
+
 func dialRaw(t *testing.T, addr string) net.Conn {
 	t.Helper()
 	nc, err := net.Dial("tcp", addr)
@@ -219,21 +226,10 @@ func TestLiveIdentity(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	c := newClient(t, celeriant.Config{Addrs: []string{addr}, APIKey: celeriant.Secret(key)})
-	k, me := freshKey(), uuid.New()
-	big := bytes.Repeat([]byte(`{"amountCents":100,"type":"Deposited"} `), 64)
-	for seq := uint64(1); seq <= 3; seq++ {
-		req := simpleWrite(k, me, seq)
-		req.Writes[0].Events[0].Value = big
-		if _, err := c.Write(ctx, req); err != nil {
-			t.Fatalf("write %d: %v", seq, err)
-		}
-	}
-	batches, err := celeriant.ReadAll(ctx, c, celeriant.ReadRequest{Key: k, Filters: celeriant.ReadFilters{FromVersion: 1}})
-	if err != nil || len(batches) != 3 || !bytes.Equal(batches[2].Events[0].Value, big) {
-		t.Fatalf("read back: %d batches, %v", len(batches), err)
-	}
+	k := freshKey()
+	writeAndReadLarge(t, ctx, c, k, uuid.New())
 	other := newClient(t, celeriant.Config{Addrs: []string{addr}, APIKey: celeriant.Secret(apiKey(0xa5))})
-	_, err = other.AggregateDetails(ctx, k)
+	_, err := other.AggregateDetails(ctx, k)
 	wantServerError(t, "unknown key", err, celeriant.CodeAuthInvalidKey, "Invalid API key")
 	for _, tc := range []struct {
 		key  string

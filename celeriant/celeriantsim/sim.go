@@ -44,6 +44,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/idemkey/idemkey/celeriant"
+	"github.com/idemkey/idemkey/celeriant/internal/sleep"
 	"github.com/idemkey/idemkey/celeriant/internal/wire"
 )
 
@@ -413,14 +414,7 @@ func (s *Sim) wait(ctx context.Context) error {
 	if d <= 0 {
 		return nil
 	}
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
+	return sleep.Ctx(ctx, d)
 }
 
 func copyWrite(req celeriant.WriteRequest) celeriant.WriteRequest {

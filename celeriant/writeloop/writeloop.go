@@ -28,6 +28,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/idemkey/idemkey/celeriant"
+	"github.com/idemkey/idemkey/celeriant/internal/sleep"
 )
 
 // Arm is the branch of the loop a write's outcome selects (docs/account-service.md
@@ -274,14 +275,7 @@ func (b Backoff) Wait(ctx context.Context, attempt int) error {
 	if b.Sleep != nil {
 		return b.Sleep(ctx, d)
 	}
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
+	return sleep.Ctx(ctx, d)
 }
 
 // Attempt is the handler's side of the loop.

@@ -27,26 +27,8 @@ func TestRunRefusesPrecisionMismatch(t *testing.T) {
 	if !errors.Is(err, celeriant.ErrPrecisionMismatch) || out.Len() != 0 {
 		t.Fatalf("ms against a microsecond server: %v (printed %q), want ErrPrecisionMismatch before listening", err, out.String())
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
 	env["CELERIANT_TIMESTAMP_PRECISION"] = "us"
-	done := make(chan error, 1)
-	w := &lineWriter{lines: make(chan string, 1)}
-	go func() {
-		done <- Run(ctx, func(k string) string { return env[k] }, w, slog.New(slog.DiscardHandler), memoryWire)
-	}()
-	select {
-	case line := <-w.lines:
-		if !strings.HasPrefix(line, "listening on http://") {
-			t.Fatalf("printed %q", line)
-		}
-	case err := <-done:
-		t.Fatalf("us against a microsecond server: %v", err)
-	}
-	cancel()
-	if err := <-done; err != nil {
-		t.Fatalf("after shutdown: %v", err)
-	}
+	runUntilListening(t, env, slog.New(slog.DiscardHandler))
 }
 
 // lineWriter hands the first write to a channel.
@@ -85,6 +67,17 @@ func TestRunWithAPIKey(t *testing.T) {
 		}
 	}
 	env["CELERIANT_API_KEY"] = key
+	runUntilListening(t, env, logger)
+	if strings.Contains(logs.String(), key) || strings.Contains(logs.String(), "AgICAgIC") {
+		t.Fatalf("a key is in the logs: %s", logs.String())
+	}
+}
+
+// runUntilListening runs the server on env until it prints its listening line, then
+// shuts it down; it fails the test if the server stops first or shuts down with an
+// error.
+func runUntilListening(t *testing.T, env map[string]string, logger *slog.Logger) {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	done := make(chan error, 1)
@@ -96,13 +89,10 @@ func TestRunWithAPIKey(t *testing.T) {
 			t.Fatalf("printed %q", line)
 		}
 	case err := <-done:
-		t.Fatalf("with the key: %v", err)
+		t.Fatalf("the server stopped: %v", err)
 	}
 	cancel()
 	if err := <-done; err != nil {
 		t.Fatalf("after shutdown: %v", err)
-	}
-	if strings.Contains(logs.String(), key) || strings.Contains(logs.String(), "AgICAgIC") {
-		t.Fatalf("a key is in the logs: %s", logs.String())
 	}
 }
