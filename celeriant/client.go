@@ -67,9 +67,11 @@ type Config struct {
 
 // Client is a Celeriant client speaking protocol v3 (MessagePack) over TCP with a small
 // connection pool. It implements EventStore and is safe for concurrent use. It never
-// re-sends a write: a write that was sent and got no answer returns ErrOutcomeUnknown.
-// Reads and AggregateDetails are retried once on a fresh connection when a pooled one
-// turns out dead, and once at the leader after a not-leader answer.
+// re-sends a write that was sent and got no answer (ErrOutcomeUnknown). Reads and
+// AggregateDetails are retried once on a fresh connection when a pooled one turns out
+// dead; every request follows a not-leader answer to the leader it names and is
+// re-sent after a busy answer, both of which mean the server applied nothing
+// (docs/celeriant-protocol.md section 5).
 type Client struct {
 	cfg    Config
 	log    *slog.Logger
