@@ -107,11 +107,11 @@ func Open(ctx context.Context, env setup.Env, conns *setup.Conns, st store.Store
 	a.checks = append(a.checks, check{"store", func(ctx context.Context) error { return store.Ping(ctx, st) }})
 
 	if env.CeleriantAddr == "" {
-		sim := celeriantsim.New(celeriantsim.Options{})
+		sim := celeriantsim.New(celeriantsim.Options{Precision: env.TimestampPrecision})
 		a.Events = sim
 		a.closers = append(a.closers, func() { _ = sim.Close() })
 	} else {
-		client, err := celeriant.New(celeriant.Config{Addrs: []string{env.CeleriantAddr}, Logger: logger})
+		client, err := celeriant.New(celeriant.Config{Addrs: []string{env.CeleriantAddr}, Logger: logger, APIKey: env.APIKey})
 		if err != nil {
 			return a, fmt.Errorf("%w: CELERIANT_ADDR=%q: %w", setup.ErrConfig, env.CeleriantAddr, err)
 		}
@@ -137,7 +137,12 @@ func Open(ctx context.Context, env setup.Env, conns *setup.Conns, st store.Store
 		proj = accounts.NewMemoryProjection()
 	}
 
-	a.Service, err = accounts.New(a.Events, proj, accounts.WithLogger(logger), accounts.WithLandedLookback(env.Retention))
+	opts := []accounts.Option{accounts.WithLogger(logger), accounts.WithLandedLookback(env.Retention),
+		accounts.WithTimestampPrecision(env.TimestampPrecision)}
+	if env.ClientID != uuid.Nil {
+		opts = append(opts, accounts.WithClientID(env.ClientID))
+	}
+	a.Service, err = accounts.New(a.Events, proj, opts...)
 	if err != nil {
 		return a, err
 	}
