@@ -102,9 +102,15 @@ func waitFor(t *testing.T, cond func() bool) {
 func TestDeadlineExceededAfterSend(t *testing.T) {
 	sim, addr := startSim(t, celeriantsim.Options{})
 	c := newClient(t, celeriant.Config{Addrs: []string{addr}})
+	// One write first, so the held write below finds its connection dialed: under
+	// load a dial alone can outlast the deadline, which then ends before anything
+	// was sent (ErrNotSent), not after.
+	if _, err := c.Write(context.Background(), simpleWrite(freshKey(), uuid.New(), 1)); err != nil {
+		t.Fatal(err)
+	}
 	hold := sim.HoldNextWrite()
 	defer hold.Commit()
-	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
 	defer cancel()
 	_, err := c.Write(ctx, simpleWrite(freshKey(), uuid.New(), 1))
 	if !errors.Is(err, celeriant.ErrOutcomeUnknown) || !errors.Is(err, context.DeadlineExceeded) {
