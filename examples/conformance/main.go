@@ -7,9 +7,10 @@
 // Environment (docs/architecture.md section 6; see package setup):
 //
 //	ADDR                listen address, default 127.0.0.1:8080
-//	IDEM_STORE          memory (default), postgres, redis or tiered
+//	IDEM_STORE          memory (default), postgres, redis, tiered or mysql
 //	DATABASE_URL        Postgres, for postgres and tiered
 //	REDIS_URL           Redis, for redis and tiered
+//	MYSQL_DSN           MySQL or MariaDB (go-sql-driver DSN), for mysql
 //	IDEM_LEASE          lease of a claim, Go duration, default 10s
 //	IDEM_RETENTION      how long responses are replayed, default 24h
 //	IDEM_REPLAY_HEADER  header marking a replay, default Idempotent-Replayed
@@ -97,13 +98,16 @@ func newHandler(env setup.Env, st store.Store, logger *slog.Logger) (http.Handle
 
 // newStore builds the idempotency store IDEM_STORE names on the shared
 // connections. Postgres decides every claim of the postgres and tiered stores;
-// tiered puts Redis in front as a cache.
+// tiered puts Redis in front as a cache; mysql keeps the records in MySQL or
+// MariaDB.
 func newStore(ctx context.Context, env setup.Env, conns *setup.Conns, logger *slog.Logger) (store.Store, error) {
 	switch env.Store {
 	case "memory":
 		return memory.New(), nil
 	case "redis":
 		return redis.New(conns.Redis, redis.WithPrefix(env.RedisPrefix)), nil
+	case "mysql":
+		return setup.MySQLStore(ctx, env, conns, logger)
 	}
 	pg, err := postgres.New(conns.Pool, postgres.WithTable(env.IdemTable), postgres.WithLogger(logger))
 	if err == nil {
