@@ -26,8 +26,10 @@ import (
 //
 // Statements are sent with the querier's default exec mode: with pgx's default
 // (QueryExecModeCacheStatement) each statement is prepared once per connection and
-// then costs one round trip. Behind a transaction-pooling proxy configure the pool
-// with QueryExecModeExec or QueryExecModeDescribeExec instead.
+// then costs one round trip. Behind a transaction-pooling proxy (PgBouncer in
+// transaction mode) give New WithTransactionPooler, which sends every statement
+// with QueryExecModeExec and makes Wait poll; without it the store detects the
+// pooler at its first failed statement or listener (pooler.go).
 type Querier interface {
 	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
 	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
@@ -61,7 +63,13 @@ type Store struct {
 	maxBody    int
 	logger     *slog.Logger
 
-	claimSQL, completeSQL, releaseSQL, renewSQL, sweepSQL, waitSQL string
+	claimSQL, completeSQL, releaseSQL, renewSQL, sweepSQL, waitSQL, pollSQL string
+
+	// execMode is sent with every statement once forceMode is set (pooler.go);
+	// polling makes Wait poll with pollFirst and pollMax.
+	execMode           pgx.QueryExecMode
+	forceMode, polling atomic.Bool
+	pollFirst, pollMax time.Duration
 
 	// channel is the notification channel of Wait; waiters its waiters.
 	channel string
@@ -110,7 +118,7 @@ func New(db Querier, opts ...Option) (*Store, error) {
 	if db == nil {
 		return nil, fmt.Errorf("%w: postgres: nil Querier", store.ErrInvalid)
 	}
-	s := &Store{db: db, table: DefaultTable, sweepBatch: DefaultSweepBatch}
+	s := &Store{db: db, table: DefaultTable, sweepBatch: DefaultSweepBatch, execMode: pgx.QueryExecModeExec}
 	s.waiters.Idle = DefaultListenerIdle
 	for _, o := range opts {
 		o(s)
@@ -132,6 +140,7 @@ func New(db Querier, opts ...Option) (*Store, error) {
 	s.completeSQL = fmt.Sprintf(completeSQL+notifyReturning, t, s.channel)
 	s.releaseSQL = fmt.Sprintf(releaseSQL+notifyReturning, t, s.channel)
 	s.waitSQL = fmt.Sprintf(waitSQL, t)
+	s.pollSQL = fmt.Sprintf(pollSQL, t)
 	s.waiters.Listen = s.listen
 	s.waiters.OnError = func(err error) {
 		s.log().Warn("idemkey/postgres: the waiters' listening connection failed", "table", s.qualified, "err", err)
@@ -246,10 +255,12 @@ func (s *Store) Claim(ctx context.Context, req store.ClaimRequest) (store.ClaimR
 			s.claimRetries.Add(1)
 		}
 		var r claimRow
-		err := s.db.QueryRow(ctx, s.claimSQL, scope, key, fp, tok[:], lease, retention).Scan(
+		err := s.db.QueryRow(ctx, s.claimSQL, s.withMode(scope, key, fp, tok[:], lease, retention)...).Scan(
 			&r.claimed, &r.takeover, &r.sameFP, &r.status, &r.headers, &r.body, &r.omitted,
 			&r.created, &r.completed, &r.expires, &r.retryMS, &r.stale)
 		switch {
+		case err != nil && s.detectPooler(err):
+			continue // a transaction pooler: the statement did not run; send it without the cache
 		case errors.Is(err, pgx.ErrNoRows):
 			continue // the key was committed after our snapshot: look again
 		case err != nil:
@@ -328,7 +339,7 @@ func (s *Store) Complete(ctx context.Context, id store.ID, token store.Token, re
 	if err := s.checkComplete(id, token, resp, retention); err != nil {
 		return err
 	}
-	tag, err := s.db.Exec(ctx, s.completeSQL, s.completeArgs(id, token, resp, retention)...)
+	tag, err := s.exec(ctx, s.completeSQL, s.completeArgs(id, token, resp, retention)...)
 	return holderResult("complete", tag, err)
 }
 
@@ -363,7 +374,7 @@ func (s *Store) Release(ctx context.Context, id store.ID, token store.Token) err
 	if err := checkHolder(id, token); err != nil {
 		return err
 	}
-	tag, err := s.db.Exec(ctx, s.releaseSQL, bytesOf(id.Scope), bytesOf(id.Key), token[:])
+	tag, err := s.exec(ctx, s.releaseSQL, bytesOf(id.Scope), bytesOf(id.Key), token[:])
 	return holderResult("release", tag, err)
 }
 
@@ -378,7 +389,7 @@ func (s *Store) Renew(ctx context.Context, id store.ID, token store.Token, lease
 	if err := store.ValidateLease(lease); err != nil {
 		return err
 	}
-	tag, err := s.db.Exec(ctx, s.renewSQL, bytesOf(id.Scope), bytesOf(id.Key), token[:], codec.Millis(lease))
+	tag, err := s.exec(ctx, s.renewSQL, bytesOf(id.Scope), bytesOf(id.Key), token[:], codec.Millis(lease))
 	return holderResult("renew", tag, err)
 }
 
@@ -427,7 +438,7 @@ func (s *Store) Sweep(ctx context.Context, limit int) (int64, error) {
 		if limit > 0 {
 			n = min(n, int64(limit)-total)
 		}
-		tag, err := s.db.Exec(ctx, s.sweepSQL, n)
+		tag, err := s.exec(ctx, s.sweepSQL, n)
 		if err != nil {
 			return total, fmt.Errorf("idemkey/postgres: sweep: %w", err)
 		}
@@ -520,13 +531,23 @@ type beginner interface {
 // otherwise the statements run one by one (each is idempotent on its own, but two
 // processes creating the same object at the same instant may see a unique
 // violation, so run Migrate once, or retry it). A database at a newer version is left as it is; a
-// records table dropped by hand is created again.
-func (s *Store) Migrate(ctx context.Context) (err error) {
+// records table dropped by hand is created again. Behind a transaction pooler
+// whose leftover prepared statements abort the transaction, Migrate runs once
+// more without the statement cache (see WithTransactionPooler).
+func (s *Store) Migrate(ctx context.Context) error {
+	err := s.migrate(ctx)
+	if err != nil && s.detectPooler(err) {
+		err = s.migrate(ctx)
+	}
+	return err
+}
+
+func (s *Store) migrate(ctx context.Context) (err error) {
 	ms, err := migrations()
 	if err != nil {
 		return fmt.Errorf("idemkey/postgres: migrate: %w", err)
 	}
-	q := migrate.Querier(s.db)
+	q := migrate.Querier(modeQuerier{s.db, s})
 	var tx pgx.Tx
 	if b, ok := s.db.(beginner); ok {
 		if tx, err = b.Begin(ctx); err != nil {
@@ -537,7 +558,7 @@ func (s *Store) Migrate(ctx context.Context) (err error) {
 				_ = tx.Rollback(context.WithoutCancel(ctx))
 			}
 		}()
-		q = tx
+		q = modeQuerier{tx, s}
 	}
 	if err = migrate.Apply(ctx, q, tx != nil, s.target(), ms, s.render); err != nil {
 		return fmt.Errorf("idemkey/postgres: migrate: %w", err)
