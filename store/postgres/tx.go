@@ -50,6 +50,9 @@ func (s *Store) CompleteTx(ctx context.Context, tx pgx.Tx, id store.ID, token st
 		return err
 	}
 	tag, err := tx.Exec(ctx, s.completeSQL, s.withMode(s.completeArgs(id, token, resp, retention)...)...)
+	if err != nil {
+		s.detectPooler(err) // a pooler: later statements skip the cache (this tx is aborted)
+	}
 	return holderResult("complete in transaction", tag, err)
 }
 
