@@ -1,7 +1,8 @@
 // Package stores holds the latency benchmark of the authoritative stores side by
-// side, in one run: Postgres (direct and through PgBouncer), MySQL/MariaDB and
-// Redis, each answering a claim+complete of a new key and a replay of a completed
-// one, interleaved so that machine load hits all alike. The code is in
+// side, in one run: Postgres (direct and through PgBouncer), MySQL/MariaDB, Redis
+// and Redis in front of Postgres (tiered), each answering a claim+complete of a
+// new key and a replay of a completed one, interleaved so that machine load hits
+// all alike. The code is in
 // stores_test.go:
 //
 //	DATABASE_URL=... REDIS_URL=... MYSQL_DSN=... [PGBOUNCER_URL=...] \

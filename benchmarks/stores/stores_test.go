@@ -16,6 +16,7 @@ import (
 	"github.com/idemkey/idemkey/store/mysql/mysqltest"
 	"github.com/idemkey/idemkey/store/postgres"
 	"github.com/idemkey/idemkey/store/redis"
+	"github.com/idemkey/idemkey/store/tiered"
 )
 
 // side is one store under measurement and its latencies.
@@ -66,8 +67,9 @@ func pgStore(b *testing.B, p, admin *pgxpool.Pool, opts ...postgres.Option) stor
 
 func sides(b *testing.B) []*side {
 	var out []*side
+	var admin *pgxpool.Pool
 	if url := need(b, "DATABASE_URL"); url != "" {
-		admin := pool(b, url)
+		admin = pool(b, url)
 		out = append(out, &side{name: "postgres", s: pgStore(b, admin, admin)})
 		if url := os.Getenv("PGBOUNCER_URL"); url != "" {
 			out = append(out, &side{name: "pgbouncer", s: pgStore(b, pool(b, url), admin, postgres.WithTransactionPooler())})
@@ -91,6 +93,13 @@ func sides(b *testing.B) []*side {
 			}
 		})
 		out = append(out, &side{name: "redis", s: redis.New(c, redis.WithPrefix(prefix))})
+		if admin != nil { // Redis in front of a Postgres store of its own
+			ts, err := tiered.New(redis.New(c, redis.WithPrefix(prefix+"tiered:")), pgStore(b, admin, admin))
+			if err != nil {
+				b.Fatal(err)
+			}
+			out = append(out, &side{name: "tiered", s: ts})
+		}
 	}
 	if len(out) == 0 {
 		b.Skip("no store configured")
