@@ -112,23 +112,16 @@ func (s *Store) decide(r *claimRow, req store.ClaimRequest) (store.ClaimResult, 
 
 // record checks and decodes a completed row.
 func (s *Store) record(r *claimRow, fp store.Fingerprint) (*store.Record, error) {
-	switch st := r.status.Int16; {
-	case st < 100 || st > 999:
-		return nil, fmt.Errorf("%w: status %d outside 100-999", store.ErrCorrupt, st)
-	case !r.created.Valid || !r.completed.Valid || !r.expires.Valid:
+	if !r.created.Valid || !r.completed.Valid || !r.expires.Valid {
 		return nil, fmt.Errorf("%w: completed record without its timestamps", store.ErrCorrupt)
-	case r.omitted && len(r.body) > 0:
-		return nil, fmt.Errorf("%w: body stored although marked omitted", store.ErrCorrupt)
-	case s.maxBody > 0 && len(r.body) > s.maxBody:
-		return nil, fmt.Errorf("%w: stored body of %d bytes over the cap of %d", store.ErrCorrupt, len(r.body), s.maxBody)
 	}
-	h, err := codec.DecodeHeader(string(r.headers))
+	resp, err := codec.DecodeResponse(int(r.status.Int16), r.headers, r.body, r.omitted, s.maxBody)
 	if err != nil {
 		return nil, err
 	}
 	return &store.Record{
 		Fingerprint: fp,
-		Response:    store.Response{Status: int(r.status.Int16), Header: h, Body: r.body, BodyOmitted: r.omitted},
+		Response:    resp,
 		CreatedAt:   fromMicros(r.created.Int64),
 		CompletedAt: fromMicros(r.completed.Int64),
 		ExpiresAt:   fromMicros(r.expires.Int64),

@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"time"
+
+	"github.com/idemkey/idemkey/store/sweep"
 )
 
 // Sweep deletes records past their retention, at most limit of them (limit <= 0:
@@ -45,29 +47,6 @@ func (s *Store) Sweep(ctx context.Context, limit int) (int64, error) {
 // goroutine until ctx is done or stop is called; stop waits for the goroutine to
 // end. Failures are logged (WithLogger) and retried at the next tick.
 func (s *Store) StartSweeper(ctx context.Context, interval time.Duration) (stop func()) {
-	if interval <= 0 {
-		interval = time.Minute
-	}
-	ctx, cancel := context.WithCancel(ctx)
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		tick := time.NewTicker(interval)
-		defer tick.Stop()
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case <-tick.C:
-			}
-			n, err := s.Sweep(ctx, 0)
-			switch {
-			case err != nil && ctx.Err() == nil:
-				s.log().WarnContext(ctx, "idemkey/mysql: sweep failed", "table", s.quoted, "deleted", n, "err", err)
-			case n > 0:
-				s.log().DebugContext(ctx, "idemkey/mysql: swept expired records", "table", s.quoted, "deleted", n)
-			}
-		}
-	}()
-	return func() { cancel(); <-done }
+	return sweep.Start(ctx, interval, func(ctx context.Context) (int64, error) { return s.Sweep(ctx, 0) },
+		s.log(), "idemkey/mysql", "table", s.quoted)
 }

@@ -18,6 +18,7 @@ import (
 	"github.com/idemkey/idemkey/store"
 	"github.com/idemkey/idemkey/store/codec"
 	"github.com/idemkey/idemkey/store/postgres/internal/migrate"
+	"github.com/idemkey/idemkey/store/sweep"
 	"github.com/idemkey/idemkey/store/waitset"
 )
 
@@ -307,23 +308,16 @@ func (s *Store) decide(r *claimRow, req store.ClaimRequest, tok store.Token) (st
 
 // record checks and decodes a completed row.
 func (s *Store) record(r *claimRow, fp store.Fingerprint) (*store.Record, error) {
-	switch st := r.status.Int16; {
-	case st < 100 || st > 999:
-		return nil, fmt.Errorf("%w: status %d outside 100-999", store.ErrCorrupt, st)
-	case !r.created.Valid || !r.completed.Valid || !r.expires.Valid:
+	if !r.created.Valid || !r.completed.Valid || !r.expires.Valid {
 		return nil, fmt.Errorf("%w: completed record without its timestamps", store.ErrCorrupt)
-	case r.omitted && len(r.body) > 0:
-		return nil, fmt.Errorf("%w: body stored although marked omitted", store.ErrCorrupt)
-	case s.maxBody > 0 && len(r.body) > s.maxBody:
-		return nil, fmt.Errorf("%w: stored body of %d bytes over the cap of %d", store.ErrCorrupt, len(r.body), s.maxBody)
 	}
-	h, err := codec.DecodeHeader(string(r.headers))
+	resp, err := codec.DecodeResponse(int(r.status.Int16), r.headers, r.body, r.omitted, s.maxBody)
 	if err != nil {
 		return nil, err
 	}
 	return &store.Record{
 		Fingerprint: fp,
-		Response:    store.Response{Status: int(r.status.Int16), Header: h, Body: r.body, BodyOmitted: r.omitted},
+		Response:    resp,
 		CreatedAt:   r.created.Time,
 		CompletedAt: r.completed.Time,
 		ExpiresAt:   r.expires.Time,
@@ -454,31 +448,8 @@ func (s *Store) Sweep(ctx context.Context, limit int) (int64, error) {
 // goroutine until ctx is done or stop is called; stop waits for the goroutine to
 // end. Failures are logged (WithLogger) and retried at the next tick.
 func (s *Store) StartSweeper(ctx context.Context, interval time.Duration) (stop func()) {
-	if interval <= 0 {
-		interval = time.Minute
-	}
-	ctx, cancel := context.WithCancel(ctx)
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		tick := time.NewTicker(interval)
-		defer tick.Stop()
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case <-tick.C:
-			}
-			n, err := s.Sweep(ctx, 0)
-			switch {
-			case err != nil && ctx.Err() == nil:
-				s.log().WarnContext(ctx, "idemkey/postgres: sweep failed", "table", s.qualified, "deleted", n, "err", err)
-			case n > 0:
-				s.log().DebugContext(ctx, "idemkey/postgres: swept expired records", "table", s.qualified, "deleted", n)
-			}
-		}
-	}()
-	return func() { cancel(); <-done }
+	return sweep.Start(ctx, interval, func(ctx context.Context) (int64, error) { return s.Sweep(ctx, 0) },
+		s.log(), "idemkey/postgres", "table", s.qualified)
 }
 
 func (s *Store) log() *slog.Logger {
