@@ -158,3 +158,33 @@ func TestSweep(t *testing.T) {
 		t.Fatalf("the live record after the sweep: %+v %v", info, err)
 	}
 }
+
+// TestTakeoverRenewsRetention: a takeover sets the new claim's lease and its
+// retention from the server's clock. The update assigns lease_until before
+// expires_at; a takeover test on the updated row would find the fresh lease live
+// and leave the old, shorter retention in place, and the claim would expire as a
+// new key under its holder.
+func TestTakeoverRenewsRetention(t *testing.T) {
+	db := mysqltest.DB(t)
+	s := mysqltest.Store(t, db)
+	ctx := t.Context()
+	id := store.ID{Scope: "tenant", Key: "renewed"}
+	first := store.ClaimRequest{ID: id, Fingerprint: fingerprint("a"), Lease: 20 * time.Millisecond, Retention: time.Second}
+	if r, err := s.Claim(ctx, first); err != nil || r.Outcome != store.Claimed {
+		t.Fatalf("claim: %+v %v", r, err)
+	}
+	time.Sleep(50 * time.Millisecond)
+	second := first
+	second.Lease, second.Retention = 10*time.Second, time.Minute
+	if r, err := s.Claim(ctx, second); err != nil || r.Outcome != store.Claimed || !r.Takeover {
+		t.Fatalf("takeover: %+v %v", r, err)
+	}
+	time.Sleep(time.Second) // past the first claim's retention
+	if r, err := s.Claim(ctx, second); err != nil || r.Outcome != store.InFlight {
+		t.Fatalf("after the first retention: %+v %v, want the takeover still in flight", r, err)
+	}
+	info, err := s.Inspect(ctx, id)
+	if err != nil || info.ExpiresAt.Sub(info.Now) < 50*time.Second {
+		t.Fatalf("inspect: %+v %v, want the takeover's retention of a minute", info, err)
+	}
+}
