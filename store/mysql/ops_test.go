@@ -49,9 +49,11 @@ func TestConformanceSessionVariants(t *testing.T) {
 }
 
 // TestConcurrentClaimsOneWinner: many goroutines claiming the same new key, and
-// then the same expired key, on separate connections: exactly one is Claimed each
-// time and every other answer is InFlight, even when InnoDB rolls some INSERTs
-// back as deadlock victims.
+// then the same key whose lease expired, on separate connections: exactly one is
+// Claimed each time (the second time a takeover) and every other answer is
+// InFlight, even when InnoDB rolls some INSERTs back as deadlock victims. The
+// leases are long (a stalled claimer must not see the winner's lease run out);
+// the winner ends its lease by renewing it for a millisecond.
 func TestConcurrentClaimsOneWinner(t *testing.T) {
 	db := mysqltest.DB(t)
 	db.SetMaxOpenConns(16)
@@ -59,10 +61,11 @@ func TestConcurrentClaimsOneWinner(t *testing.T) {
 	ctx := t.Context()
 	for round := range 10 {
 		id := store.ID{Scope: "tenant", Key: fmt.Sprintf("race-%d", round)}
-		req := store.ClaimRequest{ID: id, Fingerprint: fingerprint("a"), Lease: 400 * time.Millisecond, Retention: time.Minute}
+		req := store.ClaimRequest{ID: id, Fingerprint: fingerprint("a"), Lease: 30 * time.Second, Retention: time.Minute}
 		for phase, wantTakeover := range []bool{false, true} {
 			var mu sync.Mutex
 			outcomes := map[store.Outcome]int{}
+			var winner store.Token
 			var wg sync.WaitGroup
 			for range 12 {
 				wg.Go(func() {
@@ -76,6 +79,9 @@ func TestConcurrentClaimsOneWinner(t *testing.T) {
 					}
 					mu.Lock()
 					outcomes[r.Outcome]++
+					if r.Outcome == store.Claimed {
+						winner = r.Token
+					}
 					mu.Unlock()
 				})
 			}
@@ -83,8 +89,11 @@ func TestConcurrentClaimsOneWinner(t *testing.T) {
 			if outcomes[store.Claimed] != 1 || outcomes[store.InFlight] != 11 {
 				t.Fatalf("round %d phase %d: %v, want 1 claimed and 11 in flight", round, phase, outcomes)
 			}
-			if phase == 0 {
-				time.Sleep(450 * time.Millisecond) // the winner's lease runs out
+			if phase == 0 { // the winner's lease runs out
+				if err := s.Renew(ctx, id, winner, time.Millisecond); err != nil {
+					t.Fatal(err)
+				}
+				time.Sleep(10 * time.Millisecond)
 			}
 		}
 	}
