@@ -13,6 +13,7 @@ import (
 
 	"github.com/idemkey/idemkey/store"
 	"github.com/idemkey/idemkey/store/codec"
+	"github.com/idemkey/idemkey/store/waitset"
 )
 
 // Defaults and limits of the options.
@@ -96,7 +97,7 @@ func New(db *sql.DB, opts ...Option) (*Store, error) {
 		return nil, fmt.Errorf("%w: mysql: nil *sql.DB", store.ErrInvalid)
 	}
 	s := &Store{db: db, table: DefaultTable, sweepBatch: DefaultSweepBatch,
-		pollFirst: 5 * time.Millisecond, pollMax: 250 * time.Millisecond}
+		pollFirst: waitset.DefaultPollFirst, pollMax: waitset.DefaultPollMax}
 	for _, o := range opts {
 		o(s)
 	}
