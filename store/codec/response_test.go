@@ -2,8 +2,10 @@ package codec
 
 import (
 	"errors"
+	"math"
 	"net/http"
 	"testing"
+	"time"
 
 	"github.com/idemkey/idemkey/store"
 )
@@ -36,5 +38,44 @@ func TestDecodeResponse(t *testing.T) {
 		if _, err := DecodeResponse(tc.status, tc.headers, tc.body, tc.omitted, tc.max); !errors.Is(err, store.ErrCorrupt) {
 			t.Errorf("%s: %v, want ErrCorrupt", name, err)
 		}
+	}
+}
+
+// TestAnswer: each kind of row gets its outcome; rows missing what their state
+// needs are ErrCorrupt; a huge remaining lease is clamped, not overflowed.
+func TestAnswer(t *testing.T) {
+	var fp store.Fingerprint
+	now := time.Unix(1700000000, 0).UTC()
+	for name, tc := range map[string]struct {
+		row     Row
+		want    store.Outcome
+		corrupt bool
+	}{
+		"mismatch":              {Row{}, store.Mismatch, false},
+		"in flight":             {Row{SameFingerprint: true, HasLease: true, RetryMS: 1500}, store.InFlight, false},
+		"in flight, no lease":   {Row{SameFingerprint: true}, 0, true},
+		"completed":             {Row{SameFingerprint: true, Completed: true, Status: 201, HasTimes: true, CreatedAt: now, CompletedAt: now, ExpiresAt: now}, store.Completed, false},
+		"completed, no times":   {Row{SameFingerprint: true, Completed: true, Status: 201}, 0, true},
+		"completed, bad status": {Row{SameFingerprint: true, Completed: true, Status: 42, HasTimes: true}, 0, true},
+	} {
+		res, err := Answer(&tc.row, fp, 0)
+		switch {
+		case tc.corrupt && !errors.Is(err, store.ErrCorrupt):
+			t.Errorf("%s: %v, want ErrCorrupt", name, err)
+		case !tc.corrupt && (err != nil || res.Outcome != tc.want):
+			t.Errorf("%s: %+v %v, want %v", name, res, err, tc.want)
+		}
+	}
+	res, _ := Answer(&Row{SameFingerprint: true, HasLease: true, RetryMS: 1500}, fp, 0)
+	if res.RetryAfter != 1500*time.Millisecond {
+		t.Errorf("RetryAfter %v, want 1.5s", res.RetryAfter)
+	}
+	res, _ = Answer(&Row{SameFingerprint: true, HasLease: true, RetryMS: math.MaxInt64}, fp, 0)
+	if res.RetryAfter <= 0 {
+		t.Errorf("a huge lease gave RetryAfter %v", res.RetryAfter)
+	}
+	res, _ = Answer(&Row{SameFingerprint: true, HasLease: true, RetryMS: -5}, fp, 0)
+	if res.RetryAfter != 0 {
+		t.Errorf("a lease just ended gave RetryAfter %v, want 0", res.RetryAfter)
 	}
 }

@@ -5,7 +5,6 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
-	"math"
 	"time"
 
 	"github.com/go-sql-driver/mysql"
@@ -93,39 +92,14 @@ type claimRow struct {
 }
 
 func (s *Store) decide(r *claimRow, req store.ClaimRequest) (store.ClaimResult, error) {
-	switch {
-	case !r.sameFP:
-		return store.ClaimResult{Outcome: store.Mismatch}, nil
-	case !r.status.Valid:
-		if !r.retryMS.Valid {
-			return store.ClaimResult{}, fmt.Errorf("%w: in-flight record without a lease deadline", store.ErrCorrupt)
-		}
-		ms := min(max(r.retryMS.Int64, 0), int64(math.MaxInt64/time.Millisecond))
-		return store.ClaimResult{Outcome: store.InFlight, RetryAfter: time.Duration(ms) * time.Millisecond}, nil
-	}
-	rec, err := s.record(r, req.Fingerprint)
-	if err != nil {
-		return store.ClaimResult{}, err
-	}
-	return store.ClaimResult{Outcome: store.Completed, Record: rec}, nil
-}
-
-// record checks and decodes a completed row.
-func (s *Store) record(r *claimRow, fp store.Fingerprint) (*store.Record, error) {
-	if !r.created.Valid || !r.completed.Valid || !r.expires.Valid {
-		return nil, fmt.Errorf("%w: completed record without its timestamps", store.ErrCorrupt)
-	}
-	resp, err := codec.DecodeResponse(int(r.status.Int16), r.headers, r.body, r.omitted, s.maxBody)
-	if err != nil {
-		return nil, err
-	}
-	return &store.Record{
-		Fingerprint: fp,
-		Response:    resp,
-		CreatedAt:   fromMicros(r.created.Int64),
-		CompletedAt: fromMicros(r.completed.Int64),
-		ExpiresAt:   fromMicros(r.expires.Int64),
-	}, nil
+	return codec.Answer(&codec.Row{
+		SameFingerprint: r.sameFP,
+		Completed:       r.status.Valid, Status: int(r.status.Int16),
+		Headers: r.headers, Body: r.body, BodyOmitted: r.omitted,
+		HasLease: r.retryMS.Valid, RetryMS: r.retryMS.Int64,
+		HasTimes:  r.created.Valid && r.completed.Valid && r.expires.Valid,
+		CreatedAt: fromMicros(r.created.Int64), CompletedAt: fromMicros(r.completed.Int64), ExpiresAt: fromMicros(r.expires.Int64),
+	}, req.Fingerprint, s.maxBody)
 }
 
 // fromMicros is the UTC time us microseconds after the Unix epoch.

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -286,42 +285,17 @@ type claimRow struct {
 }
 
 func (s *Store) decide(r *claimRow, req store.ClaimRequest, tok store.Token) (store.ClaimResult, error) {
-	switch {
-	case r.claimed:
+	if r.claimed {
 		return store.ClaimResult{Outcome: store.Claimed, Token: tok, Takeover: r.takeover}, nil
-	case !r.sameFP:
-		return store.ClaimResult{Outcome: store.Mismatch}, nil
-	case !r.status.Valid:
-		if !r.retryMS.Valid {
-			return store.ClaimResult{}, fmt.Errorf("%w: in-flight record without a lease deadline", store.ErrCorrupt)
-		}
-		// Clamped: a lease near math.MaxInt64 would overflow the multiplication.
-		ms := min(max(r.retryMS.Int64, 0), int64(math.MaxInt64/time.Millisecond))
-		return store.ClaimResult{Outcome: store.InFlight, RetryAfter: time.Duration(ms) * time.Millisecond}, nil
 	}
-	rec, err := s.record(r, req.Fingerprint)
-	if err != nil {
-		return store.ClaimResult{}, err
-	}
-	return store.ClaimResult{Outcome: store.Completed, Record: rec}, nil
-}
-
-// record checks and decodes a completed row.
-func (s *Store) record(r *claimRow, fp store.Fingerprint) (*store.Record, error) {
-	if !r.created.Valid || !r.completed.Valid || !r.expires.Valid {
-		return nil, fmt.Errorf("%w: completed record without its timestamps", store.ErrCorrupt)
-	}
-	resp, err := codec.DecodeResponse(int(r.status.Int16), r.headers, r.body, r.omitted, s.maxBody)
-	if err != nil {
-		return nil, err
-	}
-	return &store.Record{
-		Fingerprint: fp,
-		Response:    resp,
-		CreatedAt:   r.created.Time,
-		CompletedAt: r.completed.Time,
-		ExpiresAt:   r.expires.Time,
-	}, nil
+	return codec.Answer(&codec.Row{
+		SameFingerprint: r.sameFP,
+		Completed:       r.status.Valid, Status: int(r.status.Int16),
+		Headers: r.headers, Body: r.body, BodyOmitted: r.omitted,
+		HasLease: r.retryMS.Valid, RetryMS: r.retryMS.Int64,
+		HasTimes:  r.created.Valid && r.completed.Valid && r.expires.Valid,
+		CreatedAt: r.created.Time, CompletedAt: r.completed.Time, ExpiresAt: r.expires.Time,
+	}, req.Fingerprint, s.maxBody)
 }
 
 // Complete implements store.Store in one statement, guarded by the token: the
