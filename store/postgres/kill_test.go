@@ -91,8 +91,15 @@ func TestKillHelperProcess(t *testing.T) {
 // startKillHelper runs the helper process and returns its base URL.
 func startKillHelper(t *testing.T, schema string) string {
 	t.Helper()
-	cmd := exec.Command(os.Args[0], "-test.run=^TestKillHelperProcess$", "-test.v")
-	cmd.Env = append(os.Environ(), killHelperEnv+"="+schema)
+	return startHelper(t, "TestKillHelperProcess", killHelperEnv+"="+schema)
+}
+
+// startHelper runs the test named test of this binary as a server process with
+// env added and returns its base URL (from its "listening on" line).
+func startHelper(t *testing.T, test, env string) string {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], "-test.run=^"+test+"$", "-test.v")
+	cmd.Env = append(os.Environ(), env)
 	out, err := cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)

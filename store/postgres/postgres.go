@@ -239,16 +239,13 @@ func (s *Store) Claim(ctx context.Context, req store.ClaimRequest) (store.ClaimR
 		return store.ClaimResult{}, err
 	}
 	tok := store.NewToken()
-	scope, key, fp := bytesOf(req.Scope), bytesOf(req.Key), req.Fingerprint[:]
-	lease, retention := codec.Millis(req.Lease), codec.Millis(req.Retention)
+	args := claimArgs(req, tok)
 	for attempt := range claimAttempts {
 		if attempt > 0 {
 			s.claimRetries.Add(1)
 		}
 		var r claimRow
-		err := s.db.QueryRow(ctx, s.claimSQL, scope, key, fp, tok[:], lease, retention).Scan(
-			&r.claimed, &r.takeover, &r.sameFP, &r.status, &r.headers, &r.body, &r.omitted,
-			&r.created, &r.completed, &r.expires, &r.retryMS, &r.stale)
+		err := r.scan(s.db.QueryRow(ctx, s.claimSQL, args...))
 		switch {
 		case errors.Is(err, pgx.ErrNoRows):
 			continue // the key was committed after our snapshot: look again
@@ -271,6 +268,18 @@ type claimRow struct {
 	expires                   pgtype.Timestamptz
 	retryMS                   pgtype.Int8
 	stale                     bool
+}
+
+// claimArgs returns the arguments of claimSQL.
+func claimArgs(req store.ClaimRequest, tok store.Token) []any {
+	return []any{bytesOf(req.Scope), bytesOf(req.Key), req.Fingerprint[:], tok[:],
+		codec.Millis(req.Lease), codec.Millis(req.Retention)}
+}
+
+// scan reads a row of claimSQL into r.
+func (r *claimRow) scan(row pgx.Row) error {
+	return row.Scan(&r.claimed, &r.takeover, &r.sameFP, &r.status, &r.headers, &r.body, &r.omitted,
+		&r.created, &r.completed, &r.expires, &r.retryMS, &r.stale)
 }
 
 func (s *Store) decide(r *claimRow, req store.ClaimRequest, tok store.Token) (store.ClaimResult, error) {
