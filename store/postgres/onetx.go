@@ -168,9 +168,9 @@ func (s *txSlot) hasFailed() bool {
 // handler that runs without a claim, as under middleware.WithFailOpen).
 //
 // The transaction is the middleware's: its Commit and Rollback return
-// ErrTxOwned (answer 5xx to roll it back), it must not be used after the handler
-// returns (then every call returns pgx.ErrTxClosed), and LargeObjects is not
-// available in it (its zero value). Begin opens a savepoint.
+// ErrTxOwned (answer 5xx to roll it back), and it must not be used after the
+// handler returns (then its statements return pgx.ErrTxClosed). Begin opens a
+// savepoint, as on any pgx.Tx. Leave the store's table alone in it.
 func TxFromContext(ctx context.Context) (pgx.Tx, bool) {
 	s := slotOf(ctx)
 	if s == nil {

@@ -34,6 +34,9 @@ func (t *TxStore) Route(protect func(http.Handler) http.Handler, h http.Handler)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		slot := &txSlot{}
 		hw := &holdWriter{header: w.Header().Clone()}
+		if hw.header == nil {
+			hw.header = make(http.Header)
+		}
 		func() {
 			defer func() { // the middleware neither completed nor released (or panicked)
 				slot.take(true).end()
