@@ -91,6 +91,7 @@ type txSlot struct {
 	token  store.Token   // the claim the transaction holds
 	tx     *claimTx      // the handler's view of it
 	failed bool          // a claimed transaction ended without its commit
+	ending chan struct{} // closed once the transaction taken from the slot has ended
 }
 
 func slotOf(ctx context.Context) *txSlot {
@@ -116,10 +117,12 @@ func (s *txSlot) open(c openTx, token store.Token) {
 	s.tx = &claimTx{Tx: c.tx, slot: s}
 }
 
-// openTx is a transaction and its pooled connection.
+// openTx is a transaction and its pooled connection; ended, when not nil, is
+// closed once it has ended.
 type openTx struct {
-	conn *pgxpool.Conn
-	tx   pgx.Tx
+	conn  *pgxpool.Conn
+	tx    pgx.Tx
+	ended chan struct{}
 }
 
 // end rolls the transaction back, if still open, and gives the connection back
@@ -131,7 +134,15 @@ func (c openTx) end() {
 	ctx, cancel := context.WithTimeout(context.Background(), endTimeout)
 	_ = c.tx.Rollback(ctx)
 	cancel()
+	c.release()
+}
+
+// release gives the connection of an ended transaction back to the pool.
+func (c openTx) release() {
 	c.conn.Release()
+	if c.ended != nil {
+		close(c.ended)
+	}
 }
 
 // take returns the open transaction's connection and closes the slot (the
@@ -144,8 +155,21 @@ func (s *txSlot) take(failed bool) openTx {
 	s.conn, s.real, s.tx = nil, nil, nil
 	if c.conn != nil {
 		s.failed = failed
+		s.ending = make(chan struct{})
+		c.ended = s.ending
 	}
 	return c
+}
+
+// wait returns once a transaction taken from the slot has ended (a Complete or
+// Release still running when the middleware returned).
+func (s *txSlot) wait() {
+	s.mu.Lock()
+	ch := s.ending
+	s.mu.Unlock()
+	if ch != nil {
+		<-ch
+	}
 }
 
 // fail records that the claimed transaction ended without its commit.
@@ -284,7 +308,7 @@ func (t *TxStore) Complete(ctx context.Context, id store.ID, token store.Token, 
 	// dropped (its Rollback would cost a round trip for nothing).
 	err := c.conn.SendBatch(ctx, b).Close()
 	if err == nil {
-		c.conn.Release()
+		c.release()
 		return nil
 	}
 	slot.fail()

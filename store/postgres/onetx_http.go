@@ -43,6 +43,7 @@ func (t *TxStore) Route(protect func(http.Handler) http.Handler, h http.Handler)
 			}()
 			inner.ServeHTTP(hw, r.WithContext(context.WithValue(r.Context(), txKey{}, slot)))
 		}()
+		slot.wait() // a completion still under way decides the answer
 		if slot.hasFailed() {
 			writeUnavailable(w)
 			return

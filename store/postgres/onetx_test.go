@@ -235,11 +235,13 @@ func TestOneTxDuplicateWaitsOnLock(t *testing.T) {
 		proceed = make(chan struct{})
 		e := newOneTxEnv(t, nil, handler, []TxOption{WithLockWait(15 * time.Second)},
 			middleware.WithStoreTimeouts(middleware.StoreTimeouts{Claim: 20 * time.Second}))
+		release := sync.OnceFunc(func() { close(proceed) })
+		t.Cleanup(release) // before the server closes, should the test fail first
 		first := send(e, "lock-1")
 		<-entered
 		dup := send(e, "lock-1")
 		waitForLockWaiter(t, e.pool, e.st.Table())
-		close(proceed)
+		release()
 		a, b := <-first, <-dup
 		if a.err != nil || a.code != 201 || b.err != nil || b.code != 201 || b.replayed != "true" || b.body != a.body {
 			t.Fatalf("first %+v, duplicate %+v; want 201 and its replay", a, b)
@@ -248,13 +250,15 @@ func TestOneTxDuplicateWaitsOnLock(t *testing.T) {
 	t.Run("bound runs out", func(t *testing.T) {
 		proceed = make(chan struct{})
 		e := newOneTxEnv(t, nil, handler, []TxOption{WithLockWait(100 * time.Millisecond)})
+		release := sync.OnceFunc(func() { close(proceed) })
+		t.Cleanup(release)
 		first := send(e, "lock-2")
 		<-entered
 		b := <-send(e, "lock-2")
 		if b.err != nil || b.code != http.StatusConflict {
 			t.Fatalf("duplicate %+v; want 409 while the first holds the lock", b)
 		}
-		close(proceed)
+		release()
 		if a := <-first; a.err != nil || a.code != 201 {
 			t.Fatalf("first %+v", a)
 		}
