@@ -3,6 +3,7 @@ package postgres
 import (
 	"context"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -113,5 +114,67 @@ func TestOneTxWaitInFlight(t *testing.T) {
 	a, b := <-first, <-dup
 	if a.err != nil || a.code != 201 || b.err != nil || b.code != 201 || b.replayed != "true" || b.body != a.body {
 		t.Fatalf("first %+v, duplicate %+v; want 201 and its replay", a, b)
+	}
+}
+
+// TestOneTxRecordTamperedWith: a handler that deletes its own record in the
+// transaction makes the fenced completion fail, so the COMMIT behind it never
+// runs: no row without a record, and the client gets 503.
+func TestOneTxRecordTamperedWith(t *testing.T) {
+	e := newOneTxEnv(t, nil, func(e *oneTxEnv) http.HandlerFunc {
+		inner := insertInTx(e)
+		return func(w http.ResponseWriter, r *http.Request) {
+			tx, _ := TxFromContext(r.Context())
+			if _, err := tx.Exec(r.Context(), `DELETE FROM `+e.st.Table()); err != nil {
+				t.Error(err)
+			}
+			inner(w, r)
+		}
+	}, nil)
+	if code, _, body, err := e.post("tamper-1"); err != nil || code != 503 {
+		t.Fatalf("answered %d %q %v; want 503", code, body, err)
+	}
+	if rows, _, records := e.counts(); rows != 0 || records != 0 {
+		t.Fatalf("%d rows, %d records; want none", rows, records)
+	}
+}
+
+// TestOneTxBesideDefaultRoutes: one TxStore serves a one-transaction route and
+// a default route side by side; the default route claims, completes and
+// replays as on the plain Store, and its handler gets no transaction.
+func TestOneTxBesideDefaultRoutes(t *testing.T) {
+	pool := newPool(t, "")
+	s := newStore(t, pool, nil)
+	ts, err := s.OneTx(pool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := middleware.New(ts, middleware.GlobalScope)
+	if err != nil {
+		t.Fatal(err)
+	}
+	runs := 0
+	mux := http.NewServeMux()
+	mux.Handle("POST /plain", m.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		runs++
+		if _, ok := TxFromContext(r.Context()); ok {
+			t.Error("a transaction on a default route")
+		}
+		w.WriteHeader(201)
+		w.Write([]byte("plain"))
+	})))
+	srv := httptest.NewServer(mux)
+	t.Cleanup(srv.Close)
+	for i := range 2 {
+		r, _ := http.NewRequest("POST", srv.URL+"/plain", strings.NewReader("x"))
+		r.Header.Set("Idempotency-Key", "plain-1")
+		resp, err := http.DefaultClient.Do(r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != 201 || (i == 1) != (resp.Header.Get("Idempotent-Replayed") == "true") || runs != 1 {
+			t.Fatalf("request %d: %d replayed=%q after %d runs", i, resp.StatusCode, resp.Header.Get("Idempotent-Replayed"), runs)
+		}
 	}
 }
