@@ -58,30 +58,27 @@ func write(w http.ResponseWriter, resp store.Response) {
 }
 
 // ownTx is the handler alone: its row in its own transaction (begin, insert,
-// commit).
+// commit), answered 201.
 func ownTx(pool *pgxpool.Pool) http.HandlerFunc {
-	return func(w http.ResponseWriter, r *http.Request) {
-		ctx := r.Context()
-		tx, err := pool.Begin(ctx)
-		if err != nil {
-			http.Error(w, err.Error(), 503)
-			return
-		}
-		defer tx.Rollback(context.WithoutCancel(ctx))
-		resp, err := insertOrder(ctx, tx, r.Header.Get("Idempotency-Key"))
-		if err == nil {
-			err = tx.Commit(ctx)
-		}
-		if err != nil {
-			http.Error(w, err.Error(), 500)
-			return
+	return inOwnTx(pool, func(ctx context.Context, tx pgx.Tx, w http.ResponseWriter, resp store.Response) error {
+		if err := tx.Commit(ctx); err != nil {
+			return err
 		}
 		write(w, resp)
-	}
+		return nil
+	})
 }
 
 // commitResponse is ownTx completing the record in its transaction.
 func commitResponse(pool *pgxpool.Pool, st *pgstore.Store) http.HandlerFunc {
+	return inOwnTx(pool, func(ctx context.Context, tx pgx.Tx, w http.ResponseWriter, resp store.Response) error {
+		return st.CommitResponse(ctx, tx, w, resp)
+	})
+}
+
+// inOwnTx begins a transaction, inserts the request's row in it and hands the
+// answer to finish, which commits and answers; a failure answers 5xx.
+func inOwnTx(pool *pgxpool.Pool, finish func(context.Context, pgx.Tx, http.ResponseWriter, store.Response) error) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		ctx := r.Context()
 		tx, err := pool.Begin(ctx)
@@ -92,7 +89,7 @@ func commitResponse(pool *pgxpool.Pool, st *pgstore.Store) http.HandlerFunc {
 		defer tx.Rollback(context.WithoutCancel(ctx))
 		resp, err := insertOrder(ctx, tx, r.Header.Get("Idempotency-Key"))
 		if err == nil {
-			err = st.CommitResponse(ctx, tx, w, resp)
+			err = finish(ctx, tx, w, resp)
 		}
 		if err != nil {
 			http.Error(w, err.Error(), 500)

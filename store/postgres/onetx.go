@@ -222,27 +222,13 @@ func (t *TxStore) Claim(ctx context.Context, req store.ClaimRequest) (store.Clai
 	if slot == nil {
 		return t.Store.Claim(ctx, req)
 	}
-	if err := req.Validate(); err != nil {
-		return store.ClaimResult{}, err
-	}
-	if err := checkID(req.ID); err != nil {
-		return store.ClaimResult{}, err
-	}
-	tok := store.NewToken()
-	args := claimArgs(req, tok)
-	for attempt := range claimAttempts {
-		if attempt > 0 {
-			t.claimRetries.Add(1)
-		}
+	return t.claimLoop(req, "claim in transaction", func(tok store.Token, args []any) (store.ClaimResult, bool, error) {
 		res, c, again, err := t.claimOnce(ctx, req, tok, args)
 		if c.conn != nil {
 			slot.open(c, tok)
 		}
-		if !again {
-			return res, err
-		}
-	}
-	return store.ClaimResult{}, fmt.Errorf("idemkey/postgres: claim in transaction: no definite answer after %d attempts under contention", claimAttempts)
+		return res, again, err
+	})
 }
 
 // claimOnce runs one claim transaction. It returns the connection of an open

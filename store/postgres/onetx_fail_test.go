@@ -144,15 +144,7 @@ func TestOneTxRecordTamperedWith(t *testing.T) {
 // replays as on the plain Store, and its handler gets no transaction.
 func TestOneTxBesideDefaultRoutes(t *testing.T) {
 	pool := newPool(t, "")
-	s := newStore(t, pool, nil)
-	ts, err := s.OneTx(pool)
-	if err != nil {
-		t.Fatal(err)
-	}
-	m, err := middleware.New(ts, middleware.GlobalScope)
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, m := oneTxMiddleware(t, newStore(t, pool, nil), pool, nil)
 	runs := 0
 	mux := http.NewServeMux()
 	mux.Handle("POST /plain", m.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {

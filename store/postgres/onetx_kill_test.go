@@ -1,16 +1,12 @@
 package postgres
 
 import (
-	"context"
 	"fmt"
-	"net"
 	"net/http"
 	"os"
 	"strings"
 	"syscall"
 	"testing"
-
-	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemkey/idemkey/middleware"
 )
@@ -26,23 +22,8 @@ func TestOneTxKillHelperProcess(t *testing.T) {
 	if schema == "" {
 		t.Skip("helper process of TestOneTxKillMidHandler")
 	}
-	ctx := context.Background()
-	pool, err := pgxpool.New(ctx, os.Getenv("DATABASE_URL"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	s, err := New(pool, WithSchema(schema))
-	if err != nil {
-		t.Fatal(err)
-	}
-	ts, err := s.OneTx(pool)
-	if err != nil {
-		t.Fatal(err)
-	}
-	m, err := middleware.New(ts, middleware.GlobalScope)
-	if err != nil {
-		t.Fatal(err)
-	}
+	pool, s := helperStore(t, schema)
+	ts, m := oneTxMiddleware(t, s, pool, nil)
 	side := s.ident("charges")
 	h := ts.Route(m.Handler, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		tx, _ := TxFromContext(r.Context())
@@ -58,12 +39,7 @@ func TestOneTxKillHelperProcess(t *testing.T) {
 		w.WriteHeader(201)
 		fmt.Fprintf(w, "charged by pid %d", os.Getpid())
 	}))
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	fmt.Printf("listening on http://%s\n", l.Addr())
-	http.Serve(l, h)
+	serveHelper(t, h)
 }
 
 // TestOneTxKillMidHandler kills the serving process with SIGKILL after the

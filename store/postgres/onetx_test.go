@@ -38,20 +38,28 @@ func newOneTxEnv(t *testing.T, pool *pgxpool.Pool, handler func(e *oneTxEnv) htt
 		pool = newPool(t, "", func(c *pgxpool.Config) { c.MaxConns = 20 })
 	}
 	s := newStore(t, pool, nil)
-	ts, err := s.OneTx(pool, txOpts...)
-	if err != nil {
-		t.Fatal(err)
-	}
+	ts, m := oneTxMiddleware(t, s, pool, txOpts, opts...)
 	e := &oneTxEnv{t: t, pool: pool, st: s, ts: ts, side: sideTable(t, pool, s, ""),
 		client: &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 64}}}
-	m, err := middleware.New(ts, middleware.GlobalScope, opts...)
-	if err != nil {
-		t.Fatal(err)
-	}
 	srv := httptest.NewServer(ts.Route(m.Handler, handler(e)))
 	t.Cleanup(srv.Close)
 	e.url = srv.URL
 	return e
+}
+
+// oneTxMiddleware returns the one-transaction mode of s on pool and the
+// middleware on it (global scope).
+func oneTxMiddleware(t testing.TB, s *Store, pool *pgxpool.Pool, txOpts []TxOption, opts ...middleware.Option) (*TxStore, *middleware.Middleware) {
+	t.Helper()
+	ts, err := s.OneTx(pool, txOpts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := middleware.New(ts, middleware.GlobalScope, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ts, m
 }
 
 func (e *oneTxEnv) post(key string) (int, http.Header, string, error) {

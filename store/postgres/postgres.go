@@ -232,6 +232,27 @@ AND expires_at <= now()`
 // MaxIDBytes), store.ErrCorrupt for undecodable rows, otherwise the driver's error
 // (connection, timeout, cancellation) wrapped.
 func (s *Store) Claim(ctx context.Context, req store.ClaimRequest) (store.ClaimResult, error) {
+	return s.claimLoop(req, "claim", func(tok store.Token, args []any) (store.ClaimResult, bool, error) {
+		var r claimRow
+		err := r.scan(s.db.QueryRow(ctx, s.claimSQL, args...))
+		switch {
+		case errors.Is(err, pgx.ErrNoRows):
+			return store.ClaimResult{}, true, nil // the key was committed after our snapshot: look again
+		case err != nil:
+			return store.ClaimResult{}, false, fmt.Errorf("idemkey/postgres: claim: %w", err)
+		case r.stale:
+			return store.ClaimResult{}, true, nil // our snapshot's row was already replaced: look again
+		}
+		res, err := s.decide(&r, req, tok)
+		return res, false, err
+	})
+}
+
+// claimLoop checks req and runs attempt with a new token and its claim
+// arguments until it gives a definite answer (again false), at most
+// claimAttempts times; op names the operation in the error of the last.
+func (s *Store) claimLoop(req store.ClaimRequest, op string,
+	attempt func(tok store.Token, args []any) (res store.ClaimResult, again bool, err error)) (store.ClaimResult, error) {
 	if err := req.Validate(); err != nil {
 		return store.ClaimResult{}, err
 	}
@@ -240,23 +261,15 @@ func (s *Store) Claim(ctx context.Context, req store.ClaimRequest) (store.ClaimR
 	}
 	tok := store.NewToken()
 	args := claimArgs(req, tok)
-	for attempt := range claimAttempts {
-		if attempt > 0 {
+	for n := range claimAttempts {
+		if n > 0 {
 			s.claimRetries.Add(1)
 		}
-		var r claimRow
-		err := r.scan(s.db.QueryRow(ctx, s.claimSQL, args...))
-		switch {
-		case errors.Is(err, pgx.ErrNoRows):
-			continue // the key was committed after our snapshot: look again
-		case err != nil:
-			return store.ClaimResult{}, fmt.Errorf("idemkey/postgres: claim: %w", err)
-		case r.stale:
-			continue // our snapshot's row was already replaced: look again
+		if res, again, err := attempt(tok, args); !again {
+			return res, err
 		}
-		return s.decide(&r, req, tok)
 	}
-	return store.ClaimResult{}, fmt.Errorf("idemkey/postgres: claim: no definite answer after %d attempts under contention", claimAttempts)
+	return store.ClaimResult{}, fmt.Errorf("idemkey/postgres: %s: no definite answer after %d attempts under contention", op, claimAttempts)
 }
 
 type claimRow struct {
