@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -24,6 +25,13 @@ const DefaultLockWait = time.Second
 // endTimeout bounds the ROLLBACK that ends a transaction no handler runs in.
 const endTimeout = 5 * time.Second
 
+// conflictUpdate starts the conflict clause of claimSQL, which the first claim
+// of a one-transaction request replaces with DO NOTHING (TxStore.Claim).
+const (
+	conflictUpdate = "ON CONFLICT (scope, key) DO UPDATE SET"
+	conflictEnd    = "RETURNING r.created_at" // the end of the clause
+)
+
 // TxStore is the store's one-transaction mode (docs/architecture.md section 9.1):
 // on the routes wrapped with Route, the claim, the handler's statements and the
 // completion run in one transaction and commit once. Its INSERT ... ON CONFLICT
@@ -40,6 +48,7 @@ type TxStore struct {
 	*Store
 	pool        *pgxpool.Pool
 	lockSQL     string // SET LOCAL lock_timeout to the lock wait
+	firstSQL    string // claimSQL whose conflict does nothing (no row lock)
 	completeSQL string // completeSQL failing (division by zero) when it matched no row
 }
 
@@ -76,6 +85,11 @@ func (s *Store) OneTx(pool *pgxpool.Pool, opts ...TxOption) (*TxStore, error) {
 	}
 	t.lockSQL = "SET LOCAL lock_timeout = " + strconv.FormatInt(ms, 10)
 	t.completeSQL = "WITH done AS (" + s.completeSQL + ") SELECT 1 / count(*) FROM done"
+	i, j := strings.Index(s.claimSQL, conflictUpdate), strings.Index(s.claimSQL, conflictEnd)
+	if i < 0 || j < i {
+		return nil, errors.New("idemkey/postgres: the claim statement has no conflict clause to replace") // a bug of this package
+	}
+	t.firstSQL = s.claimSQL[:i] + "ON CONFLICT (scope, key) DO NOTHING\n    " + s.claimSQL[j:]
 	return t, nil
 }
 
@@ -215,15 +229,23 @@ func TxFromContext(ctx context.Context) (pgx.Tx, bool) {
 // mismatch, the lock wait over: InFlight with RetryAfter the lease) ends it at
 // once. A serialization failure or deadlock, or a key committed after the
 // statement's snapshot, runs the claim again in a new transaction (at most 5
-// times in all). Errors: store.ErrInvalid for bad arguments, otherwise the
+// times in all). The first attempt's conflict clause is DO NOTHING, so a
+// duplicate that waited for the holder's commit locks nothing and looks again
+// (a replay, read without a lock); the later attempts run the store's claim
+// statement as is, which also takes over an expired record. Errors: store.ErrInvalid for bad arguments, otherwise the
 // driver's errors wrapped.
 func (t *TxStore) Claim(ctx context.Context, req store.ClaimRequest) (store.ClaimResult, error) {
 	slot := slotOf(ctx)
 	if slot == nil {
 		return t.Store.Claim(ctx, req)
 	}
+	tries := 0
 	return t.claimLoop(req, "claim in transaction", func(tok store.Token, args []any) (store.ClaimResult, bool, error) {
-		res, c, again, err := t.claimOnce(ctx, req, tok, args)
+		sql := t.firstSQL
+		if tries++; tries > 1 {
+			sql = t.claimSQL
+		}
+		res, c, again, err := t.claimOnce(ctx, sql, req, tok, args)
 		if c.conn != nil {
 			slot.open(c, tok)
 		}
@@ -233,7 +255,7 @@ func (t *TxStore) Claim(ctx context.Context, req store.ClaimRequest) (store.Clai
 
 // claimOnce runs one claim transaction. It returns the connection of an open
 // transaction when it claimed, and again when the claim must run once more.
-func (t *TxStore) claimOnce(ctx context.Context, req store.ClaimRequest, tok store.Token, args []any) (
+func (t *TxStore) claimOnce(ctx context.Context, sql string, req store.ClaimRequest, tok store.Token, args []any) (
 	_ store.ClaimResult, _ openTx, again bool, _ error) {
 	conn, err := t.pool.Acquire(ctx)
 	if err != nil {
@@ -243,7 +265,7 @@ func (t *TxStore) claimOnce(ctx context.Context, req store.ClaimRequest, tok sto
 	b := &pgx.Batch{}
 	b.BeginTx(pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
 	b.Queue(t.lockSQL)
-	b.Queue(t.claimSQL, args...).QueryRow(r.scan)
+	b.Queue(sql, args...).QueryRow(r.scan)
 	b.Queue("SET LOCAL lock_timeout TO DEFAULT")
 	br := conn.SendBatch(ctx, b)
 	c := openTx{conn: conn, tx: br.Tx()}
@@ -252,8 +274,8 @@ func (t *TxStore) claimOnce(ctx context.Context, req store.ClaimRequest, tok sto
 		return store.ClaimResult{Outcome: store.Claimed, Token: tok, Takeover: r.takeover}, c, false, nil
 	}
 	// Nothing to run: end the transaction without making the caller wait for it
-	// (a plain read locked nothing; a claim that waited on the lock and then met
-	// the committed record holds that lock until this ROLLBACK).
+	// (the reads locked nothing; the first attempt's insert does nothing on a
+	// conflict).
 	go c.end()
 	var pg *pgconn.PgError
 	switch {

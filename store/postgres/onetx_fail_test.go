@@ -170,3 +170,24 @@ func TestOneTxBesideDefaultRoutes(t *testing.T) {
 		}
 	}
 }
+
+// TestOneTxExpiredRecord: a record past its retention is a new key again: the
+// first attempt's insert meets it and does nothing, the next attempt takes it
+// over, and the handler runs a second time.
+func TestOneTxExpiredRecord(t *testing.T) {
+	e := newOneTxEnv(t, nil, insertInTx, nil)
+	code, _, first, err := e.post("expired-1")
+	if err != nil || code != 201 {
+		t.Fatal(code, err)
+	}
+	if _, err := e.pool.Exec(t.Context(), `UPDATE `+e.st.Table()+` SET expires_at = now() - interval '1 second'`); err != nil {
+		t.Fatal(err)
+	}
+	code, h, second, err := e.post("expired-1")
+	if err != nil || code != 201 || h.Get("Idempotent-Replayed") != "" || second == first {
+		t.Fatalf("after expiry: %d %q replayed=%q %v; want a fresh 201", code, second, h.Get("Idempotent-Replayed"), err)
+	}
+	if rows, _, records := e.counts(); rows != 2 || records != 1 {
+		t.Fatalf("%d rows, %d records; want 2 and 1", rows, records)
+	}
+}
