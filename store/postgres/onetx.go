@@ -274,8 +274,9 @@ func (t *TxStore) claimOnce(ctx context.Context, sql string, req store.ClaimRequ
 		return store.ClaimResult{Outcome: store.Claimed, Token: tok, Takeover: r.takeover}, c, false, nil
 	}
 	// Nothing to run: end the transaction without making the caller wait for it
-	// (the reads locked nothing; the first attempt's insert does nothing on a
-	// conflict).
+	// (reads lock nothing, nor does the first attempt's insert on a conflict; a
+	// later attempt's DO UPDATE that met a row it may not take keeps that row
+	// locked until this ROLLBACK).
 	go c.end()
 	var pg *pgconn.PgError
 	switch {
