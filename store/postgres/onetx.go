@@ -201,9 +201,10 @@ func (s *txSlot) hasFailed() bool {
 
 // TxFromContext returns the transaction the handler of a one-transaction route
 // (Route) runs in: its statements commit together with the idempotency record,
-// or not at all. ok is false outside such a route, or when the request holds no
-// claim (a replay or a 409 never reaches the handler; this happens only to a
-// handler that runs without a claim, as under middleware.WithFailOpen).
+// or not at all. ok is false outside such a route, and when the handler runs
+// without a claim (a method the middleware does not protect, no key where keys
+// are optional, middleware.WithFailOpen during a store outage): it then works
+// in a transaction of its own, or answers 5xx.
 //
 // The transaction is the middleware's: its Commit and Rollback return
 // ErrTxOwned (answer 5xx to roll it back), and it must not be used after the
