@@ -39,9 +39,11 @@ const (
 	DefaultTable = "idemkey_records"
 	// DefaultSweepBatch is the number of rows one sweep statement deletes at most.
 	DefaultSweepBatch = 1000
-	// MaxIDBytes bounds len(Scope)+len(Key) of an ID, well below the size Postgres
-	// accepts in a btree index entry (about 2.7 kB); longer IDs get store.ErrInvalid.
-	MaxIDBytes = 2048
+	// maxIndexedID bounds len(Scope)+len(Key) of an ID, well below the size Postgres
+	// accepts in a btree index entry (about 2.7 kB). The core's limits
+	// (store.MaxScopeLen + store.MaxKeyLen, checked by ID.Validate before any I/O)
+	// keep every ID under it; the assertion below fails the build if they grow.
+	maxIndexedID = 2048
 	// maxTableName leaves room for the "_expires_at_idx" and "_migrations" suffixes
 	// within Postgres's 63-byte identifiers.
 	maxTableName = 48
@@ -228,9 +230,9 @@ AND expires_at <= now()`
 // concurrent claim of the same key commits after the statement's snapshot, the
 // statement can return no row (or a row the conflict check has already seen
 // superseded); Claim then re-runs it, at most 5 times in all, so the answer is
-// always definite. Errors: store.ErrInvalid for bad arguments (including an ID over
-// MaxIDBytes), store.ErrCorrupt for undecodable rows, otherwise the driver's error
-// (connection, timeout, cancellation) wrapped.
+// always definite. Errors: store.ErrInvalid for bad arguments (an ID over the
+// core limits, ID.Validate), store.ErrCorrupt for undecodable rows, otherwise the
+// driver's error (connection, timeout, cancellation) wrapped.
 func (s *Store) Claim(ctx context.Context, req store.ClaimRequest) (store.ClaimResult, error) {
 	return s.claimLoop(req, "claim", func(tok store.Token, args []any) (store.ClaimResult, bool, error) {
 		var r claimRow
@@ -254,9 +256,6 @@ func (s *Store) Claim(ctx context.Context, req store.ClaimRequest) (store.ClaimR
 func (s *Store) claimLoop(req store.ClaimRequest, op string,
 	attempt func(tok store.Token, args []any) (res store.ClaimResult, again bool, err error)) (store.ClaimResult, error) {
 	if err := req.Validate(); err != nil {
-		return store.ClaimResult{}, err
-	}
-	if err := checkID(req.ID); err != nil {
 		return store.ClaimResult{}, err
 	}
 	tok := store.NewToken()
@@ -414,18 +413,11 @@ func holderResult(op string, tag pgconn.CommandTag, err error) error {
 	return nil
 }
 
-func checkID(id store.ID) error {
-	if n := len(id.Scope) + len(id.Key); n > MaxIDBytes {
-		return fmt.Errorf("%w: scope and key are %d bytes, over %d", store.ErrInvalid, n, MaxIDBytes)
-	}
-	return nil
-}
+// Every valid ID fits the records table's btree index (see maxIndexedID).
+const _ = uint(maxIndexedID - (store.MaxScopeLen + store.MaxKeyLen))
 
 func checkHolder(id store.ID, token store.Token) error {
-	if err := store.ValidateHolder(id, token); err != nil {
-		return err
-	}
-	return checkID(id)
+	return store.ValidateHolder(id, token)
 }
 
 // bytesOf returns s as a non-nil byte slice (nil would be sent as SQL NULL).
