@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/idemkey/idemkey/claim"
 	"github.com/idemkey/idemkey/store"
 	"github.com/idemkey/idemkey/store/codec"
 )
@@ -200,7 +201,7 @@ func (s *txSlot) hasFailed() bool {
 }
 
 // TxFromContext returns the transaction the handler of a one-transaction route
-// (Route) runs in: its statements commit together with the idempotency record,
+// (Route) runs in, under the claim of ctx (claim.FromContext): its statements commit together with the idempotency record,
 // or not at all. ok is false outside such a route, and when the handler runs
 // without a claim (a method the middleware does not protect, no key where keys
 // are optional, middleware.WithFailOpen during a store outage): it then works
@@ -212,12 +213,13 @@ func (s *txSlot) hasFailed() bool {
 // savepoint, as on any pgx.Tx. Leave the store's table alone in it.
 func TxFromContext(ctx context.Context) (pgx.Tx, bool) {
 	s := slotOf(ctx)
-	if s == nil {
+	cl, ok := claim.FromContext(ctx) // the claim the handler runs under, set by the middleware
+	if s == nil || !ok {
 		return nil, false
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.tx == nil {
+	if s.tx == nil || s.token != cl.Token {
 		return nil, false
 	}
 	return s.tx, true
