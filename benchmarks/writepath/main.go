@@ -11,7 +11,8 @@
 // transaction, then the store's Complete), commit (postgres CommitResponse: the
 // record completed in the handler's transaction), onetx (Store.OneTx and
 // TxStore.Route: claim, row and record in one transaction). all runs the four
-// in turn, -rounds times, and prints each mode's medians and its ratio to none.
+// in turn, -rounds times (every other round in reverse order), and prints each
+// mode's medians and its ratio to none.
 //
 // It creates the table writepath_orders (one row per request that ran) and the
 // store's table writepath_records in DATABASE_URL's database, empties both
@@ -81,8 +82,12 @@ func main() {
 	run := []string{*mode}
 	if *mode == "all" {
 		run = nil
-		for range *rounds {
-			run = append(run, modes...)
+		for r := range *rounds {
+			round := slices.Clone(modes)
+			if r%2 == 1 { // every other round backwards, so a drift in load hits every mode alike
+				slices.Reverse(round)
+			}
+			run = append(run, round...)
 		}
 	}
 	fmt.Printf("n=%d c=%d dup=%d\n", *n, *c, *dup)
