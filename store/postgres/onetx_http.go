@@ -28,7 +28,9 @@ import (
 // rolls the transaction back, so none of h's rows exist and the retry runs. When
 // the commit fails or its outcome is unknown, the client gets 503
 // store_unavailable with Retry-After: 1 instead of h's answer; its retry replays
-// the record if the commit did happen, or runs.
+// the record if the commit did happen, or runs. protect and h must not be nil
+// (Route calls protect at once, like http.Handle, it fails while the routes are
+// set up).
 func (t *TxStore) Route(protect func(http.Handler) http.Handler, h http.Handler) http.Handler {
 	inner := protect(h)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
