@@ -191,3 +191,61 @@ func TestOneTxExpiredRecord(t *testing.T) {
 		t.Fatalf("%d rows, %d records; want 2 and 1", rows, records)
 	}
 }
+
+// renewCounter is a TxStore that signals its renewals.
+type renewCounter struct {
+	*TxStore
+	renewed chan struct{}
+}
+
+func (r *renewCounter) Renew(ctx context.Context, id store.ID, tok store.Token, lease time.Duration) error {
+	err := r.TxStore.Renew(ctx, id, tok, lease)
+	select {
+	case r.renewed <- struct{}{}:
+	default:
+	}
+	return err
+}
+
+// TestOneTxOutlivesLease: a handler that runs across several renewals of a
+// short lease keeps its transaction (a renewal costs nothing and never loses
+// the lease, so the handler's context is not cancelled) and commits once.
+func TestOneTxOutlivesLease(t *testing.T) {
+	pool := newPool(t, "")
+	s := newStore(t, pool, nil)
+	side := sideTable(t, pool, s, "")
+	ts, err := s.OneTx(pool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rc := &renewCounter{TxStore: ts, renewed: make(chan struct{})}
+	m, err := middleware.New(rc, middleware.GlobalScope, middleware.WithLease(middleware.MinLease))
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(ts.Route(m.Handler, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		for range 3 {
+			select {
+			case <-rc.renewed:
+			case <-r.Context().Done(): // the lease was lost: the statement below fails
+			}
+		}
+		tx, _ := TxFromContext(r.Context())
+		if _, err := tx.Exec(r.Context(), `INSERT INTO `+side+` (key) VALUES ('long')`); err != nil {
+			http.Error(w, err.Error(), 500)
+			return
+		}
+		w.WriteHeader(201)
+	})))
+	t.Cleanup(srv.Close)
+	req, _ := http.NewRequest("POST", srv.URL+"/orders", strings.NewReader("x"))
+	req.Header.Set("Idempotency-Key", "long-1")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != 201 || countRows(t, pool, side) != 1 {
+		t.Fatalf("answered %d with %d rows; want 201 and 1", resp.StatusCode, countRows(t, pool, side))
+	}
+}
