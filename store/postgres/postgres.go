@@ -243,33 +243,43 @@ AND expires_at <= now()`
 // core limits, ID.Validate), store.ErrCorrupt for undecodable rows, otherwise the
 // driver's error (connection, timeout, cancellation) wrapped.
 func (s *Store) Claim(ctx context.Context, req store.ClaimRequest) (store.ClaimResult, error) {
+	return s.claimLoop(req, "claim", func(tok store.Token, args []any) (store.ClaimResult, bool, error) {
+		var r claimRow
+		err := r.scan(s.db.QueryRow(ctx, s.claimSQL, s.withMode(args...)...))
+		switch {
+		case err != nil && s.detectPooler(err):
+			return store.ClaimResult{}, true, nil // a transaction pooler: the statement did not run; send it without the cache
+		case errors.Is(err, pgx.ErrNoRows):
+			return store.ClaimResult{}, true, nil // the key was committed after our snapshot: look again
+		case err != nil:
+			return store.ClaimResult{}, false, fmt.Errorf("idemkey/postgres: claim: %w", err)
+		case r.stale:
+			return store.ClaimResult{}, true, nil // our snapshot's row was already replaced: look again
+		}
+		res, err := s.decide(&r, req, tok)
+		return res, false, err
+	})
+}
+
+// claimLoop checks req and runs attempt with a new token and its claim
+// arguments until it gives a definite answer (again false), at most
+// claimAttempts times; op names the operation in the error of the last.
+func (s *Store) claimLoop(req store.ClaimRequest, op string,
+	attempt func(tok store.Token, args []any) (res store.ClaimResult, again bool, err error)) (store.ClaimResult, error) {
 	if err := req.Validate(); err != nil {
 		return store.ClaimResult{}, err
 	}
 	tok := store.NewToken()
-	scope, key, fp := bytesOf(req.Scope), bytesOf(req.Key), req.Fingerprint[:]
-	lease, retention := codec.Millis(req.Lease), codec.Millis(req.Retention)
-	for attempt := range claimAttempts {
-		if attempt > 0 {
+	args := claimArgs(req, tok)
+	for n := range claimAttempts {
+		if n > 0 {
 			s.claimRetries.Add(1)
 		}
-		var r claimRow
-		err := s.db.QueryRow(ctx, s.claimSQL, s.withMode(scope, key, fp, tok[:], lease, retention)...).Scan(
-			&r.claimed, &r.takeover, &r.sameFP, &r.status, &r.headers, &r.body, &r.omitted,
-			&r.created, &r.completed, &r.expires, &r.retryMS, &r.stale)
-		switch {
-		case err != nil && s.detectPooler(err):
-			continue // a transaction pooler: the statement did not run; send it without the cache
-		case errors.Is(err, pgx.ErrNoRows):
-			continue // the key was committed after our snapshot: look again
-		case err != nil:
-			return store.ClaimResult{}, fmt.Errorf("idemkey/postgres: claim: %w", err)
-		case r.stale:
-			continue // our snapshot's row was already replaced: look again
+		if res, again, err := attempt(tok, args); !again {
+			return res, err
 		}
-		return s.decide(&r, req, tok)
 	}
-	return store.ClaimResult{}, fmt.Errorf("idemkey/postgres: claim: no definite answer after %d attempts under contention", claimAttempts)
+	return store.ClaimResult{}, fmt.Errorf("idemkey/postgres: %s: no definite answer after %d attempts under contention", op, claimAttempts)
 }
 
 type claimRow struct {
@@ -281,6 +291,18 @@ type claimRow struct {
 	expires                   pgtype.Timestamptz
 	retryMS                   pgtype.Int8
 	stale                     bool
+}
+
+// claimArgs returns the arguments of claimSQL.
+func claimArgs(req store.ClaimRequest, tok store.Token) []any {
+	return []any{bytesOf(req.Scope), bytesOf(req.Key), req.Fingerprint[:], tok[:],
+		codec.Millis(req.Lease), codec.Millis(req.Retention)}
+}
+
+// scan reads a row of claimSQL into r.
+func (r *claimRow) scan(row pgx.Row) error {
+	return row.Scan(&r.claimed, &r.takeover, &r.sameFP, &r.status, &r.headers, &r.body, &r.omitted,
+		&r.created, &r.completed, &r.expires, &r.retryMS, &r.stale)
 }
 
 func (s *Store) decide(r *claimRow, req store.ClaimRequest, tok store.Token) (store.ClaimResult, error) {
