@@ -277,13 +277,23 @@ func TestNotProtoRequest(t *testing.T) {
 
 func TestNewRefuses(t *testing.T) {
 	for name, f := range map[string]func() (*idemgrpc.Interceptor, error){
-		"nil store":       func() (*idemgrpc.Interceptor, error) { return idemgrpc.New(nil, idemgrpc.GlobalScope) },
-		"nil scope":       func() (*idemgrpc.Interceptor, error) { return idemgrpc.New(memory.New(), nil) },
-		"short lease":     func() (*idemgrpc.Interceptor, error) { return idemgrpc.New(memory.New(), idemgrpc.GlobalScope, idemgrpc.WithLease(time.Millisecond)) },
-		"retention":       func() (*idemgrpc.Interceptor, error) { return idemgrpc.New(memory.New(), idemgrpc.GlobalScope, idemgrpc.WithRetention(time.Second)) },
-		"store timeout":   func() (*idemgrpc.Interceptor, error) { return idemgrpc.New(memory.New(), idemgrpc.GlobalScope, idemgrpc.WithStoreTimeout(0)) },
-		"nil release":     func() (*idemgrpc.Interceptor, error) { return idemgrpc.New(memory.New(), idemgrpc.GlobalScope, idemgrpc.WithReleasePolicy(nil)) },
-		"zero retry wait": func() (*idemgrpc.Interceptor, error) { return idemgrpc.New(memory.New(), idemgrpc.GlobalScope, idemgrpc.WithStoreRetryAfter(0)) },
+		"nil store": func() (*idemgrpc.Interceptor, error) { return idemgrpc.New(nil, idemgrpc.GlobalScope) },
+		"nil scope": func() (*idemgrpc.Interceptor, error) { return idemgrpc.New(memory.New(), nil) },
+		"short lease": func() (*idemgrpc.Interceptor, error) {
+			return idemgrpc.New(memory.New(), idemgrpc.GlobalScope, idemgrpc.WithLease(time.Millisecond))
+		},
+		"retention": func() (*idemgrpc.Interceptor, error) {
+			return idemgrpc.New(memory.New(), idemgrpc.GlobalScope, idemgrpc.WithRetention(time.Second))
+		},
+		"store timeout": func() (*idemgrpc.Interceptor, error) {
+			return idemgrpc.New(memory.New(), idemgrpc.GlobalScope, idemgrpc.WithStoreTimeout(0))
+		},
+		"nil release": func() (*idemgrpc.Interceptor, error) {
+			return idemgrpc.New(memory.New(), idemgrpc.GlobalScope, idemgrpc.WithReleasePolicy(nil))
+		},
+		"zero retry wait": func() (*idemgrpc.Interceptor, error) {
+			return idemgrpc.New(memory.New(), idemgrpc.GlobalScope, idemgrpc.WithStoreRetryAfter(0))
+		},
 	} {
 		if ic, err := f(); ic != nil || err == nil {
 			t.Errorf("%s: %v, %v", name, ic, err)
