@@ -47,10 +47,11 @@ type call struct {
 
 	// In-transaction completion (MarkCompleted), guarded by txMu: the handler may
 	// call it while a renewal holds mu.
-	txMu     sync.Mutex
-	returned bool // the handler returned; MarkCompleted is refused
-	inTx     bool
-	txResp   store.Response
+	txMu      sync.Mutex
+	returned  bool // the handler returned; MarkCompleted is refused
+	inTx      bool
+	txResp    store.Response
+	retention time.Duration // SetRetention's; 0: the middleware's
 
 	// Release before the client can retry: a response the claim will be released
 	// for is held back (status, body) until the release is done.
@@ -244,7 +245,7 @@ func (c *call) reset() {
 	c.holding, c.released, c.releaseErr, c.releaseLatency = false, false, nil, 0
 	c.txMu.Lock()
 	c.id, c.token = store.ID{}, store.Token{}
-	c.returned, c.inTx, c.txResp = false, false, store.Response{}
+	c.returned, c.inTx, c.txResp, c.retention = false, false, store.Response{}, 0
 	c.txMu.Unlock()
 	c.renewLost.Store(false)
 	if cap(c.body) > maxPooledBuffer {

@@ -1,6 +1,10 @@
 package middleware
 
-import "errors"
+import (
+	"context"
+	"errors"
+	"net/http"
+)
 
 // errNotUUID is UUIDKeys' error; its text is the detail of the 400.
 var errNotUUID = errors.New("the key must be a UUID in its 36-character text form (RFC 9562 section 4), e.g. 8e03978e-40d5-43e8-bc93-6894a57f9324")
@@ -28,4 +32,28 @@ func UUIDKeys(key string) error {
 		}
 	}
 	return nil
+}
+
+// WithKeyValidator adds a rule on keys, applied after ParseKey accepted the
+// key: a key validate refuses is answered 400 idempotency_key_invalid with the
+// error's text as the problem's detail (so write it for the client: say what
+// a key must look like), nothing stored, the handler not run. UUIDKeys is one
+// such rule. The IETF draft asks servers to publish their key format and
+// validate every key against it (draft-ietf-httpapi-idempotency-key-header-07,
+// section 5). validate runs on each protected request with a key, concurrently,
+// before the claim. Nil: no rule beyond ParseKey's. See docs/request-rules.md
+// section 3.
+func WithKeyValidator(validate func(key string) error) Option {
+	return func(c *config) { c.keyValidator = validate }
+}
+
+// refuseKey answers 400 idempotency_key_invalid for a key the validator refused.
+func (m *Middleware) refuseKey(w http.ResponseWriter, ctx context.Context, err error) {
+	detail := err.Error()
+	if detail == "" {
+		detail = "The " + m.keyHeader + " header does not have the form this operation requires."
+	}
+	m.writeProblem(w, http.StatusBadRequest, problem{Title: "Invalid Idempotency-Key header",
+		Status: http.StatusBadRequest, Code: CodeKeyInvalid, Detail: detail}.render(m.problemStyle()), 0)
+	m.observe(ctx, Event{Decision: KeyInvalid, Status: http.StatusBadRequest, Err: err})
 }

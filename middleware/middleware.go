@@ -26,6 +26,10 @@
 //	                                            key or its lease expired; past the
 //	                                            bound 409 as above
 //	same key, other fingerprint               422 key_reused_with_different_payload
+//	same key, record made under another        422 fingerprint_rule_changed
+//	  fingerprint rule (WithFingerprint)
+//	body not JSON under a JSON rule            400 request_body_not_json
+//	key refused by WithKeyValidator            400 idempotency_key_invalid
 //	handler answers 5xx/408/409/425/429,      release the claim, then send the
 //	  panics (re-panicked) or hijacks           response (held until released, so an
 //	                                            immediate retry runs, never a 409)
@@ -179,7 +183,7 @@ func (c *keyCtx) claim() (Claim, bool) {
 	if c.call == nil {
 		return Claim{}, false
 	}
-	return Claim{ID: c.id, Token: c.token, Fingerprint: c.fp, Takeover: c.takeover, Retention: c.call.m.retention}, true
+	return Claim{ID: c.id, Token: c.token, Fingerprint: c.fp, Takeover: c.takeover, Retention: c.call.recordRetention()}, true
 }
 
 func (c *keyCtx) Value(k any) any {
@@ -260,6 +264,7 @@ type Middleware struct {
 	storeObs         StoreObserver // the observer, when it implements StoreObserver
 	bounded          bool          // store calls run under m.timeouts
 	epoch            time.Time     // origin of call.held (monotonic)
+	featureState
 }
 
 // preRetryAfter bounds the Retry-After values (seconds) rendered once per
@@ -350,7 +355,10 @@ func New(s store.Store, scope ScopeFunc, opts ...Option) (*Middleware, error) {
 		}
 	}
 	var err error
-	if m.problems, err = newPrerendered(m.problemMembers); err != nil {
+	if m.problems, err = newPrerendered(m.problemStyle()); err != nil {
+		return nil, err
+	}
+	if err := m.initFeatures(); err != nil {
 		return nil, err
 	}
 	m.work = newWorkEstimate()
@@ -455,9 +463,15 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		m.writeProblem(w, http.StatusBadRequest, problem{Title: "Invalid Idempotency-Key header",
 			Status: http.StatusBadRequest, Code: CodeKeyInvalid,
 			Detail: "The " + m.keyHeader + " header must be one Structured Field string (or a bare token) of 1 to 255 printable ASCII characters, not only spaces: " +
-				strings.TrimPrefix(err.Error(), "idemkey/middleware: invalid idempotency key: ") + "."}.render(m.problemMembers), 0)
+				strings.TrimPrefix(err.Error(), "idemkey/middleware: invalid idempotency key: ") + "."}.render(m.problemStyle()), 0)
 		m.observe(ctx, Event{Decision: KeyInvalid, Status: http.StatusBadRequest})
 		return
+	}
+	if m.keyValidator != nil {
+		if err := m.keyValidator(key); err != nil {
+			m.refuseKey(w, ctx, err)
+			return
+		}
 	}
 	id := store.ID{Scope: m.scope(r), Key: key}
 	if len(id.Scope) > store.MaxScopeLen {
@@ -486,19 +500,24 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		if errors.Is(err, fingerprint.ErrBodyTooLarge) {
 			m.writeProblem(w, http.StatusRequestEntityTooLarge, problem{Title: "Request body too large",
 				Status: http.StatusRequestEntityTooLarge, Code: CodeRequestTooLarge,
-				Detail: fmt.Sprintf("The request body is larger than %d bytes, the most this operation fingerprints.", m.maxRequestBody)}.render(m.problemMembers), 0)
+				Detail: fmt.Sprintf("The request body is larger than %d bytes, the most this operation fingerprints.", m.maxRequestBody)}.render(m.problemStyle()), 0)
 			m.observe(ctx, Event{Decision: BodyTooLarge, ID: id, Status: http.StatusRequestEntityTooLarge})
 			return
 		}
 		m.writeProblem(w, http.StatusBadRequest, problem{Title: "Request body unreadable",
 			Status: http.StatusBadRequest, Code: CodeBodyUnreadable,
-			Detail: "The request body could not be read completely."}.render(m.problemMembers), 0)
+			Detail: "The request body could not be read completely."}.render(m.problemStyle()), 0)
 		m.observe(ctx, Event{Decision: BodyUnreadable, ID: id, Status: http.StatusBadRequest, Err: err})
 		return
 	}
 	fpReq := fingerprint.Request{Method: r.Method, Route: m.route(r), RawQuery: r.URL.RawQuery, Body: body,
 		ContentEncoding: fingerprint.ContentEncoding(r.Header)}
-	fp, err := fingerprint.Sum(fpReq, fingerprint.Options{CanonicalJSON: m.canonicalJSON})
+	fp, err := fingerprint.Sum(fpReq, fingerprint.Options{CanonicalJSON: m.canonicalJSON, Rule: m.fpRule})
+	if err != nil && m.fpRule != nil { // the rule cannot read the body: the client's mistake
+		pooled = true
+		m.refuseBody(w, ctx, id, err)
+		return
+	}
 	if err != nil { // invalid JSON: the handler judges the body; fingerprint its raw bytes
 		fp, _ = fingerprint.Sum(fpReq, fingerprint.Options{})
 	}
@@ -567,7 +586,7 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	switch res.Outcome {
 	case store.Completed:
 		pooled = true
-		m.replay(w, res.Record)
+		m.replay(w, r, res.Record)
 		m.observe(ctx, Event{Decision: Replayed, ID: id, Status: res.Record.Status, StoreLatency: latency, CompletedAt: res.Record.CompletedAt, Waited: waited})
 	case store.InFlight:
 		pooled = true
@@ -575,7 +594,7 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		m.observe(ctx, Event{Decision: InFlight, ID: id, Status: http.StatusConflict, StoreLatency: latency, Waited: waited})
 	case store.Mismatch:
 		pooled = true
-		m.writeProblem(w, http.StatusUnprocessableEntity, m.problems.mismatch, 0)
+		m.writeProblem(w, http.StatusUnprocessableEntity, m.mismatchBody(claimParent, id), 0)
 		m.observe(ctx, Event{Decision: Mismatch, ID: id, Status: http.StatusUnprocessableEntity, StoreLatency: latency, Waited: waited})
 	case store.Claimed:
 		claim := Claim{ID: id, Token: res.Token, Fingerprint: fp, Takeover: res.Takeover, Retention: m.retention}
@@ -621,11 +640,9 @@ type handlerReq struct {
 
 // replay writes a stored response: status, stored headers, the replay mark, the
 // exact body bytes.
-func (m *Middleware) replay(w http.ResponseWriter, rec *store.Record) {
+func (m *Middleware) replay(w http.ResponseWriter, r *http.Request, rec *store.Record) {
 	h := w.Header()
-	for k, v := range rec.Header {
-		h[k] = v
-	}
+	m.replayHeader(h, r, rec) // through the WithOnReplay hook, if any
 	h[m.replayedHeader] = m.trueVal
 	if rec.BodyOmitted {
 		h[m.omittedHeader] = m.omitVal
@@ -759,7 +776,7 @@ func (m *Middleware) notifyCompleted(c *call) time.Duration {
 	}
 	t0 := m.now()
 	ctx, cancel := m.storeCtx(&c.ctx, m.timeouts.Complete)
-	n.NotifyCompleted(ctx, c.id, c.token, c.txResp, m.retention)
+	n.NotifyCompleted(ctx, c.id, c.token, c.txResp, c.recordRetention())
 	cancel()
 	return m.since(t0)
 }
@@ -786,7 +803,7 @@ func (m *Middleware) complete(c *call, resp store.Response) (err error, retries 
 	for {
 		ctx, cancel := m.storeCtx(&c.ctx, m.timeouts.Complete)
 		ctx, done := m.storeCall(ctx, StoreComplete, c.id)
-		err = m.store.Complete(ctx, c.id, c.token, resp, m.retention)
+		err = m.store.Complete(ctx, c.id, c.token, resp, c.recordRetention())
 		cancel()
 		storeDone(done, err)
 		if err == nil {

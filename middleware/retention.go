@@ -1,0 +1,58 @@
+package middleware
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/idemkey/idemkey/store"
+)
+
+// WithMaxRetention sets the longest retention SetRetention may give a record
+// (default: the retention, WithRetention, so a handler may only shorten its
+// record's life unless this is raised). New refuses a maximum shorter than the
+// retention, or negative.
+func WithMaxRetention(d time.Duration) Option { return func(c *config) { c.maxRetention = d } }
+
+// SetRetention sets how long the record of the request whose context ctx is (or
+// derives from) is kept and replayed, instead of the middleware's retention
+// (WithRetention), counted from its completion on the store's clock: e.g. a
+// failed validation kept 10 minutes, a payment 30 days. A d over the maximum
+// (WithMaxRetention) is clamped to it. The last call before the handler returns
+// wins; Claim.Retention (ClaimFromContext) reports the retention in force, which
+// store/postgres CommitResponse and CompleteTx should be given for a record
+// completed in the handler's transaction. The in-flight record keeps the
+// middleware's retention until completion.
+//
+// Errors: ErrNoClaim when ctx carries no claim (see ErrNoClaim) or the handler
+// has returned; an error wrapping store.ErrInvalid for d <= 0. See
+// docs/request-rules.md section 5.
+func SetRetention(ctx context.Context, d time.Duration) error {
+	k, ok := ctx.Value(ctxKey{}).(*keyCtx)
+	if !ok || k.call == nil {
+		return ErrNoClaim
+	}
+	if d <= 0 {
+		return fmt.Errorf("%w: idemkey/middleware: retention %v must be positive", store.ErrInvalid, d)
+	}
+	c := k.call
+	c.txMu.Lock()
+	defer c.txMu.Unlock()
+	if c.token != k.token || c.id != k.id || c.returned {
+		return ErrNoClaim
+	}
+	c.retention = min(d, c.m.retentionMax)
+	return nil
+}
+
+// recordRetention returns the retention c's record is completed with: the
+// handler's (SetRetention) or the middleware's. Read under txMu, as the handler
+// may still run (a claim read from the context).
+func (c *call) recordRetention() time.Duration {
+	c.txMu.Lock()
+	defer c.txMu.Unlock()
+	if c.retention > 0 {
+		return c.retention
+	}
+	return c.m.retention
+}
