@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -298,5 +299,43 @@ func TestNewRefuses(t *testing.T) {
 		if ic, err := f(); ic != nil || err == nil {
 			t.Errorf("%s: %v, %v", name, ic, err)
 		}
+	}
+}
+
+// lostLease refuses every renewal: another holder took the key over.
+type lostLease struct {
+	store.Store
+	completes atomic.Int32
+}
+
+func (l *lostLease) Renew(context.Context, store.ID, store.Token, time.Duration) error {
+	return store.ErrLeaseLost
+}
+
+func (l *lostLease) Complete(ctx context.Context, id store.ID, tok store.Token, resp store.Response, ret time.Duration) error {
+	l.completes.Add(1)
+	return l.Store.Complete(ctx, id, tok, resp, ret)
+}
+
+// When the lease is lost the handler's context is cancelled with cause
+// store.ErrLeaseLost; its answer goes to its own client and is not stored.
+func TestLeaseLostCancelsHandler(t *testing.T) {
+	st := &lostLease{Store: memory.New()}
+	cause := make(chan error, 1)
+	svc := &service{fn: func(ctx context.Context, in *wrapperspb.StringValue) (*wrapperspb.StringValue, error) {
+		<-ctx.Done()
+		cause <- context.Cause(ctx)
+		return wrapperspb.String("late"), nil
+	}}
+	conn := serve(t, newInterceptor(t, st, idemgrpc.WithLease(100*time.Millisecond), idemgrpc.WithRetention(time.Minute)), svc)
+	got, _, err := call(context.Background(), conn, chargeMethod, "k1", "x")
+	if err != nil || got != "late" {
+		t.Fatalf("%q %v", got, err)
+	}
+	if c := <-cause; !errors.Is(c, store.ErrLeaseLost) {
+		t.Fatalf("cause %v", c)
+	}
+	if n := st.completes.Load(); n != 0 {
+		t.Fatalf("%d completions after the lease was lost", n)
 	}
 }
