@@ -40,6 +40,10 @@ type Rule struct {
 	id    string
 	tag   [ruleTagLen]byte
 	apply BodyFunc
+	// appends is set for the JSON rules, whose apply only appends to dst, so
+	// its result may be kept as the next call's dst; a custom BodyFunc may
+	// return another slice (even body's), which is never kept.
+	appends bool
 }
 
 // Layout of a fingerprint made under a rule: ruleMagic, then the first 4 bytes of
@@ -91,7 +95,11 @@ func OnlyJSONFields(paths ...string) (*Rule, error) {
 	if err != nil {
 		return nil, err
 	}
-	return NewRule(id, func(dst, body []byte) ([]byte, error) { return appendOnly(dst, body, ptrs) })
+	r, err := NewRule(id, func(dst, body []byte) ([]byte, error) { return appendOnly(dst, body, ptrs) })
+	if r != nil {
+		r.appends = true
+	}
+	return r, err
 }
 
 // IgnoreJSONFields returns a rule that fingerprints the body's canonical JSON
@@ -111,12 +119,16 @@ func IgnoreJSONFields(paths ...string) (*Rule, error) {
 		return nil, err
 	}
 	trie := newPathTrie(ptrs)
-	return NewRule(id, func(dst, body []byte) ([]byte, error) {
+	r, err := NewRule(id, func(dst, body []byte) ([]byte, error) {
 		return canonicalFor(dst, body, func(dst, canon []byte) []byte {
 			w := jsonWalker{src: canon}
 			return w.ignore(dst, trie)
 		})
 	})
+	if r != nil {
+		r.appends = true
+	}
+	return r, err
 }
 
 // SameRule reports whether the stored fingerprint was made under r (nil: under
@@ -141,7 +153,7 @@ func (r *Rule) sum(s *state, req Request) (store.Fingerprint, error) {
 		}
 		return store.Fingerprint{}, fmt.Errorf("idemkey/fingerprint: rule %s: %w", r.id, err)
 	}
-	if cap(out) <= 4<<20 { // do not pool huge buffers
+	if r.appends && cap(out) <= 4<<20 { // do not pool huge buffers, nor a custom rule's
 		s.canon.out = out[:0]
 	}
 	e := append(s.enc[:0], version...)

@@ -269,3 +269,22 @@ func BenchmarkIgnoreJSONFields(b *testing.B) {
 		}
 	}
 }
+
+// A custom rule that returns the body itself must never have that slice reused
+// as a buffer: the caller's body would be overwritten by the next Sum.
+func TestCustomRuleResultNotPooled(t *testing.T) {
+	ident := mustRule(t)(NewRule("identity/v1", func(dst, b []byte) ([]byte, error) { return b, nil }))
+	body := []byte(`{"a":1}`)
+	keep := string(body)
+	if _, err := Sum(Request{Body: body}, Options{Rule: ident}); err != nil {
+		t.Fatal(err)
+	}
+	only := mustRule(t)(OnlyJSONFields("/a"))
+	for range 10 {
+		Sum(Request{Body: []byte(`{"a":"a longer value than the first body"}`)}, Options{Rule: only})
+		Sum(Request{Body: []byte(`{"b":2}`)}, Options{CanonicalJSON: true})
+	}
+	if string(body) != keep {
+		t.Fatalf("the caller's body was overwritten: %q", body)
+	}
+}

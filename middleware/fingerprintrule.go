@@ -3,6 +3,7 @@ package middleware
 import (
 	"context"
 	"net/http"
+	"strings"
 
 	"github.com/idemkey/idemkey/fingerprint"
 	"github.com/idemkey/idemkey/store"
@@ -48,7 +49,7 @@ func (m *Middleware) refuseBody(w http.ResponseWriter, ctx context.Context, id s
 	m.writeProblem(w, http.StatusBadRequest, problem{Title: "Request body is not JSON",
 		Status: http.StatusBadRequest, Code: CodeBodyNotJSON,
 		Detail: "This operation fingerprints members of a JSON request body, and this body is not one JSON value: " +
-			err.Error() + "."}.render(m.problemStyle()), 0)
+			strings.TrimPrefix(err.Error(), "idemkey/fingerprint: ") + "."}.render(m.problemStyle()), 0)
 	m.observe(ctx, Event{Decision: BodyUnreadable, ID: id, Status: http.StatusBadRequest, Err: err})
 }
 
