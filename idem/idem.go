@@ -40,24 +40,25 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/idemkey/idemkey/claim"
 	"github.com/idemkey/idemkey/store"
 )
 
-// Defaults of the options.
+// Defaults of the options: those of package claim, which runs the claimed
+// executions of both idem and the HTTP middleware.
 const (
 	// DefaultLease is how long a claim is exclusive without renewal.
-	DefaultLease = 10 * time.Second
+	DefaultLease = claim.DefaultLease
 	// DefaultRetention is how long a result is replayed after it was stored.
-	DefaultRetention = 24 * time.Hour
-	// DefaultStoreTimeout bounds each store call that must finish after fn ran
-	// (Complete, Release): they run on a context detached from the caller's
+	DefaultRetention = claim.DefaultRetention
+	// DefaultStoreTimeout bounds each store call: the claim, and Complete and
+	// Release after fn ran, which run on a context detached from the caller's
 	// cancellation, so a caller that gave up still leaves no claim behind.
-	DefaultStoreTimeout = 5 * time.Second
-	// MinLease is the shortest lease New accepts, the middleware's
-	// (middleware.MinLease): the lease is renewed every third of it, and a
-	// shorter one would make renewals spin and other callers take over the key
-	// of a function that still runs.
-	MinLease = 100 * time.Millisecond
+	DefaultStoreTimeout = claim.DefaultStoreTimeout
+	// MinLease is the shortest lease New accepts (claim.MinLease): the lease is
+	// renewed every third of it, and a shorter one would make renewals spin and
+	// other callers take over the key of a function that still runs.
+	MinLease = claim.MinLease
 )
 
 // Statuses of the records a Runner writes.
@@ -143,12 +144,13 @@ func Fingerprint(args []byte) store.Fingerprint { return sha256.Sum256(args) }
 // Runner runs functions over one store with one configuration. It is safe for
 // concurrent use; build it with New.
 type Runner struct {
-	store        store.Store
+	claimer      *claim.Claimer
 	lease        time.Duration
 	retention    time.Duration
 	storeTimeout time.Duration
 	release      func(error) bool
 	logger       *slog.Logger
+	clock        claim.Clock
 }
 
 // Option configures a Runner.
@@ -162,8 +164,9 @@ func WithLease(d time.Duration) Option { return func(r *Runner) { r.lease = d } 
 // DefaultRetention); at least the lease.
 func WithRetention(d time.Duration) Option { return func(r *Runner) { r.retention = d } }
 
-// WithStoreTimeout bounds Complete and Release after fn ran (default
-// DefaultStoreTimeout).
+// WithStoreTimeout bounds each claim, completion attempt and release (default
+// DefaultStoreTimeout); renewals are bounded by a third of the lease, at most
+// this.
 func WithStoreTimeout(d time.Duration) Option { return func(r *Runner) { r.storeTimeout = d } }
 
 // WithReleasePolicy decides, for an error fn returned, whether the key is
@@ -172,6 +175,10 @@ func WithStoreTimeout(d time.Duration) Option { return func(r *Runner) { r.store
 func WithReleasePolicy(release func(err error) bool) Option {
 	return func(r *Runner) { r.release = release }
 }
+
+// WithClock replaces the clock that schedules renewals and completion back-offs
+// (default the real one).
+func WithClock(c claim.Clock) Option { return func(r *Runner) { r.clock = c } }
 
 // WithLogger sets the logger for renewal and store failures after fn ran
 // (default slog.Default()).
@@ -185,7 +192,7 @@ func DefaultReleasePolicy(error) bool { return true }
 // non-positive store timeout, a retention shorter than the lease or a nil
 // release policy are errors here, never at call time.
 func New(st store.Store, opts ...Option) (*Runner, error) {
-	r := &Runner{store: st, lease: DefaultLease, retention: DefaultRetention,
+	r := &Runner{lease: DefaultLease, retention: DefaultRetention,
 		storeTimeout: DefaultStoreTimeout, release: DefaultReleasePolicy}
 	for _, o := range opts {
 		o(r)
@@ -193,10 +200,6 @@ func New(st store.Store, opts ...Option) (*Runner, error) {
 	switch {
 	case st == nil:
 		return nil, errors.New("idemkey/idem: nil store")
-	case r.lease < MinLease:
-		return nil, fmt.Errorf("idemkey/idem: lease %v is under the minimum of %v", r.lease, MinLease)
-	case r.retention < r.lease:
-		return nil, fmt.Errorf("idemkey/idem: retention %v shorter than the lease %v", r.retention, r.lease)
 	case r.storeTimeout <= 0:
 		return nil, fmt.Errorf("idemkey/idem: store timeout %v must be positive", r.storeTimeout)
 	case r.release == nil:
@@ -205,6 +208,13 @@ func New(st store.Store, opts ...Option) (*Runner, error) {
 	if r.logger == nil {
 		r.logger = slog.Default()
 	}
+	t := r.storeTimeout
+	cl, err := claim.New(claim.Config{Store: st, Lease: r.lease, Retention: r.retention, Clock: r.clock, Logger: r.logger,
+		Timeouts: claim.Timeouts{Claim: t, Complete: t, Release: t, Renew: min(r.lease/3, t)}})
+	if err != nil {
+		return nil, fmt.Errorf("idemkey/idem: %w", err)
+	}
+	r.claimer = cl
 	return r, nil
 }
 
@@ -228,13 +238,14 @@ func Do(ctx context.Context, st store.Store, id store.ID, fp store.Fingerprint, 
 //   - store.ErrInvalid for a nil fn or an ID the store refuses, store.ErrCorrupt for a record
 //     this package did not write, or the store's own error (wrapped) when it
 //     could not answer: fn did not run, unless the error came from storing its
-//     result (tried 3 times within the lease and the store timeout), in which
-//     case Result.Value is set and the key stays claimed until its lease expires.
+//     result (retried with back-off while the lease is held, for at most one
+//     lease: package claim), in which case Result.Value is set and the key stays
+//     claimed until its lease expires.
 func (r *Runner) Do(ctx context.Context, id store.ID, fp store.Fingerprint, fn Func) (Result, error) {
 	if fn == nil {
 		return Result{}, fmt.Errorf("%w: idem: nil fn", store.ErrInvalid)
 	}
-	res, err := r.store.Claim(ctx, store.ClaimRequest{ID: id, Fingerprint: fp, Lease: r.lease, Retention: r.retention})
+	res, sent, err := r.claimer.Claim(ctx, store.ClaimRequest{ID: id, Fingerprint: fp})
 	if err != nil {
 		return Result{}, fmt.Errorf("idemkey/idem: claim: %w", err)
 	}
@@ -249,7 +260,7 @@ func (r *Runner) Do(ctx context.Context, id store.ID, fp store.Fingerprint, fn F
 	default:
 		return Result{}, fmt.Errorf("idemkey/idem: claim: %w: outcome %v", store.ErrCorrupt, res.Outcome)
 	}
-	return r.run(ctx, id, res, fn)
+	return r.run(ctx, id, res, sent, fn)
 }
 
 func replay(id store.ID, rec *store.Record) (Result, error) {
@@ -265,29 +276,35 @@ func replay(id store.ID, rec *store.Record) (Result, error) {
 		store.ErrCorrupt, id.Key, id.Scope, rec.Status)
 }
 
-func (r *Runner) run(ctx context.Context, id store.ID, res store.ClaimResult, fn Func) (out Result, err error) {
+func (r *Runner) run(ctx context.Context, id store.ID, res store.ClaimResult, sent time.Time, fn Func) (out Result, err error) {
 	fnCtx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 	// Renewals and the store calls after fn keep the caller's values but not its
 	// cancellation: a caller that gave up still leaves the key in a definite state.
-	after := context.WithoutCancel(ctx)
-	rn := r.startRenewal(after, id, res.Token, cancel)
-
+	// A lost lease cancels fn's context with cause store.ErrLeaseLost.
+	var e claim.Execution
+	e.Start(r.claimer, ctx, id, res.Token, sent, cancel)
 	returned := false
 	defer func() {
 		if returned {
 			return
 		}
 		// fn panicked (or called runtime.Goexit): release, then let it go on.
-		rn.stop()
-		r.releaseKey(after, id, res.Token)
+		e.Stop()
+		r.releaseKey(&e)
 	}()
-	value, fnErr := fn(fnCtx)
+	value, fnErr := fn(claim.NewContext(fnCtx, claim.Claim{ID: id, Token: res.Token, Takeover: res.Takeover, Retention: r.retention}, &e))
 	returned = true
-	lost := rn.stop()
+	e.Stop()
 	out = Result{Value: value, Takeover: res.Takeover}
+	if inTx, resp := e.Returned(); inTx {
+		// fn completed the record in its own transaction (claim.MarkCompleted): it
+		// is committed; a cache in front of the store is told.
+		e.NotifyCompleted(resp)
+		return out, fnErr
+	}
 
-	if lost { // the key is another caller's now: neither release nor complete it
+	if e.LeaseLost() { // the key is another caller's now: neither release nor complete it
 		err := fmt.Errorf("idemkey/idem: key %q in scope %q taken over while fn ran; result not stored: %w", id.Key, id.Scope, store.ErrLeaseLost)
 		if fnErr != nil {
 			return Result{Takeover: res.Takeover}, errors.Join(err, fnErr)
@@ -296,116 +313,36 @@ func (r *Runner) run(ctx context.Context, id store.ID, res store.ClaimResult, fn
 	}
 	if fnErr != nil {
 		if r.release(fnErr) {
-			r.releaseKey(after, id, res.Token)
+			r.releaseKey(&e)
 			return Result{Takeover: res.Takeover}, fnErr
 		}
 		resp := store.Response{Status: statusFailed, Body: []byte(fnErr.Error())}
-		if err := r.complete(after, id, res.Token, resp); err != nil {
+		if err := r.complete(&e, resp); err != nil {
 			return Result{Takeover: res.Takeover}, errors.Join(fnErr, err)
 		}
 		return Result{Takeover: res.Takeover}, fnErr
 	}
-	if err := r.complete(after, id, res.Token, store.Response{Status: statusResult, Body: value}); err != nil {
+	if err := r.complete(&e, store.Response{Status: statusResult, Body: value}); err != nil {
 		return out, err
 	}
 	return out, nil
 }
 
-// completeAttempts bounds how often a failed Complete is tried; the retries
-// wait completeBackoff, then twice that, and all of them fit in the store
-// timeout and in the lease (the claim is still held while they run).
-const (
-	completeAttempts = 3
-	completeBackoff  = 20 * time.Millisecond
-)
-
-func (r *Runner) complete(ctx context.Context, id store.ID, tok store.Token, resp store.Response) error {
-	ctx, cancel := context.WithTimeout(ctx, min(r.storeTimeout, r.lease))
-	defer cancel()
-	var err error
-	for attempt, wait := 1, completeBackoff; ; attempt, wait = attempt+1, 2*wait {
-		err = r.store.Complete(ctx, id, tok, resp, r.retention)
-		switch {
-		case err == nil:
-			return nil
-		case errors.Is(err, store.ErrLeaseLost):
-			return fmt.Errorf("idemkey/idem: key %q in scope %q taken over while fn ran; result not stored: %w", id.Key, id.Scope, err)
-		case errors.Is(err, store.ErrInvalid) || errors.Is(err, store.ErrCorrupt):
-			attempt = completeAttempts // the same call fails the same way
-		}
-		if attempt >= completeAttempts {
-			break
-		}
-		t := time.NewTimer(wait)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-		case <-t.C:
-		}
-		if ctx.Err() != nil {
-			break
-		}
+// complete stores resp, retried while the lease is held (claim.Execution.Complete).
+func (r *Runner) complete(e *claim.Execution, resp store.Response) error {
+	id := e.ID()
+	retries, _, err := e.Complete(resp, nil)
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, store.ErrLeaseLost):
+		return fmt.Errorf("idemkey/idem: key %q in scope %q taken over while fn ran; result not stored: %w", id.Key, id.Scope, err)
 	}
-	r.logger.LogAttrs(ctx, slog.LevelError, "idempotency store failed to store a function's result; the key stays claimed until its lease expires",
-		slog.String("scope", id.Scope), slog.String("key", id.Key), slog.Any("error", err))
+	r.logger.LogAttrs(context.Background(), slog.LevelError, "idempotency store failed to store a function's result; the key stays claimed until its lease expires",
+		slog.String("scope", id.Scope), slog.String("key", id.Key), slog.Int("retries", retries), slog.Any("error", err))
 	return fmt.Errorf("idemkey/idem: complete: %w", err)
 }
 
-func (r *Runner) releaseKey(ctx context.Context, id store.ID, tok store.Token) {
-	ctx, cancel := context.WithTimeout(ctx, r.storeTimeout)
-	defer cancel()
-	if err := r.store.Release(ctx, id, tok); err != nil && !errors.Is(err, store.ErrLeaseLost) {
-		r.logger.LogAttrs(ctx, slog.LevelWarn, "idempotency store failed to release a key; it stays claimed until its lease expires",
-			slog.String("scope", id.Scope), slog.String("key", id.Key), slog.Any("error", err))
-	}
-}
-
-// renewal renews the lease every third of it until stopped.
-type renewal struct {
-	done    chan struct{}
-	stopped chan struct{}
-	lost    bool // set by the renewal goroutine before it closes stopped
-}
-
-func (r *Runner) startRenewal(ctx context.Context, id store.ID, tok store.Token, cancel context.CancelCauseFunc) *renewal {
-	rn := &renewal{done: make(chan struct{}), stopped: make(chan struct{})}
-	go func() {
-		defer close(rn.stopped)
-		t := time.NewTicker(r.lease / 3)
-		defer t.Stop()
-		for {
-			select {
-			case <-rn.done:
-				return
-			case <-t.C:
-			}
-			rctx, rcancel := context.WithTimeout(ctx, r.storeTimeout)
-			err := r.store.Renew(rctx, id, tok, r.lease)
-			rcancel()
-			switch {
-			case errors.Is(err, store.ErrLeaseLost):
-				rn.lost = true
-				r.logger.LogAttrs(ctx, slog.LevelWarn, "idempotency lease lost while a function runs; its result will not be stored",
-					slog.String("scope", id.Scope), slog.String("key", id.Key))
-				cancel(store.ErrLeaseLost)
-				return
-			case err != nil:
-				r.logger.LogAttrs(ctx, slog.LevelWarn, "idempotency lease renewal failed; retrying",
-					slog.String("scope", id.Scope), slog.String("key", id.Key), slog.Any("error", err))
-			}
-		}
-	}()
-	return rn
-}
-
-// stop ends the renewals, waits for one in progress, and reports whether the
-// lease was found lost.
-func (rn *renewal) stop() bool {
-	select {
-	case <-rn.done:
-	default:
-		close(rn.done)
-	}
-	<-rn.stopped
-	return rn.lost
-}
+// releaseKey releases the claim; a failure is logged by the execution, and the
+// key then stays claimed until its lease expires.
+func (r *Runner) releaseKey(e *claim.Execution) { _ = e.Release() }

@@ -192,7 +192,8 @@ func BenchmarkParseKey(b *testing.B) {
 }
 
 // BenchmarkHandlerRequest builds the request a handler runs with under a claim:
-// the request and its context are one allocation, the detached parent one more.
+// the request and its context are one allocation, the detached parent one more,
+// its cancellation on a lost lease two more (context.WithCancelCause).
 func BenchmarkHandlerRequest(b *testing.B) {
 	m := newBenchMiddleware(b, nullStore{})
 	c := m.pool.Get().(*call)
@@ -204,7 +205,7 @@ func BenchmarkHandlerRequest(b *testing.B) {
 			b.Fatal("no context of its own")
 		}
 	}
-	if n := testing.AllocsPerRun(100, func() { c.handlerRequest(r, claim, c, benchBody) }); n != 2 {
-		b.Fatalf("%v allocations, want 2 (request and context, detached parent)", n)
+	if n := testing.AllocsPerRun(100, func() { c.handlerRequest(r, claim, c, benchBody) }); n != 4 {
+		b.Fatalf("%v allocations, want 4 (request and context, detached parent, its cancellation on a lost lease and its cancel function)", n)
 	}
 }

@@ -4,14 +4,13 @@ import (
 	"bufio"
 	"context"
 	"errors"
-	"log/slog"
 	"net"
 	"net/http"
 	"strconv"
-	"sync"
-	"sync/atomic"
+	"strings"
 	"time"
 
+	"github.com/idemkey/idemkey/claim"
 	"github.com/idemkey/idemkey/store"
 )
 
@@ -24,10 +23,11 @@ const maxPooledBuffer = 64 << 10
 type call struct {
 	m     *Middleware
 	w     http.ResponseWriter
-	id    store.ID
-	token store.Token
-	ctx   detachedCtx
-	route string // the fingerprint's route, for the handler duration estimate
+	exec  claim.Execution // the claim's renewal, completion, release
+	route string          // the fingerprint's route, for the handler duration estimate
+	// cancelLost cancels the handler's context with cause store.ErrLeaseLost when
+	// a renewal finds the lease taken over.
+	cancelLost context.CancelCauseFunc
 
 	// Response capture.
 	wroteHeader bool
@@ -45,150 +45,28 @@ type call struct {
 	reqBuf  []byte
 	reqBody requestBody
 
-	// In-transaction completion (MarkCompleted), guarded by txMu: the handler may
-	// call it while a renewal holds mu.
-	txMu      sync.Mutex
-	returned  bool // the handler returned; MarkCompleted is refused
-	inTx      bool
-	txResp    store.Response
-	retention time.Duration // SetRetention's; 0: the middleware's
-
 	// Release before the client can retry: a response the claim will be released
 	// for is held back (status, body) until the release is done.
 	holding        bool
-	released       bool
 	releaseErr     error
 	releaseLatency time.Duration
-
-	// Lease renewal.
-	renewLost atomic.Bool  // a renewal found the lease lost
-	held      atomic.Int64 // when the lease was last known held: m.epoch + held (claim or renewal)
-	mu        sync.Mutex
-	stopped   bool
-	timer     Timer
-	renewFn   func()
 }
 
-// detachedCtx keeps the request context's values but not its cancellation, so
-// Complete and Release still reach the store when the client has gone. A store
-// may keep a context past its call (pgxpool finishes a dial in the background
-// with the caller's values): parent is guarded, since the pooled call sets it for
-// the next request; a context kept that long sees no values, or the next
-// request's.
-type detachedCtx struct {
-	mu     sync.Mutex
-	parent context.Context
-}
-
-func (d *detachedCtx) Deadline() (time.Time, bool) { return time.Time{}, false }
-func (d *detachedCtx) Done() <-chan struct{}       { return nil }
-func (d *detachedCtx) Err() error                  { return nil }
-func (d *detachedCtx) Value(k any) any {
-	d.mu.Lock()
-	p := d.parent
-	d.mu.Unlock()
-	if p == nil { // a store kept the context past its call
-		return nil
-	}
-	return p.Value(k)
-}
-
-func (d *detachedCtx) set(parent context.Context) {
-	d.mu.Lock()
-	d.parent = parent
-	d.mu.Unlock()
-}
-
-// start readies c for the handler; held is when the claim was known held
-// (time since m.epoch).
-func (c *call) start(w http.ResponseWriter, ctx context.Context, id store.ID, token store.Token, held time.Duration) {
+// start readies c for the handler: the claim sent at sent is renewed from then.
+func (c *call) start(w http.ResponseWriter, ctx context.Context, id store.ID, token store.Token, sent time.Time) {
 	c.w = w
-	c.ctx.set(ctx)
-	c.txMu.Lock() // a late MarkCompleted from a goroutine the handler left behind reads them
-	c.id, c.token = id, token
-	c.txMu.Unlock()
-	c.held.Store(int64(held))
-	c.mu.Lock()
-	c.stopped = false
-	if c.timer == nil {
-		c.timer = c.m.clock.AfterFunc(c.m.lease/3, c.renewFn)
-	} else {
-		c.timer.Reset(c.m.lease / 3)
-	}
-	c.mu.Unlock()
-}
-
-// renew runs on the clock's goroutine every third of the lease until stopped.
-func (c *call) renew() {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.stopped {
-		return
-	}
-	at := time.Since(c.m.epoch)
-	ctx, cancel := c.m.storeCtx(&c.ctx, c.m.timeouts.Renew)
-	err := c.m.store.Renew(ctx, c.id, c.token, c.m.lease)
-	cancel()
-	switch {
-	case err == nil:
-		c.held.Store(int64(at))
-	case errors.Is(err, store.ErrLeaseLost):
-		// Logged when the handler returns: a record the handler completed in its own
-		// transaction also ends the lease, and is no loss.
-		c.renewLost.Store(true)
-		return // nothing left to renew
-	case err != nil:
-		c.m.logger.LogAttrs(context.Background(), slog.LevelWarn, "idempotency lease renewal failed; retrying",
-			slog.String("scope", c.id.Scope), slog.String("key", c.id.Key), slog.Any("error", err))
-	}
-	c.timer.Reset(c.m.lease / 3)
-}
-
-// handlerReturned closes the window of MarkCompleted and reports whether the
-// handler completed the record in its own transaction.
-func (c *call) handlerReturned() (inTx bool) {
-	c.txMu.Lock()
-	defer c.txMu.Unlock()
-	c.returned = true
-	return c.inTx
-}
-
-// completedInTx reports whether the handler called MarkCompleted.
-func (c *call) completedInTx() bool {
-	c.txMu.Lock()
-	defer c.txMu.Unlock()
-	return c.inTx
-}
-
-// heldAt returns when the lease was last known held (claim or renewal sent then
-// succeeded), on the monotonic clock.
-func (c *call) heldAt() time.Time { return c.m.epoch.Add(time.Duration(c.held.Load())) }
-
-// restartRenewal schedules renewals again after stopRenewal.
-func (c *call) restartRenewal() {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.stopped = false
-	c.timer.Reset(c.m.lease / 3)
+	c.exec.Start(c.m.claimer, ctx, id, token, sent, c.cancelLost)
 }
 
 // releaseNow releases the claim once (token-checked), recording the result;
 // never after MarkCompleted, whose record is committed.
 func (c *call) releaseNow() {
-	if c.released || c.completedInTx() {
+	if c.exec.Released() {
 		return
 	}
-	c.released = true
 	t0 := c.m.now()
-	ctx, cancel := c.m.storeCtx(&c.ctx, c.m.timeouts.Release)
-	ctx, done := c.m.storeCall(ctx, StoreRelease, c.id)
-	c.releaseErr = c.m.store.Release(ctx, c.id, c.token)
-	cancel()
-	storeDone(done, c.releaseErr)
+	c.releaseErr = c.exec.Release()
 	c.releaseLatency = c.m.since(t0)
-	if c.releaseErr != nil {
-		c.m.logRelease(c, c.releaseErr)
-	}
 }
 
 // unhold sends a held response to the client: status, then the buffered body;
@@ -209,20 +87,10 @@ func (c *call) unhold() {
 	}
 }
 
-// stopRenewal stops the renewals and waits for one in progress. It reports
-// whether c may be reused: false when a renewal had fired but not yet run, since
-// it will still look at c.
-func (c *call) stopRenewal() bool {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.stopped = true
-	return c.timer.Stop()
-}
-
 // resetUnstarted readies c for the pool when start never ran: only the claim's
 // context and the request body were set.
 func (c *call) resetUnstarted() {
-	c.ctx.set(nil)
+	c.exec.Reset()
 	c.resetRequestBody()
 }
 
@@ -238,16 +106,11 @@ func (c *call) resetRequestBody() {
 
 // reset readies c for the pool.
 func (c *call) reset() {
-	c.w, c.route = nil, ""
-	c.ctx.set(nil)
+	c.w, c.route, c.cancelLost = nil, "", nil
+	c.exec.Reset()
 	c.wroteHeader, c.status, c.hijacked, c.omitted = false, 0, false, false
 	c.writeFailed, c.written, c.declared = false, 0, 0
-	c.holding, c.released, c.releaseErr, c.releaseLatency = false, false, nil, 0
-	c.txMu.Lock()
-	c.id, c.token = store.ID{}, store.Token{}
-	c.returned, c.inTx, c.txResp, c.retention = false, false, store.Response{}, 0
-	c.txMu.Unlock()
-	c.renewLost.Store(false)
+	c.holding, c.releaseErr, c.releaseLatency = false, nil, 0
 	if cap(c.body) > maxPooledBuffer {
 		c.body = nil
 	}
@@ -416,3 +279,43 @@ func (c *call) Hijack() (net.Conn, *bufio.ReadWriter, error) {
 // Unwrap returns the live ResponseWriter, so http.ResponseController reaches its
 // deadlines and full-duplex controls.
 func (c *call) Unwrap() http.ResponseWriter { return c.w }
+
+// replayable reports whether the response header k may be stored for replay,
+// but for the headers a Connection header names (see namedBy), which are not
+// stored either unless an allow list names them.
+func (m *Middleware) replayable(k string, pre []string) bool {
+	if _, deny := m.deny[k]; deny {
+		return false
+	}
+	if m.allow != nil {
+		_, ok := m.allow[k]
+		return ok
+	}
+	if hasPrefixFold(k, "Ratelimit") || hasPrefixFold(k, "X-Ratelimit") || hasPrefixFold(k, "X-Rate-Limit") ||
+		strings.HasPrefix(k, http.TrailerPrefix) {
+		return false
+	}
+	for _, p := range pre {
+		if p == k {
+			return false
+		}
+	}
+	return true
+}
+
+// namedBy reports whether the Connection header values connection name the
+// header k: a hop-by-hop header (RFC 9110 section 7.6.1).
+func namedBy(connection []string, k string) bool {
+	for _, v := range connection {
+		for f := range strings.SplitSeq(v, ",") {
+			if strings.EqualFold(strings.TrimSpace(f), k) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+func hasPrefixFold(s, prefix string) bool {
+	return len(s) >= len(prefix) && strings.EqualFold(s[:len(prefix)], prefix)
+}

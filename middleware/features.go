@@ -2,7 +2,6 @@ package middleware
 
 import (
 	"errors"
-	"fmt"
 	"net/http"
 	"time"
 
@@ -24,22 +23,11 @@ type featureConfig struct {
 type featureState struct {
 	ruleChangedBody []byte // the 422 fingerprint_rule_changed problem
 	links           *links // Link field values, with WithProblemTypeBase
-	retentionMax    time.Duration
 }
 
 // initFeatures checks the feature options and renders what they need; New's
 // error.
 func (m *Middleware) initFeatures() error {
-	if m.maxRetention < 0 {
-		return fmt.Errorf("idemkey/middleware: maximum retention %v must not be negative", m.maxRetention)
-	}
-	m.retentionMax = m.maxRetention
-	if m.retentionMax == 0 {
-		m.retentionMax = m.retention
-	}
-	if m.retentionMax < m.retention {
-		return fmt.Errorf("idemkey/middleware: maximum retention %v shorter than the retention %v", m.retentionMax, m.retention)
-	}
 	if m.fpRule != nil && m.fpRule.ID() == "" {
 		return errors.New("idemkey/middleware: fingerprint rule without an identity (build it with a fingerprint constructor)")
 	}

@@ -64,7 +64,7 @@ func (m *Middleware) mismatchBody(parent context.Context, id store.ID) []byte {
 	if m.fpRule == nil || !ok {
 		return m.problems.mismatch
 	}
-	ctx, cancel := m.storeCtx(parent, m.timeouts.Claim)
+	ctx, cancel := m.claimer.Bound(parent, m.timeouts.Claim)
 	info, err := in.Inspect(ctx, id)
 	cancel()
 	if err != nil || info.State == store.StateAbsent || fingerprint.SameRule(info.Fingerprint, m.fpRule) {

@@ -1,10 +1,15 @@
 package middleware
 
 import (
+	"errors"
+	"fmt"
 	"log/slog"
 	"net/http"
 	"net/textproto"
 	"time"
+
+	"github.com/idemkey/idemkey/claim"
+	"github.com/idemkey/idemkey/internal/httpfield"
 )
 
 // Defaults of the options.
@@ -16,14 +21,15 @@ const (
 	// DefaultOmittedHeader is set to "omitted" on a replay whose body was over the
 	// storage cap.
 	DefaultOmittedHeader = "Idempotency-Replay"
-	// DefaultLease is how long a claim is exclusive without renewal.
-	DefaultLease = 10 * time.Second
-	// MinLease is the shortest lease New accepts: the lease is renewed every third
-	// of it, and a shorter one would make renewals spin and duplicates take over
-	// a live handler's key.
-	MinLease = 100 * time.Millisecond
+	// DefaultLease is how long a claim is exclusive without renewal
+	// (claim.DefaultLease).
+	DefaultLease = claim.DefaultLease
+	// MinLease is the shortest lease New accepts (claim.MinLease): the lease is
+	// renewed every third of it, and a shorter one would make renewals spin and
+	// duplicates take over a live handler's key.
+	MinLease = claim.MinLease
 	// DefaultRetention is how long a record is kept and replayed.
-	DefaultRetention = 24 * time.Hour
+	DefaultRetention = claim.DefaultRetention
 	// DefaultMaxRequestBody is the fingerprint limit in bytes (1 MiB); a larger
 	// request body is answered 413.
 	DefaultMaxRequestBody int64 = 1 << 20
@@ -34,26 +40,15 @@ const (
 	DefaultStoreRetryAfter = time.Second
 	// DefaultStoreTimeout bounds each Claim, Complete and Release call
 	// (WithStoreTimeouts); Renew's default is a third of the lease, at most this.
-	DefaultStoreTimeout = 5 * time.Second
+	DefaultStoreTimeout = claim.DefaultStoreTimeout
 )
 
-// StoreTimeouts bound the store calls (WithStoreTimeouts). A zero field keeps its
-// default; a call that runs out of time is a store error: a claim is answered
-// 503 store_unavailable with Retry-After, a completion is retried while the lease
-// is held, a release or renewal is logged (the lease then ends on its own).
-type StoreTimeouts struct {
-	// Claim bounds the claim, on the request's path (default DefaultStoreTimeout).
-	Claim time.Duration
-	// Complete bounds each attempt to store the response (default
-	// DefaultStoreTimeout).
-	Complete time.Duration
-	// Release bounds the release of a claim (default DefaultStoreTimeout).
-	Release time.Duration
-	// Renew bounds each lease renewal (default a third of the lease, at most
-	// DefaultStoreTimeout), so one renewal ends before the next is due. New
-	// refuses one longer than the lease.
-	Renew time.Duration
-}
+// StoreTimeouts bound the store calls (WithStoreTimeouts; claim.Timeouts). A
+// zero field keeps its default; a call that runs out of time is a store error: a
+// claim is answered 503 store_unavailable with Retry-After, a completion is
+// retried while the lease is held, a release or renewal is logged (the lease then
+// ends on its own).
+type StoreTimeouts = claim.Timeouts
 
 // DefaultDenyHeaders are never stored for replay, whatever the allow list says:
 // cookies, Date, Content-Length (recomputed for the replayed body), the hop-by-hop
@@ -113,8 +108,33 @@ func defaultConfig() config {
 		release:         DefaultReleasePolicy,
 		releaseUnrouted: true,
 		storeRetryAfter: DefaultStoreRetryAfter,
-		clock:           realClock{},
+		clock:           claim.RealClock{},
 	}
+}
+
+// validate checks what package claim does not (it checks the lease, the
+// retention and the store timeouts): the HTTP knobs.
+func (c *config) validate() error {
+	switch {
+	case c.maxRequestBody < 0 || c.maxStoredBody < 0:
+		return errors.New("idemkey/middleware: negative body limit")
+	case !httpfield.ValidName(c.keyHeader) || !httpfield.ValidName(c.replayedHeader) || !httpfield.ValidName(c.omittedHeader):
+		// A key header no request can carry would answer every client 400.
+		return fmt.Errorf("idemkey/middleware: header names %q, %q, %q: each must be a token (RFC 9110 section 5.1)",
+			c.keyHeader, c.replayedHeader, c.omittedHeader)
+	case len(c.methods) == 0:
+		return errors.New("idemkey/middleware: no protected method (WithMethods)")
+	case c.route == nil || c.release == nil || c.clock == nil:
+		return errors.New("idemkey/middleware: nil route, release policy or clock")
+	case c.wait < 0:
+		return fmt.Errorf("idemkey/middleware: wait bound %v must not be negative", c.wait)
+	}
+	for _, meth := range c.methods {
+		if !httpfield.ValidName(meth) { // a method is a token too (RFC 9110 section 9.1)
+			return fmt.Errorf("idemkey/middleware: protected method %q is not an RFC 9110 token", meth)
+		}
+	}
+	return nil
 }
 
 // DefaultReleasePolicy releases the claim (the next retry runs the handler again)
@@ -218,6 +238,8 @@ func WithReleaseUnrouted(on bool) Option { return func(c *config) { c.releaseUnr
 // WithFailOpen runs the handler unprotected when the store cannot answer a claim,
 // instead of the default 503 store_unavailable (fail closed). The key is still in
 // the request context, so an idempotent write downstream still deduplicates.
+// A store that answers but is full (store.ErrFull) is still answered 503: a
+// flood of new keys must not turn the protection off.
 func WithFailOpen(on bool) Option { return func(c *config) { c.failOpen = on } }
 
 // WithStoreRetryAfter sets the Retry-After of the 503 answered when the store
@@ -290,20 +312,8 @@ func nowOf(clk Clock, monotonic func() time.Time) func() time.Time {
 	return monotonic
 }
 
-// Clock schedules lease renewals.
-type Clock interface {
-	// AfterFunc calls f in its own goroutine after d, like time.AfterFunc.
-	AfterFunc(d time.Duration, f func()) Timer
-}
+// Clock schedules lease renewals and completion back-offs (claim.Clock).
+type Clock = claim.Clock
 
-// Timer is a scheduled call, like *time.Timer.
-type Timer interface {
-	// Stop cancels the call; false if it already ran or started.
-	Stop() bool
-	// Reset schedules the call again after d.
-	Reset(d time.Duration) bool
-}
-
-type realClock struct{}
-
-func (realClock) AfterFunc(d time.Duration, f func()) Timer { return time.AfterFunc(d, f) }
+// Timer is a scheduled call, like *time.Timer (claim.Timer).
+type Timer = claim.Timer

@@ -22,7 +22,7 @@ func authenticate(tokens map[string]string, next http.Handler) http.Handler {
 				http.Error(w, "unknown token", http.StatusUnauthorized)
 				return
 			}
-			r = r.WithContext(middleware.WithPrincipal(r.Context(), user))
+			r = r.WithContext(middleware.ContextWithPrincipal(r.Context(), user))
 		}
 		next.ServeHTTP(w, r)
 	})
@@ -65,11 +65,11 @@ func TestScopeFromPrincipal(t *testing.T) {
 		ctx  func(context.Context) context.Context
 		want string
 	}{
-		{"principal", func(c context.Context) context.Context { return middleware.WithPrincipal(c, "user-1") }, "user-1"},
+		{"principal", func(c context.Context) context.Context { return middleware.ContextWithPrincipal(c, "user-1") }, "user-1"},
 		{"none", func(c context.Context) context.Context { return c }, "anonymous"},
-		{"empty", func(c context.Context) context.Context { return middleware.WithPrincipal(c, "") }, "anonymous"},
+		{"empty", func(c context.Context) context.Context { return middleware.ContextWithPrincipal(c, "") }, "anonymous"},
 		{"innermost wins", func(c context.Context) context.Context {
-			return middleware.WithPrincipal(middleware.WithPrincipal(c, "outer"), "inner")
+			return middleware.ContextWithPrincipal(middleware.ContextWithPrincipal(c, "outer"), "inner")
 		}, "inner"},
 		{"same string, other key", func(c context.Context) context.Context {
 			return context.WithValue(c, struct{ name string }{"principal"}, "mallory")

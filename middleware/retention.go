@@ -2,10 +2,9 @@ package middleware
 
 import (
 	"context"
-	"fmt"
 	"time"
 
-	"github.com/idemkey/idemkey/store"
+	"github.com/idemkey/idemkey/claim"
 )
 
 // WithMaxRetention sets the longest retention SetRetention may give a record
@@ -20,39 +19,11 @@ func WithMaxRetention(d time.Duration) Option { return func(c *config) { c.maxRe
 // failed validation kept 10 minutes, a payment 30 days. A d over the maximum
 // (WithMaxRetention) is clamped to it. The last call before the handler returns
 // wins; Claim.Retention (ClaimFromContext) reports the retention in force, which
-// store/postgres CommitResponse and CompleteTx should be given for a record
-// completed in the handler's transaction. The in-flight record keeps the
-// middleware's retention until completion.
+// store/postgres CommitResponse and CompleteTx are given for a record completed
+// in the handler's transaction. The in-flight record keeps the middleware's
+// retention until completion (claim.SetRetention).
 //
 // Errors: ErrNoClaim when ctx carries no claim (see ErrNoClaim) or the handler
 // has returned; an error wrapping store.ErrInvalid for d <= 0. See
 // docs/request-rules.md section 5.
-func SetRetention(ctx context.Context, d time.Duration) error {
-	k, ok := ctx.Value(ctxKey{}).(*keyCtx)
-	if !ok || k.call == nil {
-		return ErrNoClaim
-	}
-	if d <= 0 {
-		return fmt.Errorf("%w: idemkey/middleware: retention %v must be positive", store.ErrInvalid, d)
-	}
-	c := k.call
-	c.txMu.Lock()
-	defer c.txMu.Unlock()
-	if c.token != k.token || c.id != k.id || c.returned {
-		return ErrNoClaim
-	}
-	c.retention = min(d, c.m.retentionMax)
-	return nil
-}
-
-// recordRetention returns the retention c's record is completed with: the
-// handler's (SetRetention) or the middleware's. Read under txMu, as the handler
-// may still run (a claim read from the context).
-func (c *call) recordRetention() time.Duration {
-	c.txMu.Lock()
-	defer c.txMu.Unlock()
-	if c.retention > 0 {
-		return c.retention
-	}
-	return c.m.retention
-}
+func SetRetention(ctx context.Context, d time.Duration) error { return claim.SetRetention(ctx, d) }

@@ -54,7 +54,7 @@ func WithWaitInFlight(d time.Duration) Option { return func(c *config) { c.wait 
 // context the first claim ran on (by default detached from the client's
 // hang-up, so a claim the store made is never abandoned half-way: it would
 // answer 409 until its lease ends, and the hang-up would count as an outage).
-func (m *Middleware) waitInFlight(ctx, claimCtx context.Context, req store.ClaimRequest, res store.ClaimResult) (_ store.ClaimResult, claimTime, waited time.Duration, err error) {
+func (m *Middleware) waitInFlight(ctx, claimCtx context.Context, req store.ClaimRequest, res store.ClaimResult, sent time.Time) (_ store.ClaimResult, _ time.Time, claimTime, waited time.Duration, err error) {
 	start := time.Now()
 	deadline := start.Add(m.wait)
 	waiter, _ := m.store.(store.Waiter)
@@ -105,19 +105,15 @@ func (m *Middleware) waitInFlight(ctx, claimCtx context.Context, req store.Claim
 			break
 		}
 		t0 := time.Now()
-		cctx, cancel := m.storeCtx(claimCtx, m.timeouts.Claim)
-		cctx, done := m.storeCall(cctx, StoreClaim, req.ID)
-		res, err = m.store.Claim(cctx, req)
-		cancel()
-		storeDone(done, err)
+		res, sent, err = m.claimer.Claim(claimCtx, req)
 		claimTime += time.Since(t0)
 		last = time.Now()
 		if err != nil {
-			return res, claimTime, 0, err
+			return res, sent, claimTime, 0, err
 		}
 		backoff = min(max(2*backoff, waitBackoffMin), waitBackoffMax)
 	}
-	return res, claimTime, 0, nil
+	return res, sent, claimTime, 0, nil
 }
 
 // sleepCtx waits d; false if ctx ended first.

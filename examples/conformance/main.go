@@ -12,6 +12,7 @@
 //	REDIS_URL           Redis, for redis and tiered
 //	IDEM_LEASE          lease of a claim, Go duration, default 10s
 //	IDEM_RETENTION      how long responses are replayed, default 24h
+//	IDEM_MEMORY_MAX_BYTES  the memory store's bound in bytes, default 64 MiB; 0: none
 //	IDEM_REPLAY_HEADER  header marking a replay, default Idempotent-Replayed
 //
 // The scope of a key is the X-Client-ID header ("anonymous" when absent) under
@@ -101,7 +102,7 @@ func newHandler(env setup.Env, st store.Store, logger *slog.Logger) (http.Handle
 func newStore(ctx context.Context, env setup.Env, conns *setup.Conns, logger *slog.Logger) (store.Store, error) {
 	switch env.Store {
 	case "memory":
-		return memory.New(), nil
+		return memory.New(memory.WithMaxBytes(env.MemoryMaxBytes)), nil
 	case "redis":
 		return redis.New(conns.Redis, redis.WithPrefix(env.RedisPrefix)), nil
 	}

@@ -33,11 +33,14 @@
 // client that gives up does not stop a side effect half way, the answer is
 // stored, and the client's retry gets it. The context is cancelled (cause
 // store.ErrLeaseLost) when another call took the key over. KeyFromContext
-// returns the call's scope and key.
+// returns the call's scope and key; the context also carries the claim
+// (claim.FromContext, claim.MarkCompleted, claim.SetRetention).
 //
-// The interceptor runs each call through package idem (claim with a lease,
-// renewal, completion, release); records are idem's, so give gRPC calls scopes
-// of their own, apart from the HTTP middleware's.
+// The interceptor runs each call through package idem, which runs it on package
+// claim, the one claimed execution the HTTP middleware uses too (claim with a
+// bounded call and a lease, renewal, completion retried while the lease is
+// held, release); records are idem's, so give gRPC calls scopes of their own,
+// apart from the HTTP middleware's.
 package idemgrpc
 
 import (
@@ -195,7 +198,7 @@ func New(st store.Store, scope ScopeFunc, opts ...Option) (*Interceptor, error) 
 	if c.logger == nil {
 		c.logger = slog.Default()
 	}
-	r, err := idem.New(boundedClaims{st, c.storeTimeout}, idem.WithLease(c.lease), idem.WithRetention(c.retention),
+	r, err := idem.New(st, idem.WithLease(c.lease), idem.WithRetention(c.retention),
 		idem.WithStoreTimeout(c.storeTimeout), idem.WithLogger(c.logger))
 	if err != nil {
 		return nil, fmt.Errorf("idemkey/grpc: %w", err)

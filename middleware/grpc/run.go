@@ -47,8 +47,8 @@ func (ic *Interceptor) run(ctx context.Context, id store.ID, fp store.Fingerprin
 		ran  bool
 	)
 	// Detached: neither the claim nor the handler stops when the client gives up
-	// (the claim is bounded by the store timeout, see boundedClaims); idem
-	// cancels the handler's context only when the lease is lost.
+	// (package claim bounds the claim by the store timeout); the handler's
+	// context is cancelled only when the lease is lost.
 	res, err := ic.runner.Do(context.WithoutCancel(ctx), id, fp, func(fnCtx context.Context) ([]byte, error) {
 		ran = true
 		resp, herr = handler(context.WithValue(fnCtx, ctxKey{}, id), req)
@@ -143,17 +143,4 @@ func problem(code codes.Code, reason, msg string, retry time.Duration) error {
 		st.Details = append(st.Details, ri)
 	}
 	return status.ErrorProto(st)
-}
-
-// boundedClaims bounds each claim by d, as the middleware's claim timeout
-// does: a hung store is answered UNAVAILABLE within d.
-type boundedClaims struct {
-	store.Store
-	d time.Duration
-}
-
-func (b boundedClaims) Claim(ctx context.Context, req store.ClaimRequest) (store.ClaimResult, error) {
-	ctx, cancel := context.WithTimeout(ctx, b.d)
-	defer cancel()
-	return b.Store.Claim(ctx, req)
 }

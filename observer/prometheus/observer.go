@@ -136,7 +136,7 @@ func NewObserver(reg prometheus.Registerer, opts ...Option) (*Observer, error) {
 func touchesStore(d middleware.Decision) bool {
 	switch d {
 	case middleware.Executed, middleware.Released, middleware.LeaseLost, middleware.Replayed,
-		middleware.InFlight, middleware.Mismatch, middleware.StoreError, middleware.FailOpen:
+		middleware.InFlight, middleware.Mismatch, middleware.StoreError, middleware.FailOpen, middleware.StoreFull:
 		return true
 	}
 	return false
@@ -160,8 +160,9 @@ func (m *Observer) Observe(_ context.Context, e middleware.Event) {
 	case middleware.Mismatch:
 		m.mismatches.Inc()
 	}
+	// A full store (StoreFull) answered: counted by its decision, not as a failure.
 	if e.Decision == middleware.StoreError || e.Decision == middleware.FailOpen ||
-		e.Err != nil && !errors.Is(e.Err, store.ErrLeaseLost) {
+		e.Err != nil && e.Decision != middleware.StoreFull && !errors.Is(e.Err, store.ErrLeaseLost) {
 		m.storeErrors.Inc()
 	}
 	if e.Takeover {

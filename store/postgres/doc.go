@@ -39,8 +39,8 @@
 //
 // Scope and key are bytea, not text, because they may hold any bytes and Postgres
 // text refuses NUL; an ID over the limits every store enforces (store.MaxScopeLen,
-// store.MaxKeyLen) is refused with store.ErrInvalid before any I/O, and so,
-// as a second guard, is one longer than MaxIDBytes in total. The SQL lives in the embedded files migrations/NNNN_*.sql;
+// store.MaxKeyLen) is refused with store.ErrInvalid before any I/O; those
+// limits keep every ID within what the btree index accepts. The SQL lives in the embedded files migrations/NNNN_*.sql;
 // MigrationSQL returns it rendered for the configured names, for users of their
 // own migration tool.
 //

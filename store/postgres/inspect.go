@@ -47,13 +47,10 @@ FROM (SELECT 1) AS one LEFT JOIN found AS f ON true`
 
 // Inspect implements store.Inspector with one SELECT (no lock, nothing written).
 // Times are the server's (now(), microseconds). Errors: store.ErrInvalid for a bad
-// id (including one over MaxIDBytes), store.ErrCorrupt for a row that cannot be
+// id , store.ErrCorrupt for a row that cannot be
 // decoded, otherwise the driver's error, wrapped.
 func (s *Store) Inspect(ctx context.Context, id store.ID) (store.Info, error) {
 	if err := store.ValidateInspect(id); err != nil {
-		return store.Info{}, err
-	}
-	if err := checkID(id); err != nil {
 		return store.Info{}, err
 	}
 	info, _, err := s.scanInfo(ctx, "inspect", fmt.Sprintf(inspectSQL, s.qualified), bytesOf(id.Scope), bytesOf(id.Key))
@@ -66,9 +63,6 @@ func (s *Store) Inspect(ctx context.Context, id store.ID) (store.Info, error) {
 // Errors as for Inspect, and store.ErrInvalid for an empty policy.
 func (s *Store) Evict(ctx context.Context, id store.ID, policy store.EvictPolicy) (store.Info, bool, error) {
 	if err := store.ValidateEvict(id, policy); err != nil {
-		return store.Info{}, false, err
-	}
-	if err := checkID(id); err != nil {
 		return store.Info{}, false, err
 	}
 	return s.scanInfo(ctx, "evict", fmt.Sprintf(evictSQL, s.qualified, s.channel), bytesOf(id.Scope), bytesOf(id.Key),

@@ -39,9 +39,11 @@ const (
 	DefaultTable = "idemkey_records"
 	// DefaultSweepBatch is the number of rows one sweep statement deletes at most.
 	DefaultSweepBatch = 1000
-	// MaxIDBytes bounds len(Scope)+len(Key) of an ID, well below the size Postgres
-	// accepts in a btree index entry (about 2.7 kB); longer IDs get store.ErrInvalid.
-	MaxIDBytes = 2048
+	// maxIndexedID bounds len(Scope)+len(Key) of an ID, well below the size Postgres
+	// accepts in a btree index entry (about 2.7 kB). The core's limits
+	// (store.MaxScopeLen + store.MaxKeyLen, checked by ID.Validate before any I/O)
+	// keep every ID under it; the assertion below fails the build if they grow.
+	maxIndexedID = 2048
 	// maxTableName leaves room for the "_expires_at_idx" and "_migrations" suffixes
 	// within Postgres's 63-byte identifiers.
 	maxTableName = 48
@@ -228,14 +230,11 @@ AND expires_at <= now()`
 // concurrent claim of the same key commits after the statement's snapshot, the
 // statement can return no row (or a row the conflict check has already seen
 // superseded); Claim then re-runs it, at most 5 times in all, so the answer is
-// always definite. Errors: store.ErrInvalid for bad arguments (including an ID over
-// MaxIDBytes), store.ErrCorrupt for undecodable rows, otherwise the driver's error
-// (connection, timeout, cancellation) wrapped.
+// always definite. Errors: store.ErrInvalid for bad arguments (an ID over the
+// core limits, ID.Validate), store.ErrCorrupt for undecodable rows, otherwise the
+// driver's error (connection, timeout, cancellation) wrapped.
 func (s *Store) Claim(ctx context.Context, req store.ClaimRequest) (store.ClaimResult, error) {
 	if err := req.Validate(); err != nil {
-		return store.ClaimResult{}, err
-	}
-	if err := checkID(req.ID); err != nil {
 		return store.ClaimResult{}, err
 	}
 	tok := store.NewToken()
@@ -392,18 +391,11 @@ func holderResult(op string, tag pgconn.CommandTag, err error) error {
 	return nil
 }
 
-func checkID(id store.ID) error {
-	if n := len(id.Scope) + len(id.Key); n > MaxIDBytes {
-		return fmt.Errorf("%w: scope and key are %d bytes, over %d", store.ErrInvalid, n, MaxIDBytes)
-	}
-	return nil
-}
+// Every valid ID fits the records table's btree index (see maxIndexedID).
+const _ = uint(maxIndexedID - (store.MaxScopeLen + store.MaxKeyLen))
 
 func checkHolder(id store.ID, token store.Token) error {
-	if err := store.ValidateHolder(id, token); err != nil {
-		return err
-	}
-	return checkID(id)
+	return store.ValidateHolder(id, token)
 }
 
 // bytesOf returns s as a non-nil byte slice (nil would be sent as SQL NULL).

@@ -161,9 +161,9 @@ func TestBinaryIDs(t *testing.T) {
 			t.Fatalf("replay of %q: %+v, %v", id, res, err)
 		}
 	}
-	long := store.ID{Scope: strings.Repeat("s", MaxIDBytes), Key: "k"}
+	long := store.ID{Scope: strings.Repeat("s", store.MaxScopeLen+1), Key: strings.Repeat("k", store.MaxKeyLen)}
 	if _, err := s.Claim(ctx, store.ClaimRequest{ID: long, Fingerprint: fingerprint("x"), Lease: time.Second, Retention: time.Second}); !errors.Is(err, store.ErrInvalid) {
-		t.Fatalf("Claim of an ID over MaxIDBytes: %v, want ErrInvalid", err)
+		t.Fatalf("Claim of an ID over the core limits: %v, want ErrInvalid", err)
 	}
 }
 

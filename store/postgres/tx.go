@@ -9,7 +9,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/idemkey/idemkey/middleware"
+	"github.com/idemkey/idemkey/claim"
 	"github.com/idemkey/idemkey/store"
 )
 
@@ -40,8 +40,8 @@ var ErrCommitUnknown = errors.New("idemkey/postgres: commit outcome unknown")
 // over an expired lease waits for it. The record's completion time and retention
 // are counted from the transaction's start (Postgres now()).
 //
-// After commit, tell the middleware with middleware.MarkCompleted, or use
-// CommitResponse, which does both.
+// After commit, tell the execution with claim.MarkCompleted (the middleware's
+// MarkCompleted is the same function), or use CommitResponse, which does both.
 func (s *Store) CompleteTx(ctx context.Context, tx pgx.Tx, id store.ID, token store.Token, resp store.Response, retention time.Duration) error {
 	if tx == nil {
 		return fmt.Errorf("%w: postgres: nil transaction", store.ErrInvalid)
@@ -54,9 +54,9 @@ func (s *Store) CompleteTx(ctx context.Context, tx pgx.Tx, id store.ID, token st
 }
 
 // CommitResponse is the common end of a handler that writes its own rows in tx: it
-// takes the claim from ctx (middleware.ClaimFromContext), completes the record with
-// resp in tx (CompleteTx), commits tx, tells the middleware (middleware.MarkCompleted,
-// so it does not complete again) and writes resp to w: its headers, status and
+// takes the claim from ctx (claim.FromContext, which the middleware and idem set),
+// completes the record with resp in tx (CompleteTx), commits tx, tells the
+// execution (claim.MarkCompleted, so it does not complete again) and writes resp to w: its headers, status and
 // body. resp is what every retry replays; write nothing else to w, before or
 // afterwards (if the handler does, this client sees it, the retries still get
 // resp: a status written before wins over resp's for this client only). A second
@@ -67,7 +67,7 @@ func (s *Store) CompleteTx(ctx context.Context, tx pgx.Tx, id store.ID, token st
 // tx must be the top-level transaction (commit ends it in the database). On every
 // error tx is finished (rolled back, or its commit failed) and nothing was written
 // to w:
-//   - middleware.ErrNoClaim when ctx carries no claim (the route is not behind the
+//   - claim.ErrNoClaim (the same error as middleware.ErrNoClaim) when ctx carries no claim (the route is not behind the
 //     middleware, or the request passed through without a key); the one exception
 //     to "tx is finished and nothing committed": called after the handler returned
 //     (from a goroutine the handler did not wait for), tx has committed before
@@ -82,19 +82,19 @@ func (s *Store) CommitResponse(ctx context.Context, tx pgx.Tx, w http.ResponseWr
 	if tx == nil {
 		return fmt.Errorf("%w: postgres: nil transaction", store.ErrInvalid)
 	}
-	claim, ok := middleware.ClaimFromContext(ctx)
+	cl, ok := claim.FromContext(ctx)
 	if !ok {
 		_ = tx.Rollback(context.WithoutCancel(ctx))
-		return middleware.ErrNoClaim
+		return claim.ErrNoClaim
 	}
-	if err := s.CompleteTx(ctx, tx, claim.ID, claim.Token, resp, claim.Retention); err != nil {
+	if err := s.CompleteTx(ctx, tx, cl.ID, cl.Token, resp, cl.Retention); err != nil {
 		_ = tx.Rollback(context.WithoutCancel(ctx))
 		return err
 	}
 	if err := tx.Commit(ctx); err != nil {
 		return fmt.Errorf("%w: %w", ErrCommitUnknown, err)
 	}
-	if err := middleware.MarkCompleted(ctx, resp); err != nil {
+	if err := claim.MarkCompleted(ctx, resp); err != nil {
 		// Called after the handler returned (from a goroutine it did not wait for):
 		// tx has committed, and the record is resp; only this client gets nothing.
 		return err

@@ -79,13 +79,10 @@ func channelName(qualified string) string {
 // returns nil at once. Complete, CompleteTx and Release of a flagged row notify
 // when they commit; a key nobody waits for never notifies. Losing the listening
 // connection wakes the waiters (a spurious nil: they claim again). Errors:
-// store.ErrInvalid for an invalid ID (ID.Validate, MaxIDBytes), ErrNoListener when the Querier is
+// store.ErrInvalid for an invalid ID (ID.Validate), ErrNoListener when the Querier is
 // not a pool, ctx.Err(), the driver's errors wrapped.
 func (s *Store) Wait(ctx context.Context, id store.ID) error {
 	if err := id.Validate(); err != nil {
-		return err
-	}
-	if err := checkID(id); err != nil {
 		return err
 	}
 	if _, ok := s.db.(acquirer); !ok {

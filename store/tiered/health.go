@@ -12,8 +12,8 @@ import (
 
 var _ store.Pinger = (*Store)(nil)
 
-// health is the fast path's outage state: down from an outage's first Redis
-// error to the next Redis call that succeeds.
+// health is the fast path's outage state: down from an outage's first cache
+// error to the next cache call that succeeds.
 type health struct {
 	logger  *slog.Logger // nil: slog.Default()
 	down    atomic.Bool
@@ -34,9 +34,9 @@ func (s *Store) log() *slog.Logger {
 	return slog.Default()
 }
 
-// outage records a Redis error that means Redis is down or hung; the first one of
+// outage records a cache error that means the cache is down or hung; the first one of
 // an outage is logged.
-func (s *Store) outage(op string, err error) {
+func (s *Store) outage(op Op, err error) {
 	if s.health.down.Load() || !s.health.down.CompareAndSwap(false, true) {
 		return
 	}
@@ -44,7 +44,7 @@ func (s *Store) outage(op string, err error) {
 	s.log().Warn("tiered: redis fast path down, serving from the backstop alone", "op", op, "err", err)
 }
 
-// recovered records a Redis call that succeeded; the first one after an outage is
+// recovered records a cache call that succeeded; the first one after an outage is
 // logged. One atomic load when the fast path is up.
 func (s *Store) recovered() {
 	if !s.health.down.Load() || !s.health.down.CompareAndSwap(true, false) {
@@ -60,7 +60,7 @@ func (s *Store) recovered() {
 // cooling down, within ctx's deadline rather than the fast path's timeout (a
 // readiness probe is not a request's latency; give ctx a deadline): on failure it
 // returns an error wrapping store.ErrDegraded, counted and logged like any
-// fast-path error (Op "ping"), so a probe sees an outage even without traffic; on
+// fast-path error (OpPing), so a probe sees an outage even without traffic; on
 // success an outage ends. A cache without Ping reports the state its last call
 // left (Stats.Degraded). A ctx cancelled by the caller is returned as such.
 func (s *Store) Ping(ctx context.Context) error {
@@ -82,6 +82,6 @@ func (s *Store) Ping(ctx context.Context) error {
 	case errors.Is(ctx.Err(), context.Canceled):
 		return fmt.Errorf("idemkey/store/tiered: ping: %w", ctx.Err())
 	}
-	s.event("ping", FastError, err)
+	s.event(OpPing, FastError, err)
 	return fmt.Errorf("%w: tiered: redis fast path: %w", store.ErrDegraded, err)
 }

@@ -56,7 +56,7 @@ func (s *Store) Inspect(ctx context.Context, id store.ID) (store.Info, error) {
 //
 // When the cache's copy cannot be dropped, Evict returns the backstop's answer
 // (evicted true) with the cache's error, wrapped: the cache may replay the record
-// until its TTL ends; evicting again once Redis is back drops it. A replay
+// until its TTL ends; evicting again once the cache is back drops it. A replay
 // racing the eviction can also copy the record back into the cache just after it
 // was dropped (a backfill read before the eviction): Inspect cannot see the
 // cache, so evict again if replays continue.
@@ -75,7 +75,7 @@ func (s *Store) Evict(ctx context.Context, id store.ID, policy store.EvictPolicy
 	if cache == nil || !evicted && found.State != store.StateAbsent {
 		return found, evicted, nil
 	}
-	_, err = s.fastCall(ctx, "evict", func(ctx context.Context) error {
+	_, err = s.fastCall(ctx, OpEvict, func(ctx context.Context) error {
 		_, _, err := cache.Evict(ctx, id, store.EvictAny)
 		return err
 	})

@@ -1,37 +1,37 @@
-// Package tiered is an idempotency store (store.Store) made of a Redis fast path in
+// Package tiered is an idempotency store (store.Store) made of a cache fast path (tiered.Cache; store/redis is one) in
 // front of an authoritative backstop, normally store/postgres (docs/architecture.md section 4,
-// "Tiered"). Redis answers what it holds; the backstop decides everything else.
+// "Tiered"). The cache answers what it holds; the backstop decides everything else.
 //
-//   - Claim asks Redis first (one script, store/redis Peek). A completed record with
+//   - Claim asks the cache first (one script, store/redis Peek). A completed record with
 //     the request's fingerprint is replayed, a completed record of another
 //     fingerprint is a Mismatch, and a live in-flight marker with the same
-//     fingerprint is InFlight: one Redis round trip, no backstop call.
+//     fingerprint is InFlight: one cache round trip, no backstop call.
 //   - Anything else goes to the backstop's Claim, and only a backstop claim lets the
-//     handler run: a record missing from Redis is never taken as new. A backstop
-//     claim writes an in-flight marker to Redis (expiring with the lease); a
-//     backstop replay backfills Redis with the record.
+//     handler run: a record missing from the cache is never taken as new. A backstop
+//     claim writes an in-flight marker to the cache (expiring with the lease); a
+//     backstop replay backfills the cache with the record.
 //   - Complete writes the backstop first (token-fenced there), then completes the
-//     Redis marker with the remaining retention. Release and Renew go to the
-//     backstop, which decides, then (when it agreed) to Redis, token-checked and
+//     cache marker with the remaining retention. Release and Renew go to the
+//     backstop, which decides, then (when it agreed) to the cache, token-checked and
 //     best effort.
-//   - Every Redis call has a short timeout (WithTimeout, default 50 ms). A Redis
+//   - Every cache call has a short timeout (WithTimeout, default 50 ms). A cache
 //     error or timeout degrades that call to the backstop alone; it is counted
 //     (Stats) and reported to the observer (WithObserver). After an error the fast
 //     path (peeks, markers, backfills, renewals) is skipped for a cooldown
 //     (WithCooldown, default 500 ms) and then tried again, so it resumes by itself
-//     when Redis is back: after a restart, within about a second plus the cooldown
+//     when the cache is back: after a restart, within about a second plus the cooldown
 //     (go-redis waits that long before redialling a pool whose dials all failed).
 //     Backstop errors are the store's errors (the middleware
 //     answers 503).
 //
-// What Redis can get wrong is bounded and never causes a second execution or a
-// wrong replay: completed records reach Redis only after the backstop accepted
+// What the cache can get wrong is bounded and never causes a second execution or a
+// wrong replay: completed records reach the cache only after the backstop accepted
 // them, and completed records never change. A marker whose Release or Complete did
-// not reach Redis (it was down) answers InFlight until its lease runs out. Redis
-// eviction, flushes and failovers only cost fast-path hits.
+// not reach the cache (it was down) answers InFlight until its lease runs out. The cache's
+// evictions, flushes and failovers only cost fast-path hits.
 //
-// Give the go-redis client ContextTimeoutEnabled: true, so the timeout also bounds
-// socket reads; without it a hung (not dead) Redis blocks a call up to the client's
+// With store/redis as the cache, give the go-redis client ContextTimeoutEnabled: true, so the timeout also bounds
+// socket reads; without it a hung (not dead) cache blocks a call up to the client's
 // ReadTimeout.
 package tiered
 
@@ -48,21 +48,22 @@ import (
 
 // Defaults of the options.
 const (
-	// DefaultTimeout bounds each Redis call (WithTimeout).
+	// DefaultTimeout bounds each cache call (WithTimeout).
 	DefaultTimeout = 50 * time.Millisecond
-	// DefaultCooldown is how long the fast path is skipped after a Redis error
+	// DefaultCooldown is how long the fast path is skipped after a cache error
 	// (WithCooldown).
 	DefaultCooldown = 500 * time.Millisecond
 )
 
-// ErrFastTimeout marks a fast-path error caused by the Redis timeout (WithTimeout)
+// ErrFastTimeout marks a fast-path error caused by the cache timeout (WithTimeout)
 // in Event.Err; the store itself never returns it.
 var ErrFastTimeout = errors.New("idemkey/store/tiered: redis timeout")
 
 // Cache is the fast path in front of the backstop: it answers what it holds and
 // never decides a claim. *redis.Store (module github.com/idemkey/idemkey/store/redis)
-// implements it. Errors are the cache client's; the tiered store degrades to the
-// backstop on any of them.
+// and *memory.Store (an in-process copy, docs/stores.md section 5.4) implement
+// it. Errors are the cache client's; the tiered store degrades to the backstop
+// on any of them.
 type Cache interface {
 	// Peek answers, without changing anything, what the cache alone can answer for
 	// a request with fingerprint fp: Completed (with the record), InFlight (a live
@@ -89,6 +90,9 @@ type Store struct {
 	timeout  time.Duration
 	cooldown time.Duration
 	observe  func(Event)
+	// inProcess is set when the cache answers without I/O (store.InProcess,
+	// store/memory): its calls get no timeout.
+	inProcess bool
 
 	downUntil atomic.Int64 // monotonic nanoseconds since start; fast path skipped before it
 	start     time.Time
@@ -105,8 +109,9 @@ var (
 // Option configures a Store.
 type Option func(*Store)
 
-// WithTimeout bounds every Redis call (default DefaultTimeout). Non-positive
-// values keep the default.
+// WithTimeout bounds every cache call (default DefaultTimeout). Non-positive
+// values keep the default. A cache that answers without I/O (store.InProcess,
+// as *memory.Store) is called without it.
 func WithTimeout(d time.Duration) Option {
 	return func(s *Store) {
 		if d > 0 {
@@ -115,8 +120,8 @@ func WithTimeout(d time.Duration) Option {
 	}
 }
 
-// WithCooldown sets how long the fast path is skipped after a Redis error (default
-// DefaultCooldown); 0 retries Redis on every call.
+// WithCooldown sets how long the fast path is skipped after a cache error (default
+// DefaultCooldown); 0 retries the cache on every call.
 func WithCooldown(d time.Duration) Option {
 	return func(s *Store) { s.cooldown = max(d, 0) }
 }
@@ -138,6 +143,9 @@ func New(fast Cache, backstop store.Store, opts ...Option) (*Store, error) {
 		return nil, fmt.Errorf("%w: tiered: nil backstop", store.ErrInvalid)
 	}
 	s := &Store{fast: fast, backstop: backstop, timeout: DefaultTimeout, cooldown: DefaultCooldown, start: time.Now()}
+	if ip, ok := fast.(store.InProcess); ok && ip.InProcess() {
+		s.inProcess = true
+	}
 	for _, o := range opts {
 		o(s)
 	}
@@ -161,18 +169,18 @@ func isNil(v any) bool {
 type EventKind uint8
 
 const (
-	// FastAnswer: Redis answered the claim (replay, in flight or mismatch); the
+	// FastAnswer: the cache answered the claim (replay, in flight or mismatch); the
 	// backstop was not asked.
 	FastAnswer EventKind = iota + 1
-	// FastMiss: Redis could not answer the claim; the backstop decided.
+	// FastMiss: the cache could not answer the claim; the backstop decided.
 	FastMiss
-	// FastError: a Redis call failed or timed out (Event.Err); the operation went
+	// FastError: a cache call failed or timed out (Event.Err); the operation went
 	// on with the backstop alone.
 	FastError
 	// FastSkipped: a fast-path read or marker write was skipped, cooling down
 	// after an error.
 	FastSkipped
-	// Backfill: a record the backstop replayed was copied into Redis.
+	// Backfill: a record the backstop replayed was copied into the cache.
 	Backfill
 )
 
@@ -193,15 +201,41 @@ func (k EventKind) String() string {
 	return "unknown"
 }
 
+// Op is a cache operation, named in an Event.
+type Op uint8
+
+// The cache operations.
+const (
+	OpPeek     Op = iota + 1 // Cache.Peek, on each claim
+	OpMark                   // Cache.Mark, after a backstop claim
+	OpFill                   // Cache.Fill, a backstop replay copied into the cache
+	OpComplete               // Cache.Complete, after the backstop completed
+	OpRelease                // Cache.Release, after the backstop released
+	OpRenew                  // Cache.Renew, after the backstop renewed
+	OpPing                   // the cache's Ping (Store.Ping)
+	OpEvict                  // the cache's Evict (Store.Evict)
+)
+
+var opNames = [...]string{OpPeek: "peek", OpMark: "mark", OpFill: "fill", OpComplete: "complete",
+	OpRelease: "release", OpRenew: "renew", OpPing: "ping", OpEvict: "evict"}
+
+// String returns the operation's stable name ("peek", "mark", "fill",
+// "complete", "release", "renew", "ping", "evict"), for logs and metric labels.
+func (o Op) String() string {
+	if int(o) < len(opNames) && opNames[o] != "" {
+		return opNames[o]
+	}
+	return "unknown"
+}
+
 // Event is one fast-path event, passed to the WithObserver callback.
 type Event struct {
-	// Op is the Redis operation: "peek", "mark", "fill", "complete", "release", "renew",
-	// "ping" (Ping) or "evict" (Evict).
-	// FastAnswer and FastMiss come only from "peek", Backfill only from "fill".
-	Op string
+	// Op is the cache operation. FastAnswer and FastMiss come only from OpPeek,
+	// Backfill only from OpFill.
+	Op Op
 	// Kind classifies the event; Stats counts one per event.
 	Kind EventKind
-	// Err is the Redis error for FastError, nil for the other kinds; a timeout wraps
+	// Err is the cache error for FastError, nil for the other kinds; a timeout wraps
 	// ErrFastTimeout. store.ErrLeaseLost and the caller's own cancellation are not events.
 	Err error
 }
@@ -210,22 +244,22 @@ type Event struct {
 // Claim with a fast store counts at most one of FastAnswers, FastMisses, FastErrors or
 // FastSkipped for its peek.
 type Stats struct {
-	// FastAnswers counts claims Redis answered alone (replay, InFlight or Mismatch).
+	// FastAnswers counts claims the cache answered alone (replay, InFlight or Mismatch).
 	FastAnswers int64
-	// FastMisses counts peeks Redis could not decide; the backstop answered.
+	// FastMisses counts peeks the cache could not decide; the backstop answered.
 	FastMisses int64
-	// FastErrors counts failed or timed-out Redis calls of any Op; each (unless it is
+	// FastErrors counts failed or timed-out cache calls of any Op; each (unless it is
 	// store.ErrCorrupt or store.ErrInvalid) starts a cooldown.
 	FastErrors int64
 	// FastSkipped counts peeks, marks, fills and renewals skipped during a cooldown.
 	FastSkipped int64
-	// Backfills counts backstop replays copied into Redis.
+	// Backfills counts backstop replays copied into the cache.
 	Backfills int64
-	// Outages counts the times the fast path went down: a Redis error (not
+	// Outages counts the times the fast path went down: a cache error (not
 	// store.ErrCorrupt or store.ErrInvalid) while it was up. Each is logged once
 	// (WithLogger), and its end once.
 	Outages int64
-	// Degraded is set from an outage's first Redis error until the next Redis call
+	// Degraded is set from an outage's first cache error until the next cache call
 	// that succeeds; meanwhile the store serves from the backstop alone and Ping
 	// reports store.ErrDegraded.
 	Degraded bool
@@ -248,7 +282,7 @@ func (s *Store) Stats() Stats {
 	}
 }
 
-func (s *Store) event(op string, kind EventKind, err error) {
+func (s *Store) event(op Op, kind EventKind, err error) {
 	switch kind {
 	case FastAnswer:
 		s.stats.answers.Add(1)
@@ -256,7 +290,7 @@ func (s *Store) event(op string, kind EventKind, err error) {
 		s.stats.misses.Add(1)
 	case FastError:
 		s.stats.errors.Add(1)
-		// A corrupt or refused record is one key's problem, not Redis being down.
+		// A corrupt or refused record is one key's problem, not the cache being down.
 		if !errors.Is(err, store.ErrCorrupt) && !errors.Is(err, store.ErrInvalid) {
 			if s.cooldown > 0 {
 				s.downUntil.Store(int64(time.Since(s.start) + s.cooldown))
@@ -274,7 +308,7 @@ func (s *Store) event(op string, kind EventKind, err error) {
 }
 
 // fastUp reports whether the fast path may be used now, counting a skip otherwise.
-func (s *Store) fastUp(op string) bool {
+func (s *Store) fastUp(op Op) bool {
 	if until := s.downUntil.Load(); until != 0 && int64(time.Since(s.start)) < until {
 		s.event(op, FastSkipped, nil)
 		return false
@@ -282,25 +316,30 @@ func (s *Store) fastUp(op string) bool {
 	return true
 }
 
-// fastCall runs f against Redis with the timeout, unless cooling down. It reports
+// fastCall runs f against the cache with the timeout, unless cooling down. It reports
 // f's error (nil when skipped: callers treat "skipped" like "no answer"), and
 // whether f ran.
 //
 // Completing and dropping a marker are attempted even while cooling down: skipping
 // them would leave a marker answering InFlight for the rest of its lease although
 // the backstop has moved on; so is an operator's eviction of the cached copy.
-// (Redis being down makes them fail fast; only a hung Redis costs them the
+// (the cache being down makes them fail fast; only a hung cache costs them the
 // timeout.)
-func (s *Store) fastCall(ctx context.Context, op string, f func(ctx context.Context) error) (ran bool, err error) {
-	if op != "complete" && op != "release" && op != "evict" && !s.fastUp(op) {
+func (s *Store) fastCall(ctx context.Context, op Op, f func(ctx context.Context) error) (ran bool, err error) {
+	if op != OpComplete && op != OpRelease && op != OpEvict && !s.fastUp(op) {
 		return false, nil
 	}
-	fctx, cancel := context.WithTimeout(ctx, s.timeout)
-	err = f(fctx)
-	timedOut := fctx.Err() != nil || isTimeout(err)
-	cancel()
+	timedOut := false
+	if s.inProcess {
+		err = f(ctx) // never waits on I/O: no timer
+	} else {
+		fctx, cancel := context.WithTimeout(ctx, s.timeout)
+		err = f(fctx)
+		timedOut = fctx.Err() != nil || isTimeout(err)
+		cancel()
+	}
 	if err != nil && !errors.Is(err, store.ErrLeaseLost) {
-		if ctx.Err() == nil { // the caller's own cancellation is not Redis's fault
+		if ctx.Err() == nil { // the caller's own cancellation is not the cache's fault
 			if timedOut {
 				err = fmt.Errorf("%w (%v): %w", ErrFastTimeout, s.timeout, err)
 			}
@@ -312,7 +351,7 @@ func (s *Store) fastCall(ctx context.Context, op string, f func(ctx context.Cont
 	return true, err
 }
 
-// Claim implements store.Store: Redis first, then the backstop (see the package
+// Claim implements store.Store: the cache first, then the backstop (see the package
 // doc). Errors are the backstop's (wrapped), or store.ErrInvalid.
 func (s *Store) Claim(ctx context.Context, req store.ClaimRequest) (store.ClaimResult, error) {
 	if err := req.Validate(); err != nil {
@@ -322,16 +361,16 @@ func (s *Store) Claim(ctx context.Context, req store.ClaimRequest) (store.ClaimR
 		res    store.ClaimResult
 		answer bool
 	)
-	ran, err := s.fastCall(ctx, "peek", func(ctx context.Context) (err error) {
+	ran, err := s.fastCall(ctx, OpPeek, func(ctx context.Context) (err error) {
 		res, answer, err = s.fast.Peek(ctx, req.ID, req.Fingerprint)
 		return err
 	})
 	if ran && err == nil {
 		if answer {
-			s.event("peek", FastAnswer, nil)
+			s.event(OpPeek, FastAnswer, nil)
 			return res, nil
 		}
-		s.event("peek", FastMiss, nil)
+		s.event(OpPeek, FastMiss, nil)
 	}
 
 	res, err = s.backstop.Claim(ctx, req)
@@ -340,7 +379,7 @@ func (s *Store) Claim(ctx context.Context, req store.ClaimRequest) (store.ClaimR
 	}
 	switch res.Outcome {
 	case store.Claimed:
-		_, _ = s.fastCall(ctx, "mark", func(ctx context.Context) error {
+		_, _ = s.fastCall(ctx, OpMark, func(ctx context.Context) error {
 			return s.fast.Mark(ctx, req.ID, req.Fingerprint, res.Token, req.Lease)
 		})
 	case store.Completed:
@@ -349,7 +388,7 @@ func (s *Store) Claim(ctx context.Context, req store.ClaimRequest) (store.ClaimR
 	return res, nil
 }
 
-// backfill copies a record the backstop replayed into Redis for the rest of its
+// backfill copies a record the backstop replayed into the cache for the rest of its
 // retention (measured on this process's clock against the record's ExpiresAt).
 func (s *Store) backfill(ctx context.Context, id store.ID, rec *store.Record) {
 	if rec == nil {
@@ -362,14 +401,14 @@ func (s *Store) backfill(ctx context.Context, id store.ID, rec *store.Record) {
 	if ttl < time.Millisecond {
 		return
 	}
-	ran, err := s.fastCall(ctx, "fill", func(ctx context.Context) error { return s.fast.Fill(ctx, id, rec, ttl) })
+	ran, err := s.fastCall(ctx, OpFill, func(ctx context.Context) error { return s.fast.Fill(ctx, id, rec, ttl) })
 	if ran && err == nil {
-		s.event("fill", Backfill, nil)
+		s.event(OpFill, Backfill, nil)
 	}
 }
 
 // Complete implements store.Store: the backstop stores resp (token-fenced) and
-// decides; then the Redis marker becomes the completed record for the remaining
+// decides; then the cache's marker becomes the completed record for the remaining
 // retention. The result is the backstop's: nil, store.ErrLeaseLost or its error.
 func (s *Store) Complete(ctx context.Context, id store.ID, token store.Token, resp store.Response, retention time.Duration) error {
 	if err := store.ValidateHolder(id, token); err != nil {
@@ -380,14 +419,14 @@ func (s *Store) Complete(ctx context.Context, id store.ID, token store.Token, re
 	}
 	begun := time.Now()
 	if err := s.backstop.Complete(ctx, id, token, resp, retention); err != nil {
-		// On ErrLeaseLost Redis is left alone: a marker of token, if any, expires
+		// On ErrLeaseLost the cache is left alone: a marker of token, if any, expires
 		// with the lease the backstop already saw expire (or the holder released).
 		return fmt.Errorf("idemkey/store/tiered: backstop complete: %w", err)
 	}
 	// The backstop's retention started after begun: caching for retention minus the
-	// time spent keeps the Redis copy from outliving the backstop's record.
+	// time spent keeps the cache's copy from outliving the backstop's record.
 	if rest := retention - time.Since(begun); rest >= time.Millisecond {
-		_, _ = s.fastCall(ctx, "complete", func(ctx context.Context) error {
+		_, _ = s.fastCall(ctx, OpComplete, func(ctx context.Context) error {
 			return s.fast.Complete(ctx, id, token, resp, rest)
 		})
 	}
@@ -396,21 +435,21 @@ func (s *Store) Complete(ctx context.Context, id store.ID, token store.Token, re
 
 // NotifyCompleted implements store.CompletionNotifier. A handler completed id's
 // record in its own transaction on the backstop (store/postgres CompleteTx) and
-// committed; the Redis marker of token becomes the completed record for retention,
-// best effort (the timeout, the cooldown and the counters of every Redis call
-// apply). Redis never decides: a copy that does not arrive only costs fast-path
+// committed; the cache's marker of token becomes the completed record for retention,
+// best effort (the timeout, the cooldown and the counters of every cache call
+// apply). The cache never decides: a copy that does not arrive only costs fast-path
 // hits, and the marker answers InFlight until its lease ends at the latest.
 func (s *Store) NotifyCompleted(ctx context.Context, id store.ID, token store.Token, resp store.Response, retention time.Duration) {
 	if retention < time.Millisecond {
 		return
 	}
-	_, _ = s.fastCall(ctx, "complete", func(ctx context.Context) error {
+	_, _ = s.fastCall(ctx, OpComplete, func(ctx context.Context) error {
 		return s.fast.Complete(ctx, id, token, resp, retention)
 	})
 }
 
 // Release implements store.Store: the backstop forgets id if token holds it and
-// decides the result; then the Redis marker of token is dropped.
+// decides the result; then the cache's marker of token is dropped.
 func (s *Store) Release(ctx context.Context, id store.ID, token store.Token) error {
 	if err := store.ValidateHolder(id, token); err != nil {
 		return err
@@ -419,12 +458,12 @@ func (s *Store) Release(ctx context.Context, id store.ID, token store.Token) err
 		return fmt.Errorf("idemkey/store/tiered: backstop release: %w", err)
 	}
 	// Without this the marker would answer InFlight until its lease ran out.
-	_, _ = s.fastCall(ctx, "release", func(ctx context.Context) error { return s.fast.Release(ctx, id, token) })
+	_, _ = s.fastCall(ctx, OpRelease, func(ctx context.Context) error { return s.fast.Release(ctx, id, token) })
 	return nil
 }
 
 // Renew implements store.Store: the backstop extends the lease and decides; the
-// Redis marker of token follows.
+// cache marker of token follows.
 func (s *Store) Renew(ctx context.Context, id store.ID, token store.Token, lease time.Duration) error {
 	if err := store.ValidateHolder(id, token); err != nil {
 		return err
@@ -435,16 +474,16 @@ func (s *Store) Renew(ctx context.Context, id store.ID, token store.Token, lease
 	if err := s.backstop.Renew(ctx, id, token, lease); err != nil {
 		return fmt.Errorf("idemkey/store/tiered: backstop renew: %w", err)
 	}
-	_, _ = s.fastCall(ctx, "renew", func(ctx context.Context) error { return s.fast.Renew(ctx, id, token, lease) })
+	_, _ = s.fastCall(ctx, OpRenew, func(ctx context.Context) error { return s.fast.Renew(ctx, id, token, lease) })
 	return nil
 }
 
 // Wait implements store.Waiter with the backstop's notification (store/postgres:
 // LISTEN/NOTIFY), the store that decides claims, and then, when the cache
-// implements store.Waiter too (store/redis), the cache's: Complete reaches Redis
+// implements store.Waiter too (store/redis), the cache's: Complete reaches the cache
 // after the backstop, so a waiter woken by the backstop alone could still meet the
-// Redis marker and answer InFlight. The cache's wait returns at once when Redis
-// holds no live marker (completed, released, expired, or Redis skipped after an
+// cache marker and answer InFlight. The cache's wait returns at once when the cache
+// holds no live marker (completed, released, expired, or the cache skipped after an
 // error), and ends with the marker's completion or release otherwise; a cache
 // error only ends it early (the caller claims again). A backstop without
 // store.Waiter gives an error wrapping errors.ErrUnsupported (the middleware then
@@ -458,7 +497,7 @@ func (s *Store) Wait(ctx context.Context, id store.ID) error {
 		return fmt.Errorf("idemkey/store/tiered: backstop wait: %w", err)
 	}
 	if until := s.downUntil.Load(); until != 0 && int64(time.Since(s.start)) < until {
-		return nil // the fast path is cooling down: claims skip Redis too
+		return nil // the fast path is cooling down: claims skip the cache too
 	}
 	if fw, ok := s.fast.(store.Waiter); ok {
 		if err := fw.Wait(ctx, id); err != nil && ctx.Err() != nil {

@@ -252,7 +252,7 @@ func (a *App) Close() {
 
 // ClientID is the examples' stand-in for an authentication middleware: it takes
 // the ClientIDHeader value as the request's authenticated principal
-// (middleware.WithPrincipal; none when the header is absent or empty), so the
+// (middleware.ContextWithPrincipal; none when the header is absent or empty), so the
 // idempotency middleware behind it scopes keys with
 // middleware.ScopeFromPrincipal(AnonymousScope). A real service checks
 // credentials here instead: any client can send any X-Client-ID. It answers 400
@@ -268,7 +268,7 @@ func ClientID(next http.Handler) http.Handler {
 			return
 		}
 		if len(v) == 1 && v[0] != "" {
-			r = r.WithContext(middleware.WithPrincipal(r.Context(), v[0]))
+			r = r.WithContext(middleware.ContextWithPrincipal(r.Context(), v[0]))
 		}
 		next.ServeHTTP(w, r)
 	})

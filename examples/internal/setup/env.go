@@ -15,6 +15,8 @@
 //	IDEM_WAIT              how long a duplicate of a request in flight waits for its
 //	                       answer (middleware.WithWaitInFlight), Go duration, default
 //	                       5s; 0 answers 409 at once (the account examples)
+//	IDEM_MEMORY_MAX_BYTES  the memory store's bound on the bytes it keeps
+//	                       (memory.WithMaxBytes), default 67108864 (64 MiB); 0: none
 //	IDEM_TABLE             the Postgres store's table, default idemkey_records
 //	IDEM_REDIS_PREFIX      the Redis store's key prefix, default idemkey:
 //	CELERIANT_ADDR         Celeriant wire address host:port; empty: in-process simulator
@@ -29,10 +31,12 @@ package setup
 import (
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 	"time"
 
 	"github.com/idemkey/idemkey/middleware"
+	"github.com/idemkey/idemkey/store/memory"
 	"github.com/idemkey/idemkey/store/postgres"
 	"github.com/idemkey/idemkey/store/redis"
 )
@@ -67,6 +71,10 @@ type Env struct {
 	// Wait bounds how long a duplicate of a request in flight waits for the
 	// original's answer (IDEM_WAIT, middleware.WithWaitInFlight); 0: no waiting.
 	Wait time.Duration
+	// MemoryMaxBytes bounds the bytes the memory store keeps
+	// (IDEM_MEMORY_MAX_BYTES, memory.WithMaxBytes); 0: no bound. When full, new
+	// keys are answered 503 until records expire.
+	MemoryMaxBytes int64
 	// IdemTable is the Postgres store's table (IDEM_TABLE), so tests and several
 	// deployments can share one database.
 	IdemTable string
@@ -100,22 +108,24 @@ func (e Env) NeedsRedis() bool { return e.Store == "redis" || e.Store == "tiered
 // and name the variable: an unknown store or projection, a store or projection
 // without the server URL it needs, a duration that is not a positive Go duration
 // (IDEM_WAIT, CELERIANT_SIM_DELAY: non-negative), a retention shorter than the lease,
+// an IDEM_MEMORY_MAX_BYTES that is not a non-negative integer,
 // CELERIANT_SIM_DELAY with CELERIANT_ADDR.
 func Load(getenv func(string) string) (Env, error) {
 	e := Env{
-		Addr:          DefaultAddr,
-		Store:         strings.ToLower(strings.TrimSpace(getenv("IDEM_STORE"))),
-		DatabaseURL:   getenv("DATABASE_URL"),
-		RedisURL:      getenv("REDIS_URL"),
-		Lease:         DefaultLease,
-		Retention:     DefaultRetention,
-		Wait:          DefaultWait,
-		IdemTable:     getenv("IDEM_TABLE"),
-		RedisPrefix:   getenv("IDEM_REDIS_PREFIX"),
-		CeleriantAddr: strings.TrimSpace(getenv("CELERIANT_ADDR")),
-		Projection:    strings.ToLower(strings.TrimSpace(getenv("PROJECTION"))),
-		TablePrefix:   getenv("ACCOUNTS_TABLE_PREFIX"),
-		ReplayHeader:  strings.TrimSpace(getenv("IDEM_REPLAY_HEADER")),
+		Addr:           DefaultAddr,
+		Store:          strings.ToLower(strings.TrimSpace(getenv("IDEM_STORE"))),
+		DatabaseURL:    getenv("DATABASE_URL"),
+		RedisURL:       getenv("REDIS_URL"),
+		Lease:          DefaultLease,
+		Retention:      DefaultRetention,
+		Wait:           DefaultWait,
+		MemoryMaxBytes: memory.DefaultMaxBytes,
+		IdemTable:      getenv("IDEM_TABLE"),
+		RedisPrefix:    getenv("IDEM_REDIS_PREFIX"),
+		CeleriantAddr:  strings.TrimSpace(getenv("CELERIANT_ADDR")),
+		Projection:     strings.ToLower(strings.TrimSpace(getenv("PROJECTION"))),
+		TablePrefix:    getenv("ACCOUNTS_TABLE_PREFIX"),
+		ReplayHeader:   strings.TrimSpace(getenv("IDEM_REPLAY_HEADER")),
 	}
 	if v := strings.TrimSpace(getenv("ADDR")); v != "" {
 		e.Addr = v
@@ -144,6 +154,9 @@ func Load(getenv func(string) string) (Env, error) {
 			return e, fmt.Errorf("%w: %s=%q: want %s Go duration such as 10s", ErrConfig, d.name, v, want)
 		}
 		*d.dst = parsed
+	}
+	if err := parseBytes(getenv, "IDEM_MEMORY_MAX_BYTES", &e.MemoryMaxBytes); err != nil {
+		return e, err
 	}
 	if e.Lease < middleware.MinLease {
 		return e, fmt.Errorf("%w: IDEM_LEASE=%v is under the minimum lease %v (it is renewed every third of it)", ErrConfig, e.Lease, middleware.MinLease)
@@ -183,4 +196,19 @@ func (e Env) postgresUser() string {
 		return "IDEM_STORE=" + e.Store
 	}
 	return "PROJECTION=postgres"
+}
+
+// parseBytes sets *dst to the non-negative integer the variable name holds,
+// if it is set.
+func parseBytes(getenv func(string) string, name string, dst *int64) error {
+	v := strings.TrimSpace(getenv(name))
+	if v == "" {
+		return nil
+	}
+	n, err := strconv.ParseInt(v, 10, 64)
+	if err != nil || n < 0 {
+		return fmt.Errorf("%w: %s=%q: want a non-negative number of bytes such as 67108864 (0: no bound)", ErrConfig, name, v)
+	}
+	*dst = n
+	return nil
 }

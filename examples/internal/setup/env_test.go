@@ -10,7 +10,7 @@ import (
 
 func TestLoad(t *testing.T) {
 	defaults := Env{Addr: "127.0.0.1:8080", Store: "memory", Lease: 10 * time.Second, Retention: 24 * time.Hour, Wait: 5 * time.Second,
-		IdemTable: "idemkey_records", RedisPrefix: "idemkey:", Projection: "memory"}
+		MemoryMaxBytes: 64 << 20, IdemTable: "idemkey_records", RedisPrefix: "idemkey:", Projection: "memory"}
 	with := func(f func(*Env)) Env { e := defaults; f(&e); return e }
 	for _, tc := range []struct {
 		name    string
@@ -23,7 +23,7 @@ func TestLoad(t *testing.T) {
 			"IDEM_RETENTION": "1h", "CELERIANT_ADDR": "127.0.0.1:10000", "PROJECTION": "Postgres", "DATABASE_URL": "postgres://x",
 			"REDIS_URL": "redis://y", "IDEM_TABLE": "t", "IDEM_REDIS_PREFIX": "p:", "ACCOUNTS_TABLE_PREFIX": "t_",
 			"IDEM_REPLAY_HEADER": "Idempotency-Replayed"},
-			want: Env{Addr: "127.0.0.1:0", Store: "tiered", Lease: 2 * time.Second, Retention: time.Hour, Wait: DefaultWait, CeleriantAddr: "127.0.0.1:10000",
+			want: Env{Addr: "127.0.0.1:0", Store: "tiered", Lease: 2 * time.Second, Retention: time.Hour, Wait: DefaultWait, MemoryMaxBytes: 64 << 20, CeleriantAddr: "127.0.0.1:10000",
 				Projection: "postgres", DatabaseURL: "postgres://x", RedisURL: "redis://y", IdemTable: "t", RedisPrefix: "p:",
 				TablePrefix: "t_", ReplayHeader: "Idempotency-Replayed"}},
 		{name: "sim delay", env: map[string]string{"CELERIANT_SIM_DELAY": "1s"}, want: with(func(e *Env) { e.SimDelay = time.Second })},
@@ -46,6 +46,10 @@ func TestLoad(t *testing.T) {
 		{name: "wait", env: map[string]string{"IDEM_WAIT": "2s"}, want: with(func(e *Env) { e.Wait = 2 * time.Second })},
 		{name: "no wait", env: map[string]string{"IDEM_WAIT": "0"}, want: with(func(e *Env) { e.Wait = 0 })},
 		{name: "negative wait", env: map[string]string{"IDEM_WAIT": "-1s"}, wantErr: "IDEM_WAIT"},
+		{name: "memory bound", env: map[string]string{"IDEM_MEMORY_MAX_BYTES": " 1048576 "}, want: with(func(e *Env) { e.MemoryMaxBytes = 1 << 20 })},
+		{name: "no memory bound", env: map[string]string{"IDEM_MEMORY_MAX_BYTES": "0"}, want: with(func(e *Env) { e.MemoryMaxBytes = 0 })},
+		{name: "memory bound with a unit", env: map[string]string{"IDEM_MEMORY_MAX_BYTES": "64MiB"}, wantErr: "IDEM_MEMORY_MAX_BYTES"},
+		{name: "negative memory bound", env: map[string]string{"IDEM_MEMORY_MAX_BYTES": "-1"}, wantErr: "IDEM_MEMORY_MAX_BYTES"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			got, err := Load(func(k string) string { return tc.env[k] })

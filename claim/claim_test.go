@@ -1,0 +1,200 @@
+package claim_test
+
+import (
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"sync"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/idemkey/idemkey/claim"
+	"github.com/idemkey/idemkey/store"
+	"github.com/idemkey/idemkey/store/memory"
+)
+
+// slowStore answers each claim after delay and records when renewals arrive.
+type slowStore struct {
+	store.Store
+	delay time.Duration
+	mu    sync.Mutex
+	renew []time.Time
+	hang  bool // Claim waits for its context instead
+}
+
+func (s *slowStore) Claim(ctx context.Context, req store.ClaimRequest) (store.ClaimResult, error) {
+	if s.hang {
+		<-ctx.Done()
+		return store.ClaimResult{}, ctx.Err()
+	}
+	time.Sleep(s.delay)
+	return s.Store.Claim(ctx, req)
+}
+
+func (s *slowStore) Renew(ctx context.Context, id store.ID, tok store.Token, lease time.Duration) error {
+	s.mu.Lock()
+	s.renew = append(s.renew, time.Now())
+	s.mu.Unlock()
+	return s.Store.Renew(ctx, id, tok, lease)
+}
+
+var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
+
+// notInProcess hides the memory store's InProcess, so calls run under deadlines.
+type notInProcess struct{ store.Store }
+
+func newClaimer(t *testing.T, st store.Store, lease time.Duration) *claim.Claimer {
+	t.Helper()
+	cl, err := claim.New(claim.Config{Store: st, Lease: lease, Retention: time.Hour, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cl
+}
+
+// The first renewal is due a third of the lease after the claim was sent, not
+// after its answer arrived: the store counts the lease from before the answer.
+func TestRenewalDatedFromSend(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		st := &slowStore{Store: memory.New(), delay: 2 * time.Second}
+		cl := newClaimer(t, st, 9*time.Second)
+		t0 := time.Now()
+		res, sent, err := cl.Claim(t.Context(), store.ClaimRequest{ID: store.ID{Key: "k"}})
+		if err != nil || res.Outcome != store.Claimed || !sent.Equal(t0) {
+			t.Fatalf("Claim = %+v, sent %v after t0, %v", res, sent.Sub(t0), err)
+		}
+		var e claim.Execution
+		e.Start(cl, t.Context(), store.ID{Key: "k"}, res.Token, sent, nil)
+		time.Sleep(3 * time.Second) // to t0+5s, between the first renewal and the second
+		e.Stop()
+		st.mu.Lock()
+		defer st.mu.Unlock()
+		if len(st.renew) != 1 || st.renew[0].Sub(t0) != 3*time.Second {
+			t.Fatalf("renewals at %v after the send, want one at 3s", st.renew)
+		}
+	})
+}
+
+// A renewal that finds the lease taken over reports store.ErrLeaseLost to the
+// execution's cancel function, and renewals stop.
+func TestLeaseLostCancels(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		mem := memory.New()
+		cl := newClaimer(t, mem, 3*time.Second)
+		id := store.ID{Key: "k"}
+		res, sent, err := cl.Claim(t.Context(), store.ClaimRequest{ID: id})
+		if err != nil {
+			t.Fatal(err)
+		}
+		// Another holder takes the key over (the token no longer owns it).
+		if err := mem.Release(t.Context(), id, res.Token); err != nil {
+			t.Fatal(err)
+		}
+		if _, _, err := cl.Claim(t.Context(), store.ClaimRequest{ID: id}); err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithCancelCause(t.Context())
+		var e claim.Execution
+		e.Start(cl, ctx, id, res.Token, sent, cancel)
+		time.Sleep(time.Second + time.Millisecond)
+		synctest.Wait()
+		if !errors.Is(context.Cause(ctx), store.ErrLeaseLost) || !e.LeaseLost() {
+			t.Fatalf("cause %v, lost %v; want store.ErrLeaseLost", context.Cause(ctx), e.LeaseLost())
+		}
+		e.Stop()
+	})
+}
+
+// The claim itself runs under the claim deadline.
+func TestClaimBounded(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		st := &slowStore{Store: notInProcess{memory.New()}, hang: true}
+		cl, err := claim.New(claim.Config{Store: st, Lease: time.Second, Retention: time.Hour,
+			Timeouts: claim.Timeouts{Claim: 2 * time.Second}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t0 := time.Now()
+		_, _, err = cl.Claim(t.Context(), store.ClaimRequest{ID: store.ID{Key: "k"}})
+		if !errors.Is(err, context.DeadlineExceeded) || time.Since(t0) != 2*time.Second {
+			t.Fatalf("Claim: %v after %v; want a deadline after 2s", err, time.Since(t0))
+		}
+	})
+}
+
+// failing fails the first n completions.
+type failing struct {
+	store.Store
+	mu sync.Mutex
+	n  int
+}
+
+func (f *failing) Complete(ctx context.Context, id store.ID, tok store.Token, resp store.Response, ret time.Duration) error {
+	f.mu.Lock()
+	fail := f.n > 0
+	f.n--
+	f.mu.Unlock()
+	if fail {
+		return errors.New("store down (injected)")
+	}
+	return f.Store.Complete(ctx, id, tok, resp, ret)
+}
+
+// A failing completion is retried with back-off while the lease is held, and
+// gives up after one lease.
+func TestCompleteRetriesWhileLeaseHeld(t *testing.T) {
+	for _, tc := range []struct {
+		fails   int
+		ok      bool
+		retries int
+	}{{5, true, 5}, {1000, false, -1}} {
+		synctest.Test(t, func(t *testing.T) {
+			st := &failing{Store: memory.New(), n: tc.fails}
+			cl := newClaimer(t, st, time.Second)
+			id := store.ID{Key: "k"}
+			res, sent, err := cl.Claim(t.Context(), store.ClaimRequest{ID: id})
+			if err != nil {
+				t.Fatal(err)
+			}
+			var e claim.Execution
+			e.Start(cl, t.Context(), id, res.Token, sent, nil)
+			e.Stop()
+			t0 := time.Now()
+			retries, _, err := e.Complete(store.Response{Status: 200}, nil)
+			if (err == nil) != tc.ok || tc.retries >= 0 && retries != tc.retries || time.Since(t0) > time.Second {
+				t.Fatalf("Complete after %d failures: %d retries in %v, %v", tc.fails, retries, time.Since(t0), err)
+			}
+		})
+	}
+}
+
+// MarkCompleted is refused without a claim, and once the execution returned.
+func TestMarkCompleted(t *testing.T) {
+	if err := claim.MarkCompleted(context.Background(), store.Response{}); !errors.Is(err, claim.ErrNoClaim) {
+		t.Fatalf("no claim: %v", err)
+	}
+	cl := newClaimer(t, memory.New(), time.Second)
+	id := store.ID{Key: "k"}
+	res, sent, _ := cl.Claim(t.Context(), store.ClaimRequest{ID: id})
+	var e claim.Execution
+	e.Start(cl, t.Context(), id, res.Token, sent, nil)
+	ctx := claim.NewContext(t.Context(), claim.Claim{ID: id, Token: res.Token}, &e)
+	if c, ok := claim.FromContext(ctx); !ok || c.Token != res.Token {
+		t.Fatalf("FromContext = %+v, %v", c, ok)
+	}
+	if err := claim.MarkCompleted(ctx, store.Response{Status: 201}); err != nil {
+		t.Fatal(err)
+	}
+	e.Stop()
+	if inTx, resp := e.Returned(); !inTx || resp.Status != 201 {
+		t.Fatalf("Returned = %v, %+v", inTx, resp)
+	}
+	if err := claim.MarkCompleted(ctx, store.Response{}); !errors.Is(err, claim.ErrNoClaim) {
+		t.Fatalf("after return: %v", err)
+	}
+	if err := e.Release(); err != nil {
+		t.Fatalf("Release after MarkCompleted: %v (must do nothing)", err)
+	}
+}

@@ -1,0 +1,108 @@
+package claim
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/idemkey/idemkey/store"
+)
+
+// Claim is the claim an execution runs under. Code whose side effect lives in
+// the same database as the store completes the record inside its own transaction
+// with it (store/postgres CompleteTx and CommitResponse), so the record and the
+// side effect commit together (docs/architecture.md section 9).
+type Claim struct {
+	// ID is the scope and idempotency key.
+	ID store.ID
+	// Token is the fencing token the claim holds: a completion under it succeeds
+	// only while no other request has taken the key over.
+	Token store.Token
+	// Fingerprint is the request's fingerprint (package fingerprint).
+	Fingerprint store.Fingerprint
+	// Takeover is set when the previous holder's lease expired and this execution
+	// took the key over: the previous execution's side effects may already have
+	// happened (unless they were fenced by the token in the same transaction).
+	Takeover bool
+	// Retention is what Store.Complete would be given: how long the record is kept
+	// and replayed (the Claimer's, or SetRetention's once called).
+	Retention time.Duration
+}
+
+// ErrNoClaim is returned by MarkCompleted when the context carries no claim: the
+// request was not protected, passed through without a key, ran unprotected
+// (fail open), or its execution has already returned.
+var ErrNoClaim = errors.New("idemkey: no idempotency claim in the context")
+
+type ctxKey struct{}
+
+// Context is a context carrying a claim and its execution; callers embed it in
+// the context they hand to the execution (one allocation with theirs) and set it
+// with Set. Its Value answers FromContext and MarkCompleted, and passes every
+// other key on to the parent.
+type Context struct {
+	context.Context
+	claim Claim
+	exec  *Execution // nil without a claim (fail open: only the ID is set)
+}
+
+// Set makes c a context over parent carrying cl, executed by e (nil when the
+// execution runs without a claim: then only cl.ID is meaningful, and
+// FromContext reports no claim).
+func (c *Context) Set(parent context.Context, cl Claim, e *Execution) {
+	c.Context, c.claim, c.exec = parent, cl, e
+}
+
+// ID returns the scope and key c carries.
+func (c *Context) ID() store.ID { return c.claim.ID }
+
+// Value returns c for this package's key, else the parent's value.
+func (c *Context) Value(k any) any {
+	if k == (ctxKey{}) {
+		return c
+	}
+	return c.Context.Value(k)
+}
+
+// NewContext returns a context over parent carrying cl, executed by e.
+func NewContext(parent context.Context, cl Claim, e *Execution) context.Context {
+	c := &Context{}
+	c.Set(parent, cl, e)
+	return c
+}
+
+// FromContext returns the claim the execution whose context ctx is (or derives
+// from) runs under. ok is false when it runs without one (see ErrNoClaim).
+func FromContext(ctx context.Context) (Claim, bool) {
+	c, ok := ctx.Value(ctxKey{}).(*Context)
+	if !ok || c.exec == nil {
+		return Claim{}, false
+	}
+	cl := c.claim
+	if d, ok := c.exec.retentionOf(c.claim); ok {
+		cl.Retention = d
+	}
+	return cl, true
+}
+
+// MarkCompleted tells the execution that the caller completed the claim's
+// record itself with resp, inside its own transaction, which has committed
+// (store/postgres CompleteTx): the execution then neither completes nor releases
+// the claim. A store that keeps a copy of records (store.CompletionNotifier,
+// store/tiered) is told after the execution returns. resp must not be modified
+// afterwards. Call it before the execution returns; ErrNoClaim when ctx carries
+// no claim or the execution has returned.
+func MarkCompleted(ctx context.Context, resp store.Response) error {
+	c, ok := ctx.Value(ctxKey{}).(*Context)
+	if !ok || c.exec == nil {
+		return ErrNoClaim
+	}
+	e := c.exec
+	e.txMu.Lock()
+	defer e.txMu.Unlock()
+	if e.token != c.claim.Token || e.id != c.claim.ID || e.returned {
+		return ErrNoClaim
+	}
+	e.inTx, e.txResp = true, resp
+	return nil
+}

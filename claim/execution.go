@@ -1,0 +1,307 @@
+package claim
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/idemkey/idemkey/store"
+)
+
+// Execution is one claimed execution: the claim's token, its renewals, its
+// completion or release. The zero value is ready for Start; after Stop (and
+// Complete or Release) Reset readies it for another claim, so callers may pool
+// it. Start, Stop, Complete, Release and Reset are called from the executing
+// goroutine; MarkCompleted and FromContext are safe from any.
+type Execution struct {
+	cl    *Claimer
+	id    store.ID
+	token store.Token
+	ctx   detachedCtx
+	lost  func(error) // cancels the execution's context on a lost lease
+
+	// In-transaction completion (MarkCompleted), guarded by txMu: the executing
+	// code may call it while a renewal holds mu.
+	txMu      sync.Mutex
+	returned  bool // the execution returned; MarkCompleted is refused
+	inTx      bool
+	txResp    store.Response
+	retention time.Duration // SetRetention's; 0: the Claimer's
+
+	released   bool
+	releaseErr error
+
+	// Lease renewal.
+	renewLost atomic.Bool  // a renewal found the lease lost
+	held      atomic.Int64 // when the lease was last known held: cl.epoch + held (claim or renewal sent)
+	mu        sync.Mutex
+	stopped   bool
+	timer     Timer
+	renewFn   func()
+}
+
+// detachedCtx keeps the caller's context values but not its cancellation, so
+// Complete and Release still reach the store when the caller has gone. A store
+// may keep a context past its call (pgxpool finishes a dial in the background
+// with the caller's values): parent is guarded, since a pooled Execution sets it
+// for the next claim; a context kept that long sees no values, or the next
+// claim's.
+type detachedCtx struct {
+	mu     sync.Mutex
+	parent context.Context
+}
+
+func (d *detachedCtx) Deadline() (time.Time, bool) { return time.Time{}, false }
+func (d *detachedCtx) Done() <-chan struct{}       { return nil }
+func (d *detachedCtx) Err() error                  { return nil }
+func (d *detachedCtx) Value(k any) any {
+	d.mu.Lock()
+	p := d.parent
+	d.mu.Unlock()
+	if p == nil { // a store kept the context past its call
+		return nil
+	}
+	return p.Value(k)
+}
+
+func (d *detachedCtx) set(parent context.Context) {
+	d.mu.Lock()
+	d.parent = parent
+	d.mu.Unlock()
+}
+
+// Detached returns a context with the values of the context last given to
+// Detach or Start but none of its cancellation: the context of the store calls
+// after the execution (and of a claim that must not be abandoned half way).
+// Valid until Reset.
+func (e *Execution) Detached() context.Context { return &e.ctx }
+
+// Detach sets the parent of Detached before Start (for the claim call).
+func (e *Execution) Detach(cl *Claimer, parent context.Context) {
+	e.cl = cl
+	e.ctx.set(parent)
+}
+
+// Start begins the execution of the claim res answered (res.Outcome must be
+// store.Claimed) for id, which was sent at sent (Claimer.Claim): the lease is
+// renewed every third of it from then. values is the context whose values the
+// store calls keep (not its cancellation). lost, if not nil, is called with
+// store.ErrLeaseLost when a renewal finds the lease taken over: the caller
+// cancels the execution's context with it (context.WithCancelCause).
+func (e *Execution) Start(cl *Claimer, values context.Context, id store.ID, token store.Token, sent time.Time, lost func(error)) {
+	e.cl, e.lost = cl, lost
+	e.ctx.set(values)
+	e.txMu.Lock() // a late MarkCompleted from a goroutine left behind reads them
+	e.id, e.token = id, token
+	e.txMu.Unlock()
+	e.held.Store(int64(sent.Sub(cl.epoch)))
+	first := max(cl.cfg.Lease/3-time.Since(sent), 0)
+	e.mu.Lock()
+	e.stopped = false
+	if e.timer == nil {
+		e.renewFn = e.renew
+		e.timer = cl.cfg.Clock.AfterFunc(first, e.renewFn)
+	} else {
+		e.timer.Reset(first)
+	}
+	e.mu.Unlock()
+}
+
+// ID returns the claimed scope and key.
+func (e *Execution) ID() store.ID { return e.id }
+
+// Token returns the claim's fencing token.
+func (e *Execution) Token() store.Token { return e.token }
+
+// renew runs on the clock's goroutine every third of the lease until stopped.
+func (e *Execution) renew() {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.stopped {
+		return
+	}
+	cl := e.cl
+	at := cl.now()
+	ctx, cancel := cl.Bound(&e.ctx, cl.cfg.Timeouts.Renew)
+	err := cl.cfg.Store.Renew(ctx, e.id, e.token, cl.cfg.Lease)
+	cancel()
+	switch {
+	case err == nil:
+		e.held.Store(int64(at.Sub(cl.epoch)))
+	case errors.Is(err, store.ErrLeaseLost):
+		// Logged by the caller when it returns: a record completed in the caller's
+		// own transaction also ends the lease, and is no loss.
+		e.renewLost.Store(true)
+		if e.lost != nil && !e.completedInTx() {
+			e.lost(store.ErrLeaseLost)
+		}
+		return // nothing left to renew
+	default:
+		cl.cfg.Logger.LogAttrs(context.Background(), slog.LevelWarn, "idempotency lease renewal failed; retrying",
+			slog.String("scope", e.id.Scope), slog.String("key", e.id.Key), slog.Any("error", err))
+	}
+	e.timer.Reset(cl.cfg.Lease / 3)
+}
+
+// LeaseLost reports whether a renewal found the lease taken over.
+func (e *Execution) LeaseLost() bool { return e.renewLost.Load() }
+
+// heldAt returns when the lease was last known held (claim or renewal sent, then
+// succeeded), on the monotonic clock.
+func (e *Execution) heldAt() time.Time { return e.cl.epoch.Add(time.Duration(e.held.Load())) }
+
+// Returned closes the window of MarkCompleted (the execution returned) and
+// reports whether the record was completed in the caller's own transaction, and
+// with what response.
+func (e *Execution) Returned() (inTx bool, resp store.Response) {
+	e.txMu.Lock()
+	defer e.txMu.Unlock()
+	e.returned = true
+	return e.inTx, e.txResp
+}
+
+// completedInTx reports whether MarkCompleted was called.
+func (e *Execution) completedInTx() bool {
+	e.txMu.Lock()
+	defer e.txMu.Unlock()
+	return e.inTx
+}
+
+// Stop stops the renewals and waits for one in progress. It reports whether e
+// may be reused: false when a renewal had fired but not yet run, since it will
+// still look at e.
+func (e *Execution) Stop() (reusable bool) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.stopped = true
+	if e.timer == nil {
+		return true
+	}
+	return e.timer.Stop()
+}
+
+// restart schedules renewals again after Stop.
+func (e *Execution) restart() {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.stopped = false
+	e.timer.Reset(e.cl.cfg.Lease / 3)
+}
+
+// Release releases the claim once (token-checked) and returns the store's error;
+// never after MarkCompleted, whose record is committed (nil then). A failure is
+// logged (ErrLeaseLost at warning level).
+func (e *Execution) Release() error {
+	if e.released || e.completedInTx() {
+		return e.releaseErr
+	}
+	e.released = true
+	cl := e.cl
+	ctx, cancel := cl.Bound(&e.ctx, cl.cfg.Timeouts.Release)
+	ctx, d := cl.observe(ctx, OpRelease, e.id)
+	e.releaseErr = cl.cfg.Store.Release(ctx, e.id, e.token)
+	cancel()
+	done(d, e.releaseErr)
+	if err := e.releaseErr; err != nil {
+		level := slog.LevelError
+		if errors.Is(err, store.ErrLeaseLost) {
+			level = slog.LevelWarn
+		}
+		cl.cfg.Logger.LogAttrs(context.Background(), level, "idempotency claim release failed",
+			slog.String("scope", e.id.Scope), slog.String("key", e.id.Key), slog.Any("error", err))
+	}
+	return e.releaseErr
+}
+
+// Released reports whether Release ran.
+func (e *Execution) Released() bool { return e.released }
+
+// NotifyCompleted tells a store that keeps a copy of records
+// (store.CompletionNotifier) that the record was completed in the caller's own
+// transaction with resp, best effort. It does nothing for other stores.
+func (e *Execution) NotifyCompleted(resp store.Response) {
+	n, ok := e.cl.cfg.Store.(store.CompletionNotifier)
+	if !ok {
+		return
+	}
+	ctx, cancel := e.cl.Bound(&e.ctx, e.cl.cfg.Timeouts.Complete)
+	n.NotifyCompleted(ctx, e.id, e.token, resp, e.recordRetention())
+	cancel()
+}
+
+// minCompleteBackoff is the first back-off of completion retries; it doubles up
+// to a third of the lease.
+const minCompleteBackoff = 20 * time.Millisecond
+
+// Complete stores resp, after Stop. When the store fails (an error other than
+// ErrLeaseLost, ErrInvalid or ErrCorrupt), the lease is renewed again and
+// Complete retried with back-off until it succeeds, the lease is lost, the lease
+// can no longer be held (no successful claim or renewal within the last lease),
+// or the retries have lasted one lease (a completion that keeps failing while
+// renewals pass must not hold the caller forever): until then duplicates are
+// refused, never run a second time. beforeRetry, if not nil, runs once before the
+// first retry (the middleware flushes the response to its client). It returns
+// the last error and the number of retries; renewals are stopped again when it
+// returns, and reusable is false when one of them may still look at e.
+func (e *Execution) Complete(resp store.Response, beforeRetry func()) (retries int, reusable bool, err error) {
+	cl := e.cl
+	lease := cl.cfg.Lease
+	backoff := minCompleteBackoff
+	var (
+		failed time.Time     // the first failure
+		waited time.Duration // the back-offs so far (the clock may be a test's)
+	)
+	reusable = true
+	defer func() {
+		if retries > 0 && !e.Stop() {
+			reusable = false
+		}
+	}()
+	for {
+		ctx, cancel := cl.Bound(&e.ctx, cl.cfg.Timeouts.Complete)
+		ctx, d := cl.observe(ctx, OpComplete, e.id)
+		err = cl.cfg.Store.Complete(ctx, e.id, e.token, resp, e.recordRetention())
+		cancel()
+		done(d, err)
+		if err == nil {
+			return retries, reusable, nil
+		}
+		if retries == 0 {
+			failed = time.Now()
+		}
+		if errors.Is(err, store.ErrLeaseLost) || errors.Is(err, store.ErrInvalid) || errors.Is(err, store.ErrCorrupt) ||
+			e.renewLost.Load() || time.Since(e.heldAt())+backoff >= lease || max(time.Since(failed), waited)+backoff > lease {
+			return retries, reusable, err
+		}
+		if retries == 0 {
+			if beforeRetry != nil {
+				beforeRetry()
+			}
+			e.restart()
+		}
+		retries++
+		cl.cfg.Logger.LogAttrs(context.Background(), slog.LevelWarn, "idempotency store failed to complete; retrying while the lease is held",
+			slog.String("scope", e.id.Scope), slog.String("key", e.id.Key), slog.Int("retry", retries), slog.Any("error", err))
+		wait := make(chan struct{})
+		cl.cfg.Clock.AfterFunc(backoff, func() { close(wait) })
+		<-wait
+		waited += backoff
+		backoff = min(2*backoff, max(lease/3, minCompleteBackoff))
+	}
+}
+
+// Reset readies e for another claim (a pool). Call it only when Stop reported e
+// reusable.
+func (e *Execution) Reset() {
+	e.ctx.set(nil)
+	e.lost = nil
+	e.released, e.releaseErr = false, nil
+	e.txMu.Lock()
+	e.id, e.token = store.ID{}, store.Token{}
+	e.returned, e.inTx, e.txResp, e.retention = false, false, store.Response{}, 0
+	e.txMu.Unlock()
+	e.renewLost.Store(false)
+}

@@ -1,0 +1,324 @@
+package middleware
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/idemkey/idemkey/claim"
+	"github.com/idemkey/idemkey/fingerprint"
+	"github.com/idemkey/idemkey/store"
+)
+
+// This file follows a protected request in order: parse the key (serve,
+// parseKey), fingerprint the request (readFingerprint), claim the key
+// (claimKey), decide (decide: replay, 409, 422, or run), then execute.go runs
+// the handler under the claim, capture.go captures its response, and execute.go
+// completes or releases the claim.
+
+// serve handles one request.
+func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Handler) {
+	ctx := r.Context()
+	if !m.protected(r.Method) {
+		next.ServeHTTP(w, r)
+		m.observe(ctx, Event{Decision: PassThrough})
+		return
+	}
+	id, ok := m.parseKey(w, r, next)
+	if !ok {
+		return
+	}
+	c := m.pool.Get().(*call)
+	pooled := true
+	defer func() {
+		if pooled {
+			if c.w == nil {
+				c.resetUnstarted() // no handler ran under a claim (replay, 409, 422, ...)
+			} else {
+				c.reset()
+			}
+			m.pool.Put(c)
+		}
+	}()
+	body, fpReq, fp, ok := m.readFingerprint(w, r, c, id)
+	if !ok {
+		return
+	}
+	a := m.claimKey(ctx, c, id, fp)
+	if m.claimFailed(w, r, next, c, body, a) {
+		return
+	}
+	pooled = false // a handler that panics under the claim leaves c out of the pool
+	pooled = m.decide(w, r, next, c, body, fpReq.Route, fp, a)
+}
+
+// parseKey reads the key header: it answers the request itself (a pass-through
+// without a key, 400 for a missing, invalid or too long key or scope) and
+// returns false, or returns the request's scope and key.
+func (m *Middleware) parseKey(w http.ResponseWriter, r *http.Request, next http.Handler) (store.ID, bool) {
+	ctx := r.Context()
+	values := r.Header[m.keyHeader]
+	if len(values) == 0 {
+		if !m.required {
+			next.ServeHTTP(w, r)
+			m.observe(ctx, Event{Decision: NoKey})
+			return store.ID{}, false
+		}
+		m.writeProblem(w, http.StatusBadRequest, m.problems.missing, 0)
+		m.observe(ctx, Event{Decision: KeyMissing, Status: http.StatusBadRequest})
+		return store.ID{}, false
+	}
+	var key string
+	var err error
+	if len(values) > 1 {
+		err = keyError("sent in several header lines")
+	} else {
+		key, err = ParseKey(values[0])
+	}
+	if err != nil {
+		m.writeProblem(w, http.StatusBadRequest, problem{Title: "Invalid Idempotency-Key header",
+			Status: http.StatusBadRequest, Code: CodeKeyInvalid,
+			Detail: "The " + m.keyHeader + " header must be one Structured Field string (or a bare token) of 1 to 255 printable ASCII characters, not only spaces: " +
+				strings.TrimPrefix(err.Error(), "idemkey/middleware: invalid idempotency key: ") + "."}.render(m.problemStyle()), 0)
+		m.observe(ctx, Event{Decision: KeyInvalid, Status: http.StatusBadRequest})
+		return store.ID{}, false
+	}
+	if m.keyValidator != nil {
+		if err := m.keyValidator(key); err != nil {
+			m.refuseKey(w, ctx, err)
+			return store.ID{}, false
+		}
+	}
+	id := store.ID{Scope: m.scope(r), Key: key}
+	if len(id.Scope) > store.MaxScopeLen {
+		m.writeProblem(w, http.StatusBadRequest, m.problems.scopeTooLong, 0)
+		m.observe(ctx, Event{Decision: KeyInvalid, ID: id, Status: http.StatusBadRequest})
+		return store.ID{}, false
+	}
+	return id, true
+}
+
+// readFingerprint reads the request body once (into c's buffer) and
+// fingerprints the request; a body too large (413) or unreadable (400) is
+// answered here, and ok is false.
+func (m *Middleware) readFingerprint(w http.ResponseWriter, r *http.Request, c *call, id store.ID) (body []byte, fpReq fingerprint.Request, fp store.Fingerprint, ok bool) {
+	ctx := r.Context()
+	body, err := fingerprint.ReadBody(r.Body, r.ContentLength, m.maxRequestBody, c.reqBuf)
+	c.reqBuf = body[:0]
+	if err != nil {
+		if errors.Is(err, fingerprint.ErrBodyTooLarge) {
+			m.writeProblem(w, http.StatusRequestEntityTooLarge, problem{Title: "Request body too large",
+				Status: http.StatusRequestEntityTooLarge, Code: CodeRequestTooLarge,
+				Detail: fmt.Sprintf("The request body is larger than %d bytes, the most this operation fingerprints.", m.maxRequestBody)}.render(m.problemStyle()), 0)
+			m.observe(ctx, Event{Decision: BodyTooLarge, ID: id, Status: http.StatusRequestEntityTooLarge})
+			return nil, fpReq, fp, false
+		}
+		m.writeProblem(w, http.StatusBadRequest, problem{Title: "Request body unreadable",
+			Status: http.StatusBadRequest, Code: CodeBodyUnreadable,
+			Detail: "The request body could not be read completely."}.render(m.problemStyle()), 0)
+		m.observe(ctx, Event{Decision: BodyUnreadable, ID: id, Status: http.StatusBadRequest, Err: err})
+		return nil, fpReq, fp, false
+	}
+	fpReq = fingerprint.Request{Method: r.Method, Route: m.route(r), RawQuery: r.URL.RawQuery, Body: body,
+		ContentEncoding: fingerprint.ContentEncoding(r.Header)}
+	fp, err = fingerprint.Sum(fpReq, fingerprint.Options{CanonicalJSON: m.canonicalJSON, Rule: m.fpRule})
+	if err != nil && m.fpRule != nil { // the rule cannot read the body: the client's mistake
+		m.refuseBody(w, ctx, id, err)
+		return nil, fpReq, fp, false
+	}
+	if err != nil { // invalid JSON: the handler judges the body; fingerprint its raw bytes
+		fp, _ = fingerprint.Sum(fpReq, fingerprint.Options{})
+	}
+	return body, fpReq, fp, true
+}
+
+// answer is the store's answer to a request's claim, and what it cost.
+type answer struct {
+	id      store.ID
+	res     store.ClaimResult
+	sent    time.Time // when the claim that answered was sent: the lease's start
+	err     error
+	latency time.Duration // store time (0 without an observer)
+	waited  time.Duration // time waiting for a claim in flight (WithWaitInFlight)
+}
+
+// claimKey claims id (package claim bounds the call), waiting for a claim in
+// flight when WithWaitInFlight allows.
+func (m *Middleware) claimKey(ctx context.Context, c *call, id store.ID, fp store.Fingerprint) answer {
+	t0 := m.now()
+	req := store.ClaimRequest{ID: id, Fingerprint: fp, Lease: m.lease, Retention: m.retention}
+	claimParent := ctx
+	if !m.cancelOnGone {
+		// A hang-up does not cancel the claim, as it would not cancel the handler: a
+		// claim the store made but the middleware gave up on would answer 409 until
+		// its lease ends, and the hang-up would count as a store outage.
+		c.exec.Detach(m.claimer, ctx)
+		claimParent = c.exec.Detached()
+	}
+	a := answer{id: id}
+	a.res, a.sent, a.err = m.claimer.Claim(claimParent, req)
+	a.latency = m.since(t0)
+	if a.err == nil && a.res.Outcome == store.InFlight && m.wait > 0 {
+		var claimTime time.Duration
+		a.res, a.sent, claimTime, a.waited, a.err = m.waitInFlight(ctx, claimParent, req, a.res, a.sent)
+		if m.observer != nil {
+			a.latency += claimTime
+		}
+	}
+	return a
+}
+
+// claimFailed answers a claim the store refused or could not answer: 400 for a
+// key the store refuses, 503 (or the handler unprotected, WithFailOpen) for a
+// store failure. It reports whether it answered.
+func (m *Middleware) claimFailed(w http.ResponseWriter, r *http.Request, next http.Handler, c *call, body []byte, a answer) bool {
+	ctx, id, err := r.Context(), a.id, a.err
+	ev := Event{ID: id, StoreLatency: a.latency, Waited: a.waited, Err: err}
+	switch {
+	case err == nil:
+		m.storeAnswered(ctx)
+		return false
+	case errors.Is(err, store.ErrInvalid):
+		// The store refused the request's own scope and key (say, longer than it
+		// can index): a client mistake, answered 400 even in fail-open mode.
+		m.writeProblem(w, http.StatusBadRequest, m.problems.keyRefused, 0)
+		ev.Decision, ev.Status = KeyInvalid, http.StatusBadRequest
+	case errors.Is(err, store.ErrFull):
+		// The store is up but will not add the key until records expire: fail
+		// closed, even in fail-open mode, and no outage.
+		m.writeProblem(w, http.StatusServiceUnavailable, m.problems.storeDown, max(m.storeRetryAfter, 1))
+		ev.Decision, ev.Status = StoreFull, http.StatusServiceUnavailable
+	case m.cancelOnGone && ctx.Err() != nil:
+		// The client went away (WithCancelOnDisconnect): not the store's failure, and
+		// no handler runs for a gone client.
+		m.writeProblem(w, http.StatusServiceUnavailable, m.problems.storeDown, max(m.storeRetryAfter, 1))
+		ev.Decision, ev.Status = StoreError, http.StatusServiceUnavailable
+	case m.failOpen:
+		m.storeFailed(ctx, err)
+		m.logger.LogAttrs(ctx, slog.LevelDebug, "idempotency store failed; running the handler unprotected (fail open)",
+			slog.String("scope", id.Scope), slog.String("key", id.Key), slog.Any("error", err))
+		sw := &statusWriter{ResponseWriter: w}
+		next.ServeHTTP(sw, c.handlerRequest(r, Claim{ID: id}, nil, body))
+		ev.Decision, ev.Status = FailOpen, sw.status()
+	default:
+		m.storeFailed(ctx, err)
+		m.logger.LogAttrs(ctx, slog.LevelDebug, "idempotency store failed; answering 503",
+			slog.String("scope", id.Scope), slog.String("key", id.Key), slog.Any("error", err))
+		m.writeProblem(w, http.StatusServiceUnavailable, m.problems.storeDown, max(m.storeRetryAfter, 1))
+		ev.Decision, ev.Status = StoreError, http.StatusServiceUnavailable
+	}
+	m.observe(ctx, ev)
+	return true
+}
+
+// decide answers the store's answer: replay a completed record, 409 for a claim
+// in flight, 422 for another fingerprint, or run the handler under the new
+// claim. It reports whether c may go back to the pool.
+func (m *Middleware) decide(w http.ResponseWriter, r *http.Request, next http.Handler, c *call, body []byte,
+	route string, fp store.Fingerprint, a answer) (reusable bool) {
+	ctx, id, res := r.Context(), a.id, a.res
+	switch res.Outcome {
+	case store.Completed:
+		m.replay(w, r, res.Record)
+		m.observe(ctx, Event{Decision: Replayed, ID: id, Status: res.Record.Status, StoreLatency: a.latency, CompletedAt: res.Record.CompletedAt, Waited: a.waited})
+	case store.InFlight:
+		m.writeProblem(w, http.StatusConflict, m.problems.inFlight, m.inFlightRetryAfter(route, res.RetryAfter))
+		m.observe(ctx, Event{Decision: InFlight, ID: id, Status: http.StatusConflict, StoreLatency: a.latency, Waited: a.waited})
+	case store.Mismatch:
+		m.writeProblem(w, http.StatusUnprocessableEntity, m.mismatchBody(context.WithoutCancel(ctx), id), 0)
+		m.observe(ctx, Event{Decision: Mismatch, ID: id, Status: http.StatusUnprocessableEntity, StoreLatency: a.latency, Waited: a.waited})
+	case store.Claimed:
+		cl := Claim{ID: id, Token: res.Token, Fingerprint: fp, Takeover: res.Takeover, Retention: m.retention}
+		c.route = route
+		return m.execute(c, w, c.handlerRequest(r, cl, c, body), next, a)
+	}
+	return true
+}
+
+// replay writes a stored response: status, stored headers, the replay mark, the
+// exact body bytes.
+func (m *Middleware) replay(w http.ResponseWriter, r *http.Request, rec *store.Record) {
+	h := w.Header()
+	m.replayHeader(h, r, rec) // through the WithOnReplay hook, if any
+	h[m.replayedHeader] = m.trueVal
+	if rec.BodyOmitted {
+		h[m.omittedHeader] = m.omitVal
+	}
+	w.WriteHeader(rec.Status)
+	if len(rec.Body) > 0 {
+		w.Write(rec.Body)
+	}
+}
+
+// handlerRequest returns the request the handler sees: the key in its context
+// (KeyFromContext), the claim when it runs under one (ClaimFromContext; cl is
+// then the call) and, as its body, the bytes the middleware read.
+//
+// Under a claim the context is detached from the client's connection unless
+// WithCancelOnDisconnect is on: a hang-up must not stop a side effect half way.
+// A lost lease cancels it, with cause store.ErrLeaseLost (package claim).
+func (c *call) handlerRequest(r *http.Request, cl0 Claim, cl *call, body []byte) *http.Request {
+	parent := r.Context()
+	var exec *claim.Execution
+	if cl != nil {
+		if !c.m.cancelOnGone {
+			parent = context.WithoutCancel(parent)
+		}
+		parent, cl.cancelLost = context.WithCancelCause(parent)
+		exec = &cl.exec
+	}
+	hr := &handlerReq{}
+	hr.ctx.Set(parent, cl0, exec)
+	hr.req = *r.WithContext(&hr.ctx) // inlined: its copy stays on the stack
+	c.reqBody.Reset(body)
+	hr.req.Body = &c.reqBody
+	return &hr.req
+}
+
+// handlerReq is the handler's request and its context in one allocation; neither
+// is pooled, since a goroutine the handler leaves behind may keep either.
+type handlerReq struct {
+	req http.Request
+	ctx keyCtx
+}
+
+// requestBody is the handler's request body: the bytes the middleware read.
+type requestBody struct{ bytes.Reader }
+
+func (*requestBody) Close() error { return nil }
+
+// statusWriter remembers the status of an unprotected (fail-open) response.
+type statusWriter struct {
+	http.ResponseWriter
+	code int
+}
+
+func (s *statusWriter) WriteHeader(code int) {
+	if s.code == 0 && code >= 200 {
+		s.code = code
+	}
+	s.ResponseWriter.WriteHeader(code)
+}
+
+func (s *statusWriter) Write(p []byte) (int, error) {
+	if s.code == 0 {
+		s.code = http.StatusOK
+	}
+	return s.ResponseWriter.Write(p)
+}
+
+func (s *statusWriter) Unwrap() http.ResponseWriter { return s.ResponseWriter }
+
+func (s *statusWriter) Flush() { http.NewResponseController(s.ResponseWriter).Flush() }
+
+func (s *statusWriter) status() int {
+	if s.code == 0 {
+		return http.StatusOK
+	}
+	return s.code
+}
