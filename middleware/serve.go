@@ -96,7 +96,7 @@ func (m *Middleware) parseKey(w http.ResponseWriter, r *http.Request, next http.
 	}
 	id := store.ID{Scope: m.scope(r), Key: key}
 	if len(id.Scope) > store.MaxScopeLen {
-		m.writeProblem(w, http.StatusBadRequest, m.problems.scopeTooLong, 0)
+		m.writeProblem(w, http.StatusBadRequest, m.problems.scopeProblem(id.Scope), 0)
 		m.observe(ctx, Event{Decision: KeyInvalid, ID: id, Status: http.StatusBadRequest})
 		return store.ID{}, false
 	}

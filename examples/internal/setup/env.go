@@ -20,6 +20,15 @@
 //	IDEM_TABLE             the Postgres store's table, default idemkey_records
 //	IDEM_REDIS_PREFIX      the Redis store's key prefix, default idemkey:
 //	CELERIANT_ADDR         Celeriant wire address host:port; empty: in-process simulator
+//	CELERIANT_TIMESTAMP_PRECISION
+//	                       the Celeriant server's --timestamp-precision: ms (default),
+//	                       us or ns; the simulator stamps in it; a server that stamps
+//	                       in another stops the service at startup
+//	CELERIANT_API_KEY      API key (standard base64 of 32 bytes) sent in the Identify
+//	                       handshake of every connection; empty: no handshake. Never
+//	                       logged
+//	CELERIANT_CLIENT_ID    the Celeriant client id (a UUID) the account service writes
+//	                       under, shared by all its replicas; default the service's own
 //	PROJECTION             memory (default) or postgres
 //	ACCOUNTS_TABLE_PREFIX  prefix of the Postgres projection's tables, default none
 //	CELERIANT_SIM_DELAY    latency the in-process simulator adds to every call after
@@ -29,12 +38,16 @@
 package setup
 
 import (
+	"encoding/base64"
 	"errors"
 	"fmt"
 	"strconv"
 	"strings"
 	"time"
 
+	"github.com/google/uuid"
+
+	"github.com/idemkey/idemkey/celeriant"
 	"github.com/idemkey/idemkey/middleware"
 	"github.com/idemkey/idemkey/store/memory"
 	"github.com/idemkey/idemkey/store/postgres"
@@ -83,6 +96,18 @@ type Env struct {
 	// CeleriantAddr is the Celeriant wire address (CELERIANT_ADDR); empty runs the
 	// in-process simulator, whose log lives and dies with the process.
 	CeleriantAddr string
+	// TimestampPrecision is the Celeriant server's timestamp precision
+	// (CELERIANT_TIMESTAMP_PRECISION: ms, us or ns; default ms): the protocol does
+	// not carry it (docs/celeriant-protocol.md section 6.8).
+	TimestampPrecision celeriant.Precision
+	// APIKey is the Celeriant API key (CELERIANT_API_KEY), sent in the Identify
+	// handshake; it formats and logs as [redacted].
+	APIKey celeriant.Secret
+	// ClientID is the Celeriant client id the account service writes under
+	// (CELERIANT_CLIENT_ID); uuid.Nil keeps the service's default. Every replica must
+	// use the same one, and it must not change once events exist
+	// (docs/celeriant-protocol.md section 6.4).
+	ClientID uuid.UUID
 	// Projection is "memory" or "postgres" (PROJECTION).
 	Projection string
 	// TablePrefix prefixes the Postgres projection's tables (ACCOUNTS_TABLE_PREFIX).
@@ -129,6 +154,9 @@ func Load(getenv func(string) string) (Env, error) {
 	}
 	if v := strings.TrimSpace(getenv("ADDR")); v != "" {
 		e.Addr = v
+	}
+	if err := e.loadCeleriant(getenv); err != nil {
+		return e, err
 	}
 	if e.IdemTable == "" {
 		e.IdemTable = postgres.DefaultTable
@@ -188,6 +216,30 @@ func Load(getenv func(string) string) (Env, error) {
 		return e, fmt.Errorf("%w: IDEM_STORE=%s needs REDIS_URL", ErrConfig, e.Store)
 	}
 	return e, nil
+}
+
+// loadCeleriant reads the Celeriant settings beyond CELERIANT_ADDR.
+func (e *Env) loadCeleriant(getenv func(string) string) error {
+	p, err := celeriant.ParsePrecision(getenv("CELERIANT_TIMESTAMP_PRECISION"))
+	if err != nil {
+		return fmt.Errorf("%w: CELERIANT_TIMESTAMP_PRECISION: %w", ErrConfig, err)
+	}
+	e.TimestampPrecision = p
+	if v := strings.TrimSpace(getenv("CELERIANT_API_KEY")); v != "" {
+		b, err := base64.StdEncoding.DecodeString(v)
+		if err != nil || len(b) != celeriant.APIKeySize {
+			return fmt.Errorf("%w: CELERIANT_API_KEY: want standard base64 of %d bytes", ErrConfig, celeriant.APIKeySize)
+		}
+		e.APIKey = celeriant.Secret(v)
+	}
+	if v := strings.TrimSpace(getenv("CELERIANT_CLIENT_ID")); v != "" {
+		id, err := uuid.Parse(v)
+		if err != nil || id == uuid.Nil {
+			return fmt.Errorf("%w: CELERIANT_CLIENT_ID=%q: want a non-nil UUID", ErrConfig, v)
+		}
+		e.ClientID = id
+	}
+	return nil
 }
 
 // postgresUser names the setting that needs Postgres, for errors.

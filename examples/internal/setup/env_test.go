@@ -6,6 +6,10 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/idemkey/idemkey/celeriant"
 )
 
 func TestLoad(t *testing.T) {
@@ -43,6 +47,19 @@ func TestLoad(t *testing.T) {
 		{name: "postgres projection without a database", env: map[string]string{"PROJECTION": "postgres"}, wantErr: "PROJECTION=postgres needs DATABASE_URL"},
 		{name: "sim delay with a real Celeriant", env: map[string]string{"CELERIANT_SIM_DELAY": "1s", "CELERIANT_ADDR": "x:1"}, wantErr: "CELERIANT_SIM_DELAY"},
 		{name: "negative sim delay", env: map[string]string{"CELERIANT_SIM_DELAY": "-1s"}, wantErr: "non-negative"},
+		{name: "microsecond server", env: map[string]string{"CELERIANT_TIMESTAMP_PRECISION": "us"},
+			want: with(func(e *Env) { e.TimestampPrecision = celeriant.Microseconds })},
+		{name: "nanosecond server", env: map[string]string{"CELERIANT_TIMESTAMP_PRECISION": " NS "},
+			want: with(func(e *Env) { e.TimestampPrecision = celeriant.Nanoseconds })},
+		{name: "api key and client id", env: map[string]string{"CELERIANT_API_KEY": " AQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQE= ",
+			"CELERIANT_CLIENT_ID": "6f0e4a52-6a3c-4c1b-9d8e-2f7a1b3c4d5e"},
+			want: with(func(e *Env) {
+				e.APIKey = "AQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQE="
+				e.ClientID = uuid.MustParse("6f0e4a52-6a3c-4c1b-9d8e-2f7a1b3c4d5e")
+			})},
+		{name: "short api key", env: map[string]string{"CELERIANT_API_KEY": "c2hvcnQ="}, wantErr: "CELERIANT_API_KEY"},
+		{name: "nil client id", env: map[string]string{"CELERIANT_CLIENT_ID": "00000000-0000-0000-0000-000000000000"}, wantErr: "CELERIANT_CLIENT_ID"},
+		{name: "unknown precision", env: map[string]string{"CELERIANT_TIMESTAMP_PRECISION": "s"}, wantErr: "CELERIANT_TIMESTAMP_PRECISION"},
 		{name: "wait", env: map[string]string{"IDEM_WAIT": "2s"}, want: with(func(e *Env) { e.Wait = 2 * time.Second })},
 		{name: "no wait", env: map[string]string{"IDEM_WAIT": "0"}, want: with(func(e *Env) { e.Wait = 0 })},
 		{name: "negative wait", env: map[string]string{"IDEM_WAIT": "-1s"}, wantErr: "IDEM_WAIT"},
