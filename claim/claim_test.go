@@ -153,13 +153,8 @@ func TestCompleteRetriesWhileLeaseHeld(t *testing.T) {
 		synctest.Test(t, func(t *testing.T) {
 			st := &failing{Store: memory.New(), n: tc.fails}
 			cl := newClaimer(t, st, time.Second)
-			id := store.ID{Key: "k"}
-			res, sent, err := cl.Claim(t.Context(), store.ClaimRequest{ID: id})
-			if err != nil {
-				t.Fatal(err)
-			}
 			var e claim.Execution
-			e.Start(cl, t.Context(), id, res.Token, sent, nil)
+			startClaimed(t, cl, &e, store.ID{Key: "k"})
 			e.Stop()
 			t0 := time.Now()
 			retries, _, err := e.Complete(store.Response{Status: 200}, nil)
@@ -238,12 +233,8 @@ func TestRenewalAfterHungRenewal(t *testing.T) {
 			t.Fatal(err)
 		}
 		id := store.ID{Key: "k"}
-		res, sent, err := cl.Claim(t.Context(), store.ClaimRequest{ID: id})
-		if err != nil {
-			t.Fatal(err)
-		}
 		var e claim.Execution
-		e.Start(cl, t.Context(), id, res.Token, sent, nil)
+		startClaimed(t, cl, &e, id)
 		// The first renewal (sent at 3 s) holds the lease until 12 s; the second hangs
 		// from 6 s to 10 s.
 		time.Sleep(12*time.Second + 500*time.Millisecond)
@@ -271,4 +262,14 @@ func equalDurations(a, b []time.Duration) bool {
 		}
 	}
 	return true
+}
+
+// startClaimed claims id and starts e under the claim.
+func startClaimed(t *testing.T, cl *claim.Claimer, e *claim.Execution, id store.ID) {
+	t.Helper()
+	res, sent, err := cl.Claim(t.Context(), store.ClaimRequest{ID: id})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.Start(cl, t.Context(), id, res.Token, sent, nil)
 }
