@@ -2,10 +2,12 @@ package middleware
 
 import (
 	"context"
+	"fmt"
 	"net/http"
 	"net/textproto"
 	"strings"
 
+	"github.com/idemkey/idemkey/internal/httpfield"
 	"github.com/idemkey/idemkey/store"
 )
 
@@ -86,7 +88,14 @@ func ownScope(p, unauthenticated string) string {
 // the store, to a header sent on several lines (which one names the client?
 // the same rule as for the Idempotency-Key header), and to a value over
 // store.MaxScopeLen bytes.
+//
+// It panics when name is not a header field name (an RFC 9110 section 5.1
+// token): no request carries such a header, so every client would share the
+// fallback's scope and replay the others' answers.
 func ScopeFromHeader(name, fallback string) ScopeFunc {
+	if !httpfield.ValidName(name) {
+		panic(fmt.Sprintf("idemkey/middleware: ScopeFromHeader: %q is not a header field name", name))
+	}
 	name = textproto.CanonicalMIMEHeaderKey(name)
 	return func(r *http.Request) string {
 		switch v := r.Header[name]; {
