@@ -78,6 +78,21 @@ func TestScopeFromHeaderInvalidName(t *testing.T) {
 			ScopeFromHeader(name, "anonymous")
 		})
 	}
+	// A fallback no scope may be (over store.MaxScopeLen bytes) would answer every
+	// keyless client 400 for the server's mistake.
+	for _, f := range []func(){
+		func() { ScopeFromHeader("X-Client-ID", strings.Repeat("a", 1025)) },
+		func() { ScopeFromPrincipal(strings.Repeat("a", 1025)) },
+	} {
+		func() {
+			defer func() {
+				if recover() == nil {
+					t.Fatal("a fallback scope over store.MaxScopeLen did not panic")
+				}
+			}()
+			f()
+		}()
+	}
 	for _, name := range []string{"X-Client-ID", "x-client-id", "X_Client", "Tenant"} {
 		if ScopeFromHeader(name, "anonymous") == nil {
 			t.Fatalf("ScopeFromHeader(%q) = nil", name)
