@@ -12,8 +12,10 @@
 //     due. Stores that never wait on I/O (store.InProcess) run without one.
 //   - Renewal: every third of the lease, dated from when the claim was sent (not
 //     when its answer arrived: the store counts the lease from the moment it
-//     received the claim, which is after the send), then from each successful
-//     renewal's send.
+//     received the claim, which is after the send), then from each renewal's
+//     send: one that fails or runs out of its deadline is retried a third of the
+//     lease after it was sent (at once after a full deadline), while the last
+//     renewal that reached the store still holds the lease.
 //   - Lost lease: when a renewal finds the lease taken over (store.ErrLeaseLost),
 //     renewals stop and the execution's context is cancelled with cause
 //     store.ErrLeaseLost: another holder runs now, so this one should stop its

@@ -153,13 +153,8 @@ func TestCompleteRetriesWhileLeaseHeld(t *testing.T) {
 		synctest.Test(t, func(t *testing.T) {
 			st := &failing{Store: memory.New(), n: tc.fails}
 			cl := newClaimer(t, st, time.Second)
-			id := store.ID{Key: "k"}
-			res, sent, err := cl.Claim(t.Context(), store.ClaimRequest{ID: id})
-			if err != nil {
-				t.Fatal(err)
-			}
 			var e claim.Execution
-			e.Start(cl, t.Context(), id, res.Token, sent, nil)
+			startClaimed(t, cl, &e, store.ID{Key: "k"})
 			e.Stop()
 			t0 := time.Now()
 			retries, _, err := e.Complete(store.Response{Status: 200}, nil)
@@ -197,4 +192,84 @@ func TestMarkCompleted(t *testing.T) {
 	if err := e.Release(); err != nil {
 		t.Fatalf("Release after MarkCompleted: %v (must do nothing)", err)
 	}
+}
+
+// hangRenew forwards to Store, but for the renewals numbered in hang (from 1),
+// which wait for their deadline without reaching the store.
+type hangRenew struct {
+	store.Store
+	hang map[int]bool
+	mu   sync.Mutex
+	sent []time.Duration // when each renewal was sent, after t0
+	t0   time.Time
+}
+
+func (h *hangRenew) Renew(ctx context.Context, id store.ID, tok store.Token, lease time.Duration) error {
+	h.mu.Lock()
+	h.sent = append(h.sent, time.Since(h.t0))
+	n := len(h.sent)
+	h.mu.Unlock()
+	if h.hang[n] {
+		<-ctx.Done()
+		return ctx.Err()
+	}
+	return h.Store.Renew(ctx, id, tok, lease)
+}
+
+// A renewal that runs out of time is retried a third of the lease after it was
+// sent, not after its deadline passed: the lease is counted from the last
+// renewal that reached the store, and one hung renewal must not let it lapse
+// while the execution still runs (a duplicate would take the key over and run
+// the side effect a second time). Successful renewals are dated from their send
+// too.
+func TestRenewalAfterHungRenewal(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		mem := memory.New()
+		st := &hangRenew{Store: notInProcess{mem}, hang: map[int]bool{2: true}, t0: time.Now()}
+		// Renewals every 3 s, each bounded by 4 s.
+		cl, err := claim.New(claim.Config{Store: st, Lease: 9 * time.Second, Retention: time.Hour, Logger: quiet,
+			Timeouts: claim.Timeouts{Renew: 4 * time.Second}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		id := store.ID{Key: "k"}
+		var e claim.Execution
+		startClaimed(t, cl, &e, id)
+		// The first renewal (sent at 3 s) holds the lease until 12 s; the second hangs
+		// from 6 s to 10 s.
+		time.Sleep(12*time.Second + 500*time.Millisecond)
+		synctest.Wait()
+		dup, err := mem.Claim(t.Context(), store.ClaimRequest{ID: id, Lease: 9 * time.Second, Retention: time.Hour})
+		e.Stop()
+		st.mu.Lock()
+		defer st.mu.Unlock()
+		if err != nil || dup.Outcome != store.InFlight || e.LeaseLost() {
+			t.Fatalf("duplicate at 12.5 s: %v, %v (lease lost %v); renewals sent at %v; want in flight", dup.Outcome, err, e.LeaseLost(), st.sent)
+		}
+		if want := []time.Duration{3 * time.Second, 6 * time.Second, 10 * time.Second}; !equalDurations(st.sent, want) {
+			t.Fatalf("renewals sent at %v, want %v", st.sent, want)
+		}
+	})
+}
+
+func equalDurations(a, b []time.Duration) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i] != b[i] {
+			return false
+		}
+	}
+	return true
+}
+
+// startClaimed claims id and starts e under the claim.
+func startClaimed(t *testing.T, cl *claim.Claimer, e *claim.Execution, id store.ID) {
+	t.Helper()
+	res, sent, err := cl.Claim(t.Context(), store.ClaimRequest{ID: id})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.Start(cl, t.Context(), id, res.Token, sent, nil)
 }

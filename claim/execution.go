@@ -143,7 +143,11 @@ func (e *Execution) renew() {
 		cl.cfg.Logger.LogAttrs(context.Background(), slog.LevelWarn, "idempotency lease renewal failed; retrying",
 			slog.String("scope", e.id.Scope), slog.String("key", e.id.Key), slog.Any("error", err))
 	}
-	e.timer.Reset(cl.cfg.Lease / 3)
+	// The next renewal is due a third of the lease after this one was sent, not
+	// after it returned: a renewal that ran out of its deadline (up to a third of
+	// the lease) is retried at once, while the last one that reached the store
+	// still holds the lease.
+	e.timer.Reset(max(cl.cfg.Lease/3-cl.now().Sub(at), 0))
 }
 
 // LeaseLost reports whether a renewal found the lease taken over.

@@ -2,10 +2,12 @@ package middleware
 
 import (
 	"context"
+	"fmt"
 	"net/http"
 	"net/textproto"
 	"strings"
 
+	"github.com/idemkey/idemkey/internal/httpfield"
 	"github.com/idemkey/idemkey/store"
 )
 
@@ -48,13 +50,23 @@ func PrincipalFromContext(ctx context.Context) (principal string, ok bool) {
 // requests' scope: its scope is its name after a NUL byte, and so is the scope of
 // a principal whose name starts with a NUL byte, so no two principals, nor a
 // principal and the unauthenticated requests, ever share a scope. Every other
-// principal's scope is its name.
+// principal's scope is its name. It panics when unauthenticated is over
+// store.MaxScopeLen bytes, which would answer every such request 400.
 func ScopeFromPrincipal(unauthenticated string) ScopeFunc {
+	checkFallback("ScopeFromPrincipal", unauthenticated)
 	return func(r *http.Request) string {
 		if p, ok := PrincipalFromContext(r.Context()); ok {
 			return ownScope(p, unauthenticated)
 		}
 		return unauthenticated
+	}
+}
+
+// checkFallback panics on a scope for requests without a client that no scope
+// may be: a misconfiguration, refused when the ScopeFunc is built.
+func checkFallback(fn, scope string) {
+	if len(scope) > store.MaxScopeLen {
+		panic(fmt.Sprintf("idemkey/middleware: %s: fallback scope of %d bytes, over store.MaxScopeLen (%d)", fn, len(scope), store.MaxScopeLen))
 	}
 }
 
@@ -86,7 +98,16 @@ func ownScope(p, unauthenticated string) string {
 // the store, to a header sent on several lines (which one names the client?
 // the same rule as for the Idempotency-Key header), and to a value over
 // store.MaxScopeLen bytes.
+//
+// It panics when name is not a header field name (an RFC 9110 section 5.1
+// token): no request carries such a header, so every client would share the
+// fallback's scope and replay the others' answers; and when fallback is over
+// store.MaxScopeLen bytes, which would answer every keyless client 400.
 func ScopeFromHeader(name, fallback string) ScopeFunc {
+	if !httpfield.ValidName(name) {
+		panic(fmt.Sprintf("idemkey/middleware: ScopeFromHeader: %q is not a header field name", name))
+	}
+	checkFallback("ScopeFromHeader", fallback)
 	name = textproto.CanonicalMIMEHeaderKey(name)
 	return func(r *http.Request) string {
 		switch v := r.Header[name]; {

@@ -63,3 +63,39 @@ func TestPrincipalNamedLikeTheUnauthenticated(t *testing.T) {
 		})
 	}
 }
+
+// TestScopeFromHeaderInvalidName: a header name no request can carry (not an
+// RFC 9110 token) would put every client in the fallback's scope, where each
+// replays the others' answers; ScopeFromHeader refuses it at construction.
+func TestScopeFromHeaderInvalidName(t *testing.T) {
+	for _, name := range []string{"", "X Client-ID", "X-Client-ID:", "X-Client\x00", "Clíent"} {
+		t.Run(name, func(t *testing.T) {
+			defer func() {
+				if recover() == nil {
+					t.Fatalf("ScopeFromHeader(%q) did not panic", name)
+				}
+			}()
+			ScopeFromHeader(name, "anonymous")
+		})
+	}
+	// A fallback no scope may be (over store.MaxScopeLen bytes) would answer every
+	// keyless client 400 for the server's mistake.
+	for _, f := range []func(){
+		func() { ScopeFromHeader("X-Client-ID", strings.Repeat("a", 1025)) },
+		func() { ScopeFromPrincipal(strings.Repeat("a", 1025)) },
+	} {
+		func() {
+			defer func() {
+				if recover() == nil {
+					t.Fatal("a fallback scope over store.MaxScopeLen did not panic")
+				}
+			}()
+			f()
+		}()
+	}
+	for _, name := range []string{"X-Client-ID", "x-client-id", "X_Client", "Tenant"} {
+		if ScopeFromHeader(name, "anonymous") == nil {
+			t.Fatalf("ScopeFromHeader(%q) = nil", name)
+		}
+	}
+}
