@@ -210,7 +210,9 @@ func (s *txSlot) hasFailed() bool {
 // The transaction is the middleware's: its Commit and Rollback return
 // ErrTxOwned (answer 5xx to roll it back), and it must not be used after the
 // handler returns (then its statements return pgx.ErrTxClosed). Begin opens a
-// savepoint, as on any pgx.Tx. Leave the store's table alone in it.
+// savepoint, as on any pgx.Tx, and the savepoint too returns pgx.ErrTxClosed
+// once the handler has returned. Conn and LargeObjects bypass these checks:
+// use neither after the handler returns. Leave the store's table alone in it.
 func TxFromContext(ctx context.Context) (pgx.Tx, bool) {
 	s := slotOf(ctx)
 	cl, ok := claim.FromContext(ctx) // the claim the handler runs under, set by the middleware

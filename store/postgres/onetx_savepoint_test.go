@@ -1,0 +1,58 @@
+package postgres
+
+import (
+	"errors"
+	"net/http"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// TestOneTxSavepointAfterReturn: a savepoint the handler opened (Begin on the
+// request's transaction) and keeps past its return refuses statements with
+// pgx.ErrTxClosed, as the transaction itself does, instead of running them on
+// the pooled connection the transaction committed on (there each statement
+// would commit on its own, outside every idempotency record); inside the
+// handler the savepoint works, and its Commit releases it.
+func TestOneTxSavepointAfterReturn(t *testing.T) {
+	kept := make(chan pgx.Tx, 1)
+	e := newOneTxEnv(t, nil, func(e *oneTxEnv) http.HandlerFunc {
+		inner := insertInTx(e)
+		return func(w http.ResponseWriter, r *http.Request) {
+			tx, _ := TxFromContext(r.Context())
+			sp, err := tx.Begin(r.Context())
+			if err != nil {
+				http.Error(w, err.Error(), 500)
+				return
+			}
+			if _, err := sp.Exec(r.Context(), `INSERT INTO `+e.side+` (key) VALUES ('in-savepoint')`); err != nil {
+				http.Error(w, err.Error(), 500)
+				return
+			}
+			if err := sp.Commit(r.Context()); err != nil {
+				http.Error(w, err.Error(), 500)
+				return
+			}
+			if sp, err = tx.Begin(r.Context()); err != nil {
+				http.Error(w, err.Error(), 500)
+				return
+			}
+			kept <- sp
+			inner(w, r)
+		}
+	}, nil)
+	if code, _, body, err := e.post("sp-1"); err != nil || code != 201 {
+		t.Fatalf("first: %d %q %v", code, body, err)
+	}
+	sp := <-kept
+	// The pool of 20 gives the committed connection back on the next Acquire.
+	if _, err := sp.Exec(t.Context(), `INSERT INTO `+e.side+` (key) VALUES ('after-return')`); !errors.Is(err, pgx.ErrTxClosed) {
+		t.Errorf("savepoint Exec after the handler returned = %v, want pgx.ErrTxClosed", err)
+	}
+	if err := sp.Rollback(t.Context()); !errors.Is(err, pgx.ErrTxClosed) {
+		t.Errorf("savepoint Rollback after the handler returned = %v, want pgx.ErrTxClosed", err)
+	}
+	if rows, _, records := e.counts(); rows != 2 || records != 1 {
+		t.Fatalf("%d rows, %d records; want 2 rows (the savepoint's and the handler's) and 1 record", rows, records)
+	}
+}
