@@ -56,3 +56,40 @@ func TestOneTxSavepointAfterReturn(t *testing.T) {
 		t.Fatalf("%d rows, %d records; want 2 rows (the savepoint's and the handler's) and 1 record", rows, records)
 	}
 }
+
+// TestOneTxEndedBySQL: a handler that ends the request's transaction with SQL
+// of its own (ROLLBACK) cannot go on to write outside it: its next statement
+// returns pgx.ErrTxClosed instead of committing on its own (so do the rest: the
+// handler answers 500, which releases the key), and its retry runs once, in a
+// transaction: one row, one record.
+func TestOneTxEndedBySQL(t *testing.T) {
+	first := true
+	var stray error
+	e := newOneTxEnv(t, nil, func(e *oneTxEnv) http.HandlerFunc {
+		inner := insertInTx(e)
+		return func(w http.ResponseWriter, r *http.Request) {
+			if first { // requests of this test are sequential
+				first = false
+				tx, _ := TxFromContext(r.Context())
+				if _, err := tx.Exec(r.Context(), "ROLLBACK"); err != nil {
+					http.Error(w, err.Error(), 500)
+					return
+				}
+				_, stray = tx.Exec(r.Context(), `INSERT INTO `+e.side+` (key) VALUES ('outside')`)
+			}
+			inner(w, r)
+		}
+	}, nil)
+	if code, _, body, err := e.post("sql-1"); err != nil || code != 500 {
+		t.Fatalf("first: %d %q %v; want the handler's 500", code, body, err)
+	}
+	if !errors.Is(stray, pgx.ErrTxClosed) {
+		t.Errorf("statement after the handler's ROLLBACK = %v, want pgx.ErrTxClosed", stray)
+	}
+	if code, _, body, err := e.post("sql-1"); err != nil || code != 201 {
+		t.Fatalf("retry: %d %q %v; want 201", code, body, err)
+	}
+	if rows, _, records := e.counts(); rows != 1 || records != 1 {
+		t.Fatalf("%d rows, %d records; want 1 and 1", rows, records)
+	}
+}

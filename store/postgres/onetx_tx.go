@@ -24,7 +24,9 @@ type claimTx struct {
 	root *claimTx // the request's transaction, for a savepoint; nil for it
 }
 
-// live reports whether the transaction is still the handler's.
+// live reports whether the transaction is still the handler's, and still open:
+// a handler that ended it with SQL of its own (COMMIT, ROLLBACK) would
+// otherwise go on in autocommit, each statement committing outside the record.
 func (t *claimTx) live() bool {
 	root := t
 	if t.root != nil {
@@ -32,7 +34,7 @@ func (t *claimTx) live() bool {
 	}
 	t.slot.mu.Lock()
 	defer t.slot.mu.Unlock()
-	return t.slot.tx == root
+	return t.slot.tx == root && t.slot.conn.Conn().PgConn().TxStatus() != 'I'
 }
 
 // Commit returns ErrTxOwned; on a savepoint it releases it (pgx.ErrTxClosed
