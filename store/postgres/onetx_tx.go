@@ -39,26 +39,21 @@ func (t *claimTx) live() bool {
 
 // Commit returns ErrTxOwned; on a savepoint it releases it (pgx.ErrTxClosed
 // once the request's transaction has ended).
-func (t *claimTx) Commit(ctx context.Context) error {
-	switch {
-	case t.root == nil:
-		return ErrTxOwned
-	case !t.live():
-		return pgx.ErrTxClosed
-	}
-	return t.Tx.Commit(ctx)
-}
+func (t *claimTx) Commit(ctx context.Context) error { return t.end(ctx, t.Tx.Commit) }
 
 // Rollback returns ErrTxOwned; on a savepoint it rolls back to it
 // (pgx.ErrTxClosed once the request's transaction has ended).
-func (t *claimTx) Rollback(ctx context.Context) error {
+func (t *claimTx) Rollback(ctx context.Context) error { return t.end(ctx, t.Tx.Rollback) }
+
+// end runs a savepoint's Commit or Rollback f while the transaction is live.
+func (t *claimTx) end(ctx context.Context, f func(context.Context) error) error {
 	switch {
 	case t.root == nil:
 		return ErrTxOwned
 	case !t.live():
 		return pgx.ErrTxClosed
 	}
-	return t.Tx.Rollback(ctx)
+	return f(ctx)
 }
 
 // Begin opens a savepoint, which refuses use once the request's transaction
