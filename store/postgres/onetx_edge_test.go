@@ -3,9 +3,13 @@ package postgres
 import (
 	"errors"
 	"net/http"
+	"sync"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/idemkey/idemkey/middleware"
 )
 
 // TestOneTxSavepointAfterReturn: a savepoint the handler opened (Begin on the
@@ -91,5 +95,38 @@ func TestOneTxEndedBySQL(t *testing.T) {
 	}
 	if rows, _, records := e.counts(); rows != 1 || records != 1 {
 		t.Fatalf("%d rows, %d records; want 1 and 1", rows, records)
+	}
+}
+
+// TestOneTxLockWaitWithinClaimTimeout: a lock wait longer than the middleware's
+// claim timeout is cut to half the claim's time, so a duplicate of a request in
+// flight is answered 409 request_in_flight when it runs out, not 503 (the claim's
+// deadline, counted as a store outage).
+func TestOneTxLockWaitWithinClaimTimeout(t *testing.T) {
+	entered, proceed := make(chan struct{}, 1), make(chan struct{})
+	e := newOneTxEnv(t, nil, func(e *oneTxEnv) http.HandlerFunc {
+		inner := insertInTx(e)
+		return func(w http.ResponseWriter, r *http.Request) {
+			entered <- struct{}{}
+			<-proceed
+			inner(w, r)
+		}
+	}, []TxOption{WithLockWait(20 * time.Second)},
+		middleware.WithStoreTimeouts(middleware.StoreTimeouts{Claim: 4 * time.Second}))
+	release := sync.OnceFunc(func() { close(proceed) })
+	t.Cleanup(release) // before the server closes, should the test fail first
+	first := make(chan int, 1)
+	go func() {
+		code, _, _, _ := e.post("bound-1")
+		first <- code
+	}()
+	<-entered
+	code, h, body, err := e.post("bound-1")
+	if err != nil || code != http.StatusConflict || h.Get("Retry-After") == "" {
+		t.Errorf("duplicate: %d %q Retry-After=%q %v; want 409 request_in_flight", code, body, h.Get("Retry-After"), err)
+	}
+	release()
+	if c := <-first; c != 201 {
+		t.Fatalf("first: %d, want 201", c)
 	}
 }
