@@ -104,14 +104,7 @@ func TestOneTxEndedBySQL(t *testing.T) {
 // deadline, counted as a store outage).
 func TestOneTxLockWaitWithinClaimTimeout(t *testing.T) {
 	entered, proceed := make(chan struct{}, 1), make(chan struct{})
-	e := newOneTxEnv(t, nil, func(e *oneTxEnv) http.HandlerFunc {
-		inner := insertInTx(e)
-		return func(w http.ResponseWriter, r *http.Request) {
-			entered <- struct{}{}
-			<-proceed
-			inner(w, r)
-		}
-	}, []TxOption{WithLockWait(20 * time.Second)},
+	e := newOneTxEnv(t, nil, heldInsert(entered, proceed), []TxOption{WithLockWait(20 * time.Second)},
 		middleware.WithStoreTimeouts(middleware.StoreTimeouts{Claim: 4 * time.Second}))
 	release := sync.OnceFunc(func() { close(proceed) })
 	t.Cleanup(release) // before the server closes, should the test fail first
@@ -128,5 +121,18 @@ func TestOneTxLockWaitWithinClaimTimeout(t *testing.T) {
 	release()
 	if c := <-first; c != 201 {
 		t.Fatalf("first: %d, want 201", c)
+	}
+}
+
+// heldInsert is insertInTx that first says it entered and waits for proceed to
+// be closed.
+func heldInsert(entered chan<- struct{}, proceed <-chan struct{}) func(*oneTxEnv) http.HandlerFunc {
+	return func(e *oneTxEnv) http.HandlerFunc {
+		inner := insertInTx(e)
+		return func(w http.ResponseWriter, r *http.Request) {
+			entered <- struct{}{}
+			<-proceed
+			inner(w, r)
+		}
 	}
 }
