@@ -48,9 +48,10 @@ const (
 type TxStore struct {
 	*Store
 	pool        *pgxpool.Pool
-	lockSQL     string // SET LOCAL lock_timeout to the lock wait
-	firstSQL    string // claimSQL whose conflict does nothing (no row lock)
-	completeSQL string // completeSQL failing (division by zero) when it matched no row
+	wait        time.Duration // the lock wait
+	lockSQL     string        // SET LOCAL lock_timeout to the lock wait
+	firstSQL    string        // claimSQL whose conflict does nothing (no row lock)
+	completeSQL string        // completeSQL failing (division by zero) when it matched no row
 }
 
 var (
@@ -63,9 +64,11 @@ type TxOption func(*TxStore) time.Duration
 
 // WithLockWait sets how long a duplicate of a request in flight waits for its
 // row lock (default DefaultLockWait; from 1 ms to 24 days, whole milliseconds,
-// rounded up). It should stay under the middleware's claim timeout
-// (middleware.WithStoreTimeouts, 5 s by default): a claim cut short by that
-// deadline is answered 503, not 409.
+// rounded up). A claim whose context has a deadline (the middleware's claim
+// timeout, middleware.WithStoreTimeouts, 5 s by default) waits at most half of
+// the time left to it, so the lock wait ends first and the duplicate is
+// answered 409, not 503 (a claim cut short by its deadline counts as a store
+// outage, and with middleware.WithFailOpen would run the handler unprotected).
 func WithLockWait(d time.Duration) TxOption { return func(*TxStore) time.Duration { return d } }
 
 // OneTx returns the one-transaction mode of s on pool, the pool of s's database
@@ -84,7 +87,7 @@ func (s *Store) OneTx(pool *pgxpool.Pool, opts ...TxOption) (*TxStore, error) {
 	if wait <= 0 || ms > math.MaxInt32 {
 		return nil, fmt.Errorf("%w: postgres: lock wait %v outside 1 ms to 24 days", store.ErrInvalid, wait)
 	}
-	t.lockSQL = "SET LOCAL lock_timeout = " + strconv.FormatInt(ms, 10)
+	t.wait, t.lockSQL = wait, lockTimeoutSQL(ms)
 	t.completeSQL = "WITH done AS (" + s.completeSQL + ") SELECT 1 / count(*) FROM done"
 	i, j := strings.Index(s.claimSQL, conflictUpdate), strings.Index(s.claimSQL, conflictEnd)
 	if i < 0 || j < i {
@@ -92,6 +95,22 @@ func (s *Store) OneTx(pool *pgxpool.Pool, opts ...TxOption) (*TxStore, error) {
 	}
 	t.firstSQL = s.claimSQL[:i] + "ON CONFLICT (scope, key) DO NOTHING\n    " + s.claimSQL[j:]
 	return t, nil
+}
+
+func lockTimeoutSQL(ms int64) string { return "SET LOCAL lock_timeout = " + strconv.FormatInt(ms, 10) }
+
+// lockFor returns the statement setting the lock wait of a claim on ctx: the
+// lock wait, or half the time left before ctx's deadline when that is shorter
+// (at least 1 ms: 0 would mean no bound).
+func (t *TxStore) lockFor(ctx context.Context) string {
+	dl, ok := ctx.Deadline()
+	if !ok {
+		return t.lockSQL
+	}
+	if half := time.Until(dl) / 2; half < t.wait {
+		return lockTimeoutSQL(max(1, half.Milliseconds()))
+	}
+	return t.lockSQL
 }
 
 // txKey is the context key of the request's *txSlot (set by Route).
@@ -210,7 +229,9 @@ func (s *txSlot) hasFailed() bool {
 // The transaction is the middleware's: its Commit and Rollback return
 // ErrTxOwned (answer 5xx to roll it back), and it must not be used after the
 // handler returns (then its statements return pgx.ErrTxClosed). Begin opens a
-// savepoint, as on any pgx.Tx. Leave the store's table alone in it.
+// savepoint, as on any pgx.Tx, and the savepoint too returns pgx.ErrTxClosed
+// once the handler has returned. Conn and LargeObjects bypass these checks:
+// use neither after the handler returns. Leave the store's table alone in it.
 func TxFromContext(ctx context.Context) (pgx.Tx, bool) {
 	s := slotOf(ctx)
 	cl, ok := claim.FromContext(ctx) // the claim the handler runs under, set by the middleware
@@ -267,7 +288,7 @@ func (t *TxStore) claimOnce(ctx context.Context, sql string, req store.ClaimRequ
 	var r claimRow
 	b := &pgx.Batch{}
 	b.BeginTx(pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
-	b.Queue(t.lockSQL)
+	b.Queue(t.lockFor(ctx))
 	b.Queue(sql, args...).QueryRow(r.scan)
 	b.Queue("SET LOCAL lock_timeout TO DEFAULT")
 	br := conn.SendBatch(ctx, b)

@@ -84,14 +84,7 @@ func (c *claimCounter) StoreCallStart(ctx context.Context, op middleware.StoreOp
 func TestOneTxWaitInFlight(t *testing.T) {
 	counter := &claimCounter{second: make(chan struct{})}
 	entered, proceed := make(chan struct{}, 2), make(chan struct{})
-	e := newOneTxEnv(t, nil, func(e *oneTxEnv) http.HandlerFunc {
-		inner := insertInTx(e)
-		return func(w http.ResponseWriter, r *http.Request) {
-			entered <- struct{}{}
-			<-proceed
-			inner(w, r)
-		}
-	}, []TxOption{WithLockWait(50 * time.Millisecond)},
+	e := newOneTxEnv(t, nil, heldInsert(entered, proceed), []TxOption{WithLockWait(50 * time.Millisecond)},
 		middleware.WithWaitInFlight(20*time.Second), middleware.WithObserver(counter))
 	type answer struct {
 		code           int

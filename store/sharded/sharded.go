@@ -19,6 +19,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"reflect"
 	"time"
 
 	"github.com/idemkey/idemkey/store"
@@ -40,15 +41,17 @@ var (
 	_ store.InProcess          = (*Store)(nil)
 )
 
-// ErrNoShard is returned (wrapped) when the route gives no store (nil) for a
-// scope: a misconfigured route. The middleware answers it with 503, as any store
+// ErrNoShard is returned (wrapped) when the route gives no store for a scope
+// (nil), or a store that is not one of New's shards (a typed nil pointer from a
+// map of missing tenants, a store built on the fly): a misconfigured route. The middleware answers it with 503, as any store
 // failure.
 var ErrNoShard = errors.New("idemkey/sharded: no shard for the scope")
 
 // New returns a store that sends every call for a scope to route(scope). shards
 // lists every store the route can return (Ping checks them all, InProcess asks
-// them all); the route may return only stores of that list. Errors wrap
-// store.ErrInvalid: a nil route, no shard, a nil shard.
+// them all); the route may return only stores of that list (any other answer is
+// ErrNoShard). Errors wrap store.ErrInvalid: a nil route, no shard, a nil shard
+// (also a nil pointer of a store type).
 func New(route func(scope string) store.Store, shards ...store.Store) (*Store, error) {
 	if route == nil {
 		return nil, fmt.Errorf("%w: sharded: nil route", store.ErrInvalid)
@@ -57,7 +60,7 @@ func New(route func(scope string) store.Store, shards ...store.Store) (*Store, e
 		return nil, fmt.Errorf("%w: sharded: no shard", store.ErrInvalid)
 	}
 	for i, s := range shards {
-		if s == nil {
+		if v := reflect.ValueOf(s); s == nil || v.Kind() == reflect.Pointer && v.IsNil() {
 			return nil, fmt.Errorf("%w: sharded: shard %d is nil", store.ErrInvalid, i)
 		}
 	}
@@ -68,13 +71,20 @@ func New(route func(scope string) store.Store, shards ...store.Store) (*Store, e
 // shard's own type offers: a handler completing its record in its own
 // transaction takes the tenant's *postgres.Store from here, so the record lands
 // in the database the transaction writes to. ErrNoShard (wrapped) when the route
-// gives none.
+// gives none, or a store New was not given.
 func (s *Store) Shard(scope string) (store.Store, error) {
 	sh := s.route(scope)
-	if sh == nil {
-		return nil, fmt.Errorf("%w (%d bytes)", ErrNoShard, len(scope))
+	if sh != nil {
+		if !reflect.TypeOf(sh).Comparable() {
+			return sh, nil // == would panic; such a value is no nil pointer either
+		}
+		for _, x := range s.shards {
+			if x == sh {
+				return sh, nil
+			}
+		}
 	}
-	return sh, nil
+	return nil, fmt.Errorf("%w (%d bytes)", ErrNoShard, len(scope))
 }
 
 // Shards returns the stores New was given, in order.
@@ -189,7 +199,8 @@ func (s *Store) inspector(scope string) (store.Inspector, error) {
 // id.Scope when that shard is a store.CompletionNotifier (a tiered shard), and
 // does nothing otherwise.
 func (s *Store) NotifyCompleted(ctx context.Context, id store.ID, token store.Token, resp store.Response, retention time.Duration) {
-	if n, ok := s.route(id.Scope).(store.CompletionNotifier); ok {
+	sh, _ := s.Shard(id.Scope)
+	if n, ok := sh.(store.CompletionNotifier); ok {
 		n.NotifyCompleted(ctx, id, token, resp, retention)
 	}
 }

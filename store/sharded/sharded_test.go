@@ -173,13 +173,14 @@ type plain struct{ store.Store }
 func TestCapabilities(t *testing.T) {
 	ctx := t.Context()
 	routed := 0
+	only := plain{memory.New()}
 	s, err := sharded.New(func(scope string) store.Store {
 		routed++
 		if scope == "lost" {
 			return nil
 		}
-		return plain{memory.New()}
-	}, plain{memory.New()})
+		return only
+	}, only)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -252,5 +253,45 @@ func TestPing(t *testing.T) {
 				t.Errorf("Ping = %v, want it to say %q", err, tc.wantInMessage)
 			}
 		})
+	}
+}
+
+// TestRouteOutsideShards: a route answering a nil pointer of a store type (a map
+// of tenants missing one) or a store New was not given is ErrNoShard on every
+// call, not a panic nor a record in a store Ping never checks; New refuses a nil
+// pointer shard.
+func TestRouteOutsideShards(t *testing.T) {
+	ctx := t.Context()
+	listed, stray := memory.New(), memory.New()
+	tenants := map[string]*memory.Store{"a": listed}
+	s, err := sharded.New(func(scope string) store.Store {
+		if scope == "stray" {
+			return stray
+		}
+		return tenants[scope] // a typed nil for a missing tenant
+	}, listed)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req := store.ClaimRequest{ID: store.ID{Scope: "a", Key: "k"}, Lease: time.Second, Retention: time.Second}
+	if res, err := s.Claim(ctx, req); err != nil || res.Outcome != store.Claimed {
+		t.Fatalf("Claim on a listed shard = %+v, %v", res, err)
+	}
+	for _, scope := range []string{"missing", "stray"} {
+		req.Scope = scope
+		if _, err := s.Claim(ctx, req); !errors.Is(err, sharded.ErrNoShard) {
+			t.Errorf("Claim of scope %q = %v, want ErrNoShard", scope, err)
+		}
+		id := req.ID
+		if err := s.Wait(ctx, id); !errors.Is(err, sharded.ErrNoShard) {
+			t.Errorf("Wait of scope %q = %v, want ErrNoShard", scope, err)
+		}
+		if _, err := s.Inspect(ctx, id); !errors.Is(err, sharded.ErrNoShard) {
+			t.Errorf("Inspect of scope %q = %v, want ErrNoShard", scope, err)
+		}
+		s.NotifyCompleted(ctx, id, store.NewToken(), store.Response{Status: 200}, time.Second)
+	}
+	if _, err := sharded.New(func(string) store.Store { return listed }, listed, (*memory.Store)(nil)); !errors.Is(err, store.ErrInvalid) {
+		t.Errorf("New with a nil *memory.Store = %v, want ErrInvalid", err)
 	}
 }

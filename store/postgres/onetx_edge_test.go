@@ -1,0 +1,138 @@
+package postgres
+
+import (
+	"errors"
+	"net/http"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/idemkey/idemkey/middleware"
+)
+
+// TestOneTxSavepointAfterReturn: a savepoint the handler opened (Begin on the
+// request's transaction) and keeps past its return refuses statements with
+// pgx.ErrTxClosed, as the transaction itself does, instead of running them on
+// the pooled connection the transaction committed on (there each statement
+// would commit on its own, outside every idempotency record); inside the
+// handler the savepoint works, and its Commit releases it.
+func TestOneTxSavepointAfterReturn(t *testing.T) {
+	kept := make(chan pgx.Tx, 1)
+	e := newOneTxEnv(t, nil, func(e *oneTxEnv) http.HandlerFunc {
+		inner := insertInTx(e)
+		return func(w http.ResponseWriter, r *http.Request) {
+			tx, _ := TxFromContext(r.Context())
+			sp, err := tx.Begin(r.Context())
+			if err != nil {
+				http.Error(w, err.Error(), 500)
+				return
+			}
+			if _, err := sp.Exec(r.Context(), `INSERT INTO `+e.side+` (key) VALUES ('in-savepoint')`); err != nil {
+				http.Error(w, err.Error(), 500)
+				return
+			}
+			if err := sp.Commit(r.Context()); err != nil {
+				http.Error(w, err.Error(), 500)
+				return
+			}
+			if sp, err = tx.Begin(r.Context()); err != nil {
+				http.Error(w, err.Error(), 500)
+				return
+			}
+			kept <- sp
+			inner(w, r)
+		}
+	}, nil)
+	if code, _, body, err := e.post("sp-1"); err != nil || code != 201 {
+		t.Fatalf("first: %d %q %v", code, body, err)
+	}
+	sp := <-kept
+	// The pool of 20 gives the committed connection back on the next Acquire.
+	if _, err := sp.Exec(t.Context(), `INSERT INTO `+e.side+` (key) VALUES ('after-return')`); !errors.Is(err, pgx.ErrTxClosed) {
+		t.Errorf("savepoint Exec after the handler returned = %v, want pgx.ErrTxClosed", err)
+	}
+	if err := sp.Rollback(t.Context()); !errors.Is(err, pgx.ErrTxClosed) {
+		t.Errorf("savepoint Rollback after the handler returned = %v, want pgx.ErrTxClosed", err)
+	}
+	if rows, _, records := e.counts(); rows != 2 || records != 1 {
+		t.Fatalf("%d rows, %d records; want 2 rows (the savepoint's and the handler's) and 1 record", rows, records)
+	}
+}
+
+// TestOneTxEndedBySQL: a handler that ends the request's transaction with SQL
+// of its own (ROLLBACK) cannot go on to write outside it: its next statement
+// returns pgx.ErrTxClosed instead of committing on its own (so do the rest: the
+// handler answers 500, which releases the key), and its retry runs once, in a
+// transaction: one row, one record.
+func TestOneTxEndedBySQL(t *testing.T) {
+	first := true
+	var stray error
+	e := newOneTxEnv(t, nil, func(e *oneTxEnv) http.HandlerFunc {
+		inner := insertInTx(e)
+		return func(w http.ResponseWriter, r *http.Request) {
+			if first { // requests of this test are sequential
+				first = false
+				tx, _ := TxFromContext(r.Context())
+				if _, err := tx.Exec(r.Context(), "ROLLBACK"); err != nil {
+					http.Error(w, err.Error(), 500)
+					return
+				}
+				_, stray = tx.Exec(r.Context(), `INSERT INTO `+e.side+` (key) VALUES ('outside')`)
+			}
+			inner(w, r)
+		}
+	}, nil)
+	if code, _, body, err := e.post("sql-1"); err != nil || code != 500 {
+		t.Fatalf("first: %d %q %v; want the handler's 500", code, body, err)
+	}
+	if !errors.Is(stray, pgx.ErrTxClosed) {
+		t.Errorf("statement after the handler's ROLLBACK = %v, want pgx.ErrTxClosed", stray)
+	}
+	if code, _, body, err := e.post("sql-1"); err != nil || code != 201 {
+		t.Fatalf("retry: %d %q %v; want 201", code, body, err)
+	}
+	if rows, _, records := e.counts(); rows != 1 || records != 1 {
+		t.Fatalf("%d rows, %d records; want 1 and 1", rows, records)
+	}
+}
+
+// TestOneTxLockWaitWithinClaimTimeout: a lock wait longer than the middleware's
+// claim timeout is cut to half the claim's time, so a duplicate of a request in
+// flight is answered 409 request_in_flight when it runs out, not 503 (the claim's
+// deadline, counted as a store outage).
+func TestOneTxLockWaitWithinClaimTimeout(t *testing.T) {
+	entered, proceed := make(chan struct{}, 1), make(chan struct{})
+	e := newOneTxEnv(t, nil, heldInsert(entered, proceed), []TxOption{WithLockWait(20 * time.Second)},
+		middleware.WithStoreTimeouts(middleware.StoreTimeouts{Claim: 4 * time.Second}))
+	release := sync.OnceFunc(func() { close(proceed) })
+	t.Cleanup(release) // before the server closes, should the test fail first
+	first := make(chan int, 1)
+	go func() {
+		code, _, _, _ := e.post("bound-1")
+		first <- code
+	}()
+	<-entered
+	code, h, body, err := e.post("bound-1")
+	if err != nil || code != http.StatusConflict || h.Get("Retry-After") == "" {
+		t.Errorf("duplicate: %d %q Retry-After=%q %v; want 409 request_in_flight", code, body, h.Get("Retry-After"), err)
+	}
+	release()
+	if c := <-first; c != 201 {
+		t.Fatalf("first: %d, want 201", c)
+	}
+}
+
+// heldInsert is insertInTx that first says it entered and waits for proceed to
+// be closed.
+func heldInsert(entered chan<- struct{}, proceed <-chan struct{}) func(*oneTxEnv) http.HandlerFunc {
+	return func(e *oneTxEnv) http.HandlerFunc {
+		inner := insertInTx(e)
+		return func(w http.ResponseWriter, r *http.Request) {
+			entered <- struct{}{}
+			<-proceed
+			inner(w, r)
+		}
+	}
+}
