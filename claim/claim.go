@@ -113,6 +113,8 @@ type Claimer struct {
 	cfg     Config
 	bounded bool      // store calls run under deadlines (not store.InProcess)
 	epoch   time.Time // origin of Execution.held (monotonic)
+
+	releases releaser // background releases (release.go)
 }
 
 // New returns a Claimer for cfg. It fails on a nil store, a lease under
@@ -191,10 +193,17 @@ func done(f func(error), err error) {
 }
 
 // Claim sends req (Lease and Retention filled in from the configuration when
-// zero: callers set only ID and Fingerprint) under the claim deadline and returns the store's answer and when it was
-// sent (on the monotonic clock: the start of the lease, for Execution.Start). An
-// answer no store may give (an unknown outcome, Completed without a record,
-// Claimed without a token) is returned as an error.
+// zero: callers set only ID and Fingerprint) under the claim deadline and returns
+// the store's answer and when it was sent (on the monotonic clock: the start of
+// the lease, for Execution.Start). An answer no store may give (an unknown
+// outcome, Completed without a record, Claimed without a token) is returned as an
+// error.
+//
+// The claim's token is generated here, before the send (req.Token, when zero), so
+// a claim whose answer is lost (the deadline passed, the connection broke, ctx was
+// cancelled) is not left to block its key until the lease ends: it is released,
+// fenced by that token, in the background once the store answers again (bounded
+// retries with back-off, see release.go).
 func (cl *Claimer) Claim(ctx context.Context, req store.ClaimRequest) (res store.ClaimResult, sent time.Time, err error) {
 	if req.Lease == 0 {
 		req.Lease = cl.cfg.Lease
@@ -202,12 +211,18 @@ func (cl *Claimer) Claim(ctx context.Context, req store.ClaimRequest) (res store
 	if req.Retention == 0 {
 		req.Retention = cl.cfg.Retention
 	}
+	if req.Token.IsZero() {
+		req.Token = store.NewToken()
+	}
 	sent = cl.now()
 	cctx, cancel := cl.Bound(ctx, cl.cfg.Timeouts.Claim)
 	cctx, d := cl.observe(cctx, OpClaim, req.ID)
 	res, err = cl.cfg.Store.Claim(cctx, req)
 	cancel()
 	done(d, err)
+	if mayHaveLanded(err) {
+		cl.releaseLater(ctx, req.ID, req.Token)
+	}
 	if err == nil && (res.Outcome < store.Claimed || res.Outcome > store.Mismatch ||
 		res.Outcome == store.Completed && res.Record == nil || res.Outcome == store.Claimed && res.Token.IsZero()) {
 		err = fmt.Errorf("%w: idemkey/claim: store answered an invalid claim result (outcome %v)", store.ErrCorrupt, res.Outcome)

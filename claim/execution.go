@@ -66,6 +66,16 @@ func (d *detachedCtx) Value(k any) any {
 	return p.Value(k)
 }
 
+// values returns the context whose values the execution's store calls keep.
+func (e *Execution) values() context.Context {
+	e.ctx.mu.Lock()
+	defer e.ctx.mu.Unlock()
+	if e.ctx.parent == nil {
+		return context.Background()
+	}
+	return e.ctx.parent
+}
+
 func (d *detachedCtx) set(parent context.Context) {
 	d.mu.Lock()
 	d.parent = parent
@@ -205,11 +215,13 @@ func (e *Execution) Release() error {
 	cancel()
 	done(d, e.releaseErr)
 	if err := e.releaseErr; err != nil {
-		level := slog.LevelError
-		if errors.Is(err, store.ErrLeaseLost) {
-			level = slog.LevelWarn
+		level, msg := slog.LevelError, "idempotency claim release failed; retrying in the background"
+		if errors.Is(err, store.ErrLeaseLost) || errors.Is(err, store.ErrInvalid) {
+			level, msg = slog.LevelWarn, "idempotency claim release failed"
+		} else {
+			cl.releaseLater(e.values(), e.id, e.token) // fenced by the token: the key is freed once the store answers
 		}
-		cl.cfg.Logger.LogAttrs(context.Background(), level, "idempotency claim release failed",
+		cl.cfg.Logger.LogAttrs(context.Background(), level, msg,
 			slog.String("scope", e.id.Scope), slog.String("key", e.id.Key), slog.Any("error", err))
 	}
 	return e.releaseErr

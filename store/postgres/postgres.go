@@ -237,7 +237,7 @@ func (s *Store) Claim(ctx context.Context, req store.ClaimRequest) (store.ClaimR
 	if err := req.Validate(); err != nil {
 		return store.ClaimResult{}, err
 	}
-	tok := store.NewToken()
+	tok := req.ClaimToken()
 	scope, key, fp := bytesOf(req.Scope), bytesOf(req.Key), req.Fingerprint[:]
 	lease, retention := codec.Millis(req.Lease), codec.Millis(req.Retention)
 	for attempt := range claimAttempts {
