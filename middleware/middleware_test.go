@@ -12,6 +12,7 @@ import (
 	"net/http/httptest"
 	"runtime"
 	"strconv"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -1523,6 +1524,39 @@ func TestUnroutedNestedMux(t *testing.T) {
 		outer.ServeHTTP(w, r)
 		if w.Code != want || i == 2 && w.Header().Get(DefaultReplayedHeader) != "true" {
 			t.Fatalf("request %d: %d %v, want %d", i, w.Code, w.Header(), want)
+		}
+	}
+}
+
+// TestReplayDoesNotAliasRecord: an outer middleware that edits a replayed header
+// value in place (or appends to it) leaves the stored record, and so every later
+// replay, as it was: store/memory returns the same record to every claim.
+func TestReplayDoesNotAliasRecord(t *testing.T) {
+	m, err := New(memory.New(), GlobalScope, WithLogger(discardLogger()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	inner := m.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header()["X-A"] = []string{"a1", "a2"}
+		w.Header().Set("X-B", "b")
+		w.WriteHeader(201)
+	}))
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		inner.ServeHTTP(w, r)
+		if a := w.Header()["X-A"]; len(a) > 0 {
+			a[0] = "edited"
+			w.Header()["X-A"] = append(a[:1], "appended")
+		}
+	})
+	for i := range 3 {
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, req("POST", "/x", "k", "body"))
+		if i == 0 {
+			continue
+		}
+		if got := w.Result().Header; got.Get(DefaultReplayedHeader) != "true" ||
+			!slices.Equal(got["X-A"], []string{"a1", "a2"}) || got.Get("X-B") != "b" {
+			t.Fatalf("replay %d sent X-A %q X-B %q (replayed %q), want the stored a1, a2 and b", i, got["X-A"], got.Get("X-B"), got.Get(DefaultReplayedHeader))
 		}
 	}
 }

@@ -226,11 +226,21 @@ func (m *Middleware) decide(w http.ResponseWriter, r *http.Request, next http.Ha
 }
 
 // replay writes a stored response: status, stored headers, the replay mark, the
-// exact body bytes.
+// exact body bytes. The header values are copied (into one array): a record is
+// shared by every replay of its key (store/memory keeps the one it returns), and
+// an outer middleware that edits a value in place must not change the next
+// replay.
 func (m *Middleware) replay(w http.ResponseWriter, rec *store.Record) {
 	h := w.Header()
+	n := 0
+	for _, v := range rec.Header {
+		n += len(v)
+	}
+	vals := make([]string, 0, n)
 	for k, v := range rec.Header {
-		h[k] = v
+		i := len(vals)
+		vals = append(vals, v...)
+		h[k] = vals[i:len(vals):len(vals)] // an append reallocates, never overwrites the next header's
 	}
 	h[m.replayedHeader] = m.trueVal
 	if rec.BodyOmitted {
