@@ -76,8 +76,8 @@ type Timeouts struct {
 // Op names a store call of an execution, for Config.Observe.
 type Op uint8
 
-// The store calls reported to Config.Observe (renewals, off the caller's path,
-// are not).
+// The store calls reported to Config.Observe (renewals and background releases,
+// off the caller's path, are not).
 const (
 	OpClaim Op = iota + 1
 	OpComplete

@@ -159,13 +159,12 @@ func (cl *Claimer) releaseLoop() {
 	}
 }
 
-// releaseOnce makes one bounded release call of p.
+// releaseOnce makes one bounded release call of p. Like renewals, background
+// releases are off the caller's path and not reported to Config.Observe.
 func (cl *Claimer) releaseOnce(p pendingRelease) error {
 	ctx, cancel := cl.Bound(p.values, cl.cfg.Timeouts.Release)
-	ctx, d := cl.observe(ctx, OpRelease, p.id)
 	err := cl.cfg.Store.Release(ctx, p.id, p.token)
 	cancel()
-	done(d, err)
 	return err
 }
 
