@@ -198,3 +198,41 @@ func TestMarkCompleted(t *testing.T) {
 		t.Fatalf("Release after MarkCompleted: %v (must do nothing)", err)
 	}
 }
+
+// notifier records the retention NotifyCompleted is given.
+type notifier struct {
+	store.Store
+	retention time.Duration
+}
+
+func (n *notifier) NotifyCompleted(_ context.Context, _ store.ID, _ store.Token, _ store.Response, retention time.Duration) {
+	n.retention = retention
+}
+
+// A store keeping a copy of records (store/tiered) is told of a record completed
+// in the caller's transaction with the retention left counted from the claim's
+// send, not a full one from after the execution returned: the copy must not
+// outlive the record, whose retention began inside the transaction.
+func TestNotifyCompletedRetentionFromStart(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		st := &notifier{Store: memory.New()}
+		cl := newClaimer(t, st, 10*time.Second)
+		id := store.ID{Key: "k"}
+		res, sent, err := cl.Claim(t.Context(), store.ClaimRequest{ID: id})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var e claim.Execution
+		e.Start(cl, t.Context(), id, res.Token, sent, nil)
+		time.Sleep(3 * time.Second) // the handler and its transaction
+		if err := claim.MarkCompleted(claim.NewContext(t.Context(), claim.Claim{ID: id, Token: res.Token}, &e), store.Response{Status: 201}); err != nil {
+			t.Fatal(err)
+		}
+		e.Stop()
+		e.Returned()
+		e.NotifyCompleted(store.Response{Status: 201})
+		if want := cl.Retention() - 3*time.Second; st.retention != want {
+			t.Fatalf("cache told to keep the copy %v, want %v (the retention left since the claim)", st.retention, want)
+		}
+	})
+}

@@ -32,6 +32,7 @@ type Execution struct {
 
 	released   bool
 	releaseErr error
+	sent       time.Time // when the claim was sent (monotonic)
 
 	// Lease renewal.
 	renewLost atomic.Bool  // a renewal found the lease lost
@@ -107,6 +108,7 @@ func (e *Execution) Start(cl *Claimer, values context.Context, id store.ID, toke
 	e.id, e.token = id, token
 	e.txMu.Unlock()
 	e.held.Store(int64(sent.Sub(cl.epoch)))
+	e.sent = sent
 	first := max(cl.cfg.Lease/3-time.Since(sent), 0)
 	e.mu.Lock()
 	e.stopped = false
@@ -232,14 +234,21 @@ func (e *Execution) Released() bool { return e.released }
 
 // NotifyCompleted tells a store that keeps a copy of records
 // (store.CompletionNotifier) that the record was completed in the caller's own
-// transaction with resp, best effort. It does nothing for other stores.
+// transaction with resp, best effort. It does nothing for other stores. The
+// retention it gives is what is left of the record's counted from when the claim
+// was sent, a start no later than the caller's transaction (whose record's
+// retention began inside it), so the copy never outlives the record.
 func (e *Execution) NotifyCompleted(resp store.Response) {
 	n, ok := e.cl.cfg.Store.(store.CompletionNotifier)
 	if !ok {
 		return
 	}
+	rest := e.cl.cfg.Retention - e.cl.now().Sub(e.sent)
+	if rest < time.Millisecond {
+		return
+	}
 	ctx, cancel := e.cl.Bound(&e.ctx, e.cl.cfg.Timeouts.Complete)
-	n.NotifyCompleted(ctx, e.id, e.token, resp, e.cl.cfg.Retention)
+	n.NotifyCompleted(ctx, e.id, e.token, resp, rest)
 	cancel()
 }
 
