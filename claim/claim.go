@@ -103,7 +103,8 @@ type Config struct {
 	Logger *slog.Logger
 	// Observe, if set, is called just before each claim, completion and release
 	// call, with the context the call would use; the store is called with the
-	// context it returns, and done, if not nil, with the call's error.
+	// context it returns, and done, if not nil, with the call's error (nil for a
+	// call cancelled by the caller's context: no store failure).
 	Observe func(ctx context.Context, op Op, id store.ID) (callCtx context.Context, done func(error))
 }
 
@@ -186,8 +187,14 @@ func (cl *Claimer) observe(ctx context.Context, op Op, id store.ID) (context.Con
 	return cl.cfg.Observe(ctx, op, id)
 }
 
+// done reports a call's end to Config.Observe's done. A call cancelled by its
+// caller's context (the client went away) is reported as no error: the store did
+// not fail.
 func done(f func(error), err error) {
 	if f != nil {
+		if errors.Is(err, context.Canceled) {
+			err = nil
+		}
 		f(err)
 	}
 }

@@ -955,6 +955,23 @@ func TestFlappingStoreIsOneOutage(t *testing.T) {
 	}
 }
 
+// The outage's logged length runs from its first failure to the answer that
+// ended it: a store that hung through one request's claim and answered the next
+// one 18 s later was down 18 s, not 0 s.
+func TestOutageLengthLogged(t *testing.T) {
+	logs := &logRecorder{}
+	e := newEnv(t, echoHandler, WithLogger(slog.New(logs)))
+	e.st.claimErr = fmt.Errorf("store: %w", context.DeadlineExceeded)
+	e.do(req("POST", "/x", "hung", "b"))
+	e.st.claimErr = nil
+	e.clk.advance(18 * time.Second)
+	e.do(req("POST", "/x", "back", "b"))
+	n, r := logs.count(slog.LevelWarn)
+	if n != 2 || !strings.Contains(r.Message, "available again") || attr(r, "outage") != "18s" {
+		t.Fatalf("%d lines, last %q outage=%s; want the end logged with outage=18s", n, r.Message, attr(r, "outage"))
+	}
+}
+
 // A claim that fails because the client went away (its request context
 // cancelled) is no store outage: nothing is logged above debug level, and the
 // next answered claim logs no recovery either.

@@ -45,13 +45,17 @@ const (
 	StoreError
 	// FailOpen: the store failed and the handler ran unprotected (WithFailOpen).
 	FailOpen
+	// ClientGone: the client went away before the store answered the claim
+	// (WithCancelOnDisconnect cancelled it): no store failure, no outage; the 503
+	// written reaches nobody, and no handler runs.
+	ClientGone
 )
 
 var decisionNames = [...]string{
 	PassThrough: "pass_through", NoKey: "no_key", KeyMissing: "key_missing", KeyInvalid: "key_invalid",
 	BodyTooLarge: "body_too_large", BodyUnreadable: "body_unreadable", Executed: "executed",
 	Released: "released", LeaseLost: "lease_lost", Replayed: "replayed", InFlight: "in_flight",
-	Mismatch: "mismatch", StoreError: "store_error", FailOpen: "fail_open",
+	Mismatch: "mismatch", StoreError: "store_error", FailOpen: "fail_open", ClientGone: "client_gone",
 }
 
 // String returns the decision's stable snake_case name, e.g. "replayed".

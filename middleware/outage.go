@@ -88,7 +88,7 @@ func (m *Middleware) storeAnswered(ctx context.Context) {
 		return
 	}
 	o.down.Store(false)
-	n, d := o.failures, o.last.Sub(o.since)
+	n, d := o.failures, now.Sub(o.since) // to the answer that ends it: a lone failure is no 0 s outage
 	o.mu.Unlock()
 	m.logger.LogAttrs(ctx, slog.LevelWarn, "idempotency store available again",
 		slog.Int64("failed_requests", n), slog.Duration("outage", d))

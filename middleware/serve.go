@@ -182,7 +182,7 @@ func (m *Middleware) claimFailed(w http.ResponseWriter, r *http.Request, next ht
 		// The client went away (WithCancelOnDisconnect): not the store's failure, and
 		// no handler runs for a gone client.
 		m.writeProblem(w, http.StatusServiceUnavailable, m.problems.storeDown, max(m.storeRetryAfter, 1))
-		ev.Decision, ev.Status = StoreError, http.StatusServiceUnavailable
+		ev.Decision, ev.Status = ClientGone, http.StatusServiceUnavailable
 	case m.failOpen:
 		m.storeFailed(ctx, err)
 		m.logger.LogAttrs(ctx, slog.LevelDebug, "idempotency store failed; running the handler unprotected (fail open)",

@@ -161,7 +161,7 @@ func (m *Observer) Observe(_ context.Context, e middleware.Event) {
 		m.mismatches.Inc()
 	}
 	if e.Decision == middleware.StoreError || e.Decision == middleware.FailOpen ||
-		e.Err != nil && !errors.Is(e.Err, store.ErrLeaseLost) {
+		e.Err != nil && e.Decision != middleware.ClientGone && !errors.Is(e.Err, store.ErrLeaseLost) {
 		m.storeErrors.Inc()
 	}
 	if e.Takeover {
