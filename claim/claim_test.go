@@ -236,3 +236,43 @@ func TestNotifyCompletedRetentionFromStart(t *testing.T) {
 		}
 	})
 }
+
+// A Context over a parent that is never cancelled cancels itself on a lost
+// lease: Done (asked before and after), Err, context.Cause and a child context
+// all see it, with no cancel function from the caller.
+func TestContextCancelsItselfOnLeaseLost(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		mem := memory.New()
+		cl := newClaimer(t, mem, 3*time.Second)
+		id := store.ID{Key: "k"}
+		res, sent, err := cl.Claim(t.Context(), store.ClaimRequest{ID: id})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var e claim.Execution
+		var c claim.Context
+		c.Set(context.WithoutCancel(t.Context()), claim.Claim{ID: id, Token: res.Token}, &e)
+		e.Start(cl, &c, id, res.Token, sent, nil)
+		done := c.Done()
+		child, stop := context.WithCancel(&c)
+		defer stop()
+		if c.Err() != nil || child.Err() != nil {
+			t.Fatalf("before the loss: %v, %v", c.Err(), child.Err())
+		}
+		if err := mem.Release(t.Context(), id, res.Token); err != nil { // the key is taken from the holder
+			t.Fatal(err)
+		}
+		time.Sleep(time.Second + time.Millisecond)
+		synctest.Wait()
+		<-done
+		<-c.Done()
+		<-child.Done()
+		if !errors.Is(c.Err(), context.Canceled) || !errors.Is(context.Cause(&c), store.ErrLeaseLost) || !errors.Is(context.Cause(child), store.ErrLeaseLost) {
+			t.Fatalf("err %v, cause %v, child's cause %v; want canceled with cause store.ErrLeaseLost", c.Err(), context.Cause(&c), context.Cause(child))
+		}
+		if got, ok := claim.FromContext(child); !ok || got.Token != res.Token {
+			t.Fatalf("FromContext after the loss: %+v, %v", got, ok)
+		}
+		e.Stop()
+	})
+}

@@ -22,6 +22,7 @@ type Execution struct {
 	token store.Token
 	ctx   detachedCtx
 	lost  func(error) // cancels the execution's context on a lost lease
+	hctx  *Context    // the execution's context, when it cancels itself (Context.Set)
 
 	// In-transaction completion (MarkCompleted), guarded by txMu: the executing
 	// code may call it while a renewal holds mu.
@@ -100,7 +101,8 @@ func (e *Execution) Detach(cl *Claimer, parent context.Context) {
 // renewed every third of it from then. values is the context whose values the
 // store calls keep (not its cancellation). lost, if not nil, is called with
 // store.ErrLeaseLost when a renewal finds the lease taken over: the caller
-// cancels the execution's context with it (context.WithCancelCause).
+// cancels the execution's context with it (context.WithCancelCause); a Context
+// set over a parent that is never cancelled cancels itself (no lost needed).
 func (e *Execution) Start(cl *Claimer, values context.Context, id store.ID, token store.Token, sent time.Time, lost func(error)) {
 	e.cl, e.lost = cl, lost
 	e.ctx.set(values)
@@ -146,8 +148,13 @@ func (e *Execution) renew() {
 		// Logged by the caller when it returns: a record completed in the caller's
 		// own transaction also ends the lease, and is no loss.
 		e.renewLost.Store(true)
-		if e.lost != nil && !e.completedInTx() {
-			e.lost(store.ErrLeaseLost)
+		if !e.completedInTx() {
+			if e.lost != nil {
+				e.lost(store.ErrLeaseLost)
+			}
+			if e.hctx != nil {
+				e.hctx.loseLease()
+			}
 		}
 		return // nothing left to renew
 	default:
@@ -317,7 +324,7 @@ func (e *Execution) Complete(resp store.Response, beforeRetry func()) (retries i
 // reusable.
 func (e *Execution) Reset() {
 	e.ctx.set(nil)
-	e.lost = nil
+	e.lost, e.hctx = nil, nil
 	e.released, e.releaseErr = false, nil
 	e.txMu.Lock()
 	e.id, e.token = store.ID{}, store.Token{}

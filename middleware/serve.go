@@ -258,15 +258,17 @@ func (m *Middleware) replay(w http.ResponseWriter, rec *store.Record) {
 //
 // Under a claim the context is detached from the client's connection unless
 // WithCancelOnDisconnect is on: a hang-up must not stop a side effect half way.
-// A lost lease cancels it, with cause store.ErrLeaseLost (package claim).
+// A lost lease cancels it, with cause store.ErrLeaseLost (package claim: the
+// claim's context cancels itself when detached).
 func (c *call) handlerRequest(r *http.Request, cl0 Claim, cl *call, body []byte) *http.Request {
 	parent := r.Context()
 	var exec *claim.Execution
 	if cl != nil {
-		if !c.m.cancelOnGone {
-			parent = context.WithoutCancel(parent)
+		if c.m.cancelOnGone {
+			parent, cl.cancelLost = context.WithCancelCause(parent)
+		} else {
+			parent = context.WithoutCancel(parent) // the claim's context cancels itself on a lost lease
 		}
-		parent, cl.cancelLost = context.WithCancelCause(parent)
 		exec = &cl.exec
 	}
 	hr := &handlerReq{}
