@@ -209,7 +209,7 @@ func (m *Middleware) decide(w http.ResponseWriter, r *http.Request, next http.Ha
 	ctx, id, res := r.Context(), a.id, a.res
 	switch res.Outcome {
 	case store.Completed:
-		m.replay(w, res.Record)
+		m.replay(w, c, res.Record)
 		m.observe(ctx, Event{Decision: Replayed, ID: id, Status: res.Record.Status, StoreLatency: a.latency, CompletedAt: res.Record.CompletedAt, Waited: a.waited})
 	case store.InFlight:
 		m.writeProblem(w, http.StatusConflict, m.problems.inFlight, m.inFlightRetryAfter(route, res.RetryAfter))
@@ -226,17 +226,17 @@ func (m *Middleware) decide(w http.ResponseWriter, r *http.Request, next http.Ha
 }
 
 // replay writes a stored response: status, stored headers, the replay mark, the
-// exact body bytes. The header values are copied (into one array): a record is
+// exact body bytes. The header values are copied (c.headerValues): a record is
 // shared by every replay of its key (store/memory keeps the one it returns), and
 // an outer middleware that edits a value in place must not change the next
 // replay.
-func (m *Middleware) replay(w http.ResponseWriter, rec *store.Record) {
+func (m *Middleware) replay(w http.ResponseWriter, c *call, rec *store.Record) {
 	h := w.Header()
 	n := 0
 	for _, v := range rec.Header {
 		n += len(v)
 	}
-	vals := make([]string, 0, n)
+	vals := c.headerValues(n)
 	for k, v := range rec.Header {
 		i := len(vals)
 		vals = append(vals, v...)
@@ -250,6 +250,25 @@ func (m *Middleware) replay(w http.ResponseWriter, rec *store.Record) {
 	if len(rec.Body) > 0 {
 		w.Write(rec.Body)
 	}
+}
+
+// valueChunk is how many header values a call's chunk holds (see headerValues).
+const valueChunk = 64
+
+// headerValues returns an empty array for n header values of a replay, carved
+// from c's current chunk, which is never handed out twice: the values a replay
+// sends alias neither the record nor any other replay's (an outer middleware may
+// keep them past the request), at one allocation per valueChunk values.
+func (c *call) headerValues(n int) []string {
+	if n > valueChunk/4 {
+		return make([]string, 0, n)
+	}
+	if cap(c.values)-len(c.values) < n {
+		c.values = make([]string, 0, valueChunk)
+	}
+	i := len(c.values)
+	c.values = c.values[:i+n]
+	return c.values[i:i:i+n]
 }
 
 // handlerRequest returns the request the handler sees: the key in its context
