@@ -57,7 +57,7 @@ type Context struct {
 
 	self bool // the parent is never cancelled: c cancels itself on a lost lease
 	mu   sync.Mutex
-	done chan struct{}                    // made by the first Done
+	done chan struct{}                   // made by the first Done
 	lost atomic.Pointer[context.Context] // set on a lost lease: a context cancelled with cause store.ErrLeaseLost
 }
 

@@ -268,7 +268,7 @@ func (c *call) headerValues(n int) []string {
 	}
 	i := len(c.values)
 	c.values = c.values[:i+n]
-	return c.values[i:i:i+n]
+	return c.values[i : i : i+n]
 }
 
 // handlerRequest returns the request the handler sees: the key in its context
