@@ -33,6 +33,7 @@ func TestObserver(t *testing.T) {
 		{Decision: middleware.StoreError, Err: errors.New("down")},
 		{Decision: middleware.Executed, Err: errors.New("complete failed"), CompleteRetries: 3},
 		{Decision: middleware.LeaseLost, Err: store.ErrLeaseLost}, // not a store failure
+		{Decision: middleware.ClientGone, Err: context.Canceled},  // nor is a client's hang-up
 		{Decision: middleware.PassThrough},
 		{Decision: middleware.KeyMissing},
 		{Decision: middleware.Decision(200)}, // a decision this build does not know
@@ -49,6 +50,7 @@ func TestObserver(t *testing.T) {
 		"idemkey_decisions_total/pass_through":     1,
 		"idemkey_decisions_total/key_missing":      1,
 		"idemkey_decisions_total/fail_open":        0,
+		"idemkey_decisions_total/client_gone":      1,
 		"idemkey_decisions_total/unknown":          1,
 		"idemkey_store_latency_seconds/executed":   3,
 		"idemkey_store_latency_seconds/replayed":   1,
