@@ -15,6 +15,7 @@ import (
 
 	"github.com/google/uuid"
 
+	"github.com/idemkey/idemkey/celeriant/internal/sleep"
 	"github.com/idemkey/idemkey/celeriant/internal/wire"
 )
 
@@ -53,18 +54,31 @@ type Config struct {
 	Dial func(ctx context.Context, network, addr string) (net.Conn, error)
 	// Logger receives connection-level events at debug level; default discards.
 	Logger *slog.Logger
+	// APIKey, when set, is sent in an Identify handshake at the start of every
+	// connection (docs/celeriant-protocol.md section 1.3), for a server with API keys
+	// (or started with --require-client-identity, which answers 10004 to anything
+	// else first): standard base64 of APIKeySize bytes, else New fails. A refused key
+	// fails the request with ErrNotSent wrapping the *ServerError (10005-10007). After
+	// Identify the server compresses large responses with its dictionary, which the
+	// handshake delivers and the client applies. The key never appears in a log,
+	// an error or a printed Config (Secret).
+	APIKey Secret
 }
 
 // Client is a Celeriant client speaking protocol v3 (MessagePack) over TCP with a small
 // connection pool. It implements EventStore and is safe for concurrent use. It never
-// re-sends a write: a write that was sent and got no answer returns ErrOutcomeUnknown.
-// Reads and AggregateDetails are retried once on a fresh connection when a pooled one
-// turns out dead, and once at the leader after a not-leader answer.
+// re-sends a write that was sent and got no answer (ErrOutcomeUnknown). Reads and
+// AggregateDetails are retried once on a fresh connection when a pooled one turns out
+// dead; every request follows a not-leader answer to the leader it names and is
+// re-sent after a busy answer, both of which mean the server applied nothing
+// (docs/celeriant-protocol.md section 5).
 type Client struct {
 	cfg    Config
 	log    *slog.Logger
 	corrHi uint64
 	corrLo atomic.Uint64
+
+	dict dictionary // the compression dictionary of an identified server
 
 	mu     sync.Mutex
 	target string
@@ -96,6 +110,11 @@ func New(cfg Config) (*Client, error) {
 	}
 	if cfg.MaxConns <= 0 {
 		cfg.MaxConns = 8
+	}
+	if cfg.APIKey != "" {
+		if err := checkAPIKey(cfg.APIKey); err != nil {
+			return nil, err
+		}
 	}
 	if cfg.IdleTimeout <= 0 {
 		cfg.IdleTimeout = 25 * time.Second
@@ -200,7 +219,8 @@ func (c *Client) nextCorrelation() uuid.UUID {
 // Write implements EventStore (docs/celeriant-protocol.md sections 4.3, 4.4). One round trip. Errors:
 // *ServerError for a server answer; ErrOutcomeUnknown when the request was sent and no
 // answer came (the write may have committed; it is never re-sent); ErrNotSent otherwise.
-// A not-leader answer re-routes later requests to the named leader but is returned.
+// A not-leader answer is followed to the named leader within the call, and a busy
+// answer retried after a backoff (see roundTrip); both had no effect on the server.
 func (c *Client) Write(ctx context.Context, req WriteRequest) (WriteResult, error) {
 	if err := CheckWrite(&req); err != nil {
 		return WriteResult{}, err
@@ -256,7 +276,23 @@ func (c *Client) AggregateDetails(ctx context.Context, key AggregateKey) (Aggreg
 	return res, err
 }
 
-// roundTrip sends one request and reads its answer, with the retry rules of Client.
+// Bounds of roundTrip's retries within one request.
+const (
+	// maxLeaderHops is how many not-leader answers naming a leader one request follows.
+	maxLeaderHops = 3
+	// maxBusyRetries is how many times one request is re-sent after a busy answer
+	// (2012, 11000) or a not-leader answer that names no leader (an election), waiting
+	// busyBackoff, then twice, four times as long.
+	maxBusyRetries = 3
+	busyBackoff    = 10 * time.Millisecond
+)
+
+// roundTrip sends one request and reads its answer, with the retry rules of Client:
+// once more on a fresh connection when a pooled one was dead (reads only); to the
+// leader a not-leader answer names (writes too: the server refuses a write on a
+// follower before any check, so it had no effect), up to maxLeaderHops; after a busy
+// answer or a not-leader answer without a leader, with a backoff, up to
+// maxBusyRetries (neither applied anything, docs/celeriant-protocol.md section 5).
 func (c *Client) roundTrip(ctx context.Context, op string, isWrite bool, corr uuid.UUID, want wire.MessageType,
 	encode func(*wire.Encoder) []byte, decode func(*wire.Decoder, []byte) (uuid.UUID, error)) error {
 	if _, ok := ctx.Deadline(); !ok {
@@ -264,33 +300,43 @@ func (c *Client) roundTrip(ctx context.Context, op string, isWrite bool, corr uu
 		ctx, cancel = context.WithTimeout(ctx, c.cfg.RequestTimeout)
 		defer cancel()
 	}
-	redirected := false
-	for attempt := 0; ; attempt++ {
+	hops, busy, mayReuse := 0, 0, true
+	for {
 		c.mu.Lock()
 		closed, addr := c.closed, c.target
 		c.mu.Unlock()
 		if closed {
 			return fmt.Errorf("%w: %w: %s", ErrNotSent, ErrClosed, op)
 		}
-		err, retry := c.attempt(ctx, addr, op, isWrite, attempt == 0, corr, want, encode, decode)
+		err, retry := c.attempt(ctx, addr, op, isWrite, mayReuse, corr, want, encode, decode)
 		if err == nil {
 			return nil
 		}
-		if leader, ok := IsNotLeader(err); ok && leader != "" && leader != addr {
+		leader, notLeader := IsNotLeader(err)
+		switch {
+		case notLeader && leader != "" && leader != addr && hops < maxLeaderHops:
+			hops++
 			c.mu.Lock()
 			c.target = leader
 			c.mu.Unlock()
 			c.log.Debug("celeriant: following leader", "from", addr, "to", leader)
-			if !isWrite && !redirected {
-				redirected = true
-				continue
+			continue
+		case (notLeader && leader == "" || IsBusy(err)) && busy < maxBusyRetries:
+			if c.backoff(ctx, busy) != nil {
+				return err
 			}
+			busy++
+			continue
+		case retry && mayReuse:
+			mayReuse = false
+			continue
 		}
-		if !retry || attempt > 0 {
-			return err
-		}
+		return err
 	}
 }
+
+// backoff waits busyBackoff << n, or until ctx ends.
+func (c *Client) backoff(ctx context.Context, n int) error { return sleep.Ctx(ctx, busyBackoff<<n) }
 
 // attempt performs one request on one connection. retry reports a dead pooled
 // connection on a read-only request, worth one more try on a fresh connection.
@@ -363,8 +409,8 @@ func (c *Client) attempt(ctx context.Context, addr, op string, isWrite, mayReuse
 		retry = !isWrite && reused && ctx.Err() == nil && !timeout && !errors.Is(rerr, ErrProtocol)
 		return c.lost(ctx, op, isWrite, rerr), retry
 	}
-	if h.Compression != 0 {
-		return c.lost(ctx, op, isWrite, errProtocolf("compressed response without Identify")), false
+	if body, rerr = c.dict.inflate(h, body, c.cfg.MaxResponseSize); rerr != nil {
+		return c.lost(ctx, op, isWrite, rerr), false
 	}
 	var got uuid.UUID
 	switch h.Type {
@@ -491,7 +537,14 @@ func (c *Client) dial(ctx context.Context, addr string) (*conn, error) {
 		}
 		nc = tc
 	}
-	return &conn{nc: nc, enc: wire.NewEncoder(), dec: wire.NewDecoder()}, nil
+	cn := &conn{nc: nc, enc: wire.NewEncoder(), dec: wire.NewDecoder()}
+	if c.cfg.APIKey != "" {
+		if err := c.identify(dctx, cn); err != nil {
+			_ = nc.Close()
+			return nil, fmt.Errorf("%w: identify with %s: %w", ErrNotSent, addr, err)
+		}
+	}
+	return cn, nil
 }
 
 // release returns cn to p's idle list when healthy (else closes it) and frees its slot.

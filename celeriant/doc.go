@@ -53,7 +53,7 @@
 //     (1000), ErrNotFound (1001/2005/7001), ErrNotLeader (2011/3005/4006) and ErrBusy
 //     (11000/2012/3006/4007); predicates IsConflict, IsNotLeader, IsUnavailableVersion...
 //   - ErrOutcomeUnknown: a write was sent and no answer came back; it may have
-//     committed. The client never re-sends a write by itself: the caller holds its
+//     committed. The client never re-sends such a write by itself: the caller holds its
 //     ClientSeq and retries with a fresh ExpectedVersion (docs/account-service.md section 3.3).
 //   - ErrNotSent: the request never left as a complete frame (dial failure, context
 //     done before sending, ErrInvalidRequest, ErrClosed); safe to retry.

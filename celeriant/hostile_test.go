@@ -125,26 +125,44 @@ func writeRequest(d *wire.Decoder, b []byte) error { _, err := d.WriteRequest(b)
 // the earlier entries per entry took minutes.
 func TestWriteRequestManyEntries(t *testing.T) {
 	const n = 100_000
-	req := celeriant.WriteRequest{ClientID: idClient}
-	for i := range n {
-		k := goldenKey
-		binary.BigEndian.PutUint64(k.ID[8:], uint64(i))
-		req.Writes = append(req.Writes, celeriant.AggregateWrite{Key: k, Events: []celeriant.Event{goldenEvent}, AllowCreate: true})
+	build := func(n int) (body []byte, dup celeriant.AggregateWrite) {
+		req := celeriant.WriteRequest{ClientID: idClient}
+		for i := range n {
+			k := goldenKey
+			binary.BigEndian.PutUint64(k.ID[8:], uint64(i))
+			req.Writes = append(req.Writes, celeriant.AggregateWrite{Key: k, Events: []celeriant.Event{goldenEvent}, AllowCreate: true})
+		}
+		dup = req.Writes[n/2]
+		dup.AllowCreate = false
+		req.Writes = append(req.Writes, dup) // the encoder does not check; the decoder collapses
+		return bytes.Clone(wire.NewEncoder().WriteRequest(&req)[wire.HeaderSize:]), dup
 	}
-	dup := req.Writes[n/2]
-	dup.AllowCreate = false
-	req.Writes = append(req.Writes, dup) // the encoder does not check; the decoder collapses
-	body := bytes.Clone(wire.NewEncoder().WriteRequest(&req)[wire.HeaderSize:])
-	start := time.Now()
-	got, err := wire.NewDecoder().WriteRequest(body)
-	if err != nil {
-		t.Fatal(err)
+	// The decoder must stay linear in the entries: a quadratic duplicate check
+	// would take 100x as long for 10x the entries. The fastest of three runs of
+	// each size is compared, a ratio within one run, so machine load does not
+	// decide the outcome.
+	fastest := func(body []byte) (time.Duration, celeriant.WriteRequest) {
+		best := time.Duration(1 << 62)
+		var got celeriant.WriteRequest
+		for range 3 {
+			start := time.Now()
+			r, err := wire.NewDecoder().WriteRequest(body)
+			if err != nil {
+				t.Fatal(err)
+			}
+			best, got = min(best, time.Since(start)), r
+		}
+		return best, got
 	}
-	if took := time.Since(start); took > 10*time.Second {
-		t.Fatalf("decoding %d entries took %v", n, took)
-	}
+	small, _ := build(n / 10)
+	large, dup := build(n)
+	tSmall, _ := fastest(small)
+	tLarge, got := fastest(large)
 	if len(got.Writes) != n || got.Writes[n/2].AllowCreate || got.Writes[n/2].Key != dup.Key {
 		t.Fatalf("%d entries; the duplicate did not replace entry %d", len(got.Writes), n/2)
+	}
+	if ratio := float64(tLarge) / float64(max(tSmall, time.Microsecond)); ratio > 40 {
+		t.Fatalf("decoding %d entries took %v, %d took %v: %.0fx for 10x the entries", n, tLarge, n/10, tSmall, ratio)
 	}
 }
 

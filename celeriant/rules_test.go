@@ -39,7 +39,7 @@ func simTargets(t *testing.T) map[string]ruleTarget {
 	opts := celeriantsim.Options{MaxResponseSize: 64 << 10}
 	inproc := celeriantsim.New(opts)
 	t.Cleanup(func() { _ = inproc.Close() })
-	sim, addr := startSim(t, opts)
+	_, addr := startSim(t, opts)
 	c := newClient(t, celeriant.Config{Addrs: []string{addr}})
 	trim := func(s *celeriantsim.Sim) func(context.Context, celeriant.AggregateKey, uint64) error {
 		return func(_ context.Context, key celeriant.AggregateKey, keepFrom uint64) error {
@@ -47,8 +47,9 @@ func simTargets(t *testing.T) map[string]ruleTarget {
 		}
 	}
 	return map[string]ruleTarget{
-		"sim-inprocess":  {s: inproc, watch: inproc, trim: trim(inproc), pageBytes: 64 << 10},
-		"client-tcp-sim": {s: c, watch: c, trim: trim(sim), pageBytes: 64 << 10},
+		"sim-inprocess": {s: inproc, watch: inproc, trim: trim(inproc), pageBytes: 64 << 10},
+		// Over TCP the trim is a TrimStart request, as on a real server.
+		"client-tcp-sim": {s: c, watch: c, trim: trimOverWire(addr), pageBytes: 64 << 10},
 	}
 }
 

@@ -196,8 +196,8 @@ func (s *watchStream) read() (WatchResponse, error) {
 	if err != nil {
 		return WatchResponse{}, fmt.Errorf("%w: watch: %w", ErrTransport, err)
 	}
-	if h.Compression != 0 {
-		return WatchResponse{}, fmt.Errorf("%w: watch: %w", ErrTransport, errProtocolf("compressed response without Identify"))
+	if body, err = s.c.dict.inflate(h, body, s.c.cfg.MaxResponseSize); err != nil {
+		return WatchResponse{}, fmt.Errorf("%w: watch: %w", ErrTransport, err)
 	}
 	switch h.Type {
 	case wire.RespWatch:

@@ -186,7 +186,9 @@ func TestWatchHeartbeat(t *testing.T) {
 // notifications pile up is dropped by the server; it still receives what was
 // queued, then its stream ends with ErrTransport. Writers are never held up.
 func TestWatchLaggingSubscriberIsDropped(t *testing.T) {
-	watchers(t, celeriantsim.Options{WatchQueue: 3}, func(t *testing.T, sim *celeriantsim.Sim, w celeriant.Watcher) {
+	// NoCommitDelay: the writes must come faster than the sender drains the queue,
+	// which a commit window per write would not allow.
+	watchers(t, celeriantsim.Options{WatchQueue: 3, CommitDelay: celeriantsim.NoCommitDelay}, func(t *testing.T, sim *celeriantsim.Sim, w celeriant.Watcher) {
 		ctx := context.Background()
 		key, client := freshKey(), uuid.New()
 		s, err := w.Watch(ctx, celeriant.WatchRequest{Aggregates: []uuid.UUID{key.ID}, Operations: []celeriant.WatchOperation{celeriant.WatchWrite}})

@@ -11,8 +11,13 @@
 //   - keeps the caller's Idempotency-Key, or mints one (a random UUIDv4, sent as
 //     a Structured Field string) when the caller set none, and sends that same
 //     key on every attempt;
+//   - keeps a key the caller set under any spelling of the header's name
+//     (req.Header["idempotency-key"] set directly is the same key);
 //   - re-sends the same body bytes on every attempt (through Request.GetBody,
-//     or a copy it reads once when the request has no GetBody);
+//     or a copy it reads once when the request has no GetBody, of at most
+//     WithMaxBufferedBody bytes: a longer body without GetBody is streamed in
+//     one attempt, never retried, and a transport error then wraps
+//     ErrBodyNotRetried);
 //   - retries on a transport error (connection refused or reset, an answer lost
 //     on the way back, an attempt timeout), on 409 or 503 with Retry-After
 //     (waiting that long), and on any other 5xx (exponential back-off with
@@ -59,7 +64,17 @@ const (
 	// the longest Retry-After honoured (a longer one ends the retries and its
 	// response is returned).
 	DefaultMaxDelay = 10 * time.Second
+	// DefaultMaxBufferedBody is the most bytes of a body without GetBody kept
+	// in memory for the retries (4 MiB).
+	DefaultMaxBufferedBody = 4 << 20
 )
+
+// ErrBodyNotRetried is wrapped by the error of a request that failed in its only
+// attempt because its body, having no GetBody, was over the buffered-body limit
+// (WithMaxBufferedBody) and so could not be sent again. Give such a request a
+// GetBody (http.NewRequest does for a *bytes.Reader, *bytes.Buffer or
+// *strings.Reader body) to have it retried.
+var ErrBodyNotRetried = errors.New("client: not retried: the request body has no GetBody and is over the buffered-body limit")
 
 // errRewind wraps a failure of the request's GetBody: the body cannot be sent
 // again, so the request is not retried.
@@ -80,6 +95,7 @@ type Transport struct {
 	baseDelay      time.Duration
 	maxDelay       time.Duration
 	attemptTimeout time.Duration
+	maxBuffered    int64
 	newKey         func() string
 	// sleep waits d or until ctx is done; tests replace it.
 	sleep func(ctx context.Context, d time.Duration) error
@@ -125,6 +141,14 @@ func WithBackoff(base, max time.Duration) Option {
 // An attempt over it counts as a lost answer and is retried with the same key.
 func WithAttemptTimeout(d time.Duration) Option { return func(t *Transport) { t.attemptTimeout = d } }
 
+// WithMaxBufferedBody sets the most bytes of a request body without GetBody
+// that the transport keeps in memory to send again (default
+// DefaultMaxBufferedBody, 4 MiB; at least 0). A longer body is streamed in a
+// single attempt, with the key, and not retried; a transport error of that
+// attempt wraps ErrBodyNotRetried, and its answer, whatever the status, is
+// returned as is.
+func WithMaxBufferedBody(n int64) Option { return func(t *Transport) { t.maxBuffered = n } }
+
 // WithKeyFunc sets how a key is minted for a request without one (default
 // NewKey). It must return a different key on each call, of 1 to
 // store.MaxKeyLen printable ASCII bytes ('"' and '\' are escaped); RoundTrip
@@ -133,7 +157,8 @@ func WithKeyFunc(f func() string) Option { return func(t *Transport) { t.newKey 
 
 // New returns a Transport with the options applied. It fails on a key header
 // name that is not a token (empty, with spaces or separators), no methods, fewer than one attempt, a non-positive base delay, a max
-// delay under the base, a negative attempt timeout or a nil base or key func.
+// delay under the base, a negative attempt timeout or buffered-body limit, or a
+// nil base or key func.
 func New(opts ...Option) (*Transport, error) {
 	t := &Transport{
 		base:        http.DefaultTransport,
@@ -142,6 +167,7 @@ func New(opts ...Option) (*Transport, error) {
 		maxAttempts: DefaultMaxAttempts,
 		baseDelay:   DefaultBaseDelay,
 		maxDelay:    DefaultMaxDelay,
+		maxBuffered: DefaultMaxBufferedBody,
 		newKey:      NewKey,
 		sleep:       sleep,
 	}
@@ -162,6 +188,8 @@ func New(opts ...Option) (*Transport, error) {
 		return nil, fmt.Errorf("client: back-off base %v and max %v, want 0 < base <= max", t.baseDelay, t.maxDelay)
 	case t.attemptTimeout < 0:
 		return nil, fmt.Errorf("client: negative attempt timeout %v", t.attemptTimeout)
+	case t.maxBuffered < 0:
+		return nil, fmt.Errorf("client: negative buffered-body limit %d", t.maxBuffered)
 	case t.newKey == nil:
 		return nil, errors.New("client: nil key func")
 	}
@@ -219,7 +247,7 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		return t.base.RoundTrip(req)
 	}
 	ctx := req.Context()
-	getBody, err := bodySource(req)
+	getBody, once, err := bodySource(req, t.maxBuffered)
 	if err != nil {
 		return nil, err
 	}
@@ -227,6 +255,7 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	if header == nil {
 		header = http.Header{}
 	}
+	canonicalKey(header, t.keyHeader)
 	if len(header[t.keyHeader]) == 0 {
 		v, err := keyField(t.newKey())
 		if err != nil {
@@ -236,7 +265,10 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	}
 	for attempt := 1; ; attempt++ {
 		resp, err := t.try(ctx, req, header, getBody)
-		if attempt == t.maxAttempts || errors.Is(err, errRewind) {
+		if once && err != nil {
+			err = fmt.Errorf("%w (%d bytes): %w", ErrBodyNotRetried, t.maxBuffered, err)
+		}
+		if once || attempt == t.maxAttempts || errors.Is(err, errRewind) {
 			return resp, wrap(err, attempt)
 		}
 		wait, retry := t.decide(resp, err, attempt)
@@ -345,23 +377,45 @@ func retryAfter(v string, now time.Time) (time.Duration, bool) {
 	return 0, false
 }
 
+// canonicalKey moves the values of every spelling of name in h other than name
+// itself (a key set as h["idempotency-key"]) under name, which must be
+// canonical: the base transport sends them all as one field.
+func canonicalKey(h http.Header, name string) {
+	for k, v := range h {
+		if k != name && strings.EqualFold(k, name) {
+			h[name] = append(h[name], v...)
+			delete(h, k)
+		}
+	}
+}
+
 // bodySource returns a function giving the request body afresh, or nil for a
-// request without one. A body without GetBody is read once into memory.
-func bodySource(req *http.Request) (func() (io.ReadCloser, error), error) {
+// request without one. A body without GetBody is read into memory, up to limit
+// bytes; a longer one can be given once only (once is true): the bytes read,
+// then the rest of the caller's body.
+func bodySource(req *http.Request, limit int64) (_ func() (io.ReadCloser, error), once bool, _ error) {
 	if req.Body == nil || req.Body == http.NoBody {
-		return nil, nil
+		return nil, false, nil
 	}
 	if req.GetBody != nil {
 		// Every attempt sends a fresh copy; the caller's body is done with.
 		req.Body.Close()
-		return req.GetBody, nil
+		return req.GetBody, false, nil
 	}
-	b, err := io.ReadAll(req.Body)
-	req.Body.Close()
+	b, err := io.ReadAll(io.LimitReader(req.Body, limit+1))
 	if err != nil {
-		return nil, fmt.Errorf("client: reading the request body: %w", err)
+		req.Body.Close()
+		return nil, false, fmt.Errorf("client: reading the request body: %w", err)
 	}
-	return func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(b)), nil }, nil
+	if int64(len(b)) > limit {
+		rest := struct {
+			io.Reader
+			io.Closer
+		}{io.MultiReader(bytes.NewReader(b), req.Body), req.Body}
+		return func() (io.ReadCloser, error) { return rest, nil }, true, nil
+	}
+	req.Body.Close()
+	return func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(b)), nil }, false, nil
 }
 
 func sleep(ctx context.Context, d time.Duration) error {

@@ -7,7 +7,20 @@
 // different inputs share an encoding:
 //
 //   - the method, as sent (methods are case-sensitive, RFC 9110 section 9.1);
-//   - the route, as the caller names it (the middleware uses the URL path);
+//   - the route, as the caller names it. The middleware's default is the path as
+//     the client sent it, percent-escapes included (url.URL.EscapedPath): two
+//     requests a router could hand to different handlers must never share a
+//     fingerprint, and routers differ in what they route by. A ServeMux splits
+//     the path into segments at the slashes that were sent as slashes, so
+//     /orders/7%2Fcancel reaches /orders/{id} with id "7/cancel" while
+//     /orders/7/cancel reaches /orders/{id}/cancel; chi, and echo and gin with
+//     their raw-path options, route by the escaped text itself. The decoded path
+//     (url.URL.Path) makes both of those pairs one request, so it is not used.
+//     The escaped path is taken byte for byte: /orders/%37 and /orders/7 reach
+//     one ServeMux handler with the same id, yet differ here, because a router
+//     matching the raw path (chi) sees two different ids. A client retries with
+//     the bytes it sent the first time, so this costs nothing in practice; a
+//     path with nothing escaped is named exactly as its URL.Path;
 //   - the canonical query string: pairs split on '&' and at the first '=', keys and
 //     values percent-decoded ('+' is a space), empty pairs dropped, "a" equal to
 //     "a=", sorted by key with a stable sort so repeated parameters keep their
@@ -101,8 +114,9 @@ type Options struct {
 type Request struct {
 	// Method is the HTTP method, as sent.
 	Method string
-	// Route names the resource; the middleware passes the URL path. A key reused
-	// on another route is a mismatch.
+	// Route names the resource; the middleware passes the path as sent
+	// (url.URL.EscapedPath, see the package doc). A key reused on another route
+	// is a mismatch.
 	Route string
 	// RawQuery is the URL's query string without '?', as sent.
 	RawQuery string

@@ -13,6 +13,8 @@
 //	  255 bytes) or several header lines,
 //	  or refused by the store (ErrInvalid)
 //	scope over store.MaxScopeLen (1024 bytes) 400 idempotency_scope_invalid
+//	  or ScopeFromHeader's header on several
+//	  lines
 //	request body over the limit (1 MiB)       413 request_too_large
 //	new key, or expired lease (takeover)      run the handler once, store the response
 //	same key and fingerprint, completed       replay status, headers, exact body bytes
@@ -127,36 +129,6 @@ type ScopeFunc func(r *http.Request) string
 // GlobalScope puts every key in one scope: clients share a key space. Choose it
 // explicitly, only when keys are unguessable and clients trust each other.
 func GlobalScope(*http.Request) string { return "" }
-
-// ScopeFromHeader returns a ScopeFunc that reads the request header name, and
-// returns fallback when it is absent or empty (the first line when it is sent on
-// several).
-//
-// It is a stand-in for tests and demos: any client can send any header value and
-// so read another client's stored responses by guessing its keys. In production
-// scope by the authenticated principal (ContextWithPrincipal and ScopeFromPrincipal), or
-// use ScopeFromHeader only behind a gateway that authenticates the header and
-// strips it from client requests.
-//
-// The keyless clients' scope (fallback) is never shared with a client that sends
-// the fallback's value in the header: such a request gets its own scope, the value
-// prefixed with a NUL byte, which no header value can carry (RFC 9110 section
-// 5.5), so it cannot be forged either. With ScopeFromHeader("X-Client-ID",
-// "anonymous"), "X-Client-ID: anonymous" does not see the keyless clients'
-// records. A header over store.MaxScopeLen bytes is answered 400
-// idempotency_scope_invalid by the middleware.
-func ScopeFromHeader(name, fallback string) ScopeFunc {
-	name = textproto.CanonicalMIMEHeaderKey(name)
-	return func(r *http.Request) string {
-		if v := r.Header[name]; len(v) > 0 && v[0] != "" {
-			if v[0] == fallback {
-				return "\x00" + fallback
-			}
-			return v[0]
-		}
-		return fallback
-	}
-}
 
 type ctxKey struct{}
 

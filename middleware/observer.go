@@ -45,6 +45,11 @@ const (
 	StoreError
 	// FailOpen: the store failed and the handler ran unprotected (WithFailOpen).
 	FailOpen
+	// StoreFull: the store is up but at its bound and refused to add the key
+	// (store.ErrFull, store/memory WithMaxBytes); 503 store_unavailable with
+	// Retry-After, even with WithFailOpen. Not a store outage: nothing is
+	// logged above debug level.
+	StoreFull
 	// ClientGone: the client went away before the store answered the claim
 	// (WithCancelOnDisconnect cancelled it): no store failure, no outage; the 503
 	// written reaches nobody, and no handler runs.
@@ -55,7 +60,8 @@ var decisionNames = [...]string{
 	PassThrough: "pass_through", NoKey: "no_key", KeyMissing: "key_missing", KeyInvalid: "key_invalid",
 	BodyTooLarge: "body_too_large", BodyUnreadable: "body_unreadable", Executed: "executed",
 	Released: "released", LeaseLost: "lease_lost", Replayed: "replayed", InFlight: "in_flight",
-	Mismatch: "mismatch", StoreError: "store_error", FailOpen: "fail_open", ClientGone: "client_gone",
+	Mismatch: "mismatch", StoreError: "store_error", FailOpen: "fail_open", StoreFull: "store_full",
+	ClientGone: "client_gone",
 }
 
 // String returns the decision's stable snake_case name, e.g. "replayed".
@@ -92,7 +98,7 @@ type Event struct {
 	// Waited is how long the request waited for the original holder of its key
 	// (WithWaitInFlight) before its final claim; 0 when it did not wait.
 	Waited time.Duration
-	// Err is the store error behind StoreError, FailOpen or a failed completion;
+	// Err is the store error behind StoreError, FailOpen, StoreFull or a failed completion;
 	// nil otherwise.
 	Err error
 	// CompletedAt is, on Replayed, when the original request's response was

@@ -101,7 +101,7 @@ func defaultConfig() config {
 		retention:       DefaultRetention,
 		maxRequestBody:  DefaultMaxRequestBody,
 		maxStoredBody:   DefaultMaxStoredBody,
-		route:           func(r *http.Request) string { return r.URL.Path },
+		route:           func(r *http.Request) string { return r.URL.EscapedPath() },
 		replayedHeader:  DefaultReplayedHeader,
 		omittedHeader:   DefaultOmittedHeader,
 		release:         DefaultReleasePolicy,
@@ -189,8 +189,12 @@ func WithMaxStoredBody(n int) Option { return func(c *config) { c.maxStoredBody 
 // Use one middleware instance per route group to choose per route.
 func WithCanonicalJSON(on bool) Option { return func(c *config) { c.canonicalJSON = on } }
 
-// WithRoute sets how the route is named in the fingerprint (default: the URL
-// path, so /accounts/1/deposit and /accounts/2/deposit never share a key).
+// WithRoute sets how the route is named in the fingerprint (default: the path
+// as sent, r.URL.EscapedPath(), so /accounts/1/deposit and /accounts/2/deposit
+// never share a key, nor /orders/7%2Fcancel and /orders/7/cancel, which a
+// ServeMux hands to different patterns; see the fingerprint package for the
+// rule). A router that picks a handler by more than the path (the Host, a
+// header) needs a route naming that too, e.g. r.Host + r.URL.EscapedPath().
 func WithRoute(f func(*http.Request) string) Option { return func(c *config) { c.route = f } }
 
 // WithReplayedHeader sets the header that marks a replay with "true" (default
@@ -237,6 +241,8 @@ func WithReleaseUnrouted(on bool) Option { return func(c *config) { c.releaseUnr
 // WithFailOpen runs the handler unprotected when the store cannot answer a claim,
 // instead of the default 503 store_unavailable (fail closed). The key is still in
 // the request context, so an idempotent write downstream still deduplicates.
+// A store that answers but is full (store.ErrFull) is still answered 503: a
+// flood of new keys must not turn the protection off.
 func WithFailOpen(on bool) Option { return func(c *config) { c.failOpen = on } }
 
 // WithStoreRetryAfter sets the Retry-After of the 503 answered when the store

@@ -112,7 +112,7 @@ func (p problem) members(f func(code, detail string) map[string]any) (extra map[
 
 // prerendered holds the bodies of the problems without a variable detail.
 type prerendered struct {
-	missing, inFlight, mismatch, storeDown, keyRefused, scopeTooLong []byte
+	missing, inFlight, mismatch, storeDown, keyRefused, scopeTooLong, scopeSeveral []byte
 }
 
 // newPrerendered renders the problems without a variable detail, and checks
@@ -141,6 +141,8 @@ func newPrerendered(members func(code, detail string) map[string]any) (prerender
 		scopeTooLong: r(problem{Title: "Idempotency scope too long", Status: http.StatusBadRequest, Code: CodeScopeInvalid,
 			Detail: "The scope of this request (the client or tenant its idempotency keys belong to, e.g. a client ID header) is longer than " +
 				strconv.Itoa(store.MaxScopeLen) + " bytes; use a shorter one."}),
+		scopeSeveral: r(problem{Title: "Idempotency scope sent several times", Status: http.StatusBadRequest, Code: CodeScopeInvalid,
+			Detail: "The header naming the client or tenant this request's idempotency keys belong to was sent on several lines; send it once."}),
 		storeDown: r(problem{Title: "Idempotency store unavailable", Status: http.StatusServiceUnavailable, Code: CodeStoreUnavailable,
 			Detail: "The request could not be checked for duplicates and was not processed; retry after the Retry-After delay."}),
 	}, firstErr

@@ -90,7 +90,7 @@ func (m *Middleware) parseKey(w http.ResponseWriter, r *http.Request, next http.
 	}
 	id := store.ID{Scope: m.scope(r), Key: key}
 	if len(id.Scope) > store.MaxScopeLen {
-		m.writeProblem(w, http.StatusBadRequest, m.problems.scopeTooLong, 0)
+		m.writeProblem(w, http.StatusBadRequest, m.problems.scopeProblem(id.Scope), 0)
 		m.observe(ctx, Event{Decision: KeyInvalid, ID: id, Status: http.StatusBadRequest})
 		return store.ID{}, false
 	}
@@ -178,6 +178,11 @@ func (m *Middleware) claimFailed(w http.ResponseWriter, r *http.Request, next ht
 		// can index): a client mistake, answered 400 even in fail-open mode.
 		m.writeProblem(w, http.StatusBadRequest, m.problems.keyRefused, 0)
 		ev.Decision, ev.Status = KeyInvalid, http.StatusBadRequest
+	case errors.Is(err, store.ErrFull):
+		// The store is up but will not add the key until records expire: fail
+		// closed, even in fail-open mode, and no outage.
+		m.writeProblem(w, http.StatusServiceUnavailable, m.problems.storeDown, max(m.storeRetryAfter, 1))
+		ev.Decision, ev.Status = StoreFull, http.StatusServiceUnavailable
 	case m.cancelOnGone && ctx.Err() != nil:
 		// The client went away (WithCancelOnDisconnect): not the store's failure, and
 		// no handler runs for a gone client.

@@ -50,6 +50,14 @@ var (
 	// alike (the checks are ID.Validate, ClaimRequest.Validate, ValidateHolder and
 	// ValidateResponse).
 	ErrInvalid = errors.New("idemkey/store: invalid argument")
+
+	// ErrFull is returned by Claim when the store is at its bound on the bytes
+	// it keeps (store/memory WithMaxBytes) and the claim would add a record: the
+	// store is up and answers every key it holds, but refuses new ones until
+	// records expire or are released. The middleware answers 503 with
+	// Retry-After (fail closed, even with fail open) and counts it apart from a
+	// store that cannot answer (middleware.StoreFull).
+	ErrFull = errors.New("idemkey/store: full")
 )
 
 // Limits of an ID, the same for every store (docs/architecture.md section 4).
@@ -324,6 +332,19 @@ func ValidateResponse(resp Response, retention time.Duration) error {
 		return errorf("body given although marked omitted")
 	}
 	return nil
+}
+
+// ValidateRecord checks a completed record a cache is asked to keep for ttl
+// (the Fill of store/tiered's Cache): id (see ID.Validate), a non-nil record,
+// and its response and ttl (see ValidateResponse). The error wraps ErrInvalid.
+func ValidateRecord(id ID, rec *Record, ttl time.Duration) error {
+	if err := id.Validate(); err != nil {
+		return err
+	}
+	if rec == nil {
+		return errorf("nil record")
+	}
+	return ValidateResponse(rec.Response, ttl)
 }
 
 func errorf(format string, args ...any) error {

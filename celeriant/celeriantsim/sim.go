@@ -9,13 +9,19 @@
 // not), reads that see only committed batches with the 15 filters of section 4.5,
 // paging by NextVersion, soft trim (1000 below the trim point), server timestamps from an
 // injectable clock, and "close the connection without an answer" on malformed input.
+// Like the server's amortised fsync, every write stays in flight for a few
+// milliseconds by default (Options.CommitDelay, DefaultCommitDelay).
 //
 // Watch (Sim.Watch in-process, the Watch message over TCP) follows the server's rules of
 // docs/celeriant-protocol.md section 6.11: notifications after commit, shard routing,
 // heartbeats, latency batching and merging, dropping a subscriber that falls behind.
 //
-// What it leaves out: delete, list, schemas, Identify, compression, replication
-// roles (inject 2011/2012 with InjectWriteError instead), bincode (protocol version 2).
+// Over TCP it answers the Identify handshake with API keys (Options.APIKeys,
+// Options.RequireIdentity) and then compresses large answers, as the server does.
+//
+// What it leaves out: delete, list, schemas, the RSA identity of Identify, compressed
+// requests, replication lag and rollbacks (a Cluster has leader and followers; inject
+// 2007/2012 with InjectWriteError), bincode (protocol version 2).
 //
 // Errors returned in-process are the ones the TCP client decodes: *celeriant.ServerError
 // built with celeriant.NewServerError, celeriant.ErrOutcomeUnknown for a lost answer,
@@ -38,13 +44,27 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/idemkey/idemkey/celeriant"
+	"github.com/idemkey/idemkey/celeriant/internal/sleep"
 	"github.com/idemkey/idemkey/celeriant/internal/wire"
 )
 
 // Options configure a Sim. The zero value is a single-shard server with the real clock.
 type Options struct {
-	// Now is the server clock for batch server timestamps (epoch ms); default time.Now.
+	// Now is the server clock for batch server timestamps; default time.Now.
 	Now func() time.Time
+	// Precision is the unit of the batch server timestamps, the server's
+	// --timestamp-precision (docs/celeriant-protocol.md section 6.8): ticks of Now
+	// since the Unix epoch; default celeriant.Milliseconds.
+	Precision celeriant.Precision
+	// APIKeys are the server's API keys (standard base64 of celeriant.APIKeySize
+	// bytes) and what each allows; a key rotated out is simply absent. With keys an
+	// Identify must present one (10005 without, 10006 for a malformed, unknown or
+	// revoked one), and a ReadOnly key's writes and trims get 10007. TCP only
+	// (docs/celeriant-protocol.md section 1.3).
+	APIKeys map[string]celeriant.AccessLevel
+	// RequireIdentity is the server's --require-client-identity: a connection whose
+	// first request is not Identify gets 10004 and is closed. TCP only.
+	RequireIdentity bool
 	// Shards is the shard count for multi-aggregate routing (aggregate id modulo Shards,
 	// docs/celeriant-protocol.md section 6.9); default 1, where every multi-aggregate write is allowed.
 	Shards int
@@ -67,8 +87,10 @@ type Options struct {
 	// it commits and is answered, like the server's amortised fsync (--fsync-delay-us,
 	// up to 4 ms by default): meanwhile its version and sequence floor are taken, so
 	// another write gets 2003 or 2013, while reads and AggregateDetails do not see it
-	// yet (docs/celeriant-protocol.md sections 6.2 and 6.5). Default 0: a write commits
-	// before its answer, at once.
+	// yet (docs/celeriant-protocol.md sections 6.2 and 6.5). Zero means
+	// DefaultCommitDelay, so that code tested against the simulator meets the races a
+	// server shows; NoCommitDelay (any negative value) commits before the answer, at
+	// once, for a test that needs writes to land without a window and says why.
 	CommitDelay time.Duration
 	// IdleTimeout closes a TCP connection that sends nothing for this long; default 30 s
 	// (the server's --client-connection-timeout-ms).
@@ -103,6 +125,9 @@ type Stats struct {
 	Reads int
 	// Details counts AggregateDetails requests.
 	Details int
+	// Rechecks counts writes a Cluster's leader rejected with 2002, 2003 or 2006 and
+	// checked again after the writes in flight committed.
+	Rechecks int
 }
 
 // Sim is the simulated server. All methods are safe for concurrent use.
@@ -118,12 +143,14 @@ type Sim struct {
 	delay     time.Duration
 	holds     []*Hold
 	active    map[*Hold]struct{} // prepared holds not yet committed
+	settled   chan struct{}      // closed while active is empty
 	stats     Stats
 	closed    bool
 	listeners map[net.Listener]struct{}
 	conns     map[net.Conn]struct{}
 	watchers  map[*watcher]struct{}
 	wg        sync.WaitGroup
+	cluster   *clusterState // nil: a standalone node
 }
 
 type aggregate struct {
@@ -156,6 +183,9 @@ func New(opts Options) *Sim {
 	if opts.Shards <= 0 {
 		opts.Shards = 1
 	}
+	if opts.CommitDelay == 0 {
+		opts.CommitDelay = DefaultCommitDelay
+	}
 	if opts.IdleTimeout <= 0 {
 		opts.IdleTimeout = 30 * time.Second
 	}
@@ -186,6 +216,7 @@ func New(opts Options) *Sim {
 		log:       log,
 		aggs:      make(map[celeriant.AggregateKey]*aggregate),
 		active:    make(map[*Hold]struct{}),
+		settled:   closedChan(),
 		listeners: make(map[net.Listener]struct{}),
 		conns:     make(map[net.Conn]struct{}),
 		watchers:  make(map[*watcher]struct{}),
@@ -262,32 +293,6 @@ func (s *Sim) SetDelay(d time.Duration) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.delay = d
-}
-
-// Hold is a write kept in flight: validated, versioned and its sequence floor raised, but
-// not committed, so reads do not see it and an enforced write with a sequence at or
-// below its floor gets 2013 (docs/celeriant-protocol.md section 6.5).
-type Hold struct {
-	prepared chan struct{}
-	commit   chan struct{}
-	once     sync.Once
-}
-
-// Prepared is closed once the held write has been prepared (or answered with an error).
-func (h *Hold) Prepared() <-chan struct{} { return h.prepared }
-
-// Commit commits the held write; its caller then gets its answer.
-func (h *Hold) Commit() { h.once.Do(func() { close(h.commit) }) }
-
-// HoldNextWrite holds the next write that passes validation in flight until Commit
-// (or until Close, which commits every held write so no goroutine stays blocked; a
-// write prepared after Close is not held).
-func (s *Sim) HoldNextWrite() *Hold {
-	h := &Hold{prepared: make(chan struct{}), commit: make(chan struct{})}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.holds = append(s.holds, h)
-	return h
 }
 
 // Trim soft-trims key: reads from below keepFrom then give 1000 (docs/celeriant-protocol.md section
@@ -409,14 +414,7 @@ func (s *Sim) wait(ctx context.Context) error {
 	if d <= 0 {
 		return nil
 	}
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
+	return sleep.Ctx(ctx, d)
 }
 
 func copyWrite(req celeriant.WriteRequest) celeriant.WriteRequest {
@@ -493,6 +491,13 @@ func (s *Sim) serveWrite(ctx context.Context, req *celeriant.WriteRequest) (res 
 		return res, e, lost
 	}
 	versions, serr := s.validateAndPrepare(req)
+	if serr != nil && s.cluster != nil && visibilityGap(serr.Code) {
+		// A leader waits once for what is replicating and checks again, so that a
+		// commit in flight does not cause a false rejection.
+		s.stats.Rechecks++
+		s.awaitInflightLocked(ctx)
+		versions, serr = s.validateAndPrepare(req)
+	}
 	if serr != nil {
 		s.mu.Unlock()
 		serr.CorrelationID = req.CorrelationID
@@ -503,13 +508,16 @@ func (s *Sim) serveWrite(ctx context.Context, req *celeriant.WriteRequest) (res 
 		hold, s.holds = s.holds[0], s.holds[1:]
 	}
 	if hold == nil && s.opts.CommitDelay > 0 && !s.closed {
-		hold = &Hold{prepared: make(chan struct{}), commit: make(chan struct{})}
+		hold = newHold()
 		timer := time.AfterFunc(s.opts.CommitDelay, hold.Commit)
 		defer timer.Stop()
 	}
 	if hold == nil {
 		s.commitLocked(req, versions)
 	} else {
+		if len(s.active) == 0 {
+			s.settled = make(chan struct{})
+		}
 		s.active[hold] = struct{}{}
 	}
 	s.mu.Unlock()
@@ -518,7 +526,11 @@ func (s *Sim) serveWrite(ctx context.Context, req *celeriant.WriteRequest) (res 
 		<-hold.commit
 		s.mu.Lock()
 		delete(s.active, hold)
+		if len(s.active) == 0 {
+			close(s.settled)
+		}
 		s.commitLocked(req, versions)
+		close(hold.done)
 		s.mu.Unlock()
 	}
 	res.CorrelationID = req.CorrelationID
@@ -630,7 +642,7 @@ func (s *Sim) validateAndPrepare(req *celeriant.WriteRequest) ([]uint64, *celeri
 			}
 		}
 	}
-	now := uint64(s.opts.Now().UnixMilli())
+	now := s.opts.Precision.Timestamp(s.opts.Now())
 	versions := make([]uint64, len(req.Writes))
 	for i, w := range req.Writes {
 		a := s.aggs[w.Key]

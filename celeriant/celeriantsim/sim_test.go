@@ -253,7 +253,9 @@ func TestFaults(t *testing.T) {
 		if len(res.Batches) != 2 {
 			t.Fatalf("%d batches", len(res.Batches))
 		}
-		e.sim.InjectReadError(celeriant.CodeServerBusy, "")
+		for range 4 { // the TCP client re-sends a busy request three times
+			e.sim.InjectReadError(celeriant.CodeServerBusy, "")
+		}
 		_, err = s.AggregateDetails(ctx, k)
 		if !celeriant.IsBusy(err) {
 			t.Fatalf("injected read error: %v", err)

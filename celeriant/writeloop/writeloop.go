@@ -28,6 +28,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/idemkey/idemkey/celeriant"
+	"github.com/idemkey/idemkey/celeriant/internal/sleep"
 )
 
 // Arm is the branch of the loop a write's outcome selects (docs/account-service.md
@@ -179,12 +180,14 @@ func EventID(namespace uuid.UUID, parts ...string) uuid.UUID {
 
 // FindEvent searches key's recent history for eventID: the batches of clientID whose
 // server timestamp is at least the aggregate's newest batch's minus lookback (server
-// time, never the local clock; docs/account-service.md section 4.3, "scan on a miss").
+// time, never the local clock; docs/account-service.md section 4.3, "scan on a miss"),
+// lookback converted to the server's timestamp ticks in precision (the server's
+// --timestamp-precision, which the caller configures: the protocol does not carry it).
 // It returns the version of the batch holding the event. Cost: one AggregateDetails and
 // one paged read. A missing aggregate is "not found"; other errors are returned wrapped.
 // Use it before deriving a new ClientSeq when an earlier run of the same request may
 // have landed beyond what the caller's dedup index remembers (a takeover).
-func FindEvent(ctx context.Context, store celeriant.EventStore, key celeriant.AggregateKey, clientID, eventID uuid.UUID, lookback time.Duration) (version uint64, found bool, err error) {
+func FindEvent(ctx context.Context, store celeriant.EventStore, key celeriant.AggregateKey, clientID, eventID uuid.UUID, lookback time.Duration, precision celeriant.Precision) (version uint64, found bool, err error) {
 	d, err := store.AggregateDetails(ctx, key)
 	switch {
 	case celeriant.IsNotFound(err):
@@ -193,8 +196,8 @@ func FindEvent(ctx context.Context, store celeriant.EventStore, key celeriant.Ag
 		return 0, false, fmt.Errorf("writeloop: details of %s: %w", key, err)
 	}
 	since := uint64(0)
-	if ms := uint64(max(lookback, 0).Milliseconds()); d.LastServerTimestamp > ms {
-		since = d.LastServerTimestamp - ms
+	if back := precision.Ticks(lookback); d.LastServerTimestamp > back {
+		since = d.LastServerTimestamp - back
 	}
 	batches, err := readAll(ctx, store, celeriant.ReadRequest{Key: key, Filters: celeriant.ReadFilters{
 		FromVersion:        max(d.MinVersion, 1),
@@ -272,14 +275,7 @@ func (b Backoff) Wait(ctx context.Context, attempt int) error {
 	if b.Sleep != nil {
 		return b.Sleep(ctx, d)
 	}
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
+	return sleep.Ctx(ctx, d)
 }
 
 // Attempt is the handler's side of the loop.

@@ -115,10 +115,18 @@ func TestEventID(t *testing.T) {
 }
 
 // TestFindEvent: the search sees an event within lookback of the newest batch in server
-// time, not one older, and only among the client id's batches.
+// time, not one older, and only among the client id's batches, at each timestamp
+// precision of the server (lookback read as milliseconds on a micro- or nanosecond
+// server would reach back 1000 times less).
 func TestFindEvent(t *testing.T) {
+	for _, p := range []celeriant.Precision{celeriant.Milliseconds, celeriant.Microseconds, celeriant.Nanoseconds} {
+		t.Run(p.String(), func(t *testing.T) { testFindEvent(t, p) })
+	}
+}
+
+func testFindEvent(t *testing.T, p celeriant.Precision) {
 	now := time.UnixMilli(1_700_000_000_000)
-	sim := celeriantsim.New(celeriantsim.Options{Now: func() time.Time { return now }})
+	sim := celeriantsim.New(celeriantsim.Options{Now: func() time.Time { return now }, Precision: p})
 	defer sim.Close()
 	ctx := context.Background()
 	key := celeriant.AggregateKey{Org: uuid.New(), Type: uuid.New(), ID: uuid.New()}
@@ -131,7 +139,7 @@ func TestFindEvent(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if _, found, err := writeloop.FindEvent(ctx, sim, key, me, old, time.Hour); found || err != nil {
+	if _, found, err := writeloop.FindEvent(ctx, sim, key, me, old, time.Hour, p); found || err != nil {
 		t.Fatalf("missing aggregate: found %v err %v", found, err)
 	}
 	write(me, old, 1)
@@ -144,7 +152,7 @@ func TestFindEvent(t *testing.T) {
 		version  uint64
 		found    bool
 	}{{recent, time.Hour, 2, true}, {old, time.Hour, 0, false}, {old, 3 * time.Hour, 1, true}, {foreign, time.Hour, 0, false}} {
-		v, found, err := writeloop.FindEvent(ctx, sim, key, me, tt.event, tt.lookback)
+		v, found, err := writeloop.FindEvent(ctx, sim, key, me, tt.event, tt.lookback, p)
 		if err != nil || found != tt.found || v != tt.version {
 			t.Errorf("FindEvent(%s, %v) = %d, %v, %v; want %d, %v", tt.event, tt.lookback, v, found, err, tt.version, tt.found)
 		}

@@ -3,12 +3,17 @@
 //
 // Environment: ADDR is the listen address (default 127.0.0.1:10000); SHARDS the shard
 // count for multi-aggregate routing (default 1); PAGE_BATCHES caps the batches of a read
-// page (default 0, no cap). It prints "listening on ADDR" once ready and stops on
-// SIGINT/SIGTERM. The log is in memory only.
+// page (default 0, no cap); COMMIT_DELAY how long each write stays in flight before it
+// commits (a Go duration, default celeriantsim.DefaultCommitDelay; 0 commits at once);
+// TIMESTAMP_PRECISION the unit of the batch server timestamps (ms, us or ns, default
+// ms); API_KEY a read-write API key (standard base64 of 32 bytes) that an Identify must
+// present, and REQUIRE_IDENTITY=true the server's --require-client-identity. It prints
+// "listening on ADDR" once ready and stops on SIGINT/SIGTERM. The log is in memory only.
 package main
 
 import (
 	"context"
+	"encoding/base64"
 	"fmt"
 	"io"
 	"log/slog"
@@ -16,7 +21,9 @@ import (
 	"os/signal"
 	"strconv"
 	"syscall"
+	"time"
 
+	"github.com/idemkey/idemkey/celeriant"
 	"github.com/idemkey/idemkey/celeriant/celeriantsim"
 )
 
@@ -41,6 +48,39 @@ func envInt(getenv func(string) string, name string) (int, error) {
 	return n, nil
 }
 
+// serverEnv reads COMMIT_DELAY, TIMESTAMP_PRECISION, API_KEY and REQUIRE_IDENTITY.
+func serverEnv(getenv func(string) string, opts *celeriantsim.Options) error {
+	if v := getenv("COMMIT_DELAY"); v != "" {
+		d, err := time.ParseDuration(v)
+		if err != nil || d < 0 {
+			return fmt.Errorf("COMMIT_DELAY=%q: want a non-negative Go duration", v)
+		}
+		opts.CommitDelay = d
+		if d == 0 {
+			opts.CommitDelay = celeriantsim.NoCommitDelay
+		}
+	}
+	p, err := celeriant.ParsePrecision(getenv("TIMESTAMP_PRECISION"))
+	if err != nil {
+		return err
+	}
+	opts.Precision = p
+	if k := getenv("API_KEY"); k != "" {
+		if b, err := base64.StdEncoding.DecodeString(k); err != nil || len(b) != celeriant.APIKeySize {
+			return fmt.Errorf("API_KEY: want standard base64 of %d bytes", celeriant.APIKeySize)
+		}
+		opts.APIKeys = map[string]celeriant.AccessLevel{k: celeriant.ReadWrite}
+	}
+	switch v := getenv("REQUIRE_IDENTITY"); v {
+	case "", "false":
+	case "true":
+		opts.RequireIdentity = true
+	default:
+		return fmt.Errorf("REQUIRE_IDENTITY=%q: want true or false", v)
+	}
+	return nil
+}
+
 // run serves until ctx is done, printing "listening on ADDR" to stdout once ready.
 func run(ctx context.Context, stdout io.Writer, getenv func(string) string) error {
 	addr := getenv("ADDR")
@@ -55,8 +95,12 @@ func run(ctx context.Context, stdout io.Writer, getenv func(string) string) erro
 	if err != nil {
 		return err
 	}
-	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
-	sim := celeriantsim.New(celeriantsim.Options{Shards: shards, PageBatches: page, Logger: log})
+	opts := celeriantsim.Options{Shards: shards, PageBatches: page}
+	if err := serverEnv(getenv, &opts); err != nil {
+		return err
+	}
+	opts.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	sim := celeriantsim.New(opts)
 	ln, err := sim.ListenAndServe(addr)
 	if err != nil {
 		return err

@@ -8,8 +8,10 @@
 // The scope and key are the ones the middleware stored: the scope is the
 // principal (in the examples the X-Client-ID header, "anonymous" when absent),
 // the key the Idempotency-Key value without its Structured Field quotes. Give
-// them as arguments or as -scope and -key; -header takes the header value as
-// the client sent it ("\"order-1\"") and parses it as the middleware does.
+// them as arguments or as -scope and -key, in any mix (with -key or -header the
+// one argument is the scope); -header takes the header value as the client sent
+// it ("\"order-1\"") and parses it as the middleware does. Flags may come
+// before or after the arguments; "--" ends the flags.
 //
 // The store comes from the environment, as in the examples: DATABASE_URL (the
 // Postgres store; IDEM_TABLE names its table, default idemkey_records; -schema
@@ -75,7 +77,12 @@ func main() {
 }
 
 const usage = `usage: idemkey inspect [flags] [scope] key
+       idemkey inspect [flags] -key key|-header value [scope]
        idemkey evict [-force] [flags] [scope] key
+       idemkey evict [-force] [flags] -key key|-header value [scope]
+
+The scope is an argument or -scope (default empty, the global scope); flags
+may come before or after the arguments, and "--" ends them.
 
 Shows or evicts the idempotency record of one key. The store comes from
 DATABASE_URL (Postgres; IDEM_TABLE), REDIS_URL (Redis; IDEM_REDIS_PREFIX), or
@@ -83,6 +90,63 @@ both (tiered); IDEM_STORE or -store picks one when both are set.
 
 Exit status: 0 found / evicted, 1 not found / refused, 2 usage, 3 store failure.
 `
+
+// parseInterleaved parses args with fs, flags and arguments in any order (Go's
+// flag package stops at the first argument), and returns the arguments in
+// order. After "--" everything is an argument. A bad flag is a usageError;
+// -h is flag.ErrHelp.
+func parseInterleaved(fs *flag.FlagSet, args []string) ([]string, error) {
+	var pos []string
+	for {
+		if err := fs.Parse(args); errors.Is(err, flag.ErrHelp) {
+			return nil, err
+		} else if err != nil {
+			return nil, usageError{err.Error()}
+		}
+		rest := fs.Args()
+		if n := len(args) - len(rest); len(rest) == 0 || n > 0 && args[n-1] == "--" {
+			return append(pos, rest...), nil
+		}
+		pos, args = append(pos, rest[0]), rest[1:]
+	}
+}
+
+// identify sets cfg.id from the arguments ([scope] key, or [scope] alone when
+// -key or -header gives the key) and the -scope, -key and -header flags.
+func (cfg *config) identify(pos []string, key, header string, scopeSet bool) error {
+	byFlag := 0
+	for _, s := range []string{key, header} {
+		if s != "" {
+			byFlag++
+		}
+	}
+	if len(pos) > 2 {
+		return usagef("too many arguments %q: want [scope] key, or [scope] with -key or -header", pos)
+	}
+	if byFlag > 1 || byFlag == 1 && len(pos) == 2 {
+		return usagef("the key is given twice (-key, -header or an argument)")
+	}
+	if byFlag == 0 && len(pos) > 0 {
+		cfg.id.Key, pos = pos[len(pos)-1], pos[:len(pos)-1]
+	}
+	if len(pos) == 1 {
+		if scopeSet {
+			return usagef("the scope is given twice (-scope and an argument)")
+		}
+		cfg.id.Scope = pos[0]
+	}
+	switch {
+	case header != "":
+		k, err := middleware.ParseKey(header)
+		if err != nil {
+			return usagef("-header: %v", err)
+		}
+		cfg.id.Key = k
+	case key != "":
+		cfg.id.Key = key
+	}
+	return nil
+}
 
 // config is one invocation, parsed.
 type config struct {
@@ -190,41 +254,14 @@ func parse(args []string, stderr io.Writer, getenv func(string) string) (config,
 	if cfg.cmd == "evict" {
 		fs.BoolVar(&cfg.force, "force", false, "evict an in-flight record even if its lease is live")
 	}
-	if err := fs.Parse(args[1:]); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return cfg, err
-		}
-		return cfg, usageError{err.Error()}
+	pos, err := parseInterleaved(fs, args[1:])
+	if err != nil {
+		return cfg, err
 	}
-
 	scopeSet := false
 	fs.Visit(func(f *flag.Flag) { scopeSet = scopeSet || f.Name == "scope" })
-	pos := fs.Args()
-	given := 0
-	for _, s := range []string{key, header} {
-		if s != "" {
-			given++
-		}
-	}
-	switch {
-	case len(pos) > 2:
-		return cfg, usagef("too many arguments %q: want [scope] key", pos)
-	case len(pos) == 2 && scopeSet:
-		return cfg, usagef("the scope is given twice (-scope and an argument)")
-	case len(pos) > 0 && given > 0 || given > 1:
-		return cfg, usagef("the key is given twice (-key, -header or an argument)")
-	case len(pos) == 2:
-		cfg.id = store.ID{Scope: pos[0], Key: pos[1]}
-	case len(pos) == 1:
-		cfg.id.Key = pos[0]
-	case header != "":
-		k, err := middleware.ParseKey(header)
-		if err != nil {
-			return cfg, usagef("-header: %v", err)
-		}
-		cfg.id.Key = k
-	default:
-		cfg.id.Key = key
+	if err := cfg.identify(pos, key, header, scopeSet); err != nil {
+		return cfg, err
 	}
 	if cfg.id.Key == "" {
 		return cfg, usagef("no key: give it as an argument, -key or -header")

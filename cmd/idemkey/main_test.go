@@ -206,6 +206,20 @@ func TestInspectAndEvict(t *testing.T) {
 				t.Errorf("-json report %v", rep)
 			}
 
+			// The scope as an argument whatever gives the key, and flags after the
+			// arguments, as the usage line reads.
+			for _, args := range [][]string{
+				{"inspect", "-header", `"order-1"`, "alice"},
+				{"inspect", "-key", "order-1", "alice"},
+				{"inspect", "alice", "order-1", "-timeout", "5s"},
+				{"inspect", "alice", "-timeout", "5s", "order-1"},
+				{"inspect", "-key", "order-1", "alice", "-timeout", "5s"},
+				{"inspect", "--", "alice", "order-1"},
+			} {
+				run(args...).want(t, 0, "state        completed\n", `scope        "alice"`)
+			}
+			run("inspect", "-key", "order-1", "bob").want(t, 1, "state        absent")
+
 			run("inspect", "alice", "missing").want(t, 1, "state        absent")
 			run("inspect", "bob", "order-1").want(t, 1, "state        absent") // scopes are apart
 
@@ -257,8 +271,11 @@ func TestUsage(t *testing.T) {
 		{"force on inspect", pgOnly, []string{"inspect", "-force", "k"}, 2, "-force"},
 		{"no key", pgOnly, []string{"inspect", "alice", ""}, 2, "no key"},
 		{"no key at all", pgOnly, []string{"evict"}, 2, "no key"},
-		{"key twice", pgOnly, []string{"inspect", "-key", "k", "k"}, 2, "twice"},
+		{"key twice", pgOnly, []string{"inspect", "-key", "k", "s", "k"}, 2, "twice"},
+		{"key thrice", pgOnly, []string{"inspect", "-key", "k", "-header", "k", "s"}, 2, "twice"},
 		{"scope twice", pgOnly, []string{"inspect", "-scope", "a", "b", "k"}, 2, "twice"},
+		{"scope twice, key as a flag", pgOnly, []string{"inspect", "-scope", "a", "-key", "k", "b"}, 2, "twice"},
+		{"scope twice, flags last", pgOnly, []string{"inspect", "b", "k", "-scope", "a"}, 2, "twice"},
 		{"too many", pgOnly, []string{"inspect", "a", "b", "c"}, 2, "too many"},
 		{"bad header", pgOnly, []string{"inspect", "-header", `"unterminated`}, 2, "-header"},
 		{"no store", nil, []string{"inspect", "k"}, 2, "no store"},

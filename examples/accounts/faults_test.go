@@ -207,7 +207,7 @@ func TestFaults(t *testing.T) {
 		t.Run("g_record_fails", func(t *testing.T) {
 			e := newEnv(t, mk)
 			proj := e.mk(t, e.clock, 0)
-			svc, err := New(e.sim, failRecord{proj}, WithSleep((&sleepRecorder{}).Sleep), WithLogger(slog.New(slog.DiscardHandler)))
+			svc, err := New(e.sim, failRecord{proj}, WithSleep(e.sleeper().Sleep), WithLogger(slog.New(slog.DiscardHandler)))
 			if err != nil {
 				t.Fatal(err)
 			}

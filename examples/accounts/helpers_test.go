@@ -25,13 +25,16 @@ func newFakeClock() *testclock.Clock {
 	return testclock.New(time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC))
 }
 
-// sleepRecorder replaces the backoff sleep: it records the durations and returns at
-// once, or, with real set, also sleeps them. The simulator commits a write before it
-// answers, so a catch-up right after a 2003 sees the write that caused it; a real server
-// answers 2003 as soon as the other write is queued, and makes it readable only once
-// fsynced (docs/celeriant-protocol.md section 6.5), so there the backoff must really wait.
+// sleepRecorder replaces the backoff sleep: it records the durations and, with settle
+// set (the simulator), waits until the simulator has no write in flight instead of
+// sleeping them, or, with real set (a real server), sleeps them. Either way a catch-up
+// after the backoff sees the write that caused a 2003: the server (and the simulator,
+// with its default commit delay) answers 2003 as soon as the other write is queued and
+// makes it readable only once fsynced (docs/celeriant-protocol.md section 6.5), and the
+// service's backoff is longer than that window.
 type sleepRecorder struct {
 	real   bool
+	settle func() <-chan struct{}
 	mu     sync.Mutex
 	sleeps []time.Duration
 }
@@ -40,13 +43,20 @@ func (r *sleepRecorder) Sleep(ctx context.Context, d time.Duration) error {
 	r.mu.Lock()
 	r.sleeps = append(r.sleeps, d)
 	r.mu.Unlock()
-	if !r.real {
+	var done <-chan struct{}
+	switch {
+	case r.settle != nil:
+		done = r.settle()
+	case r.real:
+		c := make(chan struct{})
+		t := time.AfterFunc(d, func() { close(c) })
+		defer t.Stop()
+		done = c
+	default:
 		return ctx.Err()
 	}
-	t := time.NewTimer(d)
-	defer t.Stop()
 	select {
-	case <-t.C:
+	case <-done:
 		return nil
 	case <-ctx.Done():
 		return ctx.Err()
@@ -170,12 +180,20 @@ type env struct {
 	log   celeriant.EventStore // sim, or the client of a real server
 	run   string               // "" on the simulator; a per-run suffix for names on a real server
 	mk    func(t *testing.T, clock *testclock.Clock, window time.Duration) Projection
+	// precision is the log's timestamp precision, given to every pod.
+	precision celeriant.Precision
 }
 
 func newEnv(t *testing.T, mk func(t *testing.T, clock *testclock.Clock, window time.Duration) Projection) *env {
+	return newEnvAt(t, mk, celeriant.Milliseconds)
+}
+
+// newEnvAt is newEnv on a simulator stamping batches in precision p.
+func newEnvAt(t *testing.T, mk func(t *testing.T, clock *testclock.Clock, window time.Duration) Projection, p celeriant.Precision) *env {
 	clock := newFakeClock()
-	sim := celeriantsim.New(celeriantsim.Options{Now: clock.Now, PageBatches: 3})
-	return &env{t: t, clock: clock, sim: sim, log: sim, mk: mk}
+	sim := celeriantsim.New(celeriantsim.Options{Now: clock.Now, PageBatches: 3, Precision: p})
+	t.Cleanup(func() { _ = sim.Close() })
+	return &env{t: t, clock: clock, sim: sim, log: sim, mk: mk, precision: p}
 }
 
 // newLogEnv is newEnv on the real Celeriant server at CELERIANT_ADDR when it is set
@@ -208,14 +226,28 @@ type pod struct {
 
 func (e *env) pod(window time.Duration, opts ...Option) *pod {
 	e.t.Helper()
-	p := &pod{proj: e.mk(e.t, e.clock, window), store: &hookStore{EventStore: e.log}, sleeps: &sleepRecorder{real: e.sim == nil}}
-	all := append([]Option{WithSleep(p.sleeps.Sleep), WithLogger(slog.New(slog.DiscardHandler))}, opts...)
+	return e.podOn(e.log, window, opts...)
+}
+
+// podOn is pod with its own connection to the log (a replica's client).
+func (e *env) podOn(log celeriant.EventStore, window time.Duration, opts ...Option) *pod {
+	e.t.Helper()
+	p := &pod{proj: e.mk(e.t, e.clock, window), store: &hookStore{EventStore: log}, sleeps: e.sleeper()}
+	all := append([]Option{WithSleep(p.sleeps.Sleep), WithLogger(slog.New(slog.DiscardHandler)), WithTimestampPrecision(e.precision)}, opts...)
 	svc, err := New(p.store, p.proj, all...)
 	if err != nil {
 		e.t.Fatal(err)
 	}
 	p.Service = svc
 	return p
+}
+
+// sleeper returns the backoff recorder for this log (see sleepRecorder).
+func (e *env) sleeper() *sleepRecorder {
+	if e.sim == nil {
+		return &sleepRecorder{real: true}
+	}
+	return &sleepRecorder{settle: e.sim.Settled}
 }
 
 // events returns every event of acct's stream, read from the log itself.

@@ -113,14 +113,14 @@ func (p *MemoryProjection) lookup(_ context.Context, acct, eventID uuid.UUID) (S
 	return a.st, hit, ok, nil
 }
 
-func (p *MemoryProjection) fold(_ context.Context, acct uuid.UUID, _ State, batches []celeriant.Batch, clientID, eventID uuid.UUID) (State, Result, bool, error) {
+func (p *MemoryProjection) fold(_ context.Context, acct uuid.UUID, _ State, batches []celeriant.Batch, clientID, eventID uuid.UUID, precision celeriant.Precision) (State, Result, bool, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	a := p.account(acct)
 	now := p.now()
 	// Fold from the current state, not the caller's snapshot: a sibling request may have
 	// folded some of these batches while we read them; foldBatches skips those.
-	a.st = foldBatches(a.st, batches, clientID, p.window, func(e indexEntry) {
+	a.st = foldBatches(a.st, batches, clientID, p.window, precision, func(e indexEntry) {
 		exp := now.Add(e.remaining)
 		if old, ok := a.recent[e.eventID]; ok && old.expires.After(exp) {
 			exp = old.expires // an expiry never shrinks

@@ -259,9 +259,9 @@ func (p *PostgresProjection) lookup(ctx context.Context, acct, eventID uuid.UUID
 	return st, Result{}, false, nil
 }
 
-func (p *PostgresProjection) fold(ctx context.Context, acct uuid.UUID, from State, batches []celeriant.Batch, clientID, eventID uuid.UUID) (State, Result, bool, error) {
+func (p *PostgresProjection) fold(ctx context.Context, acct uuid.UUID, from State, batches []celeriant.Batch, clientID, eventID uuid.UUID, precision celeriant.Precision) (State, Result, bool, error) {
 	var rows []indexEntry
-	st := foldBatches(from, batches, clientID, p.window, func(e indexEntry) { rows = append(rows, e) })
+	st := foldBatches(from, batches, clientID, p.window, precision, func(e indexEntry) { rows = append(rows, e) })
 	var hit Result
 	found := false
 	if eventID != uuid.Nil {

@@ -39,9 +39,10 @@ type Projection interface {
 	// not uuid.Nil and its entry is live, the indexed response (ok = true).
 	lookup(ctx context.Context, acct, eventID uuid.UUID) (st State, hit Result, ok bool, err error)
 	// fold applies batches read from the log after a lookup that returned from, indexes
-	// their events (age measured in server time against the newest batch read), moves
-	// the cursor forward only, and answers as lookup does.
-	fold(ctx context.Context, acct uuid.UUID, from State, batches []celeriant.Batch, clientID, eventID uuid.UUID) (st State, hit Result, ok bool, err error)
+	// their events (age measured in server time against the newest batch read, server
+	// timestamps in ticks of precision), moves the cursor forward only, and answers as
+	// lookup does.
+	fold(ctx context.Context, acct uuid.UUID, from State, batches []celeriant.Batch, clientID, eventID uuid.UUID, precision celeriant.Precision) (st State, hit Result, ok bool, err error)
 	// recordWrite indexes a successful write's response for the full window from now,
 	// then bumps the cursor only if it still equals expected (docs/account-service.md section 4.1).
 	recordWrite(ctx context.Context, acct, eventID uuid.UUID, res Result, expected, seq uint64) error
@@ -59,8 +60,9 @@ type indexEntry struct {
 // foldBatches applies batches to st (docs/account-service.md section 4.1, the fold): batches at or
 // below the cursor are skipped (an overlapping fold got there first); ClientSeq counts only
 // from batches of clientID; every event with an EventId younger than window, measured
-// against the newest batch of this read, is passed to index with its remaining lifetime.
-func foldBatches(st State, batches []celeriant.Batch, clientID uuid.UUID, window time.Duration, index func(indexEntry)) State {
+// against the newest batch of this read (server timestamps are ticks of precision, the
+// server's --timestamp-precision), is passed to index with its remaining lifetime.
+func foldBatches(st State, batches []celeriant.Batch, clientID uuid.UUID, window time.Duration, precision celeriant.Precision, index func(indexEntry)) State {
 	if len(batches) == 0 {
 		return st
 	}
@@ -74,7 +76,7 @@ func foldBatches(st State, batches []celeriant.Batch, clientID uuid.UUID, window
 		own := b.ClientID == clientID
 		var age time.Duration
 		if tip > b.ServerTimestamp {
-			age = time.Duration(tip-b.ServerTimestamp) * time.Millisecond
+			age = precision.Duration(tip - b.ServerTimestamp)
 		}
 		for j := range b.Events {
 			ev := &b.Events[j]

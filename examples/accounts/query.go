@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/google/uuid"
 
@@ -29,7 +30,7 @@ func (s *Service) Balance(ctx context.Context, acct uuid.UUID, minVersion uint64
 	if err != nil || len(batches) == 0 {
 		return st.result(), err
 	}
-	st, _, _, err = s.proj.fold(ctx, acct, st, batches, s.clientID, uuid.Nil)
+	st, _, _, err = s.proj.fold(ctx, acct, st, batches, s.clientID, uuid.Nil, s.precision)
 	return st.result(), err
 }
 
@@ -50,7 +51,7 @@ func (s *Service) History(ctx context.Context, acct uuid.UUID, fromVersion uint6
 	h := History{CurrentAggregateVersion: st.Version, BalanceCents: st.BalanceCents, Events: make([]HistoryEvent, 0, len(batches))}
 	for _, b := range batches {
 		for _, ev := range b.Events {
-			he := HistoryEvent{AggregateVersion: b.Version, Timestamp: b.ServerTimestamp, Type: EventType(ev.TypeMajor)}
+			he := HistoryEvent{AggregateVersion: b.Version, Timestamp: s.epochMillis(b.ServerTimestamp), Type: EventType(ev.TypeMajor)}
 			if he.Type < Deposited || he.Type > TransferredIn {
 				h.Events = append(h.Events, he)
 				continue
@@ -74,7 +75,11 @@ func (s *Service) History(ctx context.Context, acct uuid.UUID, fromVersion uint6
 // every replica: make the account known to the projection, and if its stream is empty
 // write one Deposited{seed} with expected version 0, ClientSeq 0, no EventId and no
 // ClientSeq enforcement. A 2003 means another replica seeded first and is ignored. Other
-// failures are logged and returned joined, after every account was tried.
+// failures are logged and returned joined, after every account was tried. Then it checks
+// the first seeded account's last server timestamp against the configured precision
+// (WithTimestampPrecision) and the local clock: a server stamping in another precision
+// fails Seed with an error wrapping celeriant.ErrPrecisionMismatch, since both windows
+// measured in server time would be 1000 times off.
 func (s *Service) Seed(ctx context.Context) error {
 	var errs []error
 	for _, a := range SeededAccounts() {
@@ -83,7 +88,39 @@ func (s *Service) Seed(ctx context.Context) error {
 			errs = append(errs, err)
 		}
 	}
-	return errors.Join(errs...)
+	if len(errs) > 0 {
+		return errors.Join(errs...)
+	}
+	return s.checkPrecision(ctx)
+}
+
+// checkPrecision checks the first seeded account's last server timestamp against the
+// configured precision. A replica whose seed got a 2003 may find the other replica's
+// seed still in flight (7001 until the server's fsync): it backs off and reads again,
+// up to the write attempts.
+func (s *Service) checkPrecision(ctx context.Context) error {
+	first := SeededAccounts()[0]
+	for attempt := 1; ; attempt++ {
+		d, err := s.store.AggregateDetails(ctx, Key(first.ID))
+		if celeriant.IsNotFound(err) && attempt < s.maxRetries {
+			if err := s.loop().Backoff.Wait(ctx, attempt+1); err != nil {
+				return err
+			}
+			continue
+		}
+		if err != nil {
+			return s.fatal(fmt.Errorf("accounts: checking the server's timestamp precision on %s: %w", first.Name, err))
+		}
+		if err := s.precision.CheckTimestamp(d.LastServerTimestamp, time.Now()); err != nil {
+			return fmt.Errorf("accounts: the server's timestamps do not fit the configured precision %s: %w", s.precision, err)
+		}
+		return nil
+	}
+}
+
+// epochMillis converts a server timestamp to Unix epoch milliseconds.
+func (s *Service) epochMillis(ts uint64) uint64 {
+	return uint64(s.precision.Duration(ts) / time.Millisecond)
 }
 
 func (s *Service) seedOne(ctx context.Context, a Account) error {

@@ -44,6 +44,7 @@ type Service struct {
 	sleep         func(ctx context.Context, d time.Duration) error
 	jitter        func(n int64) int64
 	lookback      time.Duration
+	precision     celeriant.Precision
 	log           *slog.Logger
 }
 
@@ -113,6 +114,15 @@ func WithLandedLookback(d time.Duration) Option {
 			s.lookback = d
 		}
 	}
+}
+
+// WithTimestampPrecision sets the precision of the Celeriant server's batch timestamps
+// (its --timestamp-precision; default celeriant.Milliseconds, the server's default).
+// Both windows measured in server time, the projection's dedup window and the landed
+// lookback, convert through it; the protocol does not carry it, and Seed refuses a
+// server whose timestamps do not fit it (celeriant.ErrPrecisionMismatch).
+func WithTimestampPrecision(p celeriant.Precision) Option {
+	return func(s *Service) { s.precision = p }
 }
 
 // WithLogger sets the logger (default slog.Default()).
@@ -319,7 +329,7 @@ func (s *Service) loopError(err error, what string) error {
 // index. found: the answer is the balance after that event and its batch's version,
 // computed from st (caught up) minus the events after it.
 func (s *Service) searchLanded(ctx context.Context, acct uuid.UUID, st State, eventID uuid.UUID) (Result, bool, error) {
-	v, found, err := writeloop.FindEvent(ctx, s.store, Key(acct), s.clientID, eventID, s.lookback)
+	v, found, err := writeloop.FindEvent(ctx, s.store, Key(acct), s.clientID, eventID, s.lookback, s.precision)
 	if err != nil || !found {
 		return Result{}, false, s.fatal(err)
 	}
@@ -404,5 +414,5 @@ func (s *Service) catchUp(ctx context.Context, acct, eventID uuid.UUID) (State, 
 	if len(batches) == 0 {
 		return st, Result{}, false, nil
 	}
-	return s.proj.fold(ctx, acct, st, batches, s.clientID, eventID)
+	return s.proj.fold(ctx, acct, st, batches, s.clientID, eventID, s.precision)
 }

@@ -109,7 +109,7 @@ func TestFoldIndexWindow(t *testing.T) {
 		{Version: 3, ClientID: ServiceClientID, ServerTimestamp: 91_000, Events: []celeriant.Event{{ClientSeq: 2, EventID: e3, TypeMajor: 2, Value: encodePayload(Withdrawn, 3, uuid.Nil)}}},
 	}
 	got := map[uuid.UUID]indexEntry{}
-	st := foldBatches(State{}, batches, ServiceClientID, 90*time.Second, func(e indexEntry) { got[e.eventID] = e })
+	st := foldBatches(State{}, batches, ServiceClientID, 90*time.Second, celeriant.Milliseconds, func(e indexEntry) { got[e.eventID] = e })
 	if st != (State{BalanceCents: 12, Version: 3, MaxClientSeq: 2}) {
 		t.Errorf("state %+v", st)
 	}
@@ -123,7 +123,7 @@ func TestFoldIndexWindow(t *testing.T) {
 		t.Errorf("e3: %+v", g)
 	}
 	// Already folded versions are skipped.
-	if again := foldBatches(st, batches, ServiceClientID, 90*time.Second, nil); again != st {
+	if again := foldBatches(st, batches, ServiceClientID, 90*time.Second, celeriant.Milliseconds, nil); again != st {
 		t.Errorf("refold changed state: %+v", again)
 	}
 }

@@ -3,7 +3,6 @@ package main
 import (
 	"bytes"
 	"fmt"
-	"math/rand/v2"
 	"net/http"
 	"strconv"
 	"sync/atomic"
@@ -22,19 +21,20 @@ const (
 // one to a process-wide counter, and /reset forgets the counter and every key.
 type fixture struct {
 	count atomic.Int64
-	// generation prefixes every scope; /reset replaces it with a fresh random
-	// value, so the keys stored before a reset are forgotten whatever the store,
-	// also by a restarted fixture or a second instance sharing a persistent store
-	// (a counter would start again at the generations an earlier process used).
-	// Before any reset it is 0 in every process, so a fixture restarted after a
-	// crash still sees the keys its predecessor stored.
+	// forget deletes every record of the persistent store the fixture shares
+	// with any other on it (a restarted fixture, a second instance), so a reset
+	// on one forgets the keys for all and they keep sharing the keys stored
+	// after it. Nil for the memory store, whose records die with the process:
+	// there a reset moves to the next generation, which prefixes every scope.
+	forget forgetFunc
+	// generation prefixes every scope; it stays 0 on a persistent store.
 	generation atomic.Uint64
 	// client is the X-Client-ID part of the scope ("anonymous" when absent).
 	client middleware.ScopeFunc
 }
 
-func makeFixture() *fixture {
-	return &fixture{client: middleware.ScopeFromHeader("X-Client-ID", "anonymous")}
+func makeFixture(forget forgetFunc) *fixture {
+	return &fixture{forget: forget, client: middleware.ScopeFromHeader("X-Client-ID", "anonymous")}
 }
 
 // routes returns the routes that sit behind the idempotency middleware.
@@ -118,18 +118,20 @@ func (f *fixture) counter(w http.ResponseWriter, r *http.Request) {
 	fmt.Fprintf(w, `{"count": %d}`, f.count.Load())
 }
 
+// reset forgets every key (see fixture.forget) and sets the counter to 0. It
+// answers 204, or 503 when the store cannot be cleared.
 func (f *fixture) reset(w http.ResponseWriter, r *http.Request) {
-	for {
-		old := f.generation.Load()
-		if g := rand.Uint64(); g != 0 && g != old && f.generation.CompareAndSwap(old, g) {
-			break
-		}
+	if f.forget == nil {
+		f.generation.Add(1)
+	} else if err := f.forget(r.Context()); err != nil {
+		http.Error(w, "reset: "+err.Error(), http.StatusServiceUnavailable)
+		return
 	}
 	f.count.Store(0)
 	w.WriteHeader(http.StatusNoContent)
 }
 
-// scope is the idempotency scope: the reset generation and the X-Client-ID header
+// scope is the idempotency scope: the reset generation (memory store) and the X-Client-ID header
 // (a stand-in for an authenticated principal), "anonymous" when absent (a client
 // sending "anonymous" gets a scope of its own, see middleware.ScopeFromHeader).
 func (f *fixture) scope(r *http.Request) string {

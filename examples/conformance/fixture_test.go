@@ -36,7 +36,7 @@ func newFixture(t *testing.T, replayHeader string) *fixtureClient {
 	if err != nil {
 		t.Fatal(err)
 	}
-	h, err := newHandler(env, memory.New(), slog.New(slog.NewTextHandler(io.Discard, nil)))
+	h, err := newHandler(env, memory.New(), nil, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -12,13 +12,15 @@
 //	REDIS_URL           Redis, for redis and tiered
 //	IDEM_LEASE          lease of a claim, Go duration, default 10s
 //	IDEM_RETENTION      how long responses are replayed, default 24h
+//	IDEM_MEMORY_MAX_BYTES  the memory store's bound in bytes, default 64 MiB; 0: none
 //	IDEM_REPLAY_HEADER  header marking a replay, default Idempotent-Replayed
 //
-// The scope of a key is the X-Client-ID header ("anonymous" when absent) under
-// the fixture's reset generation: POST /reset picks a fresh random generation, so
-// it forgets every stored key also on a persistent store shared with a restarted
-// or second fixture (before the first reset, every process starts from the same
-// generation, so a restart after a crash still sees its predecessor's keys). Once the
+// The scope of a key is the X-Client-ID header ("anonymous" when absent). POST
+// /reset forgets every stored key: on a persistent store it deletes the store's
+// records, so every fixture sharing the store (a restarted one, a second
+// instance) forgets them and they keep sharing the keys sent after it; on the
+// memory store it moves to a new scope generation. Before any reset a restart
+// after a crash still sees its predecessor's keys. Once the
 // listener accepts connections the server prints "listening on http://ADDR"; it
 // shuts down gracefully on SIGINT or SIGTERM.
 package main
@@ -56,11 +58,11 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer, logg
 		return err
 	}
 	defer conns.Close()
-	st, err := newStore(ctx, env, conns, logger)
+	st, forget, err := newStore(ctx, env, conns, logger)
 	if err != nil {
 		return err
 	}
-	handler, err := newHandler(env, st, logger)
+	handler, err := newHandler(env, st, forget, logger)
 	if err != nil {
 		return err
 	}
@@ -69,8 +71,10 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer, logg
 
 // newHandler mounts the fixture: /reset and /healthz outside the middleware,
 // everything else behind it. POST and PATCH require a key, GET passes through.
-func newHandler(env setup.Env, st store.Store, logger *slog.Logger) (http.Handler, error) {
-	f := makeFixture()
+// forget deletes every record of a persistent store on POST /reset; nil (the
+// memory store) moves to a new scope generation instead.
+func newHandler(env setup.Env, st store.Store, forget forgetFunc, logger *slog.Logger) (http.Handler, error) {
+	f := makeFixture(forget)
 	opts := []middleware.Option{
 		middleware.WithLease(env.Lease),
 		middleware.WithRetention(env.Retention),
@@ -96,29 +100,32 @@ func newHandler(env setup.Env, st store.Store, logger *slog.Logger) (http.Handle
 }
 
 // newStore builds the idempotency store IDEM_STORE names on the shared
-// connections. Postgres decides every claim of the postgres and tiered stores;
+// connections, and how POST /reset forgets its records (nil for the memory
+// store). Postgres decides every claim of the postgres and tiered stores;
 // tiered puts Redis in front as a cache.
-func newStore(ctx context.Context, env setup.Env, conns *setup.Conns, logger *slog.Logger) (store.Store, error) {
+func newStore(ctx context.Context, env setup.Env, conns *setup.Conns, logger *slog.Logger) (store.Store, forgetFunc, error) {
 	switch env.Store {
 	case "memory":
-		return memory.New(), nil
+		return memory.New(memory.WithMaxBytes(env.MemoryMaxBytes)), nil, nil
 	case "redis":
-		return redis.New(conns.Redis, redis.WithPrefix(env.RedisPrefix)), nil
+		return redis.New(conns.Redis, redis.WithPrefix(env.RedisPrefix)), forgetRedis(conns.Redis, env.RedisPrefix), nil
 	}
 	pg, err := postgres.New(conns.Pool, postgres.WithTable(env.IdemTable), postgres.WithLogger(logger))
 	if err == nil {
 		err = pg.Migrate(ctx)
 	}
 	if err != nil {
-		return nil, fmt.Errorf("postgres store: %w", err)
+		return nil, nil, fmt.Errorf("postgres store: %w", err)
 	}
 	conns.OnClose(pg.StartSweeper(context.Background(), time.Minute))
+	forget := forgetPostgres(conns.Pool, env.IdemTable)
 	if env.Store == "postgres" {
-		return pg, nil
+		return pg, forget, nil
 	}
 	ts, err := tiered.New(redis.New(conns.Redis, redis.WithPrefix(env.RedisPrefix)), pg, tiered.WithLogger(logger))
 	if err != nil {
-		return nil, fmt.Errorf("tiered store: %w", err)
+		return nil, nil, fmt.Errorf("tiered store: %w", err)
 	}
-	return ts, nil
+	// The cache first: a record it still held after Postgres forgot it would be replayed.
+	return ts, both(forgetRedis(conns.Redis, env.RedisPrefix), forget), nil
 }

@@ -16,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/idemkey/idemkey/examples/accounts/httpapi"
 	"github.com/idemkey/idemkey/store/postgres/inbox"
 )
 
@@ -66,20 +67,27 @@ type instruction struct {
 
 var errMalformed = errors.New("malformed instruction")
 
-// decode parses and checks a message. The Idempotency-Key header must name
-// the body's instructionId; when the header is absent the body's id is used.
+// decode parses and checks a message as the account API checks a request body
+// (package httpapi): exactly one JSON object whose members are instructionId,
+// accountId and amountCents, spelled exactly so (letter case included), each
+// once, no other; amountCents an integer from 1 to httpapi.MaxAmountCents. The
+// Idempotency-Key header must name the body's instructionId; when the header is
+// absent the body's id is used. Every refusal wraps errMalformed.
 func decode(body []byte, key string) (instruction, error) {
 	var in instruction
-	dec := json.NewDecoder(bytes.NewReader(body))
-	if err := dec.Decode(&in); err != nil {
+	name, err := httpapi.DecodeObject(json.NewDecoder(bytes.NewReader(body)), []httpapi.Field{
+		{Name: "instructionId", Dst: &in.InstructionID}, {Name: "accountId", Dst: &in.AccountID}, {Name: "amountCents", Dst: &in.AmountCents}})
+	if err != nil {
+		if name != "" {
+			return in, fmt.Errorf("%w: member %q: %v", errMalformed, name, err)
+		}
 		return in, fmt.Errorf("%w: body is not the instruction JSON object: %v", errMalformed, err)
-	}
-	if dec.More() {
-		return in, fmt.Errorf("%w: data after the JSON object", errMalformed)
 	}
 	switch {
 	case in.InstructionID == "" || in.AccountID == "" || in.AmountCents == nil:
 		return in, fmt.Errorf("%w: instructionId, accountId and amountCents are required", errMalformed)
+	case *in.AmountCents < 1 || *in.AmountCents > httpapi.MaxAmountCents:
+		return in, fmt.Errorf("%w: amountCents %d, want 1 to %d", errMalformed, *in.AmountCents, httpapi.MaxAmountCents)
 	case len(in.InstructionID) > maxIDLen || len(in.AccountID) > maxIDLen:
 		return in, fmt.Errorf("%w: instructionId and accountId are at most %d bytes", errMalformed, maxIDLen)
 	case strings.IndexByte(in.InstructionID, 0) >= 0 || strings.IndexByte(in.AccountID, 0) >= 0:
@@ -160,7 +168,7 @@ func (a *applier) run(ctx context.Context, src source) error {
 	}
 	wg.Wait()
 	if ctx.Err() == nil {
-		return errors.New("the broker ended the subscription (connection lost?); restart to resume")
+		return errors.New("the broker ended the subscription (its queue, stream or consumer deleted?)")
 	}
 	<-stopped
 	a.logger.Info("stopped consuming", "commits", a.commits.Load())

@@ -128,12 +128,29 @@ func TestMalformedRejected(t *testing.T) {
 			f.want = f.want[:1]
 			other := good
 			other.InstructionID = good.InstructionID + "-other"
-			f.broker.publish(t, []message{
+			// Poison ahead of the valid message: what the account API refuses
+			// too (zero or negative amounts, a member in another letter case or
+			// repeated) is rejected, never applied, and does not hold up the queue.
+			id := `"instructionId":"` + good.InstructionID + `"`
+			msgs := []message{
 				{instruction: good, brokerID: "bad-json-" + uniqueName(), raw: []byte("{not json")},
-				{instruction: good, brokerID: "no-amount-" + uniqueName(), raw: []byte(`{"instructionId":"` + good.InstructionID + `","accountId":"a"}`)},
+				{instruction: good, brokerID: "no-amount-" + uniqueName(), raw: []byte(`{` + id + `,"accountId":"a"}`)},
 				{instruction: good, brokerID: "header-differs-" + uniqueName(), raw: mustJSON(t, other)},
-				{instruction: good, brokerID: "good-" + uniqueName()},
-			})
+			}
+			for _, poison := range []string{
+				`{` + id + `,"accountId":"a","amountCents":0}`,
+				`{` + id + `,"accountId":"a","amountCents":-100}`,
+				`{` + id + `,"accountId":"a","amountCents":2147483648}`,
+				`{` + id + `,"accountId":"a","AmountCents":100}`,
+				`{` + id + `,"accountId":"a","amountCents":100,"AMOUNTCENTS":-100}`,
+				`{` + id + `,"accountId":"a","amountCents":100,"amountCents":-100}`,
+				`{` + id + `,"accountId":"a","accountId":"b","amountCents":100}`,
+			} {
+				for range 5 {
+					msgs = append(msgs, message{instruction: good, brokerID: "poison-" + uniqueName(), raw: []byte(poison)})
+				}
+			}
+			f.broker.publish(t, append(msgs, message{instruction: good, brokerID: "good-" + uniqueName()}))
 			p := f.start(t)
 			waitUntil(t, drainLimit, "the valid message applied and the others settled", func() bool {
 				return f.tables.rows(t) >= 1 && f.broker.idle(t)

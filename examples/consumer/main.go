@@ -9,14 +9,24 @@
 //	CONSUMER_BROKER=nats go run ./examples/consumer       # JetStream: stream PAYMENTS on payments.>
 //	CONSUMER_BROKER=rabbitmq go run ./examples/consumer   # durable queue payments.instructions
 //
-// It prints "consuming <broker>" once subscribed.
+// It prints "consuming <broker>" once subscribed. A broker that goes away (a
+// restart, a network cut) is waited for: the consumer reconnects (RabbitMQ with
+// back-off from 200 ms doubling to 10 s, NATS every second) and consumes again,
+// logging the outage once when it begins and once when it ends; the messages it
+// held unacked are redelivered, and the inbox answers those already applied. Only
+// a broker that cannot be reached at startup is an error.
 //
 // Messages: NATS subject payments.instructions, or the RabbitMQ queue
 // payments.instructions on the default exchange; body
 // {"instructionId": "...", "accountId": "...", "amountCents": n}; header
 // Idempotency-Key: <instructionId>, the message id of the inbox. The broker's own
 // message id (Nats-Msg-Id, AMQP message-id) is not used: it differs on every
-// publish of the same instruction.
+// publish of the same instruction. A body is checked as the account API checks
+// its requests: those three members exactly so spelled (letter case included),
+// each once and no other, amountCents an integer from 1 to 2147483647. A message
+// that fails the check is poison: it is logged and rejected for good (JetStream
+// Term, AMQP reject without requeue: dead-lettered where the queue has a
+// dead-letter exchange, else dropped), and the queue moves on.
 //
 // Environment:
 //
@@ -171,9 +181,9 @@ func consume(ctx context.Context, cfg config, stdout io.Writer, logger *slog.Log
 	var src source
 	switch cfg.broker {
 	case "nats":
-		src, err = openNATS(ctx, cfg)
+		src, err = openNATS(ctx, cfg, logger)
 	default:
-		src, err = openRabbitMQ(ctx, cfg)
+		src, err = openRabbitMQ(ctx, cfg, logger)
 	}
 	if err != nil {
 		return err

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"sync"
 	"time"
 
@@ -20,11 +21,25 @@ type natsSource struct {
 	done chan struct{}
 }
 
+// natsReconnectWait is the wait between two attempts to reconnect to NATS.
+const natsReconnectWait = time.Second
+
 // openNATS connects, creates the stream (cfg.stream on <prefix>payments.>)
 // unless it exists, creates or updates the durable pull consumer of
-// <prefix>payments.instructions, and starts pulling.
-func openNATS(ctx context.Context, cfg config) (*natsSource, error) {
-	nc, err := nats.Connect(cfg.natsURL, nats.Name("idemkey-consumer"), nats.MaxReconnects(-1))
+// <prefix>payments.instructions, and starts pulling. A lost connection is
+// retried forever (the pull resumes on reconnection); the outage is logged
+// once when it begins and once when it ends.
+func openNATS(ctx context.Context, cfg config, logger *slog.Logger) (*natsSource, error) {
+	nc, err := nats.Connect(cfg.natsURL, nats.Name("idemkey-consumer"), nats.MaxReconnects(-1),
+		nats.ReconnectWait(natsReconnectWait),
+		nats.DisconnectErrHandler(func(nc *nats.Conn, err error) {
+			if err != nil && !nc.IsClosed() && !nc.IsDraining() { // not our own Close or Drain
+				logger.Warn("lost the NATS connection; reconnecting", "err", err)
+			}
+		}),
+		nats.ReconnectHandler(func(nc *nats.Conn) {
+			logger.Info("NATS connection restored; consuming again", "server", nc.ConnectedUrlRedacted())
+		}))
 	if err != nil {
 		return nil, fmt.Errorf("NATS_URL=%q: %w", cfg.natsURL, err)
 	}

@@ -109,7 +109,7 @@ func routes(a *accountsapp.App, idem *middleware.Middleware) http.Handler {
 func newStore(ctx context.Context, env setup.Env, conns *setup.Conns, logger *slog.Logger) (store.Store, []idemprom.CollectorOption, error) {
 	switch env.Store {
 	case "memory":
-		return memory.New(), nil, nil
+		return memory.New(memory.WithMaxBytes(env.MemoryMaxBytes)), nil, nil
 	case "redis":
 		rs := redis.New(conns.Redis, redis.WithPrefix(env.RedisPrefix), redis.WithLogger(logger))
 		conns.OnClose(rs.StopSubscriber) // the waiters' subscription (IDEM_WAIT)

@@ -100,7 +100,7 @@ func wire(ctx context.Context, env setup.Env, conns *setup.Conns, logger *slog.L
 func newStore(ctx context.Context, env setup.Env, conns *setup.Conns, logger *slog.Logger) (store.Store, []idemprom.CollectorOption, error) {
 	switch env.Store {
 	case "memory":
-		return memory.New(), nil, nil
+		return memory.New(memory.WithMaxBytes(env.MemoryMaxBytes)), nil, nil
 	case "redis":
 		rs := redis.New(conns.Redis, redis.WithPrefix(env.RedisPrefix), redis.WithLogger(logger))
 		conns.OnClose(rs.StopSubscriber) // the waiters' subscription (IDEM_WAIT)

@@ -10,7 +10,9 @@
 //		r.Post("/accounts/{id}/deposit", deposit)
 //	})
 //
-// with, to fingerprint by pattern instead of the URL path (default),
+// with, to fingerprint by pattern instead of the path as sent (default; chi
+// routes by the escaped path when there is one, so the default tells apart any
+// two requests chi can hand to different handlers),
 //
 //	middleware.WithRoute(func(r *http.Request) string { return chi.RouteContext(r.Context()).RoutePattern() })
 //

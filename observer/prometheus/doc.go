@@ -15,7 +15,10 @@
 // Series of the Observer (every counter starts at 0 for every label value it can
 // take, so dashboards see them before the first event):
 //
-//	idemkey_decisions_total{decision}          every request, by middleware.Decision name
+//	idemkey_decisions_total{decision}          every request, by middleware.Decision name;
+//	                                           "store_full" counts the 503s of a store at
+//	                                           its bound (store.ErrFull), apart from
+//	                                           "store_error" (a store that cannot answer)
 //	idemkey_store_latency_seconds{decision}    histogram: store time on the request's path
 //	                                           (claim, then complete or release), for
 //	                                           requests that reached the store
@@ -24,7 +27,8 @@
 //	idemkey_mismatches_total                   422 key_reused_with_different_payload
 //	idemkey_store_errors_total                 store failures: 503 store_unavailable,
 //	                                           fail-open runs, failed completions or
-//	                                           releases (a lost lease is not one)
+//	                                           releases (a lost lease or a full store is
+//	                                           not one)
 //	idemkey_takeovers_total                    claims that took over an expired lease
 //	idemkey_complete_retries_total             Complete calls retried after the store
 //	                                           failed to store a response (Event.CompleteRetries)

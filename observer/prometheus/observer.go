@@ -136,7 +136,7 @@ func NewObserver(reg prometheus.Registerer, opts ...Option) (*Observer, error) {
 func touchesStore(d middleware.Decision) bool {
 	switch d {
 	case middleware.Executed, middleware.Released, middleware.LeaseLost, middleware.Replayed,
-		middleware.InFlight, middleware.Mismatch, middleware.StoreError, middleware.FailOpen:
+		middleware.InFlight, middleware.Mismatch, middleware.StoreError, middleware.FailOpen, middleware.StoreFull:
 		return true
 	}
 	return false
@@ -160,8 +160,10 @@ func (m *Observer) Observe(_ context.Context, e middleware.Event) {
 	case middleware.Mismatch:
 		m.mismatches.Inc()
 	}
+	// A full store (StoreFull) answered, and a client's hang-up (ClientGone) is no
+	// store failure: counted by their decisions only.
 	if e.Decision == middleware.StoreError || e.Decision == middleware.FailOpen ||
-		e.Err != nil && e.Decision != middleware.ClientGone && !errors.Is(e.Err, store.ErrLeaseLost) {
+		e.Err != nil && e.Decision != middleware.StoreFull && e.Decision != middleware.ClientGone && !errors.Is(e.Err, store.ErrLeaseLost) {
 		m.storeErrors.Inc()
 	}
 	if e.Takeover {

@@ -35,12 +35,8 @@ func (s *Store) Evict(ctx context.Context, id store.ID, policy store.EvictPolicy
 	if err := ctx.Err(); err != nil {
 		return store.Info{}, false, err
 	}
-	at := s.clock()
-	h := s.hash(id)
-	sh := s.shard(h)
-	sh.mu.Lock()
+	sh, h, at := s.lockSwept(id)
 	defer sh.mu.Unlock()
-	sh.sweep(at)
 	e := sh.records[h].find(id)
 	found := s.info(e, at)
 	if !policy.Allows(found) {

@@ -12,6 +12,11 @@
 // order (one retention for every key, the common case), O(1) a record; a min-heap
 // takes the others.
 //
+// The bytes the store keeps are bounded (WithMaxBytes, 64 MiB by default): when
+// full it refuses new keys with store.ErrFull and evicts nothing. The store is
+// also a tiered.Cache (Peek, Mark, Fill): an in-process copy of the records in
+// front of an authoritative store (docs/stores.md section 5.4).
+//
 // The store lives and dies with the process: it protects retries that reach the
 // same process only. Use store/postgres, store/redis or store/tiered for several
 // replicas or restarts.
@@ -38,6 +43,8 @@ type Store struct {
 	// clear some to make IDs share a hash.
 	hashMask uint64
 	shards   []shard
+	maxBytes int64  // the bound of WithMaxBytes; 0 or less: none
+	usage    *usage // shared by the shards
 }
 
 var (
@@ -53,7 +60,8 @@ type shard struct {
 	// Every record is in exactly one of expiry and queue (entry.queued says which).
 	expiry []heapItem // min-heap by expiry
 	queue  queue      // FIFO by expiry, for deadlines that arrive in order
-	_      [40]byte   // keep shards on separate cache lines
+	usage  *usage     // the Store's byte count (bound.go)
+	_      [32]byte   // keep shards on separate cache lines
 }
 
 // heapItem is a record in the expiry heap; at (its expiresAt) is kept inline so
@@ -107,9 +115,10 @@ func WithShards(n int) Option {
 	return func(s *Store) { s.shards = make([]shard, max(n, 1)) }
 }
 
-// New returns an empty store.
+// New returns an empty store, bounded to DefaultMaxBytes unless WithMaxBytes
+// says otherwise.
 func New(opts ...Option) *Store {
-	s := &Store{seed: maphash.MakeSeed(), hashMask: ^uint64(0), shards: make([]shard, 64)}
+	s := &Store{seed: maphash.MakeSeed(), hashMask: ^uint64(0), shards: make([]shard, 64), maxBytes: DefaultMaxBytes, usage: new(usage)}
 	for _, o := range opts {
 		o(s)
 	}
@@ -119,6 +128,7 @@ func New(opts ...Option) *Store {
 	s.base = s.now()
 	for i := range s.shards {
 		s.shards[i].records = make(map[uint64]*entry)
+		s.shards[i].usage = s.usage
 	}
 	return s
 }
@@ -216,6 +226,9 @@ func (s *Store) Claim(ctx context.Context, req store.ClaimRequest) (store.ClaimR
 		sh.setExpiry(e, at+int64(req.Retention))
 		return store.ClaimResult{Outcome: store.Claimed, Token: e.token, Takeover: true}, nil
 	}
+	if !s.admit(sh, RecordOverhead+int64(len(req.Scope)+len(req.Key)), at) {
+		return store.ClaimResult{}, errFull
+	}
 	e := &entry{
 		id:          req.ID,
 		hash:        h,
@@ -228,10 +241,12 @@ func (s *Store) Claim(ctx context.Context, req store.ClaimRequest) (store.ClaimR
 	}
 	sh.records[h] = e
 	sh.push(e)
+	sh.grow(e.size())
 	return store.ClaimResult{Outcome: store.Claimed, Token: e.token}, nil
 }
 
-// Complete implements store.Store. The body and headers are copied.
+// Complete implements store.Store. The body and headers are copied. It
+// completes even past the store's bound (see WithMaxBytes).
 func (s *Store) Complete(ctx context.Context, id store.ID, token store.Token, resp store.Response, retention time.Duration) error {
 	if err := store.ValidateHolder(id, token); err != nil {
 		return err
@@ -242,7 +257,9 @@ func (s *Store) Complete(ctx context.Context, id store.ID, token store.Token, re
 	// Copy outside the lock, into one array; dropped if the token is refused.
 	data, fieldsLen := copyResponse(resp.Header, resp.Body)
 	return s.withHolder(ctx, id, token, func(sh *shard, e *entry, at int64) {
+		before := e.size()
 		e.status, e.omitted, e.data, e.fieldsLen = int32(resp.Status), resp.BodyOmitted, data, int32(fieldsLen)
+		sh.grow(e.size() - before)
 		e.until = at // now the completion time
 		sh.setExpiry(e, at+int64(retention))
 		e.end()
@@ -277,17 +294,25 @@ func (s *Store) Renew(ctx context.Context, id store.ID, token store.Token, lease
 	})
 }
 
+// lockSwept locks the shard of id, after which its records past their
+// retention are swept, and returns it with id's hash and the store time. The
+// caller unlocks sh.mu.
+func (s *Store) lockSwept(id store.ID) (sh *shard, h uint64, at int64) {
+	at = s.clock()
+	h = s.hash(id)
+	sh = s.shard(h)
+	sh.mu.Lock()
+	sh.sweep(at)
+	return sh, h, at
+}
+
 // withHolder runs f under the shard lock if token holds id's uncompleted claim.
 func (s *Store) withHolder(ctx context.Context, id store.ID, token store.Token, f func(*shard, *entry, int64)) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	at := s.clock()
-	h := s.hash(id)
-	sh := s.shard(h)
-	sh.mu.Lock()
+	sh, h, at := s.lockSwept(id)
 	defer sh.mu.Unlock()
-	sh.sweep(at)
 	e := sh.records[h].find(id)
 	// An expired lease still belongs to its holder until someone takes it over.
 	if e == nil || e.token != token || e.status != 0 {
@@ -419,6 +444,7 @@ func (sh *shard) drop(e *entry) {
 		}
 	}
 	e.next = nil
+	sh.grow(-e.size())
 	if e.queued {
 		sh.queue.remove(e)
 	} else {

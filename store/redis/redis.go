@@ -247,13 +247,7 @@ func (s *Store) Mark(ctx context.Context, id store.ID, fp store.Fingerprint, tok
 // given (the authoritative store's clock), at millisecond precision. Errors:
 // store.ErrInvalid (empty key, nil record, invalid response or ttl), or the client's.
 func (s *Store) Fill(ctx context.Context, id store.ID, rec *store.Record, ttl time.Duration) error {
-	if err := id.Validate(); err != nil {
-		return err
-	}
-	if rec == nil {
-		return fmt.Errorf("%w: nil record", store.ErrInvalid)
-	}
-	if err := store.ValidateResponse(rec.Response, ttl); err != nil {
+	if err := store.ValidateRecord(id, rec, ttl); err != nil {
 		return err
 	}
 	omitted := ""

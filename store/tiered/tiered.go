@@ -61,8 +61,9 @@ var ErrFastTimeout = errors.New("idemkey/store/tiered: redis timeout")
 
 // Cache is the fast path in front of the backstop: it answers what it holds and
 // never decides a claim. *redis.Store (module github.com/idemkey/idemkey/store/redis)
-// implements it. Errors are the cache client's; the tiered store degrades to the
-// backstop on any of them.
+// and *memory.Store (an in-process copy, docs/stores.md section 5.4) implement
+// it. Errors are the cache client's; the tiered store degrades to the backstop
+// on any of them.
 type Cache interface {
 	// Peek answers, without changing anything, what the cache alone can answer for
 	// a request with fingerprint fp: Completed (with the record), InFlight (a live
@@ -89,6 +90,9 @@ type Store struct {
 	timeout  time.Duration
 	cooldown time.Duration
 	observe  func(Event)
+	// inProcess is set when the cache answers without I/O (store.InProcess,
+	// store/memory): its calls get no timeout.
+	inProcess bool
 
 	downUntil atomic.Int64 // monotonic nanoseconds since start; fast path skipped before it
 	start     time.Time
@@ -106,7 +110,8 @@ var (
 type Option func(*Store)
 
 // WithTimeout bounds every cache call (default DefaultTimeout). Non-positive
-// values keep the default.
+// values keep the default. A cache that answers without I/O (store.InProcess,
+// as *memory.Store) is called without it.
 func WithTimeout(d time.Duration) Option {
 	return func(s *Store) {
 		if d > 0 {
@@ -138,6 +143,9 @@ func New(fast Cache, backstop store.Store, opts ...Option) (*Store, error) {
 		return nil, fmt.Errorf("%w: tiered: nil backstop", store.ErrInvalid)
 	}
 	s := &Store{fast: fast, backstop: backstop, timeout: DefaultTimeout, cooldown: DefaultCooldown, start: time.Now()}
+	if ip, ok := fast.(store.InProcess); ok && ip.InProcess() {
+		s.inProcess = true
+	}
 	for _, o := range opts {
 		o(s)
 	}
@@ -321,10 +329,15 @@ func (s *Store) fastCall(ctx context.Context, op Op, f func(ctx context.Context)
 	if op != OpComplete && op != OpRelease && op != OpEvict && !s.fastUp(op) {
 		return false, nil
 	}
-	fctx, cancel := context.WithTimeout(ctx, s.timeout)
-	err = f(fctx)
-	timedOut := fctx.Err() != nil || isTimeout(err)
-	cancel()
+	timedOut := false
+	if s.inProcess {
+		err = f(ctx) // never waits on I/O: no timer
+	} else {
+		fctx, cancel := context.WithTimeout(ctx, s.timeout)
+		err = f(fctx)
+		timedOut = fctx.Err() != nil || isTimeout(err)
+		cancel()
+	}
 	if err != nil && !errors.Is(err, store.ErrLeaseLost) {
 		if ctx.Err() == nil { // the caller's own cancellation is not the cache's fault
 			if timedOut {

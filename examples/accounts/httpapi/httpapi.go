@@ -48,10 +48,8 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"io"
 	"log/slog"
 	"net/http"
-	"slices"
 	"strconv"
 
 	"github.com/google/uuid"
@@ -98,6 +96,9 @@ type Handler struct {
 	log     *slog.Logger
 	mux     *http.ServeMux
 	stream  http.Handler
+	// fallback answers the requests no route takes (404, 405, a redirect to
+	// the cleaned path), wrapped by WithUnrouted.
+	fallback http.Handler
 }
 
 // Option configures a Handler.
@@ -139,6 +140,15 @@ func WithMaxBodyBytes(n int64) Option {
 // package watchfeed, docs/account-service.md section 1.1).
 func WithWatchStream(h http.Handler) Option { return func(hd *Handler) { hd.stream = h } }
 
+// WithUnrouted wraps the handler's answers to requests that no route takes (404
+// NOT_FOUND, 405 METHOD_NOT_ALLOWED, a redirect to the cleaned path) with wrap.
+// Behind the idempotency middleware pass middleware.Unrouted, so that such an
+// answer releases the request's key instead of spending it: the client's
+// corrected request with the same key then runs.
+func WithUnrouted(wrap func(http.Handler) http.Handler) Option {
+	return func(h *Handler) { h.fallback = wrap(h.fallback) }
+}
+
 // WithLogger sets the logger for internal errors (default slog.Default()).
 func WithLogger(l *slog.Logger) Option {
 	return func(h *Handler) {
@@ -151,6 +161,9 @@ func WithLogger(l *slog.Logger) Option {
 // New returns the API handler over svc.
 func New(svc Service, opts ...Option) *Handler {
 	h := &Handler{svc: svc, maxBody: DefaultMaxBodyBytes, log: slog.Default(), mux: http.NewServeMux()}
+	h.fallback = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		h.mux.ServeHTTP(&problemFallback{ResponseWriter: w}, r)
+	})
 	for _, o := range opts {
 		o(h)
 	}
@@ -169,7 +182,7 @@ func New(svc Service, opts ...Option) *Handler {
 // ServeHTTP implements http.Handler. Unknown routes and methods get problem details too.
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if _, pattern := h.mux.Handler(r); pattern == "" {
-		h.mux.ServeHTTP(&problemFallback{ResponseWriter: w}, r)
+		h.fallback.ServeHTTP(w, r)
 		return
 	}
 	h.mux.ServeHTTP(w, r)
@@ -318,7 +331,7 @@ func (h *Handler) oneAccount(w http.ResponseWriter, r *http.Request,
 		return
 	}
 	var body amountBody
-	if !h.decode(w, r, field{"amountCents", &body.AmountCents}) {
+	if !h.decode(w, r, Field{"amountCents", &body.AmountCents}) {
 		return
 	}
 	amount, ok := amountOf(w, body.AmountCents)
@@ -343,7 +356,7 @@ type transferBody struct {
 
 func (h *Handler) transfer(w http.ResponseWriter, r *http.Request) {
 	var body transferBody
-	if !h.decode(w, r, field{"fromAccountId", &body.FromAccountID}, field{"toAccountId", &body.ToAccountID}, field{"amountCents", &body.AmountCents}) {
+	if !h.decode(w, r, Field{"fromAccountId", &body.FromAccountID}, Field{"toAccountId", &body.ToAccountID}, Field{"amountCents", &body.AmountCents}) {
 		return
 	}
 	from, ok := bodyID(w, "fromAccountId", body.FromAccountID)
@@ -369,26 +382,12 @@ func (h *Handler) transfer(w http.ResponseWriter, r *http.Request) {
 	}{toJSON(res.From), toJSON(res.To)})
 }
 
-// field is one member a request body may carry: its JSON name, compared exactly, and
-// a pointer to where its value goes.
-type field struct {
-	name string
-	dst  any
-}
-
-// Errors of decodeObject that are the client's JSON, not its syntax.
-var (
-	errUnknownField  = errors.New("unknown field")
-	errRepeatedField = errors.New("repeated field")
-	errNotOneObject  = errors.New("not exactly one JSON object")
-)
-
 // decode reads exactly one JSON object whose members are among fields, each at most
 // once, with names compared exactly: encoding/json alone would match names in any
 // letter case and take {"amountCents":100,"AMOUNTCENTS":3} as 3. It answers the
 // problem itself and returns false on failure.
-func (h *Handler) decode(w http.ResponseWriter, r *http.Request, fields ...field) bool {
-	name, err := decodeObject(json.NewDecoder(http.MaxBytesReader(w, r.Body, h.maxBody)), fields)
+func (h *Handler) decode(w http.ResponseWriter, r *http.Request, fields ...Field) bool {
+	name, err := DecodeObject(json.NewDecoder(http.MaxBytesReader(w, r.Body, h.maxBody)), fields)
 	if err == nil {
 		return true
 	}
@@ -397,9 +396,9 @@ func (h *Handler) decode(w http.ResponseWriter, r *http.Request, fields ...field
 	switch {
 	case errors.As(err, &tooBig):
 		WriteProblem(w, http.StatusRequestEntityTooLarge, "PAYLOAD_TOO_LARGE", "Request body is larger than "+strconv.FormatInt(tooBig.Limit, 10)+" bytes.")
-	case errors.Is(err, errUnknownField):
+	case errors.Is(err, ErrUnknownField):
 		WriteProblem(w, http.StatusUnprocessableEntity, "VALIDATION_ERROR", "Unknown field "+strconv.Quote(name)+".")
-	case errors.Is(err, errRepeatedField):
+	case errors.Is(err, ErrRepeatedField):
 		WriteProblem(w, http.StatusUnprocessableEntity, "VALIDATION_ERROR", "Field "+name+" appears more than once.")
 	case errors.As(err, &typeErr):
 		WriteProblem(w, http.StatusUnprocessableEntity, "VALIDATION_ERROR", "Field "+name+" must be "+expected(name)+".")
@@ -407,46 +406,6 @@ func (h *Handler) decode(w http.ResponseWriter, r *http.Request, fields ...field
 		WriteProblem(w, http.StatusBadRequest, "MALFORMED_REQUEST", "Request body must be one JSON object.")
 	}
 	return false
-}
-
-// decodeObject reads one JSON object from dec into fields (at most 8) and checks that
-// nothing but whitespace follows it. name is the member an error is about.
-func decodeObject(dec *json.Decoder, fields []field) (name string, err error) {
-	t, err := dec.Token()
-	if err != nil {
-		return "", err
-	}
-	if t != json.Delim('{') {
-		return "", errNotOneObject
-	}
-	var seen uint8
-	for dec.More() {
-		if t, err = dec.Token(); err != nil {
-			return "", err
-		}
-		name, _ = t.(string)
-		i := slices.IndexFunc(fields, func(f field) bool { return f.name == name })
-		switch {
-		case i < 0:
-			return name, errUnknownField
-		case seen&(1<<i) != 0:
-			return name, errRepeatedField
-		}
-		seen |= 1 << i
-		if err := dec.Decode(fields[i].dst); err != nil {
-			return name, err
-		}
-	}
-	if _, err := dec.Token(); err != nil { // the closing brace
-		return "", err
-	}
-	switch _, err := dec.Token(); {
-	case err == nil:
-		return "", errNotOneObject
-	case !errors.Is(err, io.EOF):
-		return "", err
-	}
-	return "", nil
 }
 
 // expected names the type a body field must have.
@@ -464,7 +423,7 @@ func amountOf(w http.ResponseWriter, v *int64) (int32, bool) {
 	case v == nil:
 		WriteProblem(w, http.StatusUnprocessableEntity, "VALIDATION_ERROR", "Field amountCents is required.")
 		return 0, false
-	case *v < 1 || *v > 1<<31-1:
+	case *v < 1 || *v > MaxAmountCents:
 		WriteProblem(w, http.StatusUnprocessableEntity, "VALIDATION_ERROR", "Field amountCents must be a positive integer of at most 2147483647 cents.")
 		return 0, false
 	}

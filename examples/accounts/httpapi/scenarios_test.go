@@ -23,12 +23,21 @@ import (
 // CELERIANT_ADDR), keys in the Idempotency-Key header, and checks status and JSON of
 // each answer and the log.
 func TestScenariosOverHTTP(t *testing.T) {
-	var log celeriant.EventStore = celeriantsim.New(celeriantsim.Options{})
+	sim := celeriantsim.New(celeriantsim.Options{})
+	var log celeriant.EventStore = sim
 	run := "" // a suffix for the account names: a real server keeps earlier runs' streams
-	// The simulator commits before it answers, so no backoff needs to wait; a real server
-	// makes a write readable only after its fsync, so there the backoff really sleeps
-	// (docs/celeriant-protocol.md section 6.5).
-	sleep := func(context.Context, time.Duration) error { return nil }
+	// The server (and the simulator, with its default commit delay) makes a write
+	// readable only after its fsync window (docs/celeriant-protocol.md section 6.5), so
+	// a backoff after a 2003 must outlast it: on the simulator it waits until no write
+	// is in flight, on a real server it really sleeps.
+	sleep := func(ctx context.Context, _ time.Duration) error {
+		select {
+		case <-sim.Settled():
+			return nil
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
 	if addr := os.Getenv("CELERIANT_ADDR"); addr != "" {
 		c, err := celeriant.New(celeriant.Config{Addrs: []string{addr}})
 		if err != nil {

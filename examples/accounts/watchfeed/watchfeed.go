@@ -252,10 +252,22 @@ func AppendEvent(dst []byte, acct uuid.UUID, v uint64) []byte {
 
 // ServeHTTP serves the SSE stream (GET and HEAD; other methods get 405 with Allow).
 // It ends when the client goes away, a write times out, or the feed stops.
+//
+// A request with a body (a Content-Length other than 0, or chunked) is answered
+// 400: the stream takes none, and lifting the read deadline for such a request
+// would let a client that declares a body and never sends it hold the
+// connection for good (net/http reads an unread body before it writes the
+// answer). The refusal is written under the server's ReadTimeout, which bounds
+// that read; a stream without a body then runs without one.
 func (f *Feed) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if r.Method != http.MethodGet && r.Method != http.MethodHead {
 		w.Header().Set("Allow", "GET, HEAD")
 		http.Error(w, "method not allowed", http.StatusMethodNotAllowed)
+		return
+	}
+	if r.ContentLength != 0 {
+		w.Header().Set("Connection", "close")
+		http.Error(w, "the event stream takes no request body", http.StatusBadRequest)
 		return
 	}
 	rc := http.NewResponseController(w)

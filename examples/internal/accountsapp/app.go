@@ -65,7 +65,8 @@ type App struct {
 	Service *accounts.Service
 	// API serves the routes of docs/architecture.md section 6 under /api, unprotected: put
 	// the idempotency middleware in front of it. It answers unknown routes with
-	// 404 problems.
+	// 404 problems and other methods with 405, both marked middleware.Unrouted so
+	// that they release the request's key.
 	API http.Handler
 	// Registry holds the application's metrics (never the global registry): Open
 	// adds the Go runtime and process collectors to the one it is given.
@@ -106,11 +107,11 @@ func Open(ctx context.Context, env setup.Env, conns *setup.Conns, st store.Store
 	a.checks = append(a.checks, check{"store", func(ctx context.Context) error { return store.Ping(ctx, st) }})
 
 	if env.CeleriantAddr == "" {
-		sim := celeriantsim.New(celeriantsim.Options{})
+		sim := celeriantsim.New(celeriantsim.Options{Precision: env.TimestampPrecision})
 		a.Events = sim
 		a.closers = append(a.closers, func() { _ = sim.Close() })
 	} else {
-		client, err := celeriant.New(celeriant.Config{Addrs: []string{env.CeleriantAddr}, Logger: logger})
+		client, err := celeriant.New(celeriant.Config{Addrs: []string{env.CeleriantAddr}, Logger: logger, APIKey: env.APIKey})
 		if err != nil {
 			return a, fmt.Errorf("%w: CELERIANT_ADDR=%q: %w", setup.ErrConfig, env.CeleriantAddr, err)
 		}
@@ -136,7 +137,12 @@ func Open(ctx context.Context, env setup.Env, conns *setup.Conns, st store.Store
 		proj = accounts.NewMemoryProjection()
 	}
 
-	a.Service, err = accounts.New(a.Events, proj, accounts.WithLogger(logger), accounts.WithLandedLookback(env.Retention))
+	opts := []accounts.Option{accounts.WithLogger(logger), accounts.WithLandedLookback(env.Retention),
+		accounts.WithTimestampPrecision(env.TimestampPrecision)}
+	if env.ClientID != uuid.Nil {
+		opts = append(opts, accounts.WithClientID(env.ClientID))
+	}
+	a.Service, err = accounts.New(a.Events, proj, opts...)
 	if err != nil {
 		return a, err
 	}
@@ -160,7 +166,9 @@ func Open(ctx context.Context, env setup.Env, conns *setup.Conns, st store.Store
 		return a, err
 	}
 	a.API = httpapi.New(a.Service, httpapi.WithLogger(logger), httpapi.WithKeyFunc(keyFromRequest),
-		httpapi.WithLandedFunc(takeoverFromRequest), httpapi.WithWatchStream(a.Feed))
+		httpapi.WithLandedFunc(takeoverFromRequest), httpapi.WithWatchStream(a.Feed),
+		// The API's own 404 and 405 release the key (the middleware sits in front).
+		httpapi.WithUnrouted(middleware.Unrouted))
 	return a, nil
 }
 

@@ -15,9 +15,20 @@
 //	IDEM_WAIT              how long a duplicate of a request in flight waits for its
 //	                       answer (middleware.WithWaitInFlight), Go duration, default
 //	                       5s; 0 answers 409 at once (the account examples)
+//	IDEM_MEMORY_MAX_BYTES  the memory store's bound on the bytes it keeps
+//	                       (memory.WithMaxBytes), default 67108864 (64 MiB); 0: none
 //	IDEM_TABLE             the Postgres store's table, default idemkey_records
 //	IDEM_REDIS_PREFIX      the Redis store's key prefix, default idemkey:
 //	CELERIANT_ADDR         Celeriant wire address host:port; empty: in-process simulator
+//	CELERIANT_TIMESTAMP_PRECISION
+//	                       the Celeriant server's --timestamp-precision: ms (default),
+//	                       us or ns; the simulator stamps in it; a server that stamps
+//	                       in another stops the service at startup
+//	CELERIANT_API_KEY      API key (standard base64 of 32 bytes) sent in the Identify
+//	                       handshake of every connection; empty: no handshake. Never
+//	                       logged
+//	CELERIANT_CLIENT_ID    the Celeriant client id (a UUID) the account service writes
+//	                       under, shared by all its replicas; default the service's own
 //	PROJECTION             memory (default) or postgres
 //	ACCOUNTS_TABLE_PREFIX  prefix of the Postgres projection's tables, default none
 //	CELERIANT_SIM_DELAY    latency the in-process simulator adds to every call after
@@ -27,12 +38,18 @@
 package setup
 
 import (
+	"encoding/base64"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 	"time"
 
+	"github.com/google/uuid"
+
+	"github.com/idemkey/idemkey/celeriant"
 	"github.com/idemkey/idemkey/middleware"
+	"github.com/idemkey/idemkey/store/memory"
 	"github.com/idemkey/idemkey/store/postgres"
 	"github.com/idemkey/idemkey/store/redis"
 )
@@ -67,6 +84,10 @@ type Env struct {
 	// Wait bounds how long a duplicate of a request in flight waits for the
 	// original's answer (IDEM_WAIT, middleware.WithWaitInFlight); 0: no waiting.
 	Wait time.Duration
+	// MemoryMaxBytes bounds the bytes the memory store keeps
+	// (IDEM_MEMORY_MAX_BYTES, memory.WithMaxBytes); 0: no bound. When full, new
+	// keys are answered 503 until records expire.
+	MemoryMaxBytes int64
 	// IdemTable is the Postgres store's table (IDEM_TABLE), so tests and several
 	// deployments can share one database.
 	IdemTable string
@@ -75,6 +96,18 @@ type Env struct {
 	// CeleriantAddr is the Celeriant wire address (CELERIANT_ADDR); empty runs the
 	// in-process simulator, whose log lives and dies with the process.
 	CeleriantAddr string
+	// TimestampPrecision is the Celeriant server's timestamp precision
+	// (CELERIANT_TIMESTAMP_PRECISION: ms, us or ns; default ms): the protocol does
+	// not carry it (docs/celeriant-protocol.md section 6.8).
+	TimestampPrecision celeriant.Precision
+	// APIKey is the Celeriant API key (CELERIANT_API_KEY), sent in the Identify
+	// handshake; it formats and logs as [redacted].
+	APIKey celeriant.Secret
+	// ClientID is the Celeriant client id the account service writes under
+	// (CELERIANT_CLIENT_ID); uuid.Nil keeps the service's default. Every replica must
+	// use the same one, and it must not change once events exist
+	// (docs/celeriant-protocol.md section 6.4).
+	ClientID uuid.UUID
 	// Projection is "memory" or "postgres" (PROJECTION).
 	Projection string
 	// TablePrefix prefixes the Postgres projection's tables (ACCOUNTS_TABLE_PREFIX).
@@ -100,25 +133,30 @@ func (e Env) NeedsRedis() bool { return e.Store == "redis" || e.Store == "tiered
 // and name the variable: an unknown store or projection, a store or projection
 // without the server URL it needs, a duration that is not a positive Go duration
 // (IDEM_WAIT, CELERIANT_SIM_DELAY: non-negative), a retention shorter than the lease,
+// an IDEM_MEMORY_MAX_BYTES that is not a non-negative integer,
 // CELERIANT_SIM_DELAY with CELERIANT_ADDR.
 func Load(getenv func(string) string) (Env, error) {
 	e := Env{
-		Addr:          DefaultAddr,
-		Store:         strings.ToLower(strings.TrimSpace(getenv("IDEM_STORE"))),
-		DatabaseURL:   getenv("DATABASE_URL"),
-		RedisURL:      getenv("REDIS_URL"),
-		Lease:         DefaultLease,
-		Retention:     DefaultRetention,
-		Wait:          DefaultWait,
-		IdemTable:     getenv("IDEM_TABLE"),
-		RedisPrefix:   getenv("IDEM_REDIS_PREFIX"),
-		CeleriantAddr: strings.TrimSpace(getenv("CELERIANT_ADDR")),
-		Projection:    strings.ToLower(strings.TrimSpace(getenv("PROJECTION"))),
-		TablePrefix:   getenv("ACCOUNTS_TABLE_PREFIX"),
-		ReplayHeader:  strings.TrimSpace(getenv("IDEM_REPLAY_HEADER")),
+		Addr:           DefaultAddr,
+		Store:          strings.ToLower(strings.TrimSpace(getenv("IDEM_STORE"))),
+		DatabaseURL:    getenv("DATABASE_URL"),
+		RedisURL:       getenv("REDIS_URL"),
+		Lease:          DefaultLease,
+		Retention:      DefaultRetention,
+		Wait:           DefaultWait,
+		MemoryMaxBytes: memory.DefaultMaxBytes,
+		IdemTable:      getenv("IDEM_TABLE"),
+		RedisPrefix:    getenv("IDEM_REDIS_PREFIX"),
+		CeleriantAddr:  strings.TrimSpace(getenv("CELERIANT_ADDR")),
+		Projection:     strings.ToLower(strings.TrimSpace(getenv("PROJECTION"))),
+		TablePrefix:    getenv("ACCOUNTS_TABLE_PREFIX"),
+		ReplayHeader:   strings.TrimSpace(getenv("IDEM_REPLAY_HEADER")),
 	}
 	if v := strings.TrimSpace(getenv("ADDR")); v != "" {
 		e.Addr = v
+	}
+	if err := e.loadCeleriant(getenv); err != nil {
+		return e, err
 	}
 	if e.IdemTable == "" {
 		e.IdemTable = postgres.DefaultTable
@@ -144,6 +182,9 @@ func Load(getenv func(string) string) (Env, error) {
 			return e, fmt.Errorf("%w: %s=%q: want %s Go duration such as 10s", ErrConfig, d.name, v, want)
 		}
 		*d.dst = parsed
+	}
+	if err := parseBytes(getenv, "IDEM_MEMORY_MAX_BYTES", &e.MemoryMaxBytes); err != nil {
+		return e, err
 	}
 	if e.Lease < middleware.MinLease {
 		return e, fmt.Errorf("%w: IDEM_LEASE=%v is under the minimum lease %v (it is renewed every third of it)", ErrConfig, e.Lease, middleware.MinLease)
@@ -177,10 +218,49 @@ func Load(getenv func(string) string) (Env, error) {
 	return e, nil
 }
 
+// loadCeleriant reads the Celeriant settings beyond CELERIANT_ADDR.
+func (e *Env) loadCeleriant(getenv func(string) string) error {
+	p, err := celeriant.ParsePrecision(getenv("CELERIANT_TIMESTAMP_PRECISION"))
+	if err != nil {
+		return fmt.Errorf("%w: CELERIANT_TIMESTAMP_PRECISION: %w", ErrConfig, err)
+	}
+	e.TimestampPrecision = p
+	if v := strings.TrimSpace(getenv("CELERIANT_API_KEY")); v != "" {
+		b, err := base64.StdEncoding.DecodeString(v)
+		if err != nil || len(b) != celeriant.APIKeySize {
+			return fmt.Errorf("%w: CELERIANT_API_KEY: want standard base64 of %d bytes", ErrConfig, celeriant.APIKeySize)
+		}
+		e.APIKey = celeriant.Secret(v)
+	}
+	if v := strings.TrimSpace(getenv("CELERIANT_CLIENT_ID")); v != "" {
+		id, err := uuid.Parse(v)
+		if err != nil || id == uuid.Nil {
+			return fmt.Errorf("%w: CELERIANT_CLIENT_ID=%q: want a non-nil UUID", ErrConfig, v)
+		}
+		e.ClientID = id
+	}
+	return nil
+}
+
 // postgresUser names the setting that needs Postgres, for errors.
 func (e Env) postgresUser() string {
 	if e.Store == "postgres" || e.Store == "tiered" {
 		return "IDEM_STORE=" + e.Store
 	}
 	return "PROJECTION=postgres"
+}
+
+// parseBytes sets *dst to the non-negative integer the variable name holds,
+// if it is set.
+func parseBytes(getenv func(string) string, name string, dst *int64) error {
+	v := strings.TrimSpace(getenv(name))
+	if v == "" {
+		return nil
+	}
+	n, err := strconv.ParseInt(v, 10, 64)
+	if err != nil || n < 0 {
+		return fmt.Errorf("%w: %s=%q: want a non-negative number of bytes such as 67108864 (0: no bound)", ErrConfig, name, v)
+	}
+	*dst = n
+	return nil
 }

@@ -6,11 +6,15 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/idemkey/idemkey/celeriant"
 )
 
 func TestLoad(t *testing.T) {
 	defaults := Env{Addr: "127.0.0.1:8080", Store: "memory", Lease: 10 * time.Second, Retention: 24 * time.Hour, Wait: 5 * time.Second,
-		IdemTable: "idemkey_records", RedisPrefix: "idemkey:", Projection: "memory"}
+		MemoryMaxBytes: 64 << 20, IdemTable: "idemkey_records", RedisPrefix: "idemkey:", Projection: "memory"}
 	with := func(f func(*Env)) Env { e := defaults; f(&e); return e }
 	for _, tc := range []struct {
 		name    string
@@ -23,7 +27,7 @@ func TestLoad(t *testing.T) {
 			"IDEM_RETENTION": "1h", "CELERIANT_ADDR": "127.0.0.1:10000", "PROJECTION": "Postgres", "DATABASE_URL": "postgres://x",
 			"REDIS_URL": "redis://y", "IDEM_TABLE": "t", "IDEM_REDIS_PREFIX": "p:", "ACCOUNTS_TABLE_PREFIX": "t_",
 			"IDEM_REPLAY_HEADER": "Idempotency-Replayed"},
-			want: Env{Addr: "127.0.0.1:0", Store: "tiered", Lease: 2 * time.Second, Retention: time.Hour, Wait: DefaultWait, CeleriantAddr: "127.0.0.1:10000",
+			want: Env{Addr: "127.0.0.1:0", Store: "tiered", Lease: 2 * time.Second, Retention: time.Hour, Wait: DefaultWait, MemoryMaxBytes: 64 << 20, CeleriantAddr: "127.0.0.1:10000",
 				Projection: "postgres", DatabaseURL: "postgres://x", RedisURL: "redis://y", IdemTable: "t", RedisPrefix: "p:",
 				TablePrefix: "t_", ReplayHeader: "Idempotency-Replayed"}},
 		{name: "sim delay", env: map[string]string{"CELERIANT_SIM_DELAY": "1s"}, want: with(func(e *Env) { e.SimDelay = time.Second })},
@@ -43,9 +47,26 @@ func TestLoad(t *testing.T) {
 		{name: "postgres projection without a database", env: map[string]string{"PROJECTION": "postgres"}, wantErr: "PROJECTION=postgres needs DATABASE_URL"},
 		{name: "sim delay with a real Celeriant", env: map[string]string{"CELERIANT_SIM_DELAY": "1s", "CELERIANT_ADDR": "x:1"}, wantErr: "CELERIANT_SIM_DELAY"},
 		{name: "negative sim delay", env: map[string]string{"CELERIANT_SIM_DELAY": "-1s"}, wantErr: "non-negative"},
+		{name: "microsecond server", env: map[string]string{"CELERIANT_TIMESTAMP_PRECISION": "us"},
+			want: with(func(e *Env) { e.TimestampPrecision = celeriant.Microseconds })},
+		{name: "nanosecond server", env: map[string]string{"CELERIANT_TIMESTAMP_PRECISION": " NS "},
+			want: with(func(e *Env) { e.TimestampPrecision = celeriant.Nanoseconds })},
+		{name: "api key and client id", env: map[string]string{"CELERIANT_API_KEY": " AQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQE= ",
+			"CELERIANT_CLIENT_ID": "6f0e4a52-6a3c-4c1b-9d8e-2f7a1b3c4d5e"},
+			want: with(func(e *Env) {
+				e.APIKey = "AQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQE="
+				e.ClientID = uuid.MustParse("6f0e4a52-6a3c-4c1b-9d8e-2f7a1b3c4d5e")
+			})},
+		{name: "short api key", env: map[string]string{"CELERIANT_API_KEY": "c2hvcnQ="}, wantErr: "CELERIANT_API_KEY"},
+		{name: "nil client id", env: map[string]string{"CELERIANT_CLIENT_ID": "00000000-0000-0000-0000-000000000000"}, wantErr: "CELERIANT_CLIENT_ID"},
+		{name: "unknown precision", env: map[string]string{"CELERIANT_TIMESTAMP_PRECISION": "s"}, wantErr: "CELERIANT_TIMESTAMP_PRECISION"},
 		{name: "wait", env: map[string]string{"IDEM_WAIT": "2s"}, want: with(func(e *Env) { e.Wait = 2 * time.Second })},
 		{name: "no wait", env: map[string]string{"IDEM_WAIT": "0"}, want: with(func(e *Env) { e.Wait = 0 })},
 		{name: "negative wait", env: map[string]string{"IDEM_WAIT": "-1s"}, wantErr: "IDEM_WAIT"},
+		{name: "memory bound", env: map[string]string{"IDEM_MEMORY_MAX_BYTES": " 1048576 "}, want: with(func(e *Env) { e.MemoryMaxBytes = 1 << 20 })},
+		{name: "no memory bound", env: map[string]string{"IDEM_MEMORY_MAX_BYTES": "0"}, want: with(func(e *Env) { e.MemoryMaxBytes = 0 })},
+		{name: "memory bound with a unit", env: map[string]string{"IDEM_MEMORY_MAX_BYTES": "64MiB"}, wantErr: "IDEM_MEMORY_MAX_BYTES"},
+		{name: "negative memory bound", env: map[string]string{"IDEM_MEMORY_MAX_BYTES": "-1"}, wantErr: "IDEM_MEMORY_MAX_BYTES"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			got, err := Load(func(k string) string { return tc.env[k] })

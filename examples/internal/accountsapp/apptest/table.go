@@ -31,7 +31,8 @@ type step struct {
 // wire, on every backend of Backends: routes and exact JSON, the middleware's
 // decisions (replay, 422 mismatch, 400 missing or invalid key, 413, 409 in flight,
 // release of a 503 then a rerun), malformed input (400/422, never 500), the probes
-// and the metrics; and, from the event log, that each key wrote exactly one event.
+// and the metrics, the router's own 404 and 405 releasing the key, the anonymous
+// client ID's own scope; and, from the event log, that each key wrote exactly one event.
 func Run(t *testing.T, wire accountsapp.Wire) {
 	for name, env := range Backends(t) {
 		t.Run(name, func(t *testing.T) {
@@ -41,6 +42,8 @@ func Run(t *testing.T, wire accountsapp.Wire) {
 			t.Run("in flight: the retry waits, 409 past the bound", func(t *testing.T) { inFlight(t, s) })
 			t.Run("celeriant busy is 503, released, rerun", func(t *testing.T) { busy(t, s) })
 			t.Run("probes and metrics", func(t *testing.T) { probes(t, s) })
+			t.Run("the router's 404 and 405 release the key", func(t *testing.T) { routerAnswers(t, s) })
+			t.Run("X-Client-ID anonymous is a scope of its own", func(t *testing.T) { anonymousClientID(t, s) })
 		})
 	}
 	t.Run("graceful shutdown drains", func(t *testing.T) { shutdown(t, wire) })
