@@ -169,7 +169,8 @@ func (cl *Claimer) releaseOnce(p pendingRelease) error {
 }
 
 // mayHaveLanded reports whether a claim that failed with err may still have been
-// made by the store: any failure but a refusal the store answered before I/O.
+// made by the store: any failure but a refusal the store answered (invalid
+// arguments, a corrupt record, a full store).
 func mayHaveLanded(err error) bool {
-	return err != nil && !errors.Is(err, store.ErrInvalid) && !errors.Is(err, store.ErrCorrupt)
+	return err != nil && !errors.Is(err, store.ErrInvalid) && !errors.Is(err, store.ErrCorrupt) && !errors.Is(err, store.ErrFull)
 }
