@@ -6,20 +6,26 @@ replace github.com/idemkey/idemkey => ..
 
 replace github.com/idemkey/idemkey/store/postgres => ../store/postgres
 
+replace github.com/idemkey/idemkey/store/mysql => ../store/mysql
+
 replace github.com/idemkey/idemkey/store/redis => ../store/redis
 
 require (
 	github.com/gofiber/fiber/v2 v2.52.15
 	github.com/gofiber/fiber/v3 v3.1.0
 	github.com/idemkey/idemkey v0.0.0-00010101000000-000000000000
+	github.com/idemkey/idemkey/store/mysql v0.0.0-00010101000000-000000000000
 	github.com/idemkey/idemkey/store/postgres v0.0.0-00010101000000-000000000000
 	github.com/idemkey/idemkey/store/redis v0.0.0-00010101000000-000000000000
 	github.com/jackc/pgx/v5 v5.13.0
+	github.com/redis/go-redis/v9 v9.23.0
 	github.com/valyala/fasthttp v1.78.0
 )
 
 require (
+	filippo.io/edwards25519 v1.2.0 // indirect
 	github.com/cespare/xxhash/v2 v2.3.0 // indirect
+	github.com/go-sql-driver/mysql v1.10.1 // indirect
 	github.com/gofiber/schema v1.7.0 // indirect
 	github.com/gofiber/utils/v2 v2.0.2 // indirect
 	github.com/google/uuid v1.6.0 // indirect

@@ -94,6 +94,9 @@ type Config struct {
 	// Retention is how long a completed record is kept (at least the lease;
 	// DefaultRetention is the usual).
 	Retention time.Duration
+	// MaxRetention bounds what SetRetention may give one record (0: Retention;
+	// else at least Retention).
+	MaxRetention time.Duration
 	// Timeouts bound the store calls (zero fields: defaults).
 	Timeouts Timeouts
 	// Clock schedules renewals and back-offs (default the real clock).
@@ -130,6 +133,8 @@ func New(cfg Config) (*Claimer, error) {
 		return nil, fmt.Errorf("idemkey/claim: lease %v under the minimum %v (it is renewed every third of it)", cfg.Lease, MinLease)
 	case cfg.Retention < cfg.Lease:
 		return nil, fmt.Errorf("idemkey/claim: retention %v shorter than the lease %v", cfg.Retention, cfg.Lease)
+	case cfg.MaxRetention < 0 || cfg.MaxRetention != 0 && cfg.MaxRetention < cfg.Retention:
+		return nil, fmt.Errorf("idemkey/claim: maximum retention %v shorter than the retention %v", cfg.MaxRetention, cfg.Retention)
 	case t.Claim < 0 || t.Complete < 0 || t.Release < 0 || t.Renew < 0:
 		return nil, fmt.Errorf("idemkey/claim: negative store timeout in %+v", *t)
 	case t.Renew > cfg.Lease:
@@ -145,6 +150,9 @@ func New(cfg Config) (*Claimer, error) {
 	}
 	if cfg.Clock == nil {
 		cfg.Clock = RealClock{}
+	}
+	if cfg.MaxRetention == 0 {
+		cfg.MaxRetention = cfg.Retention
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()

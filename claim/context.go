@@ -27,7 +27,7 @@ type Claim struct {
 	// happened (unless they were fenced by the token in the same transaction).
 	Takeover bool
 	// Retention is what Store.Complete would be given: how long the record is kept
-	// and replayed.
+	// and replayed (the Claimer's, or SetRetention's once called).
 	Retention time.Duration
 }
 
@@ -144,7 +144,11 @@ func FromContext(ctx context.Context) (Claim, bool) {
 	if !ok || c.exec == nil {
 		return Claim{}, false
 	}
-	return c.claim, true
+	cl := c.claim
+	if d, ok := c.exec.retentionOf(c.claim); ok {
+		cl.Retention = d
+	}
+	return cl, true
 }
 
 // MarkCompleted tells the execution that the caller completed the claim's

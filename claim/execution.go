@@ -26,10 +26,11 @@ type Execution struct {
 
 	// In-transaction completion (MarkCompleted), guarded by txMu: the executing
 	// code may call it while a renewal holds mu.
-	txMu     sync.Mutex
-	returned bool // the execution returned; MarkCompleted is refused
-	inTx     bool
-	txResp   store.Response
+	txMu      sync.Mutex
+	returned  bool // the execution returned; MarkCompleted is refused
+	inTx      bool
+	txResp    store.Response
+	retention time.Duration // SetRetention's; 0: the Claimer's
 
 	released   bool
 	releaseErr error
@@ -250,7 +251,7 @@ func (e *Execution) NotifyCompleted(resp store.Response) {
 	if !ok {
 		return
 	}
-	rest := e.cl.cfg.Retention - e.cl.now().Sub(e.sent)
+	rest := e.recordRetention() - e.cl.now().Sub(e.sent)
 	if rest < time.Millisecond {
 		return
 	}
@@ -290,7 +291,7 @@ func (e *Execution) Complete(resp store.Response, beforeRetry func()) (retries i
 	for {
 		ctx, cancel := cl.Bound(&e.ctx, cl.cfg.Timeouts.Complete)
 		ctx, d := cl.observe(ctx, OpComplete, e.id)
-		err = cl.cfg.Store.Complete(ctx, e.id, e.token, resp, cl.cfg.Retention)
+		err = cl.cfg.Store.Complete(ctx, e.id, e.token, resp, e.recordRetention())
 		cancel()
 		done(d, err)
 		if err == nil {
@@ -328,7 +329,7 @@ func (e *Execution) Reset() {
 	e.released, e.releaseErr = false, nil
 	e.txMu.Lock()
 	e.id, e.token = store.ID{}, store.Token{}
-	e.returned, e.inTx, e.txResp = false, false, store.Response{}
+	e.returned, e.inTx, e.txResp, e.retention = false, false, store.Response{}, 0
 	e.txMu.Unlock()
 	e.renewLost.Store(false)
 }

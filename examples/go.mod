@@ -8,6 +8,8 @@ replace github.com/idemkey/idemkey/store/postgres => ../store/postgres
 
 replace github.com/idemkey/idemkey/store/redis => ../store/redis
 
+replace github.com/idemkey/idemkey/store/mysql => ../store/mysql
+
 replace github.com/idemkey/idemkey/middleware/echo => ../middleware/echo
 
 replace github.com/idemkey/idemkey/celeriant => ../celeriant
@@ -16,11 +18,13 @@ replace github.com/idemkey/idemkey/observer/prometheus => ../observer/prometheus
 
 require (
 	github.com/chromedp/chromedp v0.23.0
+	github.com/go-sql-driver/mysql v1.10.1
 	github.com/google/uuid v1.6.0
 	github.com/idemkey/idemkey v0.0.0-00010101000000-000000000000
 	github.com/idemkey/idemkey/celeriant v0.0.0-00010101000000-000000000000
 	github.com/idemkey/idemkey/middleware/echo v0.0.0-00010101000000-000000000000
 	github.com/idemkey/idemkey/observer/prometheus v0.0.0-00010101000000-000000000000
+	github.com/idemkey/idemkey/store/mysql v0.0.0-00010101000000-000000000000
 	github.com/idemkey/idemkey/store/postgres v0.0.0-00010101000000-000000000000
 	github.com/idemkey/idemkey/store/redis v0.0.0-00010101000000-000000000000
 	github.com/jackc/pgx/v5 v5.13.0
@@ -34,6 +38,7 @@ require (
 )
 
 require (
+	filippo.io/edwards25519 v1.2.0 // indirect
 	github.com/beorn7/perks v1.0.1 // indirect
 	github.com/cespare/xxhash/v2 v2.3.0 // indirect
 	github.com/chromedp/cdproto v0.159.0 // indirect

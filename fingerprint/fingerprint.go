@@ -30,7 +30,9 @@
 //     canonical form only when every key and value decodes to the same bytes, or
 //     is byte for byte the same malformed text;
 //   - the body: its raw bytes by default, or with [Options.CanonicalJSON] its
-//     canonical JSON form (see [AppendCanonicalJSON]);
+//     canonical JSON form (see [AppendCanonicalJSON]), or under a [Rule]
+//     ([Options.Rule]: [OnlyJSONFields], [IgnoreJSONFields], [NewRule]) the part
+//     the rule keeps, behind the rule's identity;
 //   - the Content-Encoding, when the request has one (see [Request]): a gzip body
 //     and its plain twin are different requests.
 //
@@ -105,6 +107,11 @@ type Options struct {
 	// ErrInvalidJSON; callers decide what to do (the middleware falls back to the
 	// raw bytes).
 	CanonicalJSON bool
+	// Rule, when set, decides which part of the body is fingerprinted (see
+	// Rule; CanonicalJSON is then ignored), and the fingerprint records the
+	// rule's identity. A body the rule cannot read makes Sum fail (a *JSONError
+	// for the JSON rules).
+	Rule *Rule
 	// MaxBody is the body limit of FromRequest in bytes; 0 means DefaultMaxBody,
 	// a negative value means no limit.
 	MaxBody int64
@@ -154,12 +161,16 @@ type pair struct {
 
 var statePool = sync.Pool{New: func() any { return &state{h: sha256.New()} }}
 
-// Sum returns the fingerprint of req. The only error is a *JSONError (wrapping
-// ErrInvalidJSON) when opts.CanonicalJSON is set and the body is not valid JSON.
+// Sum returns the fingerprint of req. Errors: a *JSONError (wrapping
+// ErrInvalidJSON) when opts.CanonicalJSON is set, or opts.Rule is a JSON rule,
+// and the body is not valid JSON; a custom rule's error (see BodyFunc).
 // Sum does not modify or retain req.Body.
 func Sum(req Request, opts Options) (store.Fingerprint, error) {
 	s := statePool.Get().(*state)
 	defer statePool.Put(s)
+	if opts.Rule != nil {
+		return opts.Rule.sum(s, req)
+	}
 	body := req.Body
 	mode := byte('r')
 	if opts.CanonicalJSON && len(body) > 0 {

@@ -28,6 +28,10 @@
 //	                                            key or its lease expired; past the
 //	                                            bound 409 as above
 //	same key, other fingerprint               422 key_reused_with_different_payload
+//	same key, record made under another        422 fingerprint_rule_changed
+//	  fingerprint rule (WithFingerprint)
+//	body not JSON under a JSON rule            400 request_body_not_json
+//	key refused by WithKeyValidator            400 idempotency_key_invalid
 //	handler answers 5xx/408/409/425/429,      release the claim, then send the
 //	  panics (re-panicked) or hijacks           response (held until released, so an
 //	                                            immediate retry runs, never a 409)
@@ -218,6 +222,7 @@ type Middleware struct {
 	storeObs         StoreObserver // the observer, when it implements StoreObserver
 	claimer          *claim.Claimer
 	epoch            time.Time // origin of the middleware's monotonic readings
+	featureState
 }
 
 // preRetryAfter bounds the Retry-After values (seconds) rendered once per
@@ -251,7 +256,8 @@ func New(s store.Store, scope ScopeFunc, opts ...Option) (*Middleware, error) {
 	}
 	m.storeObs, _ = m.observer.(StoreObserver)
 	var err error
-	cfg := claim.Config{Store: s, Lease: m.lease, Retention: m.retention, Timeouts: m.timeouts, Clock: m.clock, Logger: m.logger}
+	cfg := claim.Config{Store: s, Lease: m.lease, Retention: m.retention, MaxRetention: m.maxRetention,
+		Timeouts: m.timeouts, Clock: m.clock, Logger: m.logger}
 	if m.storeObs != nil {
 		cfg.Observe = func(ctx context.Context, op claim.Op, id store.ID) (context.Context, func(error)) {
 			return m.storeObs.StoreCallStart(ctx, StoreOp(op), id)
@@ -271,7 +277,10 @@ func New(s store.Store, scope ScopeFunc, opts ...Option) (*Middleware, error) {
 			m.allow[textproto.CanonicalMIMEHeaderKey(h)] = struct{}{}
 		}
 	}
-	if m.problems, err = newPrerendered(m.problemMembers); err != nil {
+	if m.problems, err = newPrerendered(m.problemStyle()); err != nil {
+		return nil, err
+	}
+	if err := m.initFeatures(); err != nil {
 		return nil, err
 	}
 	m.work = newWorkEstimate()

@@ -23,7 +23,9 @@ const (
 	KeyInvalid
 	// BodyTooLarge: the request body is over the limit; 413 request_too_large.
 	BodyTooLarge
-	// BodyUnreadable: reading the request body failed; 400 request_body_unreadable.
+	// BodyUnreadable: reading the request body failed, 400 request_body_unreadable;
+	// or the fingerprint rule (WithFingerprint) could not read it, 400
+	// request_body_not_json.
 	BodyUnreadable
 	// Executed: the claim was won, the handler ran and its response was stored.
 	Executed

@@ -90,6 +90,7 @@ type config struct {
 	problemMembers  func(code, detail string) map[string]any
 	logger          *slog.Logger
 	clock           Clock
+	featureConfig   // WithFingerprint, WithOnReplay, WithKeyValidator, WithProblemTypeBase, WithMaxRetention
 }
 
 func defaultConfig() config {
@@ -280,9 +281,10 @@ func WithObserver(o Observer) Option { return func(c *config) { c.observer = o }
 // problem the middleware answers, beside type, title, status, detail and code:
 // members is called with the problem's code (the Code* constants) and detail
 // and returns the members to add (nil or empty: none), which are rendered after
-// the problem's own, in the order of their names. The six problems whose detail
-// never varies are rendered once, in New; for the three whose detail does
-// (CodeKeyInvalid on a malformed key, CodeBodyUnreadable, CodeRequestTooLarge)
+// the problem's own, in the order of their names. The problems whose detail
+// never varies are rendered once, in New; for the four whose detail does
+// (CodeKeyInvalid on a malformed or refused key, CodeBodyUnreadable,
+// CodeRequestTooLarge, CodeBodyNotJSON)
 // members is called on each such request, concurrently, so it must be safe for
 // concurrent use and should return the same members for the same code. New
 // calls it for every code (a sample detail for the variable ones) and fails when

@@ -61,8 +61,8 @@ type problem struct {
 // WithProblemMembers after the problem's own. A members function that fails on
 // this problem (New checked every code, with a sample detail for the variable
 // ones) gives the body without extension members: always a whole problem.
-func (p problem) render(members func(code, detail string) map[string]any) []byte {
-	b, _ := p.renderErr(members)
+func (p problem) render(style problemStyle) []byte {
+	b, _ := p.renderErr(style)
 	return b
 }
 
@@ -72,8 +72,9 @@ func (p problem) render(members func(code, detail string) map[string]any) []byte
 var reservedMembers = [...]string{"type", "title", "status", "detail", "code"}
 
 // renderErr is render that also says why the extension members were left out.
-func (p problem) renderErr(members func(code, detail string) map[string]any) ([]byte, error) {
-	p.Type = ProblemTypePrefix + p.Code
+func (p problem) renderErr(style problemStyle) ([]byte, error) {
+	p.Type = style.typeOf(p.Code)
+	members := style.members
 	b, _ := json.Marshal(p) // strings and an int: cannot fail
 	b = append(b, '\n')
 	if members == nil {
@@ -117,16 +118,16 @@ type prerendered struct {
 
 // newPrerendered renders the problems without a variable detail, and checks
 // members on the others' codes with a sample detail: the error is New's.
-func newPrerendered(members func(code, detail string) map[string]any) (prerendered, error) {
+func newPrerendered(style problemStyle) (prerendered, error) {
 	var firstErr error
 	r := func(p problem) []byte {
-		b, err := p.renderErr(members)
+		b, err := p.renderErr(style)
 		if err != nil && firstErr == nil {
 			firstErr = err
 		}
 		return b
 	}
-	for _, code := range []string{CodeKeyInvalid, CodeBodyUnreadable, CodeRequestTooLarge} {
+	for _, code := range []string{CodeKeyInvalid, CodeBodyUnreadable, CodeRequestTooLarge, CodeBodyNotJSON} {
 		r(problem{Code: code, Detail: "sample detail"})
 	}
 	return prerendered{
@@ -156,6 +157,9 @@ func (m *Middleware) writeProblem(w http.ResponseWriter, status int, body []byte
 	h["Content-Type"] = m.problemHeaders[0:1:1]
 	h["Cache-Control"] = m.problemHeaders[1:2:2]
 	h["X-Content-Type-Options"] = m.problemHeaders[2:3:3]
+	if link := m.problemLink(status, body); link != nil {
+		h["Link"] = link // shared like the values above
+	}
 	if retryAfter > 0 {
 		if secs := retryAfterSeconds(retryAfter); secs < int64(len(m.retryAfterVals)) {
 			h["Retry-After"] = m.retryAfterVals[secs][0:1:1]

@@ -84,9 +84,15 @@ func (m *Middleware) parseKey(w http.ResponseWriter, r *http.Request, next http.
 		m.writeProblem(w, http.StatusBadRequest, problem{Title: "Invalid Idempotency-Key header",
 			Status: http.StatusBadRequest, Code: CodeKeyInvalid,
 			Detail: "The " + m.keyHeader + " header must be one Structured Field string (or a bare token) of 1 to 255 printable ASCII characters, not only spaces: " +
-				strings.TrimPrefix(err.Error(), "idemkey/middleware: invalid idempotency key: ") + "."}.render(m.problemMembers), 0)
+				strings.TrimPrefix(err.Error(), "idemkey/middleware: invalid idempotency key: ") + "."}.render(m.problemStyle()), 0)
 		m.observe(ctx, Event{Decision: KeyInvalid, Status: http.StatusBadRequest})
 		return store.ID{}, false
+	}
+	if m.keyValidator != nil {
+		if err := m.keyValidator(key); err != nil {
+			m.refuseKey(w, ctx, err)
+			return store.ID{}, false
+		}
 	}
 	id := store.ID{Scope: m.scope(r), Key: key}
 	if len(id.Scope) > store.MaxScopeLen {
@@ -108,19 +114,23 @@ func (m *Middleware) readFingerprint(w http.ResponseWriter, r *http.Request, c *
 		if errors.Is(err, fingerprint.ErrBodyTooLarge) {
 			m.writeProblem(w, http.StatusRequestEntityTooLarge, problem{Title: "Request body too large",
 				Status: http.StatusRequestEntityTooLarge, Code: CodeRequestTooLarge,
-				Detail: fmt.Sprintf("The request body is larger than %d bytes, the most this operation fingerprints.", m.maxRequestBody)}.render(m.problemMembers), 0)
+				Detail: fmt.Sprintf("The request body is larger than %d bytes, the most this operation fingerprints.", m.maxRequestBody)}.render(m.problemStyle()), 0)
 			m.observe(ctx, Event{Decision: BodyTooLarge, ID: id, Status: http.StatusRequestEntityTooLarge})
 			return nil, fpReq, fp, false
 		}
 		m.writeProblem(w, http.StatusBadRequest, problem{Title: "Request body unreadable",
 			Status: http.StatusBadRequest, Code: CodeBodyUnreadable,
-			Detail: "The request body could not be read completely."}.render(m.problemMembers), 0)
+			Detail: "The request body could not be read completely."}.render(m.problemStyle()), 0)
 		m.observe(ctx, Event{Decision: BodyUnreadable, ID: id, Status: http.StatusBadRequest, Err: err})
 		return nil, fpReq, fp, false
 	}
 	fpReq = fingerprint.Request{Method: r.Method, Route: m.route(r), RawQuery: r.URL.RawQuery, Body: body,
 		ContentEncoding: fingerprint.ContentEncoding(r.Header)}
-	fp, err = fingerprint.Sum(fpReq, fingerprint.Options{CanonicalJSON: m.canonicalJSON})
+	fp, err = fingerprint.Sum(fpReq, fingerprint.Options{CanonicalJSON: m.canonicalJSON, Rule: m.fpRule})
+	if err != nil && m.fpRule != nil { // the rule cannot read the body: the client's mistake
+		m.refuseBody(w, ctx, id, err)
+		return nil, fpReq, fp, false
+	}
 	if err != nil { // invalid JSON: the handler judges the body; fingerprint its raw bytes
 		fp, _ = fingerprint.Sum(fpReq, fingerprint.Options{})
 	}
@@ -214,13 +224,13 @@ func (m *Middleware) decide(w http.ResponseWriter, r *http.Request, next http.Ha
 	ctx, id, res := r.Context(), a.id, a.res
 	switch res.Outcome {
 	case store.Completed:
-		m.replay(w, c, res.Record)
+		m.replay(w, c, r, res.Record)
 		m.observe(ctx, Event{Decision: Replayed, ID: id, Status: res.Record.Status, StoreLatency: a.latency, CompletedAt: res.Record.CompletedAt, Waited: a.waited})
 	case store.InFlight:
 		m.writeProblem(w, http.StatusConflict, m.problems.inFlight, m.inFlightRetryAfter(route, res.RetryAfter))
 		m.observe(ctx, Event{Decision: InFlight, ID: id, Status: http.StatusConflict, StoreLatency: a.latency, Waited: a.waited})
 	case store.Mismatch:
-		m.writeProblem(w, http.StatusUnprocessableEntity, m.problems.mismatch, 0)
+		m.writeProblem(w, http.StatusUnprocessableEntity, m.mismatchBody(context.WithoutCancel(ctx), id), 0)
 		m.observe(ctx, Event{Decision: Mismatch, ID: id, Status: http.StatusUnprocessableEntity, StoreLatency: a.latency, Waited: a.waited})
 	case store.Claimed:
 		cl := Claim{ID: id, Token: res.Token, Fingerprint: fp, Takeover: res.Takeover, Retention: m.retention}
@@ -231,12 +241,26 @@ func (m *Middleware) decide(w http.ResponseWriter, r *http.Request, next http.Ha
 }
 
 // replay writes a stored response: status, stored headers, the replay mark, the
-// exact body bytes. The header values are copied (c.headerValues): a record is
-// shared by every replay of its key (store/memory keeps the one it returns), and
-// an outer middleware that edits a value in place must not change the next
-// replay.
-func (m *Middleware) replay(w http.ResponseWriter, c *call, rec *store.Record) {
+// exact body bytes. The header values are copied (copyRecordHeader), then given
+// to the WithOnReplay hook, if any.
+func (m *Middleware) replay(w http.ResponseWriter, c *call, r *http.Request, rec *store.Record) {
 	h := w.Header()
+	m.replayHeader(h, c, r, rec)
+	h[m.replayedHeader] = m.trueVal
+	if rec.BodyOmitted {
+		h[m.omittedHeader] = m.omitVal
+	}
+	w.WriteHeader(rec.Status)
+	if len(rec.Body) > 0 {
+		w.Write(rec.Body)
+	}
+}
+
+// copyRecordHeader sets rec's headers in h, their values copied
+// (c.headerValues): a record is shared by every replay of its key (store/memory
+// keeps the one it returns), and an outer middleware or the replay hook that
+// edits a value in place must not change the next replay.
+func (c *call) copyRecordHeader(h http.Header, rec *store.Record) {
 	n := 0
 	for _, v := range rec.Header {
 		n += len(v)
@@ -246,14 +270,6 @@ func (m *Middleware) replay(w http.ResponseWriter, c *call, rec *store.Record) {
 		i := len(vals)
 		vals = append(vals, v...)
 		h[k] = vals[i:len(vals):len(vals)] // an append reallocates, never overwrites the next header's
-	}
-	h[m.replayedHeader] = m.trueVal
-	if rec.BodyOmitted {
-		h[m.omittedHeader] = m.omitVal
-	}
-	w.WriteHeader(rec.Status)
-	if len(rec.Body) > 0 {
-		w.Write(rec.Body)
 	}
 }
 

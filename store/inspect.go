@@ -7,8 +7,10 @@ import (
 
 // Inspector is implemented by stores that let an operator look at, and remove, the
 // record of one key: store/memory, store/postgres, store/redis and store/tiered do.
-// It is optional: the middleware never calls it. Each call is one round trip (one
-// statement, one script), like the transitions of Store.
+// It is optional: the middleware calls only Inspect, only to tell a fingerprint
+// rule change from another payload on a mismatch (middleware.WithFingerprint).
+// Each call is one round trip (one statement, one script), like the
+// transitions of Store.
 //
 // Inspect reports id's record as the next Claim would find it, and changes nothing:
 // no lease, deadline or token moves, and a record past its retention is reported

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"database/sql"
 	"fmt"
 	"strings"
 
@@ -63,4 +64,15 @@ func globEscape(s string) string {
 		b.WriteByte(c)
 	}
 	return b.String()
+}
+
+// forgetSQL deletes every row of the MySQL store's table.
+func forgetSQL(db *sql.DB, table string) forgetFunc {
+	stmt := "DELETE FROM `" + strings.ReplaceAll(table, "`", "``") + "`"
+	return func(ctx context.Context) error {
+		if _, err := db.ExecContext(ctx, stmt); err != nil {
+			return fmt.Errorf("deleting the records in %s: %w", table, err)
+		}
+		return nil
+	}
 }

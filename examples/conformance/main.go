@@ -7,9 +7,10 @@
 // Environment (docs/architecture.md section 6; see package setup):
 //
 //	ADDR                listen address, default 127.0.0.1:8080
-//	IDEM_STORE          memory (default), postgres, redis or tiered
+//	IDEM_STORE          memory (default), postgres, redis, tiered or mysql
 //	DATABASE_URL        Postgres, for postgres and tiered
 //	REDIS_URL           Redis, for redis and tiered
+//	MYSQL_DSN           MySQL or MariaDB (go-sql-driver DSN), for mysql
 //	IDEM_LEASE          lease of a claim, Go duration, default 10s
 //	IDEM_RETENTION      how long responses are replayed, default 24h
 //	IDEM_MEMORY_MAX_BYTES  the memory store's bound in bytes, default 64 MiB; 0: none
@@ -102,13 +103,20 @@ func newHandler(env setup.Env, st store.Store, forget forgetFunc, logger *slog.L
 // newStore builds the idempotency store IDEM_STORE names on the shared
 // connections, and how POST /reset forgets its records (nil for the memory
 // store). Postgres decides every claim of the postgres and tiered stores;
-// tiered puts Redis in front as a cache.
+// tiered puts Redis in front as a cache; mysql keeps the records in MySQL or
+// MariaDB.
 func newStore(ctx context.Context, env setup.Env, conns *setup.Conns, logger *slog.Logger) (store.Store, forgetFunc, error) {
 	switch env.Store {
 	case "memory":
 		return memory.New(memory.WithMaxBytes(env.MemoryMaxBytes)), nil, nil
 	case "redis":
 		return redis.New(conns.Redis, redis.WithPrefix(env.RedisPrefix)), forgetRedis(conns.Redis, env.RedisPrefix), nil
+	case "mysql":
+		st, err := setup.MySQLStore(ctx, env, conns, logger)
+		if err != nil {
+			return nil, nil, err
+		}
+		return st, forgetSQL(conns.MySQL, env.IdemTable), nil
 	}
 	pg, err := postgres.New(conns.Pool, postgres.WithTable(env.IdemTable), postgres.WithLogger(logger))
 	if err == nil {

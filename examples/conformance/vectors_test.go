@@ -300,11 +300,14 @@ func availableStores(t *testing.T) []string {
 	if pg && rd {
 		names = append(names, "tiered")
 	}
-	if len(names) < 4 {
+	if os.Getenv("MYSQL_DSN") != "" {
+		names = append(names, "mysql")
+	}
+	if len(names) < 5 {
 		if os.Getenv("CI") == "true" {
-			t.Fatal("CI=true but DATABASE_URL or REDIS_URL is unset")
+			t.Fatal("CI=true but DATABASE_URL, REDIS_URL or MYSQL_DSN is unset")
 		}
-		t.Logf("running the vectors on %s only (set DATABASE_URL and REDIS_URL for the others)", strings.Join(names, ", "))
+		t.Logf("running the vectors on %s only (set DATABASE_URL, REDIS_URL and MYSQL_DSN for the others)", strings.Join(names, ", "))
 	}
 	return names
 }
@@ -317,6 +320,7 @@ func storeEnv(t *testing.T, name string) map[string]string {
 		"IDEM_STORE":        name,
 		"DATABASE_URL":      os.Getenv("DATABASE_URL"),
 		"REDIS_URL":         os.Getenv("REDIS_URL"),
+		"MYSQL_DSN":         os.Getenv("MYSQL_DSN"),
 		"IDEM_TABLE":        ns,
 		"IDEM_REDIS_PREFIX": ns + ":",
 	}
@@ -326,6 +330,9 @@ func storeEnv(t *testing.T, name string) map[string]string {
 		}
 		if name == "redis" || name == "tiered" {
 			apptest.DeleteRedisPrefix(t, env["REDIS_URL"], ns+":")
+		}
+		if name == "mysql" {
+			apptest.DropMySQLTables(t, env["MYSQL_DSN"], ns)
 		}
 	})
 	return env

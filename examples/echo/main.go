@@ -105,7 +105,8 @@ func routes(a *accountsapp.App, idem *middleware.Middleware) http.Handler {
 
 // newStore builds the idempotency store IDEM_STORE names on the shared
 // connections, and what of it the metrics export. Postgres decides every claim
-// of the postgres and tiered stores; tiered puts Redis in front as a cache.
+// of the postgres and tiered stores; tiered puts Redis in front as a cache;
+// mysql keeps the records in MySQL or MariaDB (MYSQL_DSN).
 func newStore(ctx context.Context, env setup.Env, conns *setup.Conns, logger *slog.Logger) (store.Store, []idemprom.CollectorOption, error) {
 	switch env.Store {
 	case "memory":
@@ -114,6 +115,12 @@ func newStore(ctx context.Context, env setup.Env, conns *setup.Conns, logger *sl
 		rs := redis.New(conns.Redis, redis.WithPrefix(env.RedisPrefix), redis.WithLogger(logger))
 		conns.OnClose(rs.StopSubscriber) // the waiters' subscription (IDEM_WAIT)
 		return rs, nil, nil
+	case "mysql":
+		ms, err := setup.MySQLStore(ctx, env, conns, logger)
+		if err != nil {
+			return nil, nil, err
+		}
+		return ms, []idemprom.CollectorOption{idemprom.WithClaimRetries(func() int64 { return ms.Stats().ClaimRetries })}, nil
 	}
 	pg, err := postgres.New(conns.Pool, postgres.WithTable(env.IdemTable), postgres.WithLogger(logger))
 	if err == nil {

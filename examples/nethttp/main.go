@@ -5,7 +5,7 @@
 //
 // On embedded defaults it needs nothing else: the memory idempotency store, an
 // in-process Celeriant simulator and the memory projection. Environment: ADDR,
-// IDEM_STORE, DATABASE_URL, REDIS_URL, CELERIANT_ADDR, PROJECTION, IDEM_LEASE,
+// IDEM_STORE, DATABASE_URL, REDIS_URL, MYSQL_DSN, CELERIANT_ADDR, PROJECTION, IDEM_LEASE,
 // IDEM_RETENTION (see package setup). Routes:
 //
 //	GET  /api/accounts, /api/accounts/{id}/balance, /api/accounts/{id}/history
@@ -96,7 +96,8 @@ func wire(ctx context.Context, env setup.Env, conns *setup.Conns, logger *slog.L
 
 // newStore builds the idempotency store IDEM_STORE names on the shared
 // connections, and what of it the metrics export. Postgres decides every claim
-// of the postgres and tiered stores; tiered puts Redis in front as a cache.
+// of the postgres and tiered stores; tiered puts Redis in front as a cache;
+// mysql keeps the records in MySQL or MariaDB (MYSQL_DSN).
 func newStore(ctx context.Context, env setup.Env, conns *setup.Conns, logger *slog.Logger) (store.Store, []idemprom.CollectorOption, error) {
 	switch env.Store {
 	case "memory":
@@ -105,6 +106,12 @@ func newStore(ctx context.Context, env setup.Env, conns *setup.Conns, logger *sl
 		rs := redis.New(conns.Redis, redis.WithPrefix(env.RedisPrefix), redis.WithLogger(logger))
 		conns.OnClose(rs.StopSubscriber) // the waiters' subscription (IDEM_WAIT)
 		return rs, nil, nil
+	case "mysql":
+		ms, err := setup.MySQLStore(ctx, env, conns, logger)
+		if err != nil {
+			return nil, nil, err
+		}
+		return ms, []idemprom.CollectorOption{idemprom.WithClaimRetries(func() int64 { return ms.Stats().ClaimRetries })}, nil
 	}
 	pg, err := postgres.New(conns.Pool, postgres.WithTable(env.IdemTable), postgres.WithLogger(logger))
 	if err == nil {

@@ -65,7 +65,7 @@ func TestOpenAPIFragment(t *testing.T) {
 		"Retry-After:", "application/problem+json:", middleware.ProblemTypePrefix,
 		"- " + middleware.CodeKeyMissing, "- " + middleware.CodeKeyInvalid, "- " + middleware.CodeBodyUnreadable,
 		"- " + middleware.CodeRequestTooLarge, "- " + middleware.CodeInFlight, "- " + middleware.CodeMismatch,
-		"- " + middleware.CodeStoreUnavailable,
+		"- " + middleware.CodeStoreUnavailable, "- " + middleware.CodeBodyNotJSON, "- " + middleware.CodeRuleChanged,
 		`"400":`, `"409":`, `"413":`, `"422":`, `"503":`,
 	} {
 		if !strings.Contains(doc, want) {

@@ -1,8 +1,9 @@
 // Package codec holds the encodings that more than one store keeps on its
 // server: the binary form of a stored response's headers and the rounding of
-// durations to whole milliseconds. store/postgres and store/redis (separate
-// modules) use it, so a record's headers and deadlines mean the same on every
-// backend. It is public so that no module reaches into another's internal
+// durations to whole milliseconds, and (DecodeResponse, Answer) the checks and
+// the claim's answer from a stored record that the SQL stores share.
+// store/postgres, store/mysql and store/redis (separate modules) use it, so a
+// record's headers and deadlines mean the same on every backend. It is public so that no module reaches into another's internal
 // packages; the header layout is versioned by its first byte (Format), and a
 // change of layout is a new Format value that DecodeHeader keeps reading (see
 // docs/architecture.md).

@@ -97,6 +97,33 @@
 // handler rolls back, so its side effect never commits. One statement inside the
 // handler's commit, no round trip after it (the middleware does not call Complete).
 //
+// # Behind PgBouncer
+//
+// In transaction pooling mode PgBouncer gives each transaction whichever server
+// connection is free, so prepared statements and LISTEN do not survive from one
+// statement to the next. WithTransactionPooler sends every statement with
+// pgx.QueryExecModeExec (one round trip, nothing prepared) and makes Wait poll
+// the key's row with back-off (WithPolledWait) instead of listening. A store
+// built without it detects both on first contact: a statement-cache error
+// (SQLSTATE 26000 or 42P05; the statement did not run and is sent again) and a
+// listening connection that never receives its own probe notification
+// (ListenProbeTimeout); each is logged once. CompleteTx runs in the caller's
+// transaction, pinned to one server connection until it ends, as on a direct
+// connection.
+//
+// # One transaction per route
+//
+// Store.OneTx returns the store's one-transaction mode (TxStore), for handlers
+// that only touch this database: on a route wrapped with TxStore.Route, the claim
+// (BEGIN, SET LOCAL lock_timeout and the claim statement in one pgx batch), the
+// handler's statements in the transaction of TxFromContext, and the completion
+// with the COMMIT (a second batch) make one transaction and one commit. A
+// duplicate waits on the record's row lock up to WithLockWait, then replays or
+// gets 409; a crash aborts the transaction and frees the key; an answer the
+// middleware releases for (5xx, ...) rolls everything back. The route holds a
+// connection and the row lock for the handler's duration (docs/architecture.md
+// section 9.1). Other routes on the same TxStore run in the default mode.
+//
 // # Operators
 //
 // Inspect and Evict (store.Inspector) are one statement each. Inspect is a plain

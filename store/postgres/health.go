@@ -20,13 +20,18 @@ type Stats struct {
 	// claim in flight), and Listening whether their LISTEN connection is open.
 	Waiters   int64
 	Listening bool
+	// Polling is set when Wait polls instead of listening (WithPolledWait, or a
+	// transaction pooler detected), and PoolerExecMode when every statement is
+	// sent with the forced exec mode (WithQueryExecMode, or a pooler detected).
+	Polling, PoolerExecMode bool
 }
 
 // Stats returns the counters. It is safe to call concurrently with every other
 // method and does no I/O.
 func (s *Store) Stats() Stats {
 	waiters, listening := s.waiters.Stats()
-	return Stats{ClaimRetries: s.claimRetries.Load(), Waiters: int64(waiters), Listening: listening}
+	return Stats{ClaimRetries: s.claimRetries.Load(), Waiters: int64(waiters), Listening: listening,
+		Polling: s.polling.Load(), PoolerExecMode: s.forceMode.Load()}
 }
 
 // Ping implements store.Pinger: one round trip to the database, through the

@@ -78,7 +78,7 @@ func (s *Store) scanInfo(ctx context.Context, op, sql string, args ...any) (stor
 		bodyBytes                               pgtype.Int4
 		omitted                                 pgtype.Bool
 	)
-	err := s.db.QueryRow(ctx, sql, args...).Scan(&now, &evicted, &fp, &status, &created, &completed, &expires, &lease, &bodyBytes, &omitted)
+	err := s.queryRow(ctx, sql, args, &now, &evicted, &fp, &status, &created, &completed, &expires, &lease, &bodyBytes, &omitted)
 	if err != nil {
 		return store.Info{}, false, fmt.Errorf("idemkey/postgres: %s: %w", op, err)
 	}

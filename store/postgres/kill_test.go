@@ -33,15 +33,7 @@ func TestKillHelperProcess(t *testing.T) {
 	if schema == "" {
 		t.Skip("helper process of TestKillAroundCommit")
 	}
-	ctx := context.Background()
-	pool, err := pgxpool.New(ctx, os.Getenv("DATABASE_URL"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	s, err := New(pool, WithSchema(schema))
-	if err != nil {
-		t.Fatal(err)
-	}
+	pool, s := helperStore(t, schema)
 	side := s.ident("charges")
 	m, err := middleware.New(s, middleware.GlobalScope, middleware.WithLease(time.Second))
 	if err != nil {
@@ -80,6 +72,26 @@ func TestKillHelperProcess(t *testing.T) {
 		w.WriteHeader(resp.Status)
 		w.Write(resp.Body)
 	}))
+	serveHelper(t, h)
+}
+
+// helperStore connects a helper process to DATABASE_URL and returns its pool and
+// the store in schema.
+func helperStore(t *testing.T, schema string) (*pgxpool.Pool, *Store) {
+	pool, err := pgxpool.New(context.Background(), os.Getenv("DATABASE_URL"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := New(pool, WithSchema(schema))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return pool, s
+}
+
+// serveHelper serves h on a free loopback port and prints the "listening on"
+// line startHelper waits for.
+func serveHelper(t *testing.T, h http.Handler) {
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -91,8 +103,15 @@ func TestKillHelperProcess(t *testing.T) {
 // startKillHelper runs the helper process and returns its base URL.
 func startKillHelper(t *testing.T, schema string) string {
 	t.Helper()
-	cmd := exec.Command(os.Args[0], "-test.run=^TestKillHelperProcess$", "-test.v")
-	cmd.Env = append(os.Environ(), killHelperEnv+"="+schema)
+	return startHelper(t, "TestKillHelperProcess", killHelperEnv+"="+schema)
+}
+
+// startHelper runs the test named test of this binary as a server process with
+// env added and returns its base URL (from its "listening on" line).
+func startHelper(t *testing.T, test, env string) string {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], "-test.run=^"+test+"$", "-test.v")
+	cmd.Env = append(os.Environ(), env)
 	out, err := cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)

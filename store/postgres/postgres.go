@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -18,6 +17,7 @@ import (
 	"github.com/idemkey/idemkey/store"
 	"github.com/idemkey/idemkey/store/codec"
 	"github.com/idemkey/idemkey/store/postgres/internal/migrate"
+	"github.com/idemkey/idemkey/store/sweep"
 	"github.com/idemkey/idemkey/store/waitset"
 )
 
@@ -26,8 +26,10 @@ import (
 //
 // Statements are sent with the querier's default exec mode: with pgx's default
 // (QueryExecModeCacheStatement) each statement is prepared once per connection and
-// then costs one round trip. Behind a transaction-pooling proxy configure the pool
-// with QueryExecModeExec or QueryExecModeDescribeExec instead.
+// then costs one round trip. Behind a transaction-pooling proxy (PgBouncer in
+// transaction mode) give New WithTransactionPooler, which sends every statement
+// with QueryExecModeExec and makes Wait poll; without it the store detects the
+// pooler at its first failed statement or listener (pooler.go).
 type Querier interface {
 	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
 	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
@@ -63,7 +65,13 @@ type Store struct {
 	maxBody    int
 	logger     *slog.Logger
 
-	claimSQL, completeSQL, releaseSQL, renewSQL, sweepSQL, waitSQL string
+	claimSQL, completeSQL, releaseSQL, renewSQL, sweepSQL, waitSQL, pollSQL string
+
+	// execMode is sent with every statement once forceMode is set (pooler.go);
+	// polling makes Wait poll with pollFirst and pollMax.
+	execMode           pgx.QueryExecMode
+	forceMode, polling atomic.Bool
+	pollFirst, pollMax time.Duration
 
 	// channel is the notification channel of Wait; waiters its waiters.
 	channel string
@@ -112,7 +120,7 @@ func New(db Querier, opts ...Option) (*Store, error) {
 	if db == nil {
 		return nil, fmt.Errorf("%w: postgres: nil Querier", store.ErrInvalid)
 	}
-	s := &Store{db: db, table: DefaultTable, sweepBatch: DefaultSweepBatch}
+	s := &Store{db: db, table: DefaultTable, sweepBatch: DefaultSweepBatch, execMode: pgx.QueryExecModeExec}
 	s.waiters.Idle = DefaultListenerIdle
 	for _, o := range opts {
 		o(s)
@@ -134,6 +142,7 @@ func New(db Querier, opts ...Option) (*Store, error) {
 	s.completeSQL = fmt.Sprintf(completeSQL+notifyReturning, t, s.channel)
 	s.releaseSQL = fmt.Sprintf(releaseSQL+notifyReturning, t, s.channel)
 	s.waitSQL = fmt.Sprintf(waitSQL, t)
+	s.pollSQL = fmt.Sprintf(pollSQL, t)
 	s.waiters.Listen = s.listen
 	s.waiters.OnError = func(err error) {
 		s.log().Warn("idemkey/postgres: the waiters' listening connection failed", "table", s.qualified, "err", err)
@@ -234,31 +243,43 @@ AND expires_at <= now()`
 // core limits, ID.Validate), store.ErrCorrupt for undecodable rows, otherwise the
 // driver's error (connection, timeout, cancellation) wrapped.
 func (s *Store) Claim(ctx context.Context, req store.ClaimRequest) (store.ClaimResult, error) {
+	return s.claimLoop(req, "claim", func(tok store.Token, args []any) (store.ClaimResult, bool, error) {
+		var r claimRow
+		err := r.scan(s.db.QueryRow(ctx, s.claimSQL, s.withMode(args...)...))
+		switch {
+		case err != nil && s.detectPooler(err):
+			return store.ClaimResult{}, true, nil // a transaction pooler: the statement did not run; send it without the cache
+		case errors.Is(err, pgx.ErrNoRows):
+			return store.ClaimResult{}, true, nil // the key was committed after our snapshot: look again
+		case err != nil:
+			return store.ClaimResult{}, false, fmt.Errorf("idemkey/postgres: claim: %w", err)
+		case r.stale:
+			return store.ClaimResult{}, true, nil // our snapshot's row was already replaced: look again
+		}
+		res, err := s.decide(&r, req, tok)
+		return res, false, err
+	})
+}
+
+// claimLoop checks req and runs attempt with a new token and its claim
+// arguments until it gives a definite answer (again false), at most
+// claimAttempts times; op names the operation in the error of the last.
+func (s *Store) claimLoop(req store.ClaimRequest, op string,
+	attempt func(tok store.Token, args []any) (res store.ClaimResult, again bool, err error)) (store.ClaimResult, error) {
 	if err := req.Validate(); err != nil {
 		return store.ClaimResult{}, err
 	}
 	tok := req.ClaimToken()
-	scope, key, fp := bytesOf(req.Scope), bytesOf(req.Key), req.Fingerprint[:]
-	lease, retention := codec.Millis(req.Lease), codec.Millis(req.Retention)
-	for attempt := range claimAttempts {
-		if attempt > 0 {
+	args := claimArgs(req, tok)
+	for n := range claimAttempts {
+		if n > 0 {
 			s.claimRetries.Add(1)
 		}
-		var r claimRow
-		err := s.db.QueryRow(ctx, s.claimSQL, scope, key, fp, tok[:], lease, retention).Scan(
-			&r.claimed, &r.takeover, &r.sameFP, &r.status, &r.headers, &r.body, &r.omitted,
-			&r.created, &r.completed, &r.expires, &r.retryMS, &r.stale)
-		switch {
-		case errors.Is(err, pgx.ErrNoRows):
-			continue // the key was committed after our snapshot: look again
-		case err != nil:
-			return store.ClaimResult{}, fmt.Errorf("idemkey/postgres: claim: %w", err)
-		case r.stale:
-			continue // our snapshot's row was already replaced: look again
+		if res, again, err := attempt(tok, args); !again {
+			return res, err
 		}
-		return s.decide(&r, req, tok)
 	}
-	return store.ClaimResult{}, fmt.Errorf("idemkey/postgres: claim: no definite answer after %d attempts under contention", claimAttempts)
+	return store.ClaimResult{}, fmt.Errorf("idemkey/postgres: %s: no definite answer after %d attempts under contention", op, claimAttempts)
 }
 
 type claimRow struct {
@@ -272,50 +293,30 @@ type claimRow struct {
 	stale                     bool
 }
 
-func (s *Store) decide(r *claimRow, req store.ClaimRequest, tok store.Token) (store.ClaimResult, error) {
-	switch {
-	case r.claimed:
-		return store.ClaimResult{Outcome: store.Claimed, Token: tok, Takeover: r.takeover}, nil
-	case !r.sameFP:
-		return store.ClaimResult{Outcome: store.Mismatch}, nil
-	case !r.status.Valid:
-		if !r.retryMS.Valid {
-			return store.ClaimResult{}, fmt.Errorf("%w: in-flight record without a lease deadline", store.ErrCorrupt)
-		}
-		// Clamped: a lease near math.MaxInt64 would overflow the multiplication.
-		ms := min(max(r.retryMS.Int64, 0), int64(math.MaxInt64/time.Millisecond))
-		return store.ClaimResult{Outcome: store.InFlight, RetryAfter: time.Duration(ms) * time.Millisecond}, nil
-	}
-	rec, err := s.record(r, req.Fingerprint)
-	if err != nil {
-		return store.ClaimResult{}, err
-	}
-	return store.ClaimResult{Outcome: store.Completed, Record: rec}, nil
+// claimArgs returns the arguments of claimSQL.
+func claimArgs(req store.ClaimRequest, tok store.Token) []any {
+	return []any{bytesOf(req.Scope), bytesOf(req.Key), req.Fingerprint[:], tok[:],
+		codec.Millis(req.Lease), codec.Millis(req.Retention)}
 }
 
-// record checks and decodes a completed row.
-func (s *Store) record(r *claimRow, fp store.Fingerprint) (*store.Record, error) {
-	switch st := r.status.Int16; {
-	case st < 100 || st > 999:
-		return nil, fmt.Errorf("%w: status %d outside 100-999", store.ErrCorrupt, st)
-	case !r.created.Valid || !r.completed.Valid || !r.expires.Valid:
-		return nil, fmt.Errorf("%w: completed record without its timestamps", store.ErrCorrupt)
-	case r.omitted && len(r.body) > 0:
-		return nil, fmt.Errorf("%w: body stored although marked omitted", store.ErrCorrupt)
-	case s.maxBody > 0 && len(r.body) > s.maxBody:
-		return nil, fmt.Errorf("%w: stored body of %d bytes over the cap of %d", store.ErrCorrupt, len(r.body), s.maxBody)
+// scan reads a row of claimSQL into r.
+func (r *claimRow) scan(row pgx.Row) error {
+	return row.Scan(&r.claimed, &r.takeover, &r.sameFP, &r.status, &r.headers, &r.body, &r.omitted,
+		&r.created, &r.completed, &r.expires, &r.retryMS, &r.stale)
+}
+
+func (s *Store) decide(r *claimRow, req store.ClaimRequest, tok store.Token) (store.ClaimResult, error) {
+	if r.claimed {
+		return store.ClaimResult{Outcome: store.Claimed, Token: tok, Takeover: r.takeover}, nil
 	}
-	h, err := codec.DecodeHeader(string(r.headers))
-	if err != nil {
-		return nil, err
-	}
-	return &store.Record{
-		Fingerprint: fp,
-		Response:    store.Response{Status: int(r.status.Int16), Header: h, Body: r.body, BodyOmitted: r.omitted},
-		CreatedAt:   r.created.Time,
-		CompletedAt: r.completed.Time,
-		ExpiresAt:   r.expires.Time,
-	}, nil
+	return codec.Answer(&codec.Row{
+		SameFingerprint: r.sameFP,
+		Completed:       r.status.Valid, Status: int(r.status.Int16),
+		Headers: r.headers, Body: r.body, BodyOmitted: r.omitted,
+		HasLease: r.retryMS.Valid, RetryMS: r.retryMS.Int64,
+		HasTimes:  r.created.Valid && r.completed.Valid && r.expires.Valid,
+		CreatedAt: r.created.Time, CompletedAt: r.completed.Time, ExpiresAt: r.expires.Time,
+	}, req.Fingerprint, s.maxBody)
 }
 
 // Complete implements store.Store in one statement, guarded by the token: the
@@ -327,7 +328,7 @@ func (s *Store) Complete(ctx context.Context, id store.ID, token store.Token, re
 	if err := s.checkComplete(id, token, resp, retention); err != nil {
 		return err
 	}
-	tag, err := s.db.Exec(ctx, s.completeSQL, s.completeArgs(id, token, resp, retention)...)
+	tag, err := s.exec(ctx, s.completeSQL, s.completeArgs(id, token, resp, retention)...)
 	return holderResult("complete", tag, err)
 }
 
@@ -362,7 +363,7 @@ func (s *Store) Release(ctx context.Context, id store.ID, token store.Token) err
 	if err := checkHolder(id, token); err != nil {
 		return err
 	}
-	tag, err := s.db.Exec(ctx, s.releaseSQL, bytesOf(id.Scope), bytesOf(id.Key), token[:])
+	tag, err := s.exec(ctx, s.releaseSQL, bytesOf(id.Scope), bytesOf(id.Key), token[:])
 	return holderResult("release", tag, err)
 }
 
@@ -377,7 +378,7 @@ func (s *Store) Renew(ctx context.Context, id store.ID, token store.Token, lease
 	if err := store.ValidateLease(lease); err != nil {
 		return err
 	}
-	tag, err := s.db.Exec(ctx, s.renewSQL, bytesOf(id.Scope), bytesOf(id.Key), token[:], codec.Millis(lease))
+	tag, err := s.exec(ctx, s.renewSQL, bytesOf(id.Scope), bytesOf(id.Key), token[:], codec.Millis(lease))
 	return holderResult("renew", tag, err)
 }
 
@@ -419,7 +420,7 @@ func (s *Store) Sweep(ctx context.Context, limit int) (int64, error) {
 		if limit > 0 {
 			n = min(n, int64(limit)-total)
 		}
-		tag, err := s.db.Exec(ctx, s.sweepSQL, n)
+		tag, err := s.exec(ctx, s.sweepSQL, n)
 		if err != nil {
 			return total, fmt.Errorf("idemkey/postgres: sweep: %w", err)
 		}
@@ -435,31 +436,8 @@ func (s *Store) Sweep(ctx context.Context, limit int) (int64, error) {
 // goroutine until ctx is done or stop is called; stop waits for the goroutine to
 // end. Failures are logged (WithLogger) and retried at the next tick.
 func (s *Store) StartSweeper(ctx context.Context, interval time.Duration) (stop func()) {
-	if interval <= 0 {
-		interval = time.Minute
-	}
-	ctx, cancel := context.WithCancel(ctx)
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		tick := time.NewTicker(interval)
-		defer tick.Stop()
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case <-tick.C:
-			}
-			n, err := s.Sweep(ctx, 0)
-			switch {
-			case err != nil && ctx.Err() == nil:
-				s.log().WarnContext(ctx, "idemkey/postgres: sweep failed", "table", s.qualified, "deleted", n, "err", err)
-			case n > 0:
-				s.log().DebugContext(ctx, "idemkey/postgres: swept expired records", "table", s.qualified, "deleted", n)
-			}
-		}
-	}()
-	return func() { cancel(); <-done }
+	return sweep.Start(ctx, interval, func(ctx context.Context) (int64, error) { return s.Sweep(ctx, 0) },
+		s.log(), "idemkey/postgres", "table", s.qualified)
 }
 
 func (s *Store) log() *slog.Logger {
@@ -512,13 +490,23 @@ type beginner interface {
 // otherwise the statements run one by one (each is idempotent on its own, but two
 // processes creating the same object at the same instant may see a unique
 // violation, so run Migrate once, or retry it). A database at a newer version is left as it is; a
-// records table dropped by hand is created again.
-func (s *Store) Migrate(ctx context.Context) (err error) {
+// records table dropped by hand is created again. Behind a transaction pooler
+// whose leftover prepared statements abort the transaction, Migrate runs once
+// more without the statement cache (see WithTransactionPooler).
+func (s *Store) Migrate(ctx context.Context) error {
+	err := s.migrate(ctx)
+	if err != nil && s.detectPooler(err) {
+		err = s.migrate(ctx)
+	}
+	return err
+}
+
+func (s *Store) migrate(ctx context.Context) (err error) {
 	ms, err := migrations()
 	if err != nil {
 		return fmt.Errorf("idemkey/postgres: migrate: %w", err)
 	}
-	q := migrate.Querier(s.db)
+	q := migrate.Querier(modeQuerier{s.db, s})
 	var tx pgx.Tx
 	if b, ok := s.db.(beginner); ok {
 		if tx, err = b.Begin(ctx); err != nil {
@@ -529,7 +517,7 @@ func (s *Store) Migrate(ctx context.Context) (err error) {
 				_ = tx.Rollback(context.WithoutCancel(ctx))
 			}
 		}()
-		q = tx
+		q = modeQuerier{tx, s}
 	}
 	if err = migrate.Apply(ctx, q, tx != nil, s.target(), ms, s.render); err != nil {
 		return fmt.Errorf("idemkey/postgres: migrate: %w", err)

@@ -49,7 +49,10 @@ func (s *Store) CompleteTx(ctx context.Context, tx pgx.Tx, id store.ID, token st
 	if err := s.checkComplete(id, token, resp, retention); err != nil {
 		return err
 	}
-	tag, err := tx.Exec(ctx, s.completeSQL, s.completeArgs(id, token, resp, retention)...)
+	tag, err := tx.Exec(ctx, s.completeSQL, s.withMode(s.completeArgs(id, token, resp, retention)...)...)
+	if err != nil {
+		s.detectPooler(err) // a pooler: later statements skip the cache (this tx is aborted)
+	}
 	return holderResult("complete in transaction", tag, err)
 }
 

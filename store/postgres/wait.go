@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemkey/idemkey/store"
@@ -80,16 +81,21 @@ func channelName(qualified string) string {
 // when they commit; a key nobody waits for never notifies. Losing the listening
 // connection wakes the waiters (a spurious nil: they claim again). Errors:
 // store.ErrInvalid for an invalid ID (ID.Validate), ErrNoListener when the Querier is
-// not a pool, ctx.Err(), the driver's errors wrapped.
+// not a pool, ctx.Err(), the driver's errors wrapped. With WithPolledWait, or
+// once a transaction pooler was detected (see WithTransactionPooler), Wait polls
+// the key's row instead and needs no pool.
 func (s *Store) Wait(ctx context.Context, id store.ID) error {
 	if err := id.Validate(); err != nil {
 		return err
+	}
+	if s.polling.Load() {
+		return s.pollWait(ctx, id)
 	}
 	if _, ok := s.db.(acquirer); !ok {
 		return fmt.Errorf("idemkey/postgres: wait: %w", ErrNoListener)
 	}
 	return s.waiters.Wait(ctx, waitPayload(id), func(ctx context.Context) (bool, error) {
-		tag, err := s.db.Exec(ctx, s.waitSQL, bytesOf(id.Scope), bytesOf(id.Key))
+		tag, err := s.exec(ctx, s.waitSQL, bytesOf(id.Scope), bytesOf(id.Key))
 		if err != nil {
 			return false, fmt.Errorf("idemkey/postgres: wait: %w", err)
 		}
@@ -114,6 +120,15 @@ func (s *Store) listen(ctx context.Context, set *waitset.Set, ready func(error))
 		err = fmt.Errorf("idemkey/postgres: wait: listen: %w", err)
 		ready(err)
 		return err
+	}
+	if ok, err := s.probeListener(ctx, conn, func(n *pgconn.Notification) { set.Notify(n.Payload) }); !ok {
+		// No notification arrives (a pooler): the waiters wake, claim again
+		// and poll from now on; or the probe failed: they are woken too.
+		ready(nil)
+		if err != nil && ctx.Err() == nil {
+			return fmt.Errorf("idemkey/postgres: wait: listen: probe: %w", err)
+		}
+		return nil
 	}
 	ready(nil)
 	for {

@@ -25,11 +25,12 @@ const mutantEnv = "STORETEST_MUTANT"
 // mutant breaks one rule of the store contract over a correct store.
 type mutant struct {
 	store.Store
-	mu     sync.Mutex
-	kind   string
-	tokens map[store.ID]store.Token       // last token handed out
-	fps    map[store.ID]store.Fingerprint // first fingerprint claimed
-	kept   map[store.ID]*store.Record     // records as the mutant returns them
+	mu       sync.Mutex
+	kind     string
+	tokens   map[store.ID]store.Token       // last token handed out
+	fps      map[store.ID]store.Fingerprint // first fingerprint claimed
+	kept     map[store.ID]*store.Record     // records as the mutant returns them
+	claimRet map[store.ID]time.Duration     // retention of the last claim
 }
 
 var mutants = map[string]string{ // kind -> cases that must fail (regexp)
@@ -40,6 +41,7 @@ var mutants = map[string]string{ // kind -> cases that must fail (regexp)
 	"never-takeover":     "TakeoverAfterLeaseExpiry|StaleHolderRefused",
 	"double-claim":       "ConcurrentClaimOneWinner|InFlightDuplicate",
 	"no-retention":       "RetentionExpiry|InFlightRetentionExpiry",
+	"claim-retention":    "CompleteRetentionDecides",
 	"renew-noop":         "RenewExtendsLease",
 	"release-noop":       "ReleaseThenReclaim",
 	"scope-blind":        "ScopesIsolated",
@@ -104,6 +106,8 @@ func (m *mutant) Claim(ctx context.Context, r store.ClaimRequest) (store.ClaimRe
 		}
 	case "no-retention":
 		r.Retention *= 1000
+	case "claim-retention":
+		m.claimRet[r.ID] = r.Retention
 	case "scope-blind":
 		r.Scope = ""
 	case "no-validation":
@@ -152,6 +156,8 @@ func (m *mutant) Complete(ctx context.Context, id store.ID, tok store.Token, res
 		tok = m.tokens[id]
 	case "no-retention":
 		ret *= 1000
+	case "claim-retention": // the claim's retention wins over Complete's
+		ret = m.claimRet[id]
 	case "scope-blind":
 		id.Scope = ""
 	case "omitted-dropped":
@@ -220,7 +226,8 @@ func TestMutantSubject(t *testing.T) {
 	storetest.Run(t, func(t *testing.T) storetest.Subject {
 		c := testclock.New(time.Unix(1_700_000_000, 0))
 		m := &mutant{Store: memory.New(memory.WithClock(c.Now)), kind: kind,
-			tokens: map[store.ID]store.Token{}, fps: map[store.ID]store.Fingerprint{}, kept: map[store.ID]*store.Record{}}
+			tokens: map[store.ID]store.Token{}, fps: map[store.ID]store.Fingerprint{}, kept: map[store.ID]*store.Record{},
+			claimRet: map[store.ID]time.Duration{}}
 		return storetest.Subject{Store: m, Wait: c.Add}
 	})
 }

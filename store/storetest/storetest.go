@@ -91,6 +91,7 @@ var cases = []struct {
 	{"RenewAfterCompleteRefused", testRenewAfterComplete},
 	{"UnknownKeyRefused", testUnknownKey},
 	{"RetentionExpiry", testRetentionExpiry},
+	{"CompleteRetentionDecides", testCompleteRetention},
 	{"ScopesIsolated", testScopesIsolated},
 	{"ConcurrentClaimOneWinner", testConcurrentClaim},
 	{"ConcurrentTakeoverOneWinner", testConcurrentTakeover},

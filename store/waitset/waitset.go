@@ -2,7 +2,8 @@
 // one process, by key, for the stores' store.Waiter implementations
 // (store/postgres LISTEN, store/redis SUBSCRIBE): one connection per store
 // however many requests wait, opened while someone waits and closed an idle
-// period after the last one left.
+// period after the last one left. Poll is the waiter of stores without
+// notifications: it re-checks the key with back-off.
 package waitset
 
 import (

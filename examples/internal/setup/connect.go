@@ -2,10 +2,13 @@ package setup
 
 import (
 	"context"
+	"database/sql"
 	"fmt"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	goredis "github.com/redis/go-redis/v9"
+
+	mysqldriver "github.com/go-sql-driver/mysql"
 )
 
 // Conns are the server connections an Env names, opened once by Connect and
@@ -19,6 +22,9 @@ type Conns struct {
 	// instead of waiting out the client's read timeout on a hung server; nil when
 	// Env.NeedsRedis is false.
 	Redis *goredis.Client
+	// MySQL is the MySQL/MariaDB pool (MYSQL_DSN) of the mysql store; nil for
+	// the other stores. Like the Postgres pool it connects lazily.
+	MySQL *sql.DB
 
 	closers []func()
 }
@@ -40,6 +46,18 @@ func Connect(ctx context.Context, env Env) (c *Conns, err error) {
 			return c, fmt.Errorf("%w: DATABASE_URL: %w", ErrConfig, err)
 		}
 		c.OnClose(c.Pool.Close)
+	}
+	if env.Store == "mysql" {
+		cfg, err := mysqldriver.ParseDSN(env.MySQLDSN)
+		if err != nil {
+			return c, fmt.Errorf("%w: MYSQL_DSN: %w", ErrConfig, err)
+		}
+		connector, err := mysqldriver.NewConnector(cfg)
+		if err != nil {
+			return c, fmt.Errorf("%w: MYSQL_DSN: %w", ErrConfig, err)
+		}
+		c.MySQL = sql.OpenDB(connector)
+		c.OnClose(func() { _ = c.MySQL.Close() })
 	}
 	if env.NeedsRedis() {
 		o, err := goredis.ParseURL(env.RedisURL)

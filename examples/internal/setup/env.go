@@ -7,9 +7,10 @@
 // Environment (docs/architecture.md section 6, plus the test-only names):
 //
 //	ADDR                   listen address, default 127.0.0.1:8080
-//	IDEM_STORE             memory (default), postgres, redis or tiered
+//	IDEM_STORE             memory (default), postgres, redis, tiered or mysql
 //	DATABASE_URL           Postgres: the store (postgres, tiered) and PROJECTION=postgres
 //	REDIS_URL              Redis: the store (redis, tiered)
+//	MYSQL_DSN              MySQL or MariaDB (go-sql-driver DSN): the mysql store
 //	IDEM_LEASE             claim lease, Go duration, at least 100ms, default 10s
 //	IDEM_RETENTION         how long responses are replayed, default 24h
 //	IDEM_WAIT              how long a duplicate of a request in flight waits for its
@@ -17,7 +18,7 @@
 //	                       5s; 0 answers 409 at once (the account examples)
 //	IDEM_MEMORY_MAX_BYTES  the memory store's bound on the bytes it keeps
 //	                       (memory.WithMaxBytes), default 67108864 (64 MiB); 0: none
-//	IDEM_TABLE             the Postgres store's table, default idemkey_records
+//	IDEM_TABLE             the Postgres or MySQL store's table, default idemkey_records
 //	IDEM_REDIS_PREFIX      the Redis store's key prefix, default idemkey:
 //	CELERIANT_ADDR         Celeriant wire address host:port; empty: in-process simulator
 //	CELERIANT_TIMESTAMP_PRECISION
@@ -69,8 +70,8 @@ const (
 type Env struct {
 	// Addr is the listen address (ADDR); port 0 picks a free port.
 	Addr string
-	// Store is the idempotency store (IDEM_STORE): "memory", "postgres", "redis"
-	// or "tiered" (Redis in front of Postgres).
+	// Store is the idempotency store (IDEM_STORE): "memory", "postgres", "redis",
+	// "tiered" (Redis in front of Postgres) or "mysql" (MySQL or MariaDB).
 	Store string
 	// DatabaseURL is the Postgres connection string (DATABASE_URL); required by
 	// the postgres and tiered stores and by PROJECTION=postgres.
@@ -78,6 +79,10 @@ type Env struct {
 	// RedisURL is the Redis URL (REDIS_URL); required by the redis and tiered
 	// stores.
 	RedisURL string
+	// MySQLDSN is the MySQL/MariaDB DSN of github.com/go-sql-driver/mysql
+	// (MYSQL_DSN), such as app@tcp(127.0.0.1:3306)/app; required by the mysql
+	// store.
+	MySQLDSN string
 	// Lease and Retention are the middleware's claim lease and record retention
 	// (IDEM_LEASE, IDEM_RETENTION); Retention >= Lease > 0.
 	Lease, Retention time.Duration
@@ -88,7 +93,7 @@ type Env struct {
 	// (IDEM_MEMORY_MAX_BYTES, memory.WithMaxBytes); 0: no bound. When full, new
 	// keys are answered 503 until records expire.
 	MemoryMaxBytes int64
-	// IdemTable is the Postgres store's table (IDEM_TABLE), so tests and several
+	// IdemTable is the Postgres or MySQL store's table (IDEM_TABLE), so tests and several
 	// deployments can share one database.
 	IdemTable string
 	// RedisPrefix prefixes the Redis store's keys (IDEM_REDIS_PREFIX).
@@ -141,6 +146,7 @@ func Load(getenv func(string) string) (Env, error) {
 		Store:          strings.ToLower(strings.TrimSpace(getenv("IDEM_STORE"))),
 		DatabaseURL:    getenv("DATABASE_URL"),
 		RedisURL:       getenv("REDIS_URL"),
+		MySQLDSN:       getenv("MYSQL_DSN"),
 		Lease:          DefaultLease,
 		Retention:      DefaultRetention,
 		Wait:           DefaultWait,
@@ -198,9 +204,9 @@ func Load(getenv func(string) string) (Env, error) {
 	switch e.Store {
 	case "":
 		e.Store = "memory"
-	case "memory", "postgres", "redis", "tiered":
+	case "memory", "postgres", "redis", "tiered", "mysql":
 	default:
-		return e, fmt.Errorf("%w: IDEM_STORE=%q is not one of memory, postgres, redis, tiered", ErrConfig, e.Store)
+		return e, fmt.Errorf("%w: IDEM_STORE=%q is not one of memory, postgres, redis, tiered, mysql", ErrConfig, e.Store)
 	}
 	switch e.Projection {
 	case "":
@@ -211,6 +217,9 @@ func Load(getenv func(string) string) (Env, error) {
 	}
 	if e.NeedsPostgres() && e.DatabaseURL == "" {
 		return e, fmt.Errorf("%w: %s needs DATABASE_URL", ErrConfig, e.postgresUser())
+	}
+	if e.Store == "mysql" && e.MySQLDSN == "" {
+		return e, fmt.Errorf("%w: IDEM_STORE=mysql needs MYSQL_DSN", ErrConfig)
 	}
 	if e.NeedsRedis() && e.RedisURL == "" {
 		return e, fmt.Errorf("%w: IDEM_STORE=%s needs REDIS_URL", ErrConfig, e.Store)

@@ -42,6 +42,9 @@ func TestLoad(t *testing.T) {
 		{name: "unknown store", env: map[string]string{"IDEM_STORE": "etcd"}, wantErr: "IDEM_STORE"},
 		{name: "postgres store without a database", env: map[string]string{"IDEM_STORE": "postgres"}, wantErr: "IDEM_STORE=postgres needs DATABASE_URL"},
 		{name: "tiered store without Redis", env: map[string]string{"IDEM_STORE": "tiered", "DATABASE_URL": "postgres://x"}, wantErr: "IDEM_STORE=tiered needs REDIS_URL"},
+		{name: "mysql store", env: map[string]string{"IDEM_STORE": "MySQL", "MYSQL_DSN": "root@tcp(db:3306)/app"},
+			want: with(func(e *Env) { e.Store, e.MySQLDSN = "mysql", "root@tcp(db:3306)/app" })},
+		{name: "mysql store without a DSN", env: map[string]string{"IDEM_STORE": "mysql"}, wantErr: "IDEM_STORE=mysql needs MYSQL_DSN"},
 		{name: "redis store without Redis", env: map[string]string{"IDEM_STORE": "redis"}, wantErr: "REDIS_URL"},
 		{name: "unknown projection", env: map[string]string{"PROJECTION": "mysql"}, wantErr: "PROJECTION"},
 		{name: "postgres projection without a database", env: map[string]string{"PROJECTION": "postgres"}, wantErr: "PROJECTION=postgres needs DATABASE_URL"},
@@ -119,6 +122,15 @@ func TestConnect(t *testing.T) {
 				t.Error("the Redis client ignores its calls' deadlines")
 			}
 		})
+	}
+	// The mysql store opens its own pool, lazily; a DSN that does not parse fails.
+	c, err := Connect(ctx, Env{Store: "mysql", Projection: "memory", MySQLDSN: "root@tcp(127.0.0.1:1)/x"})
+	if err != nil || c.MySQL == nil || c.Pool != nil || c.Redis != nil {
+		t.Fatalf("Connect for the mysql store = %+v, %v; want only a MySQL pool", c, err)
+	}
+	c.Close()
+	if c, err := Connect(ctx, Env{Store: "mysql", Projection: "memory", MySQLDSN: "no slash here"}); !errors.Is(err, ErrConfig) || c != nil {
+		t.Fatalf("Connect with a bad MYSQL_DSN = %v, %v; want ErrConfig", c, err)
 	}
 	// The redis store has no backstop: a Redis that does not answer fails now.
 	if _, err := Connect(ctx, Env{Store: "redis", Projection: "memory", RedisURL: "redis://127.0.0.1:1/0"}); err == nil {

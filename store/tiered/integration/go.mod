@@ -8,8 +8,11 @@ replace github.com/idemkey/idemkey/store/postgres => ../../postgres
 
 replace github.com/idemkey/idemkey/store/redis => ../../redis
 
+replace github.com/idemkey/idemkey/store/mysql => ../../mysql
+
 require (
 	github.com/idemkey/idemkey v0.0.0-00010101000000-000000000000
+	github.com/idemkey/idemkey/store/mysql v0.0.0-00010101000000-000000000000
 	github.com/idemkey/idemkey/store/postgres v0.0.0-00010101000000-000000000000
 	github.com/idemkey/idemkey/store/redis v0.0.0-00010101000000-000000000000
 	github.com/jackc/pgx/v5 v5.13.0
@@ -17,7 +20,9 @@ require (
 )
 
 require (
+	filippo.io/edwards25519 v1.2.0 // indirect
 	github.com/cespare/xxhash/v2 v2.3.0 // indirect
+	github.com/go-sql-driver/mysql v1.10.1 // indirect
 	github.com/jackc/pgpassfile v1.0.0 // indirect
 	github.com/jackc/pgservicefile v0.0.0-20240606120523-5a60cdf6a761 // indirect
 	github.com/jackc/puddle/v2 v2.2.3 // indirect

@@ -11,6 +11,7 @@ import (
 
 	"github.com/idemkey/idemkey/middleware"
 	"github.com/idemkey/idemkey/store"
+	"github.com/idemkey/idemkey/store/postgres"
 	"github.com/idemkey/idemkey/store/redis"
 	"github.com/idemkey/idemkey/store/redis/redistest"
 	"github.com/idemkey/idemkey/store/tiered"
@@ -104,6 +105,58 @@ func TestPanicAfterCommitResponse(t *testing.T) {
 	w := httptest.NewRecorder()
 	h.ServeHTTP(w, r)
 	if w.Code != 201 || w.Body.String() != "charged" || runs != 1 || back.calls.Load() != b0 {
+		t.Fatalf("retry: %d %q after %d runs, %d backstop calls; want the committed response from Redis alone",
+			w.Code, w.Body, runs, back.calls.Load()-b0)
+	}
+}
+
+// TestOneTxTiered: a one-transaction route behind the tiered store. The first
+// request commits its row and the record in one transaction, and the cache
+// learns of the record after the commit: the retry is a Redis-only replay.
+func TestOneTxTiered(t *testing.T) {
+	shared := redistest.Shared(t)
+	c := goredis.NewClient(shared.Options())
+	t.Cleanup(func() { _ = c.Close() })
+	pool := pgPool(t)
+	pg := postgresBackstop(t, pool)
+	ts, err := pg.OneTx(pool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	back := &probe{Store: ts}
+	s := mustTiered(t, redis.New(c, redis.WithPrefix(redistest.Prefix(t, shared))), back, tiered.WithTimeout(testTimeout))
+	m, err := middleware.New(s, middleware.GlobalScope)
+	if err != nil {
+		t.Fatal(err)
+	}
+	runs := 0
+	h := ts.Route(m.Handler, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		runs++
+		tx, ok := postgres.TxFromContext(r.Context())
+		if !ok {
+			t.Error("no transaction")
+			return
+		}
+		var n int
+		if err := tx.QueryRow(r.Context(), "SELECT count(*) FROM "+pg.Table()).Scan(&n); err != nil || n != 1 {
+			t.Errorf("the transaction sees %d records (%v), want its own claim", n, err)
+		}
+		w.WriteHeader(201)
+		w.Write([]byte("ordered"))
+	}))
+	post := func() *httptest.ResponseRecorder {
+		r := httptest.NewRequest("POST", "/orders", strings.NewReader("x"))
+		r.Header.Set("Idempotency-Key", "onetx-1")
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, r)
+		return w
+	}
+	if w := post(); w.Code != 201 || w.Body.String() != "ordered" {
+		t.Fatalf("first: %d %q", w.Code, w.Body)
+	}
+	b0 := back.calls.Load()
+	w := post()
+	if w.Code != 201 || w.Body.String() != "ordered" || w.Header().Get("Idempotent-Replayed") != "true" || runs != 1 || back.calls.Load() != b0 {
 		t.Fatalf("retry: %d %q after %d runs, %d backstop calls; want the committed response from Redis alone",
 			w.Code, w.Body, runs, back.calls.Load()-b0)
 	}

@@ -7,6 +7,7 @@ import (
 	"bufio"
 	"context"
 	"crypto/rand"
+	"database/sql"
 	"encoding/hex"
 	"encoding/json"
 	"io"
@@ -17,6 +18,7 @@ import (
 	"testing"
 	"time"
 
+	_ "github.com/go-sql-driver/mysql" // the "mysql" driver of DropMySQLTables
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -152,6 +154,15 @@ func Backends(t *testing.T) map[string]map[string]string {
 	} else {
 		t.Log("REDIS_URL not set: skipping the Redis backend")
 	}
+	if dsn := os.Getenv("MYSQL_DSN"); dsn != "" {
+		table := "idem_app_" + RandomSuffix()
+		out["mysql"] = map[string]string{"IDEM_STORE": "mysql", "MYSQL_DSN": dsn, "IDEM_TABLE": table}
+		t.Cleanup(func() { DropMySQLTables(t, dsn, table) })
+	} else if ci {
+		t.Error("CI=true but MYSQL_DSN is not set")
+	} else {
+		t.Log("MYSQL_DSN not set: skipping the MySQL backend")
+	}
 	if db, rd := os.Getenv("DATABASE_URL"), os.Getenv("REDIS_URL"); db != "" && rd != "" {
 		sfx := RandomSuffix()
 		table, prefix := "idem_tiered_"+sfx, "idemtiered:"+sfx+":"
@@ -187,6 +198,23 @@ AND (starts_with(tablename, $1) OR starts_with(tablename, $2))`, storeTable, pre
 		if _, err := pool.Exec(ctx, `DROP TABLE IF EXISTS `+pgx.Identifier{n}.Sanitize()+` CASCADE`); err != nil {
 			t.Errorf("dropping %s: %v", n, err)
 		}
+	}
+}
+
+// DropMySQLTables drops the mysql store's table and its migrations ledger on
+// the server of dsn.
+func DropMySQLTables(t testing.TB, dsn, table string) {
+	t.Helper()
+	db, err := sql.Open("mysql", dsn)
+	if err != nil {
+		t.Errorf("MYSQL_DSN: %v", err)
+		return
+	}
+	defer db.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := db.ExecContext(ctx, "DROP TABLE IF EXISTS `"+table+"`, `"+table+"_migrations`"); err != nil {
+		t.Errorf("dropping %s: %v", table, err)
 	}
 }
 

@@ -1,0 +1,261 @@
+// Command writepath is the write-path benchmark: a handler that inserts one
+// row per request in Postgres, without idempotency and behind the middleware in
+// each of the Postgres store's modes, over HTTP on loopback (DESIGN section 12,
+// docs/architecture.md section 9.1):
+//
+//	DATABASE_URL=... go run ./writepath -mode none|ordinary|commit|onetx -n N -c C -dup D
+//	DATABASE_URL=... go run ./writepath -mode all -rounds 3 -n N -c C -dup D
+//
+// Modes: none (the handler alone: begin, insert, commit; no idempotency),
+// ordinary (the middleware on the Postgres store; the handler's own
+// transaction, then the store's Complete), commit (postgres CommitResponse: the
+// record completed in the handler's transaction), onetx (Store.OneTx and
+// TxStore.Route: claim, row and record in one transaction). all runs the four
+// in turn, -rounds times (every other round in reverse order), and prints each
+// mode's medians and its ratio to none.
+//
+// It creates the table writepath_orders (one row per request that ran) and the
+// store's table writepath_records in DATABASE_URL's database, empties both
+// before each run, sends N distinct keys with D concurrent copies each over C
+// client connections, and prints requests/s, p50 and p99 latency over all
+// requests, the answers (first executions, replays, others), and round trips,
+// statements and commits per first execution as pgx sent them (a commit is an
+// explicit COMMIT or a round trip outside a transaction block).
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"log"
+	"net"
+	"net/http"
+	"os"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemkey/idemkey/store"
+	pgstore "github.com/idemkey/idemkey/store/postgres"
+)
+
+// waitBound is how long a duplicate waits for the first copy (the middleware's
+// WithWaitInFlight, the one-transaction lock wait).
+const waitBound = 3 * time.Second
+
+var modes = []string{"none", "ordinary", "commit", "onetx"}
+
+func main() {
+	mode := flag.String("mode", "onetx", "none, ordinary, commit, onetx, or all")
+	n := flag.Int("n", 2000, "distinct keys")
+	c := flag.Int("c", 16, "client connections (and concurrent requests)")
+	dup := flag.Int("dup", 1, "concurrent copies of each key")
+	rounds := flag.Int("rounds", 1, "with -mode all: rounds of the four modes")
+	flag.Parse()
+	if *n < 1 || *c < 1 || *dup < 1 || *rounds < 1 {
+		log.Fatal("-n, -c, -dup and -rounds must be positive")
+	}
+	url := os.Getenv("DATABASE_URL")
+	if url == "" {
+		log.Fatal("set DATABASE_URL")
+	}
+	ctx := context.Background()
+	cfg, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		log.Fatal(err)
+	}
+	cfg.MaxConns = int32(*c + 2)
+	cfg.ConnConfig.Tracer = tracer{}
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer pool.Close()
+	st, err := pgstore.New(pool, pgstore.WithTable(recordsTable))
+	if err != nil {
+		log.Fatal(err)
+	}
+	run := []string{*mode}
+	if *mode == "all" {
+		run = nil
+		for r := range *rounds {
+			round := slices.Clone(modes)
+			if r%2 == 1 { // every other round backwards, so a drift in load hits every mode alike
+				slices.Reverse(round)
+			}
+			run = append(run, round...)
+		}
+	}
+	fmt.Printf("n=%d c=%d dup=%d\n", *n, *c, *dup)
+	fmt.Println("mode      req/s    p50      p99      firsts replays others trips/1st stmts/1st commits/1st rows")
+	results := map[string][]result{}
+	for _, m := range run {
+		r, err := runMode(ctx, m, pool, st, *n, *c, *dup)
+		if err != nil {
+			log.Fatalf("%s: %v", m, err)
+		}
+		fmt.Println(r)
+		results[m] = append(results[m], r)
+	}
+	if *mode == "all" {
+		summary(results)
+	}
+}
+
+// result is one run of one mode.
+type result struct {
+	mode                     string
+	rps                      float64
+	p50, p99                 time.Duration
+	firsts, replays, others  int64
+	trips, statements, commi float64
+	rows                     int64
+}
+
+func (r result) String() string {
+	return fmt.Sprintf("%-8s %8.0f %8v %8v %6d %7d %6d %9.2f %9.2f %11.2f %d", r.mode, r.rps,
+		r.p50.Round(10*time.Microsecond), r.p99.Round(10*time.Microsecond), r.firsts, r.replays, r.others,
+		r.trips, r.statements, r.commi, r.rows)
+}
+
+// runMode serves mode on loopback and sends the requests: a warm-up of its own
+// keys first, then, on emptied tables, the measured run.
+func runMode(ctx context.Context, mode string, pool *pgxpool.Pool, st *pgstore.Store, n, c, dup int) (result, error) {
+	if err := setup(ctx, pool, st); err != nil {
+		return result{}, err
+	}
+	h, err := handler(mode, pool, st)
+	if err != nil {
+		return result{}, err
+	}
+	var t tally
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return result{}, err
+	}
+	srv := &http.Server{Handler: counted(h, &t)}
+	go srv.Serve(l)
+	defer srv.Close()
+	client := &http.Client{Transport: &http.Transport{MaxConnsPerHost: c, MaxIdleConnsPerHost: c}}
+	defer client.CloseIdleConnections()
+	base := "http://" + l.Addr().String() + "/orders"
+	send(client, base, "warm-"+store.NewToken().String()[:8], min(n, 200), c, dup)
+	if err := setup(ctx, pool, st); err != nil {
+		return result{}, err
+	}
+	t = tally{}
+	start := time.Now()
+	lat, sendErr := send(client, base, store.NewToken().String()[:12], n, c, dup)
+	elapsed := time.Since(start)
+	if sendErr != nil {
+		return result{}, sendErr
+	}
+	r := result{mode: mode, rps: float64(len(lat)) / elapsed.Seconds(), p50: pct(lat, 50), p99: pct(lat, 99),
+		firsts: t.firsts.Load(), replays: t.replays.Load(), others: t.others.Load()}
+	if f := float64(r.firsts); f > 0 {
+		r.trips, r.statements, r.commi = float64(t.trips.Load())/f, float64(t.statements.Load())/f, float64(t.commits.Load())/f
+	}
+	err = pool.QueryRow(ctx, `SELECT count(*) FROM `+ordersTable).Scan(&r.rows)
+	return r, err
+}
+
+// send posts n keys (prefix-i), dup concurrent copies each, from c workers,
+// and returns every request's latency.
+func send(client *http.Client, url, prefix string, n, c, dup int) ([]time.Duration, error) {
+	jobs := make(chan string)
+	var (
+		mu       sync.Mutex
+		lat      = make([]time.Duration, 0, n*dup)
+		firstErr error
+		wg       sync.WaitGroup
+	)
+	for range c {
+		wg.Go(func() {
+			var mine []time.Duration
+			for key := range jobs {
+				t0 := time.Now()
+				err := post(client, url, key)
+				mine = append(mine, time.Since(t0))
+				if err != nil {
+					mu.Lock()
+					firstErr = cmpOr(firstErr, err)
+					mu.Unlock()
+				}
+			}
+			mu.Lock()
+			lat = append(lat, mine...)
+			mu.Unlock()
+		})
+	}
+	for i := range n {
+		key := fmt.Sprintf("%s-%d", prefix, i)
+		for range dup {
+			jobs <- key
+		}
+	}
+	close(jobs)
+	wg.Wait()
+	return lat, firstErr
+}
+
+func cmpOr(a, b error) error {
+	if a != nil {
+		return a
+	}
+	return b
+}
+
+func post(client *http.Client, url, key string) error {
+	r, err := http.NewRequest("POST", url, strings.NewReader(`{"amount":100}`))
+	if err != nil {
+		return err
+	}
+	r.Header.Set("Idempotency-Key", key)
+	r.Header.Set("Content-Type", "application/json")
+	resp, err := client.Do(r)
+	if err != nil {
+		return err
+	}
+	_, err = io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	return err
+}
+
+// pct returns the p-th percentile of d (sorted in place).
+func pct(d []time.Duration, p int) time.Duration {
+	if len(d) == 0 {
+		return 0
+	}
+	slices.Sort(d)
+	return d[min(len(d)-1, len(d)*p/100)]
+}
+
+// summary prints each mode's median requests/s, p50 and p99 over its rounds,
+// and the ratios to none.
+func summary(results map[string][]result) {
+	med := func(rs []result, f func(result) float64) float64 {
+		v := make([]float64, len(rs))
+		for i, r := range rs {
+			v[i] = f(r)
+		}
+		slices.Sort(v)
+		return v[len(v)/2]
+	}
+	base := results["none"]
+	bRPS := med(base, func(r result) float64 { return r.rps })
+	bP99 := med(base, func(r result) float64 { return float64(r.p99) })
+	fmt.Println("\nmedians over rounds   req/s  x none    p50       p99   x none  stmts/1st commits/1st")
+	for _, m := range modes {
+		rs := results[m]
+		rps := med(rs, func(r result) float64 { return r.rps })
+		p50 := time.Duration(med(rs, func(r result) float64 { return float64(r.p50) }))
+		p99 := med(rs, func(r result) float64 { return float64(r.p99) })
+		fmt.Printf("%-18s %8.0f %6.2f %9v %9v %6.2f %9.2f %11.2f\n", m, rps, rps/bRPS,
+			p50.Round(10*time.Microsecond), time.Duration(p99).Round(10*time.Microsecond), p99/bP99,
+			med(rs, func(r result) float64 { return r.statements }), med(rs, func(r result) float64 { return r.commi }))
+	}
+}

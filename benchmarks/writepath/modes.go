@@ -1,0 +1,191 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"strconv"
+	"sync/atomic"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemkey/idemkey/middleware"
+	"github.com/idemkey/idemkey/store"
+	pgstore "github.com/idemkey/idemkey/store/postgres"
+)
+
+const (
+	ordersTable  = "writepath_orders"
+	recordsTable = "writepath_records"
+	insertSQL    = `INSERT INTO ` + ordersTable + ` (key, amount) VALUES ($1, $2) RETURNING id`
+)
+
+// setup creates the benchmark's tables (the orders, the store's records) and
+// empties them.
+func setup(ctx context.Context, pool *pgxpool.Pool, st *pgstore.Store) error {
+	if _, err := pool.Exec(ctx, `CREATE TABLE IF NOT EXISTS `+ordersTable+` (
+    id bigserial PRIMARY KEY, key text NOT NULL, amount int NOT NULL, created_at timestamptz NOT NULL DEFAULT now())`); err != nil {
+		return err
+	}
+	if err := st.Migrate(ctx); err != nil {
+		return err
+	}
+	_, err := pool.Exec(ctx, `TRUNCATE `+ordersTable+`, `+st.Table())
+	return err
+}
+
+// insertOrder inserts the request's row in q and returns the answer.
+func insertOrder(ctx context.Context, q interface {
+	QueryRow(context.Context, string, ...any) pgx.Row
+}, key string) (store.Response, error) {
+	var id int64
+	if err := q.QueryRow(ctx, insertSQL, key, 100).Scan(&id); err != nil {
+		return store.Response{}, err
+	}
+	body := []byte(`{"id":` + strconv.FormatInt(id, 10) + `,"key":` + strconv.Quote(key) + `,"amount":100}`)
+	return store.Response{Status: http.StatusCreated, Header: http.Header{"Content-Type": {"application/json"}}, Body: body}, nil
+}
+
+func write(w http.ResponseWriter, resp store.Response) {
+	for k, v := range resp.Header {
+		w.Header()[k] = v
+	}
+	w.WriteHeader(resp.Status)
+	w.Write(resp.Body)
+}
+
+// ownTx is the handler alone: its row in its own transaction (begin, insert,
+// commit), answered 201.
+func ownTx(pool *pgxpool.Pool) http.HandlerFunc {
+	return inOwnTx(pool, func(ctx context.Context, tx pgx.Tx, w http.ResponseWriter, resp store.Response) error {
+		if err := tx.Commit(ctx); err != nil {
+			return err
+		}
+		write(w, resp)
+		return nil
+	})
+}
+
+// commitResponse is ownTx completing the record in its transaction.
+func commitResponse(pool *pgxpool.Pool, st *pgstore.Store) http.HandlerFunc {
+	return inOwnTx(pool, func(ctx context.Context, tx pgx.Tx, w http.ResponseWriter, resp store.Response) error {
+		return st.CommitResponse(ctx, tx, w, resp)
+	})
+}
+
+// inOwnTx begins a transaction, inserts the request's row in it and hands the
+// answer to finish, which commits and answers; a failure answers 5xx.
+func inOwnTx(pool *pgxpool.Pool, finish func(context.Context, pgx.Tx, http.ResponseWriter, store.Response) error) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		ctx := r.Context()
+		tx, err := pool.Begin(ctx)
+		if err != nil {
+			http.Error(w, err.Error(), 503)
+			return
+		}
+		defer tx.Rollback(context.WithoutCancel(ctx))
+		resp, err := insertOrder(ctx, tx, r.Header.Get("Idempotency-Key"))
+		if err == nil {
+			err = finish(ctx, tx, w, resp)
+		}
+		if err != nil {
+			http.Error(w, err.Error(), 500)
+		}
+	}
+}
+
+// inTx is the one-transaction handler: its row in the request's transaction.
+func inTx(w http.ResponseWriter, r *http.Request) {
+	tx, ok := pgstore.TxFromContext(r.Context())
+	if !ok {
+		http.Error(w, "no transaction", 500)
+		return
+	}
+	resp, err := insertOrder(r.Context(), tx, r.Header.Get("Idempotency-Key"))
+	if err != nil {
+		http.Error(w, err.Error(), 500)
+		return
+	}
+	write(w, resp)
+}
+
+// handler returns the server's handler for mode.
+func handler(mode string, pool *pgxpool.Pool, st *pgstore.Store) (http.Handler, error) {
+	quiet := middleware.WithLogger(slog.New(slog.NewTextHandler(io.Discard, nil)))
+	switch mode {
+	case "none":
+		return ownTx(pool), nil
+	case "ordinary", "commit":
+		mw, err := middleware.New(st, middleware.GlobalScope, quiet, middleware.WithWaitInFlight(waitBound))
+		if err != nil {
+			return nil, err
+		}
+		if mode == "commit" {
+			return mw.Handler(commitResponse(pool, st)), nil
+		}
+		return mw.Handler(ownTx(pool)), nil
+	case "onetx":
+		ts, err := st.OneTx(pool, pgstore.WithLockWait(waitBound))
+		if err != nil {
+			return nil, err
+		}
+		mw, err := middleware.New(ts, middleware.GlobalScope, quiet, middleware.WithWaitInFlight(waitBound))
+		if err != nil {
+			return nil, err
+		}
+		return ts.Route(mw.Handler, http.HandlerFunc(inTx)), nil
+	}
+	return nil, fmt.Errorf("unknown mode %q (none, ordinary, commit, onetx)", mode)
+}
+
+// tally sums the counts of first executions (2xx, not replayed) and counts
+// the other answers.
+type tally struct {
+	firsts, replays, others       atomic.Int64
+	trips, statements, commits    atomic.Int64
+	replayTrips, replayStatements atomic.Int64
+}
+
+// counted wraps h: each request carries its counts, added to t by its answer.
+func counted(h http.Handler, t *tally) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		var c counts
+		sw := &statusWriter{ResponseWriter: w}
+		h.ServeHTTP(sw, r.WithContext(withCounts(r.Context(), &c)))
+		switch {
+		case sw.code >= 200 && sw.code < 300 && w.Header().Get("Idempotent-Replayed") == "":
+			t.firsts.Add(1)
+			t.trips.Add(c.trips.Load())
+			t.statements.Add(c.statements.Load())
+			t.commits.Add(c.commits.Load())
+		case sw.code >= 200 && sw.code < 300:
+			t.replays.Add(1)
+			t.replayTrips.Add(c.trips.Load())
+			t.replayStatements.Add(c.statements.Load())
+		default:
+			t.others.Add(1)
+		}
+	})
+}
+
+type statusWriter struct {
+	http.ResponseWriter
+	code int
+}
+
+func (s *statusWriter) WriteHeader(code int) {
+	if s.code == 0 {
+		s.code = code
+	}
+	s.ResponseWriter.WriteHeader(code)
+}
+
+func (s *statusWriter) Write(p []byte) (int, error) {
+	if s.code == 0 {
+		s.code = http.StatusOK
+	}
+	return s.ResponseWriter.Write(p)
+}

@@ -1,0 +1,131 @@
+package middleware_test
+
+import (
+	"errors"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"time"
+
+	"github.com/idemkey/idemkey/fingerprint"
+	"github.com/idemkey/idemkey/middleware"
+	"github.com/idemkey/idemkey/store/memory"
+)
+
+// send posts body with key through h and prints the status, the replay mark and
+// the problem code or body.
+func send(h http.Handler, key, body string, header ...string) *httptest.ResponseRecorder {
+	r := httptest.NewRequest("POST", "/payments", strings.NewReader(body))
+	r.Header.Set("Idempotency-Key", key)
+	for i := 0; i+1 < len(header); i += 2 {
+		r.Header.Set(header[i], header[i+1])
+	}
+	w := httptest.NewRecorder()
+	h.ServeHTTP(w, r)
+	return w
+}
+
+// A client that stamps each try with the time it was sent is still recognised:
+// the fingerprint covers only the members that decide the payment.
+func ExampleWithFingerprint() {
+	rule, err := fingerprint.OnlyJSONFields("/amountCents", "/to")
+	if err != nil {
+		panic(err)
+	}
+	m, _ := middleware.New(memory.New(), middleware.GlobalScope, middleware.WithFingerprint(rule))
+	h := m.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusCreated) }))
+	for _, body := range []string{
+		`{"amountCents":500,"to":"acc-2","sentAt":"10:00:00"}`,
+		`{"amountCents":500,"to":"acc-2","sentAt":"10:00:07"}`, // the retry: replayed
+		`{"amountCents":900,"to":"acc-2","sentAt":"10:00:09"}`, // another amount: 422
+		`amountCents=500`, // not JSON: 400
+	} {
+		w := send(h, "k-1", body)
+		fmt.Printf("%d replayed=%q\n", w.Code, w.Header().Get("Idempotent-Replayed"))
+	}
+	// Output:
+	// 201 replayed=""
+	// 201 replayed="true"
+	// 422 replayed=""
+	// 400 replayed=""
+}
+
+// The replay carries this request's own request id; the stored headers and
+// body are the first response's.
+func ExampleWithOnReplay() {
+	replays := 0
+	m, _ := middleware.New(memory.New(), middleware.GlobalScope, middleware.WithOnReplay(func(r *http.Request, h http.Header) {
+		replays++
+		h.Set("X-Request-Id", r.Header.Get("X-Request-Id"))
+	}))
+	h := m.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Location", "/payments/1")
+		w.WriteHeader(http.StatusCreated)
+	}))
+	send(h, "k-1", "{}", "X-Request-Id", "req-1")
+	w := send(h, "k-1", "{}", "X-Request-Id", "req-2")
+	fmt.Println(w.Code, w.Header().Get("Location"), w.Header().Get("X-Request-Id"), replays)
+	// Output: 201 /payments/1 req-2 1
+}
+
+// Keys must be UUIDs; anything else is refused before any work, with the
+// validator's text as the problem's detail.
+func ExampleWithKeyValidator() {
+	m, _ := middleware.New(memory.New(), middleware.GlobalScope, middleware.WithKeyValidator(middleware.UUIDKeys))
+	h := m.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusCreated) }))
+	fmt.Println(send(h, "order-42", "{}").Code)
+	fmt.Println(send(h, `"8e03978e-40d5-43e8-bc93-6894a57f9324"`, "{}").Code)
+	short := func(key string) error {
+		if len(key) < 16 {
+			return errors.New("an idempotency key has at least 16 characters")
+		}
+		return nil
+	}
+	m2, _ := middleware.New(memory.New(), middleware.GlobalScope, middleware.WithKeyValidator(short))
+	w := send(m2.Handler(http.NotFoundHandler()), "abc", "{}")
+	fmt.Println(w.Code, strings.Contains(w.Body.String(), `"detail":"an idempotency key has at least 16 characters"`))
+	// Output:
+	// 400
+	// 201
+	// 400 true
+}
+
+// Problems link to your own documentation, in their type and, for the draft's
+// error scenarios, a Link field.
+func ExampleWithProblemTypeBase() {
+	m, _ := middleware.New(memory.New(), middleware.GlobalScope,
+		middleware.WithProblemTypeBase("https://api.example.com/problems/"))
+	h := m.Handler(http.NotFoundHandler())
+	r := httptest.NewRequest("POST", "/payments", strings.NewReader("{}")) // no key
+	w := httptest.NewRecorder()
+	h.ServeHTTP(w, r)
+	fmt.Println(w.Code, w.Header().Get("Link"))
+	fmt.Println(strings.Contains(w.Body.String(), `"type":"https://api.example.com/problems/idempotency_key_missing"`))
+	// Output:
+	// 400 <https://api.example.com/problems/idempotency_key_missing>; rel="describedby"
+	// true
+}
+
+// A failed validation is kept ten minutes, a payment thirty days: the handler
+// decides, within the middleware's maximum.
+func ExampleSetRetention() {
+	m, _ := middleware.New(memory.New(), middleware.GlobalScope, middleware.WithMaxRetention(30*24*time.Hour))
+	h := m.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !strings.Contains(r.Header.Get("Content-Type"), "json") {
+			middleware.SetRetention(r.Context(), 10*time.Minute)
+			w.WriteHeader(http.StatusUnprocessableEntity)
+			return
+		}
+		middleware.SetRetention(r.Context(), 30*24*time.Hour)
+		c, _ := middleware.ClaimFromContext(r.Context())
+		fmt.Println("kept for", c.Retention)
+		w.WriteHeader(http.StatusCreated)
+	}))
+	fmt.Println(send(h, "k-1", "{}").Code)
+	fmt.Println(send(h, "k-2", "{}", "Content-Type", "application/json").Code)
+	// Output:
+	// 422
+	// kept for 720h0m0s
+	// 201
+}

@@ -1,0 +1,49 @@
+package idemgrpc_test
+
+import (
+	"context"
+	"os"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemkey/idemkey/store"
+	"github.com/idemkey/idemkey/store/postgres"
+)
+
+// postgresStore returns a migrated Postgres store in a schema of its own,
+// dropped when the test ends; it skips without DATABASE_URL (fails when
+// CI=true).
+func postgresStore(t *testing.T) *postgres.Store {
+	t.Helper()
+	url := os.Getenv("DATABASE_URL")
+	if url == "" {
+		if os.Getenv("CI") == "true" {
+			t.Fatal("DATABASE_URL is not set (required when CI=true)")
+		}
+		t.Skip("set DATABASE_URL to run")
+	}
+	pool, err := pgxpool.New(context.Background(), url)
+	if err != nil {
+		t.Fatalf("DATABASE_URL: %v", err)
+	}
+	t.Cleanup(pool.Close)
+	schema := "idemkey_grpc_" + store.NewToken().String()[:12]
+	s, err := postgres.New(pool, postgres.WithSchema(schema))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Migrate(t.Context()); err != nil {
+		t.Fatalf("Migrate: %v", err)
+	}
+	t.Cleanup(s.StopListener)
+	t.Cleanup(func() {
+		if _, err := pool.Exec(context.Background(), "DROP SCHEMA IF EXISTS "+pgx.Identifier{schema}.Sanitize()+" CASCADE"); err != nil {
+			t.Errorf("drop schema %s: %v", schema, err)
+		}
+	})
+	return s
+}
+
+func TestReplayAndMismatchPostgres(t *testing.T) { testReplayAndMismatch(t, postgresStore(t)) }

@@ -1,0 +1,40 @@
+package storetest
+
+import (
+	"testing"
+	"time"
+
+	"github.com/idemkey/idemkey/store"
+)
+
+// testCompleteRetention checks that the retention given to Complete, not the
+// claim's, decides how long a completed record lives, in both directions: a
+// handler may shorten its record's life (a failed validation kept minutes) or
+// lengthen it (a payment kept a month; middleware.SetRetention).
+func testCompleteRetention(t *testing.T, s *suite) {
+	long := 30 * 24 * time.Hour
+	lengthened := newID(t)
+	tok := s.mustClaim(t, req(lengthened, fpA)) // claimed for Retention (10 s)
+	if err := s.Store.Complete(s.ctx, lengthened, tok, sampleResponse(), long); err != nil {
+		t.Fatalf("Complete: %v", err)
+	}
+	rec := s.expect(t, req(lengthened, fpA), store.Completed).Record
+	if d := rec.ExpiresAt.Sub(rec.CompletedAt); d < long-time.Second || d > long+time.Second {
+		t.Errorf("completed with a retention of %v: kept %v", long, d)
+	}
+
+	shortened := newID(t)
+	short := 3 * Lease
+	tok = s.mustClaim(t, req(shortened, fpA))
+	if err := s.Store.Complete(s.ctx, shortened, tok, sampleResponse(), short); err != nil {
+		t.Fatalf("Complete: %v", err)
+	}
+	rec = s.expect(t, req(shortened, fpA), store.Completed).Record
+	if d := rec.ExpiresAt.Sub(rec.CompletedAt); d < short-slack || d > short+slack {
+		t.Errorf("completed with a retention of %v: kept %v", short, d)
+	}
+	s.Wait(short + slack)
+	// Past the shorter retention the key is new, though the claim asked for more.
+	s.expect(t, req(shortened, fpB), store.Claimed)
+	s.expect(t, req(lengthened, fpA), store.Completed)
+}
