@@ -78,8 +78,8 @@ type Timeouts struct {
 // Op names a store call of an execution, for Config.Observe.
 type Op uint8
 
-// The store calls reported to Config.Observe (renewals, off the caller's path,
-// are not).
+// The store calls reported to Config.Observe (renewals and background releases,
+// off the caller's path, are not).
 const (
 	OpClaim Op = iota + 1
 	OpComplete
@@ -108,7 +108,8 @@ type Config struct {
 	Logger *slog.Logger
 	// Observe, if set, is called just before each claim, completion and release
 	// call, with the context the call would use; the store is called with the
-	// context it returns, and done, if not nil, with the call's error.
+	// context it returns, and done, if not nil, with the call's error (nil for a
+	// call cancelled by the caller's context: no store failure).
 	Observe func(ctx context.Context, op Op, id store.ID) (callCtx context.Context, done func(error))
 }
 
@@ -118,6 +119,8 @@ type Claimer struct {
 	cfg     Config
 	bounded bool      // store calls run under deadlines (not store.InProcess)
 	epoch   time.Time // origin of Execution.held (monotonic)
+
+	releases releaser // background releases (release.go)
 }
 
 // New returns a Claimer for cfg. It fails on a nil store, a lease under
@@ -194,17 +197,30 @@ func (cl *Claimer) observe(ctx context.Context, op Op, id store.ID) (context.Con
 	return cl.cfg.Observe(ctx, op, id)
 }
 
+// done reports a call's end to Config.Observe's done. A call cancelled by its
+// caller's context (the client went away) is reported as no error: the store did
+// not fail.
 func done(f func(error), err error) {
 	if f != nil {
+		if errors.Is(err, context.Canceled) {
+			err = nil
+		}
 		f(err)
 	}
 }
 
 // Claim sends req (Lease and Retention filled in from the configuration when
-// zero: callers set only ID and Fingerprint) under the claim deadline and returns the store's answer and when it was
-// sent (on the monotonic clock: the start of the lease, for Execution.Start). An
-// answer no store may give (an unknown outcome, Completed without a record,
-// Claimed without a token) is returned as an error.
+// zero: callers set only ID and Fingerprint) under the claim deadline and returns
+// the store's answer and when it was sent (on the monotonic clock: the start of
+// the lease, for Execution.Start). An answer no store may give (an unknown
+// outcome, Completed without a record, Claimed without a token) is returned as an
+// error.
+//
+// The claim's token is generated here, before the send (req.Token, when zero), so
+// a claim whose answer is lost (the deadline passed, the connection broke, ctx was
+// cancelled) is not left to block its key until the lease ends: it is released,
+// fenced by that token, in the background once the store answers again (bounded
+// retries with back-off, see release.go).
 func (cl *Claimer) Claim(ctx context.Context, req store.ClaimRequest) (res store.ClaimResult, sent time.Time, err error) {
 	if req.Lease == 0 {
 		req.Lease = cl.cfg.Lease
@@ -212,12 +228,18 @@ func (cl *Claimer) Claim(ctx context.Context, req store.ClaimRequest) (res store
 	if req.Retention == 0 {
 		req.Retention = cl.cfg.Retention
 	}
+	if req.Token.IsZero() {
+		req.Token = store.NewToken()
+	}
 	sent = cl.now()
 	cctx, cancel := cl.Bound(ctx, cl.cfg.Timeouts.Claim)
 	cctx, d := cl.observe(cctx, OpClaim, req.ID)
 	res, err = cl.cfg.Store.Claim(cctx, req)
 	cancel()
 	done(d, err)
+	if mayHaveLanded(err) {
+		cl.releaseLater(ctx, req.ID, req.Token)
+	}
 	if err == nil && (res.Outcome < store.Claimed || res.Outcome > store.Mismatch ||
 		res.Outcome == store.Completed && res.Record == nil || res.Outcome == store.Claimed && res.Token.IsZero()) {
 		err = fmt.Errorf("%w: idemkey/claim: store answered an invalid claim result (outcome %v)", store.ErrCorrupt, res.Outcome)

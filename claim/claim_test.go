@@ -252,6 +252,44 @@ func TestRenewalAfterHungRenewal(t *testing.T) {
 	})
 }
 
+// notifier records the retention NotifyCompleted is given.
+type notifier struct {
+	store.Store
+	retention time.Duration
+}
+
+func (n *notifier) NotifyCompleted(_ context.Context, _ store.ID, _ store.Token, _ store.Response, retention time.Duration) {
+	n.retention = retention
+}
+
+// A store keeping a copy of records (store/tiered) is told of a record completed
+// in the caller's transaction with the retention left counted from the claim's
+// send, not a full one from after the execution returned: the copy must not
+// outlive the record, whose retention began inside the transaction.
+func TestNotifyCompletedRetentionFromStart(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		st := &notifier{Store: memory.New()}
+		cl := newClaimer(t, st, 10*time.Second)
+		id := store.ID{Key: "k"}
+		res, sent, err := cl.Claim(t.Context(), store.ClaimRequest{ID: id})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var e claim.Execution
+		e.Start(cl, t.Context(), id, res.Token, sent, nil)
+		time.Sleep(3 * time.Second) // the handler and its transaction
+		if err := claim.MarkCompleted(claim.NewContext(t.Context(), claim.Claim{ID: id, Token: res.Token}, &e), store.Response{Status: 201}); err != nil {
+			t.Fatal(err)
+		}
+		e.Stop()
+		e.Returned()
+		e.NotifyCompleted(store.Response{Status: 201})
+		if want := cl.Retention() - 3*time.Second; st.retention != want {
+			t.Fatalf("cache told to keep the copy %v, want %v (the retention left since the claim)", st.retention, want)
+		}
+	})
+}
+
 func equalDurations(a, b []time.Duration) bool {
 	if len(a) != len(b) {
 		return false
@@ -272,4 +310,44 @@ func startClaimed(t *testing.T, cl *claim.Claimer, e *claim.Execution, id store.
 		t.Fatal(err)
 	}
 	e.Start(cl, t.Context(), id, res.Token, sent, nil)
+}
+
+// A Context over a parent that is never cancelled cancels itself on a lost
+// lease: Done (asked before and after), Err, context.Cause and a child context
+// all see it, with no cancel function from the caller.
+func TestContextCancelsItselfOnLeaseLost(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		mem := memory.New()
+		cl := newClaimer(t, mem, 3*time.Second)
+		id := store.ID{Key: "k"}
+		res, sent, err := cl.Claim(t.Context(), store.ClaimRequest{ID: id})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var e claim.Execution
+		var c claim.Context
+		c.Set(context.WithoutCancel(t.Context()), claim.Claim{ID: id, Token: res.Token}, &e)
+		e.Start(cl, &c, id, res.Token, sent, nil)
+		done := c.Done()
+		child, stop := context.WithCancel(&c)
+		defer stop()
+		if c.Err() != nil || child.Err() != nil {
+			t.Fatalf("before the loss: %v, %v", c.Err(), child.Err())
+		}
+		if err := mem.Release(t.Context(), id, res.Token); err != nil { // the key is taken from the holder
+			t.Fatal(err)
+		}
+		time.Sleep(time.Second + time.Millisecond)
+		synctest.Wait()
+		<-done
+		<-c.Done()
+		<-child.Done()
+		if !errors.Is(c.Err(), context.Canceled) || !errors.Is(context.Cause(&c), store.ErrLeaseLost) || !errors.Is(context.Cause(child), store.ErrLeaseLost) {
+			t.Fatalf("err %v, cause %v, child's cause %v; want canceled with cause store.ErrLeaseLost", c.Err(), context.Cause(&c), context.Cause(child))
+		}
+		if got, ok := claim.FromContext(child); !ok || got.Token != res.Token {
+			t.Fatalf("FromContext after the loss: %+v, %v", got, ok)
+		}
+		e.Stop()
+	})
 }

@@ -3,6 +3,8 @@ package claim
 import (
 	"context"
 	"errors"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/idemkey/idemkey/store"
@@ -40,28 +42,92 @@ type ctxKey struct{}
 // the context they hand to the execution (one allocation with theirs) and set it
 // with Set. Its Value answers FromContext and MarkCompleted, and passes every
 // other key on to the parent.
+//
+// Over a parent that is never cancelled (Done returns nil, as
+// context.WithoutCancel's), c cancels itself when a renewal finds the lease lost:
+// Done is closed, Err is context.Canceled and context.Cause(c) is
+// store.ErrLeaseLost, with no allocation until then (Done makes its channel when
+// first called). Over a parent that may be cancelled, c reports the parent's
+// cancellation, and the caller cancels that parent on a lost lease (Execution.Start's
+// lost, with context.WithCancelCause).
 type Context struct {
 	context.Context
 	claim Claim
 	exec  *Execution // nil without a claim (fail open: only the ID is set)
+
+	self bool // the parent is never cancelled: c cancels itself on a lost lease
+	mu   sync.Mutex
+	done chan struct{}                   // made by the first Done
+	lost atomic.Pointer[context.Context] // set on a lost lease: a context cancelled with cause store.ErrLeaseLost
 }
 
 // Set makes c a context over parent carrying cl, executed by e (nil when the
 // execution runs without a claim: then only cl.ID is meaningful, and
-// FromContext reports no claim).
+// FromContext reports no claim). Call it before Execution.Start, once per c.
 func (c *Context) Set(parent context.Context, cl Claim, e *Execution) {
 	c.Context, c.claim, c.exec = parent, cl, e
+	c.self = e != nil && parent.Done() == nil
+	if c.self {
+		e.hctx = c
+	}
 }
 
 // ID returns the scope and key c carries.
 func (c *Context) ID() store.ID { return c.claim.ID }
 
-// Value returns c for this package's key, else the parent's value.
+// Value returns c for this package's key, else the parent's value (after a lost
+// lease, through a context cancelled with cause store.ErrLeaseLost, which is
+// how context.Cause finds it).
 func (c *Context) Value(k any) any {
 	if k == (ctxKey{}) {
 		return c
 	}
+	if l := c.lost.Load(); l != nil {
+		return (*l).Value(k)
+	}
 	return c.Context.Value(k)
+}
+
+// Done is closed when the lease is lost (see Context), or is the parent's.
+func (c *Context) Done() <-chan struct{} {
+	if !c.self {
+		return c.Context.Done()
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.done == nil {
+		c.done = make(chan struct{})
+		if c.lost.Load() != nil {
+			close(c.done)
+		}
+	}
+	return c.done
+}
+
+// Err is context.Canceled once the lease is lost (see Context), or the parent's.
+func (c *Context) Err() error {
+	if !c.self {
+		return c.Context.Err()
+	}
+	if c.lost.Load() != nil {
+		return context.Canceled
+	}
+	return nil
+}
+
+// loseLease cancels c with cause store.ErrLeaseLost, once.
+func (c *Context) loseLease() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.lost.Load() != nil {
+		return
+	}
+	lc, cancel := context.WithCancelCause(c.Context)
+	cancel(store.ErrLeaseLost)
+	c.lost.Store(&lc)
+	if c.done != nil {
+		close(c.done)
+	}
 }
 
 // NewContext returns a context over parent carrying cl, executed by e.

@@ -22,6 +22,7 @@ type Execution struct {
 	token store.Token
 	ctx   detachedCtx
 	lost  func(error) // cancels the execution's context on a lost lease
+	hctx  *Context    // the execution's context, when it cancels itself (Context.Set)
 
 	// In-transaction completion (MarkCompleted), guarded by txMu: the executing
 	// code may call it while a renewal holds mu.
@@ -33,6 +34,7 @@ type Execution struct {
 
 	released   bool
 	releaseErr error
+	sent       time.Time // when the claim was sent (monotonic)
 
 	// Lease renewal.
 	renewLost atomic.Bool  // a renewal found the lease lost
@@ -67,6 +69,16 @@ func (d *detachedCtx) Value(k any) any {
 	return p.Value(k)
 }
 
+// values returns the context whose values the execution's store calls keep.
+func (e *Execution) values() context.Context {
+	e.ctx.mu.Lock()
+	defer e.ctx.mu.Unlock()
+	if e.ctx.parent == nil {
+		return context.Background()
+	}
+	return e.ctx.parent
+}
+
 func (d *detachedCtx) set(parent context.Context) {
 	d.mu.Lock()
 	d.parent = parent
@@ -90,7 +102,8 @@ func (e *Execution) Detach(cl *Claimer, parent context.Context) {
 // renewed every third of it from then. values is the context whose values the
 // store calls keep (not its cancellation). lost, if not nil, is called with
 // store.ErrLeaseLost when a renewal finds the lease taken over: the caller
-// cancels the execution's context with it (context.WithCancelCause).
+// cancels the execution's context with it (context.WithCancelCause); a Context
+// set over a parent that is never cancelled cancels itself (no lost needed).
 func (e *Execution) Start(cl *Claimer, values context.Context, id store.ID, token store.Token, sent time.Time, lost func(error)) {
 	e.cl, e.lost = cl, lost
 	e.ctx.set(values)
@@ -98,6 +111,7 @@ func (e *Execution) Start(cl *Claimer, values context.Context, id store.ID, toke
 	e.id, e.token = id, token
 	e.txMu.Unlock()
 	e.held.Store(int64(sent.Sub(cl.epoch)))
+	e.sent = sent
 	first := max(cl.cfg.Lease/3-time.Since(sent), 0)
 	e.mu.Lock()
 	e.stopped = false
@@ -135,8 +149,13 @@ func (e *Execution) renew() {
 		// Logged by the caller when it returns: a record completed in the caller's
 		// own transaction also ends the lease, and is no loss.
 		e.renewLost.Store(true)
-		if e.lost != nil && !e.completedInTx() {
-			e.lost(store.ErrLeaseLost)
+		if !e.completedInTx() {
+			if e.lost != nil {
+				e.lost(store.ErrLeaseLost)
+			}
+			if e.hctx != nil {
+				e.hctx.loseLease()
+			}
 		}
 		return // nothing left to renew
 	default:
@@ -210,11 +229,13 @@ func (e *Execution) Release() error {
 	cancel()
 	done(d, e.releaseErr)
 	if err := e.releaseErr; err != nil {
-		level := slog.LevelError
-		if errors.Is(err, store.ErrLeaseLost) {
-			level = slog.LevelWarn
+		level, msg := slog.LevelError, "idempotency claim release failed; retrying in the background"
+		if errors.Is(err, store.ErrLeaseLost) || errors.Is(err, store.ErrInvalid) {
+			level, msg = slog.LevelWarn, "idempotency claim release failed"
+		} else {
+			cl.releaseLater(e.values(), e.id, e.token) // fenced by the token: the key is freed once the store answers
 		}
-		cl.cfg.Logger.LogAttrs(context.Background(), level, "idempotency claim release failed",
+		cl.cfg.Logger.LogAttrs(context.Background(), level, msg,
 			slog.String("scope", e.id.Scope), slog.String("key", e.id.Key), slog.Any("error", err))
 	}
 	return e.releaseErr
@@ -225,14 +246,21 @@ func (e *Execution) Released() bool { return e.released }
 
 // NotifyCompleted tells a store that keeps a copy of records
 // (store.CompletionNotifier) that the record was completed in the caller's own
-// transaction with resp, best effort. It does nothing for other stores.
+// transaction with resp, best effort. It does nothing for other stores. The
+// retention it gives is what is left of the record's counted from when the claim
+// was sent, a start no later than the caller's transaction (whose record's
+// retention began inside it), so the copy never outlives the record.
 func (e *Execution) NotifyCompleted(resp store.Response) {
 	n, ok := e.cl.cfg.Store.(store.CompletionNotifier)
 	if !ok {
 		return
 	}
+	rest := e.recordRetention() - e.cl.now().Sub(e.sent)
+	if rest < time.Millisecond {
+		return
+	}
 	ctx, cancel := e.cl.Bound(&e.ctx, e.cl.cfg.Timeouts.Complete)
-	n.NotifyCompleted(ctx, e.id, e.token, resp, e.recordRetention())
+	n.NotifyCompleted(ctx, e.id, e.token, resp, rest)
 	cancel()
 }
 
@@ -301,7 +329,7 @@ func (e *Execution) Complete(resp store.Response, beforeRetry func()) (retries i
 // reusable.
 func (e *Execution) Reset() {
 	e.ctx.set(nil)
-	e.lost = nil
+	e.lost, e.hctx = nil, nil
 	e.released, e.releaseErr = false, nil
 	e.txMu.Lock()
 	e.id, e.token = store.ID{}, store.Token{}

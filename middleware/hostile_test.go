@@ -471,7 +471,8 @@ func (b *blockingClaim) Claim(ctx context.Context, req store.ClaimRequest) (stor
 // request's context; here the test cancels it): by default the claim is not
 // cancelled (nor is the handler), so the request runs once and its retry replays
 // it; with WithCancelOnDisconnect the cancelled claim is neither a store outage
-// (nothing logged) nor a reason to run the handler unprotected (fail open).
+// (nothing logged, the event's decision is ClientGone, not StoreError) nor a
+// reason to run the handler unprotected (fail open).
 func TestHangUpDuringClaim(t *testing.T) {
 	for _, cancelOnGone := range []bool{false, true} {
 		t.Run(fmt.Sprint("cancel on disconnect ", cancelOnGone), func(t *testing.T) {
@@ -503,8 +504,8 @@ func TestHangUpDuringClaim(t *testing.T) {
 			}
 			ev := events[0]
 			if cancelOnGone {
-				if ev.Decision != StoreError || !errors.Is(ev.Err, context.Canceled) || runs.Load() != 0 {
-					t.Fatalf("event %+v after %d runs; want the cancelled claim, no run", ev, runs.Load())
+				if ev.Decision != ClientGone || !errors.Is(ev.Err, context.Canceled) || runs.Load() != 0 {
+					t.Fatalf("event %+v after %d runs; want the cancelled claim (client_gone, not a store error), no run", ev, runs.Load())
 				}
 				return
 			}
@@ -671,7 +672,7 @@ func TestHangUpDuringReclaim(t *testing.T) {
 				t.Fatalf("%d runs, want 1", runs.Load())
 			}
 			if cancelOnGone {
-				if ev.Decision != StoreError || !errors.Is(ev.Err, context.Canceled) {
+				if ev.Decision != ClientGone || !errors.Is(ev.Err, context.Canceled) {
 					t.Fatalf("event %+v; want the cancelled claim", ev)
 				}
 				return

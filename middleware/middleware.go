@@ -215,8 +215,8 @@ type Middleware struct {
 	problemHeaders   []string
 	retryAfterVals   [][]string // Retry-After field values of 0 to preRetryAfter-1 s, shared like problemHeaders
 	pool             sync.Pool
-	work             *workEstimate // recent handler durations, for a 409's Retry-After
-	outage           outage        // the current run of store failures, logged once
+	work             *workEstimate   // recent handler durations, for a 409's Retry-After
+	outage           store.OutageLog // the current run of store failures, logged once
 	clockNow         func() time.Time
 	monoClock        bool          // clockNow is monotonicNow (no clock of the caller's with Now)
 	storeObs         StoreObserver // the observer, when it implements StoreObserver

@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -954,6 +955,23 @@ func TestFlappingStoreIsOneOutage(t *testing.T) {
 	}
 }
 
+// The outage's logged length runs from its first failure to the answer that
+// ended it: a store that hung through one request's claim and answered the next
+// one 18 s later was down 18 s, not 0 s.
+func TestOutageLengthLogged(t *testing.T) {
+	logs := &logRecorder{}
+	e := newEnv(t, echoHandler, WithLogger(slog.New(logs)))
+	e.st.claimErr = fmt.Errorf("store: %w", context.DeadlineExceeded)
+	e.do(req("POST", "/x", "hung", "b"))
+	e.st.claimErr = nil
+	e.clk.advance(18 * time.Second)
+	e.do(req("POST", "/x", "back", "b"))
+	n, r := logs.count(slog.LevelWarn)
+	if n != 2 || !strings.Contains(r.Message, "available again") || attr(r, "outage") != "18s" {
+		t.Fatalf("%d lines, last %q outage=%s; want the end logged with outage=18s", n, r.Message, attr(r, "outage"))
+	}
+}
+
 // A claim that fails because the client went away (its request context
 // cancelled) is no store outage: nothing is logged above debug level, and the
 // next answered claim logs no recovery either.
@@ -1523,6 +1541,39 @@ func TestUnroutedNestedMux(t *testing.T) {
 		outer.ServeHTTP(w, r)
 		if w.Code != want || i == 2 && w.Header().Get(DefaultReplayedHeader) != "true" {
 			t.Fatalf("request %d: %d %v, want %d", i, w.Code, w.Header(), want)
+		}
+	}
+}
+
+// TestReplayDoesNotAliasRecord: an outer middleware that edits a replayed header
+// value in place (or appends to it) leaves the stored record, and so every later
+// replay, as it was: store/memory returns the same record to every claim.
+func TestReplayDoesNotAliasRecord(t *testing.T) {
+	m, err := New(memory.New(), GlobalScope, WithLogger(discardLogger()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	inner := m.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header()["X-A"] = []string{"a1", "a2"}
+		w.Header().Set("X-B", "b")
+		w.WriteHeader(201)
+	}))
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		inner.ServeHTTP(w, r)
+		if a := w.Header()["X-A"]; len(a) > 0 {
+			a[0] = "edited"
+			w.Header()["X-A"] = append(a[:1], "appended")
+		}
+	})
+	for i := range 3 {
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, req("POST", "/x", "k", "body"))
+		if i == 0 {
+			continue
+		}
+		if got := w.Result().Header; got.Get(DefaultReplayedHeader) != "true" ||
+			!slices.Equal(got["X-A"], []string{"a1", "a2"}) || got.Get("X-B") != "b" {
+			t.Fatalf("replay %d sent X-A %q X-B %q (replayed %q), want the stored a1, a2 and b", i, got["X-A"], got.Get("X-B"), got.Get(DefaultReplayedHeader))
 		}
 	}
 }

@@ -52,6 +52,10 @@ const (
 	// Retry-After, even with WithFailOpen. Not a store outage: nothing is
 	// logged above debug level.
 	StoreFull
+	// ClientGone: the client went away before the store answered the claim
+	// (WithCancelOnDisconnect cancelled it): no store failure, no outage; the 503
+	// written reaches nobody, and no handler runs.
+	ClientGone
 )
 
 var decisionNames = [...]string{
@@ -59,6 +63,7 @@ var decisionNames = [...]string{
 	BodyTooLarge: "body_too_large", BodyUnreadable: "body_unreadable", Executed: "executed",
 	Released: "released", LeaseLost: "lease_lost", Replayed: "replayed", InFlight: "in_flight",
 	Mismatch: "mismatch", StoreError: "store_error", FailOpen: "fail_open", StoreFull: "store_full",
+	ClientGone: "client_gone",
 }
 
 // String returns the decision's stable snake_case name, e.g. "replayed".

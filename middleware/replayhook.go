@@ -2,7 +2,6 @@ package middleware
 
 import (
 	"net/http"
-	"slices"
 
 	"github.com/idemkey/idemkey/store"
 )
@@ -16,23 +15,18 @@ import (
 // (WithReplayedHeader, WithOmittedHeader) is set again and a Content-Length it set
 // is dropped (net/http sets the stored body's). The request's body has been read
 // by the middleware; hook must not read it. hook runs on the request's
-// goroutine, concurrently for concurrent replays. Nil: no hook; a replay then
-// copies no header value. See docs/request-rules.md section 2.
+// goroutine, concurrently for concurrent replays. Nil: no hook (a replay still
+// sends copies of the stored values). See docs/request-rules.md section 2.
 func WithOnReplay(hook func(r *http.Request, h http.Header)) Option {
 	return func(c *config) { c.onReplay = hook }
 }
 
 // replayHeader sets rec's headers on h for a replay to r, through the hook of
 // WithOnReplay when there is one.
-func (m *Middleware) replayHeader(h http.Header, r *http.Request, rec *store.Record) {
+func (m *Middleware) replayHeader(h http.Header, c *call, r *http.Request, rec *store.Record) {
+	c.copyRecordHeader(h, rec) // copies: neither the hook nor an outer middleware can change the record
 	if m.onReplay == nil {
-		for k, v := range rec.Header {
-			h[k] = v // shared, never modified: the response only reads them
-		}
 		return
-	}
-	for k, v := range rec.Header {
-		h[k] = slices.Clone(v)
 	}
 	m.onReplay(r, h)
 	delete(h, "Content-Length")

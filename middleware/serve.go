@@ -197,7 +197,7 @@ func (m *Middleware) claimFailed(w http.ResponseWriter, r *http.Request, next ht
 		// The client went away (WithCancelOnDisconnect): not the store's failure, and
 		// no handler runs for a gone client.
 		m.writeProblem(w, http.StatusServiceUnavailable, m.problems.storeDown, max(m.storeRetryAfter, 1))
-		ev.Decision, ev.Status = StoreError, http.StatusServiceUnavailable
+		ev.Decision, ev.Status = ClientGone, http.StatusServiceUnavailable
 	case m.failOpen:
 		m.storeFailed(ctx, err)
 		m.logger.LogAttrs(ctx, slog.LevelDebug, "idempotency store failed; running the handler unprotected (fail open)",
@@ -224,7 +224,7 @@ func (m *Middleware) decide(w http.ResponseWriter, r *http.Request, next http.Ha
 	ctx, id, res := r.Context(), a.id, a.res
 	switch res.Outcome {
 	case store.Completed:
-		m.replay(w, r, res.Record)
+		m.replay(w, c, r, res.Record)
 		m.observe(ctx, Event{Decision: Replayed, ID: id, Status: res.Record.Status, StoreLatency: a.latency, CompletedAt: res.Record.CompletedAt, Waited: a.waited})
 	case store.InFlight:
 		m.writeProblem(w, http.StatusConflict, m.problems.inFlight, m.inFlightRetryAfter(route, res.RetryAfter))
@@ -241,10 +241,11 @@ func (m *Middleware) decide(w http.ResponseWriter, r *http.Request, next http.Ha
 }
 
 // replay writes a stored response: status, stored headers, the replay mark, the
-// exact body bytes.
-func (m *Middleware) replay(w http.ResponseWriter, r *http.Request, rec *store.Record) {
+// exact body bytes. The header values are copied (copyRecordHeader), then given
+// to the WithOnReplay hook, if any.
+func (m *Middleware) replay(w http.ResponseWriter, c *call, r *http.Request, rec *store.Record) {
 	h := w.Header()
-	m.replayHeader(h, r, rec) // through the WithOnReplay hook, if any
+	m.replayHeader(h, c, r, rec)
 	h[m.replayedHeader] = m.trueVal
 	if rec.BodyOmitted {
 		h[m.omittedHeader] = m.omitVal
@@ -255,21 +256,59 @@ func (m *Middleware) replay(w http.ResponseWriter, r *http.Request, rec *store.R
 	}
 }
 
+// copyRecordHeader sets rec's headers in h, their values copied
+// (c.headerValues): a record is shared by every replay of its key (store/memory
+// keeps the one it returns), and an outer middleware or the replay hook that
+// edits a value in place must not change the next replay.
+func (c *call) copyRecordHeader(h http.Header, rec *store.Record) {
+	n := 0
+	for _, v := range rec.Header {
+		n += len(v)
+	}
+	vals := c.headerValues(n)
+	for k, v := range rec.Header {
+		i := len(vals)
+		vals = append(vals, v...)
+		h[k] = vals[i:len(vals):len(vals)] // an append reallocates, never overwrites the next header's
+	}
+}
+
+// valueChunk is how many header values a call's chunk holds (see headerValues).
+const valueChunk = 64
+
+// headerValues returns an empty array for n header values of a replay, carved
+// from c's current chunk, which is never handed out twice: the values a replay
+// sends alias neither the record nor any other replay's (an outer middleware may
+// keep them past the request), at one allocation per valueChunk values.
+func (c *call) headerValues(n int) []string {
+	if n > valueChunk/4 {
+		return make([]string, 0, n)
+	}
+	if cap(c.values)-len(c.values) < n {
+		c.values = make([]string, 0, valueChunk)
+	}
+	i := len(c.values)
+	c.values = c.values[:i+n]
+	return c.values[i : i : i+n]
+}
+
 // handlerRequest returns the request the handler sees: the key in its context
 // (KeyFromContext), the claim when it runs under one (ClaimFromContext; cl is
 // then the call) and, as its body, the bytes the middleware read.
 //
 // Under a claim the context is detached from the client's connection unless
 // WithCancelOnDisconnect is on: a hang-up must not stop a side effect half way.
-// A lost lease cancels it, with cause store.ErrLeaseLost (package claim).
+// A lost lease cancels it, with cause store.ErrLeaseLost (package claim: the
+// claim's context cancels itself when detached).
 func (c *call) handlerRequest(r *http.Request, cl0 Claim, cl *call, body []byte) *http.Request {
 	parent := r.Context()
 	var exec *claim.Execution
 	if cl != nil {
-		if !c.m.cancelOnGone {
-			parent = context.WithoutCancel(parent)
+		if c.m.cancelOnGone {
+			parent, cl.cancelLost = context.WithCancelCause(parent)
+		} else {
+			parent = context.WithoutCancel(parent) // the claim's context cancels itself on a lost lease
 		}
-		parent, cl.cancelLost = context.WithCancelCause(parent)
 		exec = &cl.exec
 	}
 	hr := &handlerReq{}

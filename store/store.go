@@ -190,6 +190,21 @@ type ClaimRequest struct {
 	// Retention is how long the record (in flight or completed) lives before the
 	// key becomes new again. Positive, and at least Lease.
 	Retention time.Duration
+	// Token is the fencing token the claim holds if it is Claimed (ClaimResult.Token
+	// is then this token). The caller generates it (NewToken) before the send, so a
+	// claim whose answer was lost (a timeout) can still be released, fenced by it,
+	// once the store answers again (package claim does). Zero: the store generates
+	// one.
+	Token Token
+}
+
+// ClaimToken returns the token a claim of r holds: r.Token, or a new one when it
+// is zero. Backends call it once per Claim.
+func (r ClaimRequest) ClaimToken() Token {
+	if r.Token.IsZero() {
+		return NewToken()
+	}
+	return r.Token
 }
 
 // Outcome is the answer to a claim.

@@ -160,9 +160,10 @@ func (m *Observer) Observe(_ context.Context, e middleware.Event) {
 	case middleware.Mismatch:
 		m.mismatches.Inc()
 	}
-	// A full store (StoreFull) answered: counted by its decision, not as a failure.
+	// A full store (StoreFull) answered, and a client's hang-up (ClientGone) is no
+	// store failure: counted by their decisions only.
 	if e.Decision == middleware.StoreError || e.Decision == middleware.FailOpen ||
-		e.Err != nil && e.Decision != middleware.StoreFull && !errors.Is(e.Err, store.ErrLeaseLost) {
+		e.Err != nil && e.Decision != middleware.StoreFull && e.Decision != middleware.ClientGone && !errors.Is(e.Err, store.ErrLeaseLost) {
 		m.storeErrors.Inc()
 	}
 	if e.Takeover {

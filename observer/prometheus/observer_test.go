@@ -34,6 +34,7 @@ func TestObserver(t *testing.T) {
 		{Decision: middleware.Executed, Err: errors.New("complete failed"), CompleteRetries: 3},
 		{Decision: middleware.LeaseLost, Err: store.ErrLeaseLost},                            // not a store failure
 		{Decision: middleware.StoreFull, Err: store.ErrFull, StoreLatency: time.Microsecond}, // nor is this
+		{Decision: middleware.ClientGone, Err: context.Canceled},                             // nor is a client's hang-up
 		{Decision: middleware.PassThrough},
 		{Decision: middleware.KeyMissing},
 		{Decision: middleware.Decision(200)}, // a decision this build does not know
@@ -52,6 +53,7 @@ func TestObserver(t *testing.T) {
 		"idemkey_decisions_total/fail_open":        0,
 		"idemkey_decisions_total/store_full":       1,
 		"idemkey_store_latency_seconds/store_full": 1,
+		"idemkey_decisions_total/client_gone":      1,
 		"idemkey_decisions_total/unknown":          1,
 		"idemkey_store_latency_seconds/executed":   3,
 		"idemkey_store_latency_seconds/replayed":   1,

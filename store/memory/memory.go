@@ -221,7 +221,7 @@ func (s *Store) Claim(ctx context.Context, req store.ClaimRequest) (store.ClaimR
 			return store.ClaimResult{Outcome: store.InFlight, RetryAfter: time.Duration(e.until - at)}, nil
 		}
 		// The holder's lease expired before it completed: take over.
-		e.token = store.NewToken()
+		e.token = req.ClaimToken()
 		e.until = at + int64(req.Lease)
 		sh.setExpiry(e, at+int64(req.Retention))
 		return store.ClaimResult{Outcome: store.Claimed, Token: e.token, Takeover: true}, nil
@@ -233,7 +233,7 @@ func (s *Store) Claim(ctx context.Context, req store.ClaimRequest) (store.ClaimR
 		id:          req.ID,
 		hash:        h,
 		next:        head,
-		token:       store.NewToken(),
+		token:       req.ClaimToken(),
 		fingerprint: req.Fingerprint,
 		until:       at + int64(req.Lease),
 		expiresAt:   at + int64(req.Retention),

@@ -34,7 +34,7 @@ func (s *Store) Claim(ctx context.Context, req store.ClaimRequest) (store.ClaimR
 	if err != nil {
 		return store.ClaimResult{}, fmt.Errorf("idemkey/mysql: claim: %w", err)
 	}
-	tok := store.NewToken()
+	tok := req.ClaimToken()
 	scope, key, fp := bytesOf(req.Scope), bytesOf(req.Key), req.Fingerprint[:]
 	for attempt := range claimAttempts {
 		if attempt > 0 {

@@ -269,7 +269,7 @@ func (s *Store) claimLoop(req store.ClaimRequest, op string,
 	if err := req.Validate(); err != nil {
 		return store.ClaimResult{}, err
 	}
-	tok := store.NewToken()
+	tok := req.ClaimToken()
 	args := claimArgs(req, tok)
 	for n := range claimAttempts {
 		if n > 0 {

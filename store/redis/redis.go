@@ -70,7 +70,7 @@ func (s *Store) Claim(ctx context.Context, req store.ClaimRequest) (store.ClaimR
 	if err := req.Validate(); err != nil {
 		return store.ClaimResult{}, err
 	}
-	tok := store.NewToken()
+	tok := req.ClaimToken()
 	v, err := s.eval(ctx, "claim", claimScript, req.ID,
 		req.Fingerprint[:], tok[:], codec.Millis(req.Lease), codec.Millis(req.Retention))
 	if err != nil {

@@ -77,6 +77,7 @@ var cases = []struct {
 	run  func(t *testing.T, s *suite)
 }{
 	{"FirstClaim", testFirstClaim},
+	{"GivenTokenHeld", testGivenToken},
 	{"ReplayAfterComplete", testReplayAfterComplete},
 	{"InFlightDuplicate", testInFlightDuplicate},
 	{"MismatchInFlight", testMismatchInFlight},
@@ -219,6 +220,38 @@ func testFirstClaim(t *testing.T, s *suite) {
 	}
 	if res.Record != nil {
 		t.Error("claimed answer carries a record")
+	}
+}
+
+// testGivenToken: a claim holds the token its request carries (generated before
+// the send, so a claim whose answer was lost can be released by it), on a new key
+// and on a takeover alike.
+func testGivenToken(t *testing.T, s *suite) {
+	id := newID(t)
+	r := req(id, fpA)
+	r.Token = store.NewToken()
+	if res := s.claim(t, r); res.Outcome != store.Claimed || res.Token != r.Token {
+		t.Fatalf("claim with token %v: %+v, want claimed holding that token", r.Token, res)
+	}
+	if err := s.Store.Release(s.ctx, id, r.Token); err != nil {
+		t.Fatalf("release with the given token: %v", err)
+	}
+	r.Token = store.NewToken()
+	if res := s.claim(t, r); res.Outcome != store.Claimed || res.Token != r.Token {
+		t.Fatalf("claim after release with token %v: %+v, want that token", r.Token, res)
+	}
+	s.Wait(Lease + slack) // the lease ends: the next claim takes over
+	taken := r
+	taken.Token = store.NewToken()
+	res := s.claim(t, taken)
+	if res.Outcome != store.Claimed || !res.Takeover || res.Token != taken.Token {
+		t.Fatalf("takeover with token %v: %+v, want a takeover holding that token", taken.Token, res)
+	}
+	if err := s.Store.Release(s.ctx, id, r.Token); !errors.Is(err, store.ErrLeaseLost) {
+		t.Fatalf("release by the taken-over token: %v, want ErrLeaseLost", err)
+	}
+	if err := s.Store.Renew(s.ctx, id, taken.Token, Lease); err != nil {
+		t.Fatalf("renew with the takeover's given token: %v", err)
 	}
 }
 

@@ -6,25 +6,34 @@ import (
 	"fmt"
 	"log/slog"
 	"sync/atomic"
+	"time"
 
 	"github.com/idemkey/idemkey/store"
 )
 
 var _ store.Pinger = (*Store)(nil)
 
-// health is the fast path's outage state: down from an outage's first cache
-// error to the next cache call that succeeds.
+// health is the fast path's outage state: down (Stats.Degraded, counted in
+// Stats.Outages) from an outage's first cache error to the next cache call that
+// succeeds; its log lines follow the same rule as the middleware's store outage
+// lines (store.OutageLog): a start, a summary every minute while it lasts, and an
+// end only once the cache has gone store.OutageQuiet without an error, so a
+// flapping cache is one outage in the log.
 type health struct {
 	logger  *slog.Logger // nil: slog.Default()
 	down    atomic.Bool
 	outages atomic.Int64
+	log     store.OutageLog
+	now     func() time.Time // nil: time.Now (tests set it)
 }
 
 // WithLogger sets the logger of the fast path's outage lines (default
 // slog.Default()): one warning when Redis starts failing ("tiered: redis fast path
-// down, serving from the backstop alone", with the operation and the error) and
-// one info line when a Redis call succeeds again ("tiered: redis fast path
-// recovered"), however many requests meet the outage in between.
+// down, serving from the backstop alone", with the operation and the error), a
+// warning with the counts every minute while it goes on, and one info line when
+// a Redis call succeeds store.OutageQuiet (5 s) or more after the last error
+// ("tiered: redis fast path recovered", with the errors counted and the outage's
+// length), however many requests meet the outage in between.
 func WithLogger(l *slog.Logger) Option { return func(s *Store) { s.health.logger = l } }
 
 func (s *Store) log() *slog.Logger {
@@ -34,23 +43,41 @@ func (s *Store) log() *slog.Logger {
 	return slog.Default()
 }
 
-// outage records a cache error that means the cache is down or hung; the first one of
-// an outage is logged.
-func (s *Store) outage(op Op, err error) {
-	if s.health.down.Load() || !s.health.down.CompareAndSwap(false, true) {
-		return
+func (s *Store) now() time.Time {
+	if s.health.now != nil {
+		return s.health.now()
 	}
-	s.health.outages.Add(1)
-	s.log().Warn("tiered: redis fast path down, serving from the backstop alone", "op", op, "err", err)
+	return time.Now()
 }
 
-// recovered records a cache call that succeeded; the first one after an outage is
-// logged. One atomic load when the fast path is up.
+// outage records a cache error that means the cache is down or hung: the first
+// one of a run counts an outage; the log follows store.OutageLog.
+func (s *Store) outage(op Op, err error) {
+	if !s.health.down.Load() && s.health.down.CompareAndSwap(false, true) {
+		s.health.outages.Add(1)
+	}
+	switch l := s.health.log.Failed(s.now()); {
+	case l.Start:
+		s.log().Warn("tiered: redis fast path down, serving from the backstop alone", "op", op, "err", err)
+	case l.Summary:
+		s.log().Warn("tiered: redis fast path still down, serving from the backstop alone",
+			"op", op, "errors", l.Failures, "for", l.For, "err", err)
+	}
+}
+
+// recovered records a cache call that succeeded: the fast path is up again, and
+// the outage's end is logged once the cache has gone store.OutageQuiet without
+// an error. Two atomic loads when the fast path is up.
 func (s *Store) recovered() {
-	if !s.health.down.Load() || !s.health.down.CompareAndSwap(true, false) {
+	if s.health.down.Load() {
+		s.health.down.Store(false)
+	}
+	if !s.health.log.Down() {
 		return
 	}
-	s.log().Info("tiered: redis fast path recovered")
+	if l := s.health.log.Succeeded(s.now()); l.End {
+		s.log().Info("tiered: redis fast path recovered", "errors", l.Failures, "outage", l.For)
+	}
 }
 
 // Ping implements store.Pinger: the backstop decides readiness, the cache only

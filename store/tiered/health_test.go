@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"strings"
 	"sync"
@@ -11,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemkey/idemkey/internal/testclock"
 	"github.com/idemkey/idemkey/store"
 	"github.com/idemkey/idemkey/store/memory"
 	"github.com/idemkey/idemkey/store/tiered"
@@ -94,13 +96,16 @@ func newTiered(t testing.TB, fast tiered.Cache, back store.Store, opts ...tiered
 
 // TestOutageLoggedOnce: however many claims meet a Redis outage, concurrently and
 // with no cooldown to spare Redis the calls, the store logs one warning when it
-// starts and one info line when a Redis call succeeds again, counts one outage,
-// and every claim is still answered by the backstop.
+// starts and one info line when a Redis call succeeds store.OutageQuiet after
+// the last error, counts one outage, and every claim is still answered by the
+// backstop.
 func TestOutageLoggedOnce(t *testing.T) {
 	var logs syncBuffer
 	cache := &fakeCache{}
+	clock := testclock.New(time.Unix(1_700_000_000, 0))
 	s := newTiered(t, cache, memory.New(), tiered.WithCooldown(0),
 		tiered.WithLogger(slog.New(slog.NewTextHandler(&logs, nil))))
+	tiered.SetClock(s, clock.Now)
 
 	claim(t, s, "before")
 	cache.down.Store(true)
@@ -114,6 +119,10 @@ func TestOutageLoggedOnce(t *testing.T) {
 	}
 	cache.down.Store(false)
 	claim(t, s, "after-1")
+	if n := len(logs.lines()); n != 1 {
+		t.Errorf("%d lines at the first success after the errors, want the start only (the end waits for the quiet period)", n)
+	}
+	clock.Add(store.OutageQuiet)
 	claim(t, s, "after-2")
 	if st := s.Stats(); st.Degraded || st.Outages != 1 {
 		t.Errorf("after the outage: %+v, want not degraded, 1 outage", st)
@@ -129,9 +138,38 @@ func TestOutageLoggedOnce(t *testing.T) {
 	cache.down.Store(true)
 	claim(t, s, "second")
 	cache.down.Store(false)
+	clock.Add(store.OutageQuiet)
 	claim(t, s, "second-after")
 	if n := len(logs.lines()); n != 4 || s.Stats().Outages != 2 {
 		t.Errorf("after a second outage: %d lines, %d outages; want 4 and 2", n, s.Stats().Outages)
+	}
+}
+
+// TestFlappingCacheIsOneOutage: a cache that fails every other call is one
+// outage in the log, as the middleware's store outage is (store.OutageLog): its
+// start once, and its end only after the cache has answered for
+// store.OutageQuiet without an error, with the errors counted and the whole
+// outage's length.
+func TestFlappingCacheIsOneOutage(t *testing.T) {
+	var logs syncBuffer
+	cache := &fakeCache{}
+	clock := testclock.New(time.Unix(1_700_000_000, 0))
+	s := newTiered(t, cache, memory.New(), tiered.WithCooldown(0),
+		tiered.WithLogger(slog.New(slog.NewTextHandler(&logs, nil))))
+	tiered.SetClock(s, clock.Now)
+	for i := range 20 {
+		cache.down.Store(i%2 == 0)
+		claim(t, s, fmt.Sprint("flap-", i))
+		clock.Add(100 * time.Millisecond)
+	}
+	if lines := logs.lines(); len(lines) != 1 || !strings.Contains(lines[0], "fast path down") {
+		t.Fatalf("log of a flapping cache:\n%s\nwant the start only", strings.Join(lines, "\n"))
+	}
+	clock.Add(store.OutageQuiet)
+	claim(t, s, "back")
+	lines := logs.lines()
+	if len(lines) != 2 || !strings.Contains(lines[1], "recovered") || !strings.Contains(lines[1], "outage=7s") {
+		t.Fatalf("log after a quiet period:\n%s\nwant the start, then the end with the outage's length (7 s)", strings.Join(lines, "\n"))
 	}
 }
 
