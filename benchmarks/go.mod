@@ -9,8 +9,8 @@ replace github.com/idemkey/idemkey/store/postgres => ../store/postgres
 require (
 	github.com/gofiber/fiber/v2 v2.52.15
 	github.com/gofiber/fiber/v3 v3.1.0
-	github.com/idemkey/idemkey v0.0.0-00010101000000-000000000000
-	github.com/idemkey/idemkey/store/postgres v0.0.0-00010101000000-000000000000
+	github.com/idemkey/idemkey v0.1.0
+	github.com/idemkey/idemkey/store/postgres v0.1.0
 	github.com/jackc/pgx/v5 v5.13.0
 	github.com/valyala/fasthttp v1.78.0
 )
