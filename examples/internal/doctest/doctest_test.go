@@ -39,7 +39,7 @@ const top = "../../.."
 var (
 	marker  = regexp.MustCompile("(?m)^<!-- doctest: (.+?) -->\n```console\n((?s:.*?))```\n")
 	assign  = regexp.MustCompile(`^[A-Z_]+=\S+$`)
-	goRunRe = regexp.MustCompile(`(?m)^\$ ((?:[A-Z_]+=\S+ )*)go run \./examples/(\S+)`)
+	goRunRe = regexp.MustCompile(`(?m)^(?:\$ )?((?:[A-Z_]+=\S+ )*)go run \./examples/(\S+)`)
 )
 
 // block is one annotated console block.
@@ -65,6 +65,12 @@ func TestDocSessions(t *testing.T) {
 	docs, _ := filepath.Glob(filepath.Join(top, "docs", "*.md"))
 	docs = append([]string{filepath.Join(top, "README.md")}, docs...)
 	bins := map[string]string{}
+	build := func(example string) string { // in t's directory: kept for every document
+		if bins[example] == "" {
+			bins[example] = proctest.Build(t, "../../"+example, example)
+		}
+		return bins[example]
+	}
 	found := 0
 	for _, doc := range docs {
 		b, err := os.ReadFile(doc)
@@ -76,7 +82,7 @@ func TestDocSessions(t *testing.T) {
 			continue
 		}
 		found += len(blocks)
-		t.Run(filepath.Base(doc), func(t *testing.T) { runDoc(t, string(b), blocks, bins) })
+		t.Run(filepath.Base(doc), func(t *testing.T) { runDoc(t, string(b), blocks, build) })
 	}
 	if found < 5 {
 		t.Fatalf("found %d annotated sessions, want the README's and the walkthrough's", found)
@@ -110,7 +116,7 @@ type server struct {
 	held *pending // the last backgrounded command
 }
 
-func runDoc(t *testing.T, doc string, blocks []block, bins map[string]string) {
+func runDoc(t *testing.T, doc string, blocks []block, build func(string) string) {
 	servers := map[string]*server{}
 	var vars []string
 	for _, b := range blocks {
@@ -119,7 +125,7 @@ func runDoc(t *testing.T, doc string, blocks []block, bins map[string]string) {
 		}
 		srv := servers[b.example]
 		if srv == nil || b.fresh {
-			srv = startExample(t, b, bins)
+			srv = startExample(t, b, build(b.example))
 			servers[b.example] = srv
 		}
 		for _, c := range parseCommands(b.text) {
@@ -149,12 +155,7 @@ func checkGoRunLine(t *testing.T, doc string, b block) {
 	t.Errorf("doctest %s: no `go run ./examples/%s` printed before the block", b.example, b.example)
 }
 
-func startExample(t *testing.T, b block, bins map[string]string) *server {
-	bin := bins[b.example]
-	if bin == "" {
-		bin = proctest.Build(t, "../../"+b.example, b.example)
-		bins[b.example] = bin
-	}
+func startExample(t *testing.T, b block, bin string) *server {
 	srv := &server{}
 	env := []string{"ADDR=127.0.0.1:0", "IDEM_STORE=memory", "PROJECTION=memory", "CELERIANT_ADDR="}
 	for _, kv := range b.env {
