@@ -20,13 +20,13 @@ require (
 	github.com/chromedp/chromedp v0.23.0
 	github.com/go-sql-driver/mysql v1.10.1
 	github.com/google/uuid v1.6.0
-	github.com/idemkey/idemkey v0.0.0-00010101000000-000000000000
-	github.com/idemkey/idemkey/celeriant v0.0.0-00010101000000-000000000000
-	github.com/idemkey/idemkey/middleware/echo v0.0.0-00010101000000-000000000000
-	github.com/idemkey/idemkey/observer/prometheus v0.0.0-00010101000000-000000000000
-	github.com/idemkey/idemkey/store/mysql v0.0.0-00010101000000-000000000000
-	github.com/idemkey/idemkey/store/postgres v0.0.0-00010101000000-000000000000
-	github.com/idemkey/idemkey/store/redis v0.0.0-00010101000000-000000000000
+	github.com/idemkey/idemkey v0.1.0
+	github.com/idemkey/idemkey/celeriant v0.1.0
+	github.com/idemkey/idemkey/middleware/echo v0.1.0
+	github.com/idemkey/idemkey/observer/prometheus v0.1.0
+	github.com/idemkey/idemkey/store/mysql v0.1.0
+	github.com/idemkey/idemkey/store/postgres v0.1.0
+	github.com/idemkey/idemkey/store/redis v0.1.0
 	github.com/jackc/pgx/v5 v5.13.0
 	github.com/jackc/puddle/v2 v2.2.3
 	github.com/labstack/echo/v4 v4.16.5

@@ -1,4 +1,4 @@
-// Package readmetest holds tests only: they keep the README's snippets equal to
-// the compiled files they mirror, and the OpenAPI fragment (docs) in step with
-// the middleware's headers and problem codes.
+// Package readmetest holds tests only: they keep the snippets of README.md and
+// docs/*.md equal to the compiled files they mirror, and the OpenAPI fragment (docs)
+// in step with the middleware's headers and problem codes.
 package readmetest

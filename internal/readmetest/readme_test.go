@@ -14,25 +14,33 @@ const top = "../.."
 
 var snippet = regexp.MustCompile("(?s)<!-- snippet: (\\S+) -->\n```go\n(.*?)```\n")
 
-// TestReadmeSnippetsCompile: every README snippet marked with its file is that
-// file byte for byte (the files are compiled and vetted with their modules), and
-// every such file appears in the README.
+// TestReadmeSnippetsCompile: every snippet of README.md and docs/*.md marked with its
+// file is that file byte for byte (the files are compiled and vetted with their
+// modules), and every such file appears in one of them.
 func TestReadmeSnippetsCompile(t *testing.T) {
-	readme, err := os.ReadFile(filepath.Join(top, "README.md"))
+	pages, err := filepath.Glob(filepath.Join(top, "docs", "*.md"))
 	if err != nil {
 		t.Fatal(err)
 	}
+	pages = append([]string{filepath.Join(top, "README.md")}, pages...)
 	shown := map[string]bool{}
-	for _, m := range snippet.FindAllStringSubmatch(string(readme), -1) {
-		path, text := m[1], m[2]
-		shown[path] = true
-		file, err := os.ReadFile(filepath.Join(top, path))
+	for _, page := range pages {
+		text, err := os.ReadFile(page)
 		if err != nil {
-			t.Errorf("README snippet of %s: %v", path, err)
-			continue
+			t.Fatal(err)
 		}
-		if string(file) != text {
-			t.Errorf("README snippet of %s differs from the file; copy the file into the README", path)
+		name, _ := filepath.Rel(top, page)
+		for _, m := range snippet.FindAllStringSubmatch(string(text), -1) {
+			path, body := m[1], m[2]
+			shown[path] = true
+			file, err := os.ReadFile(filepath.Join(top, path))
+			if err != nil {
+				t.Errorf("%s: snippet of %s: %v", name, path, err)
+				continue
+			}
+			if string(file) != body {
+				t.Errorf("%s: snippet of %s differs from the file; copy the file into the page", name, path)
+			}
 		}
 	}
 	files, err := filepath.Glob(filepath.Join(top, "*", "*", "internal", "readme", "main.go"))
@@ -41,13 +49,13 @@ func TestReadmeSnippetsCompile(t *testing.T) {
 	}
 	more, _ := filepath.Glob(filepath.Join(top, "*", "internal", "readme", "main.go"))
 	files = append(files, more...)
-	if len(files) < 6 {
-		t.Fatalf("found %d snippet files, want net/http, chi, echo v4, echo v5, gin and the client: %v", len(files), files)
+	if len(files) < 7 {
+		t.Fatalf("found %d snippet files, want net/http, chi, echo v4, echo v5, gin, the client and the in-transaction handler: %v", len(files), files)
 	}
 	for _, f := range files {
 		rel, _ := filepath.Rel(top, f)
 		if !shown[filepath.ToSlash(rel)] {
-			t.Errorf("%s is not shown in the README", rel)
+			t.Errorf("%s is not shown in README.md or docs/", rel)
 		}
 	}
 }

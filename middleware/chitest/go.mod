@@ -4,6 +4,6 @@ go 1.26.0
 
 replace github.com/idemkey/idemkey => ../..
 
-require github.com/idemkey/idemkey v0.0.0-00010101000000-000000000000
+require github.com/idemkey/idemkey v0.1.0
 
 require github.com/go-chi/chi/v5 v5.5.0

@@ -4,7 +4,7 @@ go 1.26.0
 
 replace github.com/idemkey/idemkey => ../..
 
-require github.com/idemkey/idemkey v0.0.0-00010101000000-000000000000
+require github.com/idemkey/idemkey v0.1.0
 
 require (
 	github.com/labstack/echo/v5 v5.4.6

@@ -5,8 +5,8 @@ go 1.26.0
 replace github.com/idemkey/idemkey => ../..
 
 require (
-	github.com/idemkey/idemkey v0.0.0-00010101000000-000000000000
-	github.com/idemkey/idemkey/store/postgres v0.0.0-00010101000000-000000000000
+	github.com/idemkey/idemkey v0.1.0
+	github.com/idemkey/idemkey/store/postgres v0.1.0
 	github.com/jackc/pgx/v5 v5.13.0
 	google.golang.org/genproto/googleapis/rpc v0.0.0-20261110000943-09e21b237f2c
 	google.golang.org/grpc v1.85.0

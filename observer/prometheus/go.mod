@@ -5,7 +5,7 @@ go 1.26.0
 replace github.com/idemkey/idemkey => ../..
 
 require (
-	github.com/idemkey/idemkey v0.0.0-00010101000000-000000000000
+	github.com/idemkey/idemkey v0.1.0
 	github.com/prometheus/client_golang v1.25.0
 )
 

@@ -6,7 +6,7 @@ replace github.com/idemkey/idemkey => ../..
 
 require (
 	github.com/go-sql-driver/mysql v1.10.1
-	github.com/idemkey/idemkey v0.0.0-00010101000000-000000000000
+	github.com/idemkey/idemkey v0.1.0
 )
 
 require filippo.io/edwards25519 v1.2.0 // indirect

@@ -23,7 +23,9 @@ import (
 // handler's own transaction: the charge row and the record commit together, so a
 // crash can never leave one without the other, and a handler whose lease was taken
 // over cannot commit its charge (CommitResponse returns store.ErrLeaseLost and rolls
-// back). It needs a server (DATABASE_URL; it uses a schema of its own and drops it).
+// back). It needs a server (DATABASE_URL; it uses a schema of its own and drops it),
+// so go test compiles it without running it (a test without Postgres must skip, and
+// an example cannot); TestCommitResponseThroughMiddleware tests the same flow.
 func ExampleStore_CommitResponse() {
 	ctx := context.Background()
 	pool, err := pgxpool.New(ctx, os.Getenv("DATABASE_URL"))
@@ -91,8 +93,8 @@ func ExampleStore_CommitResponse() {
 	var n int
 	pool.QueryRow(ctx, `SELECT count(*) FROM `+charges).Scan(&n)
 	fmt.Println("charges:", n)
-	// Output:
-	// 201  {"charge":1}
-	// 201 true {"charge":1}
-	// charges: 1
+	// It prints:
+	//	201  {"charge":1}
+	//	201 true {"charge":1}
+	//	charges: 1
 }

@@ -1,4 +1,4 @@
-// Command readme is the README's client snippet, kept compiling.
+// Command readme is the client snippet of docs/adapters.md, kept compiling.
 package main
 
 import (

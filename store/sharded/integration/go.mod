@@ -7,8 +7,8 @@ replace github.com/idemkey/idemkey => ../../..
 replace github.com/idemkey/idemkey/store/postgres => ../../postgres
 
 require (
-	github.com/idemkey/idemkey v0.0.0-00010101000000-000000000000
-	github.com/idemkey/idemkey/store/postgres v0.0.0-00010101000000-000000000000
+	github.com/idemkey/idemkey v0.1.0
+	github.com/idemkey/idemkey/store/postgres v0.1.0
 	github.com/jackc/pgx/v5 v5.13.0
 )
 

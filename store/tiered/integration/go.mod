@@ -11,10 +11,10 @@ replace github.com/idemkey/idemkey/store/redis => ../../redis
 replace github.com/idemkey/idemkey/store/mysql => ../../mysql
 
 require (
-	github.com/idemkey/idemkey v0.0.0-00010101000000-000000000000
-	github.com/idemkey/idemkey/store/mysql v0.0.0-00010101000000-000000000000
-	github.com/idemkey/idemkey/store/postgres v0.0.0-00010101000000-000000000000
-	github.com/idemkey/idemkey/store/redis v0.0.0-00010101000000-000000000000
+	github.com/idemkey/idemkey v0.1.0
+	github.com/idemkey/idemkey/store/mysql v0.1.0
+	github.com/idemkey/idemkey/store/postgres v0.1.0
+	github.com/idemkey/idemkey/store/redis v0.1.0
 	github.com/jackc/pgx/v5 v5.13.0
 	github.com/redis/go-redis/v9 v9.23.0
 )

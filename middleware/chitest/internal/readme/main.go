@@ -1,4 +1,4 @@
-// Command readme is the README's chi snippet, kept compiling.
+// Command readme is the chi snippet of docs/adapters.md, kept compiling.
 package main
 
 import (

@@ -1,4 +1,4 @@
-// Command readme is the README's echo v4 snippet, kept compiling.
+// Command readme is the echo v4 snippet of docs/adapters.md, kept compiling.
 package main
 
 import (

@@ -1,4 +1,4 @@
-// Command readme is the README's gin snippet, kept compiling.
+// Command readme is the gin snippet of docs/adapters.md, kept compiling.
 package main
 
 import (
