@@ -22,5 +22,5 @@ func main() {
 		w.WriteHeader(http.StatusCreated)
 		fmt.Fprintf(w, "payment %s charged once\n", id.Key)
 	})
-	log.Fatal(http.ListenAndServe("127.0.0.1:8080", m.Handler(mux)))
+	log.Fatal(http.ListenAndServe("127.0.0.1:8081", m.Handler(mux)))
 }
