@@ -8,12 +8,12 @@ import (
 )
 
 // Claim is the claim a protected request's handler runs under (package claim);
-// its Retention is what the middleware gives Store.Complete (WithRetention).
+// its Retention is what the middleware gives Store.Complete (RetentionRule.Default).
 type Claim = claim.Claim
 
 // ErrNoClaim is returned by MarkCompleted when the context carries no claim: the
 // request was not protected, passed through without a key, ran unprotected
-// (WithFailOpen), or its handler has already returned (claim.ErrNoClaim).
+// (StoreFailureRule.FailOpen), or its handler has already returned (claim.ErrNoClaim).
 var ErrNoClaim = claim.ErrNoClaim
 
 // ClaimFromContext returns the claim the handler of the request whose context ctx

@@ -39,7 +39,7 @@ func TestMarkCompleted(t *testing.T) {
 		calls  int
 		events []Event
 	)
-	m, err := New(ns, GlobalScope, WithRetention(time.Hour), WithClock(&fakeClock{}), WithLogger(discardLogger()),
+	m, err := New(ns, GlobalScope, WithRecordRetention(RetentionRule{Default: time.Hour}), WithClock(&fakeClock{}), WithLogger(discardLogger()),
 		WithObserver(ObserverFunc(func(_ context.Context, ev Event) { events = append(events, ev) })))
 	if err != nil {
 		t.Fatal(err)
@@ -220,7 +220,7 @@ func TestMarkCompletedNeverReleases(t *testing.T) {
 			mem := memory.New()
 			ns := &notifyStore{hookStore: hookStore{Store: mem}}
 			var events []Event
-			m, err := New(ns, GlobalScope, WithClock(&fakeClock{}), WithLogger(discardLogger()), WithMaxStoredBody(4),
+			m, err := New(ns, GlobalScope, WithClock(&fakeClock{}), WithLogger(discardLogger()), WithReplay(ReplayRule{MaxBody: 4}),
 				WithObserver(ObserverFunc(func(_ context.Context, ev Event) { events = append(events, ev) })))
 			if err != nil {
 				t.Fatal(err)
@@ -298,11 +298,11 @@ func TestStoreTimeouts(t *testing.T) {
 		want      map[string]time.Duration
 	}{
 		{"defaults", false, nil, map[string]time.Duration{"claim": d, "complete": d, "release": d, "renew": d}},
-		{"zero fields", false, []Option{WithStoreTimeouts(StoreTimeouts{})}, map[string]time.Duration{"claim": d, "complete": d, "release": d, "renew": d}},
+		{"zero fields", false, []Option{WithStoreFailure(StoreFailureRule{Timeouts: StoreTimeouts{}})}, map[string]time.Duration{"claim": d, "complete": d, "release": d, "renew": d}},
 		{"short lease", false, []Option{WithLease(3 * time.Second)}, map[string]time.Duration{"claim": d, "complete": d, "release": d, "renew": time.Second}},
-		{"some set", false, []Option{WithStoreTimeouts(StoreTimeouts{Claim: time.Second, Renew: 2 * time.Second})},
+		{"some set", false, []Option{WithStoreFailure(StoreFailureRule{Timeouts: StoreTimeouts{Claim: time.Second, Renew: 2 * time.Second}})},
 			map[string]time.Duration{"claim": time.Second, "complete": d, "release": d, "renew": 2 * time.Second}},
-		{"in process", true, []Option{WithStoreTimeouts(StoreTimeouts{Claim: time.Second})},
+		{"in process", true, []Option{WithStoreFailure(StoreFailureRule{Timeouts: StoreTimeouts{Claim: time.Second}})},
 			map[string]time.Duration{"claim": 0, "complete": 0, "release": 0, "renew": 0}},
 	}
 	for _, tt := range tests {

@@ -1,8 +1,10 @@
 package middleware_test
 
 import (
+	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -10,6 +12,7 @@ import (
 
 	"github.com/idemkey/idemkey/fingerprint"
 	"github.com/idemkey/idemkey/middleware"
+	"github.com/idemkey/idemkey/store"
 	"github.com/idemkey/idemkey/store/memory"
 )
 
@@ -28,12 +31,12 @@ func send(h http.Handler, key, body string, header ...string) *httptest.Response
 
 // A client that stamps each try with the time it was sent is still recognised:
 // the fingerprint covers only the members that decide the payment.
-func ExampleWithFingerprint() {
+func ExampleWithRequestFingerprint() {
 	rule, err := fingerprint.OnlyJSONFields("/amountCents", "/to")
 	if err != nil {
 		panic(err)
 	}
-	m, _ := middleware.New(memory.New(), middleware.GlobalScope, middleware.WithFingerprint(rule))
+	m, _ := middleware.New(memory.New(), middleware.GlobalScope, middleware.WithRequestFingerprint(middleware.FingerprintRule{Body: rule}))
 	h := m.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusCreated) }))
 	for _, body := range []string{
 		`{"amountCents":500,"to":"acc-2","sentAt":"10:00:00"}`,
@@ -51,28 +54,33 @@ func ExampleWithFingerprint() {
 	// 400 replayed=""
 }
 
-// The replay carries this request's own request id; the stored headers and
-// body are the first response's.
-func ExampleWithOnReplay() {
+// The replay carries this request's own request id, and only the stored
+// headers of the allow list; the stored body is the first response's.
+func ExampleWithReplay() {
 	replays := 0
-	m, _ := middleware.New(memory.New(), middleware.GlobalScope, middleware.WithOnReplay(func(r *http.Request, h http.Header) {
-		replays++
-		h.Set("X-Request-Id", r.Header.Get("X-Request-Id"))
+	m, _ := middleware.New(memory.New(), middleware.GlobalScope, middleware.WithReplay(middleware.ReplayRule{
+		Headers: []string{"Location"},
+		OnReplay: func(r *http.Request, h http.Header) {
+			replays++
+			h.Set("X-Request-Id", r.Header.Get("X-Request-Id"))
+		},
 	}))
 	h := m.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Location", "/payments/1")
+		w.Header().Set("X-Debug", "not replayed")
 		w.WriteHeader(http.StatusCreated)
 	}))
 	send(h, "k-1", "{}", "X-Request-Id", "req-1")
 	w := send(h, "k-1", "{}", "X-Request-Id", "req-2")
-	fmt.Println(w.Code, w.Header().Get("Location"), w.Header().Get("X-Request-Id"), replays)
-	// Output: 201 /payments/1 req-2 1
+	fmt.Printf("%d %s %s %q %d\n", w.Code, w.Header().Get("Location"), w.Header().Get("X-Request-Id"), w.Header().Get("X-Debug"), replays)
+	// Output: 201 /payments/1 req-2 "" 1
 }
 
 // Keys must be UUIDs; anything else is refused before any work, with the
-// validator's text as the problem's detail.
-func ExampleWithKeyValidator() {
-	m, _ := middleware.New(memory.New(), middleware.GlobalScope, middleware.WithKeyValidator(middleware.UUIDKeys))
+// validator's text as the problem's detail. The header and whether a key is
+// required are the other fields of the rule.
+func ExampleWithKey() {
+	m, _ := middleware.New(memory.New(), middleware.GlobalScope, middleware.WithKey(middleware.KeyRule{Validate: middleware.UUIDKeys}))
 	h := m.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusCreated) }))
 	fmt.Println(send(h, "order-42", "{}").Code)
 	fmt.Println(send(h, `"8e03978e-40d5-43e8-bc93-6894a57f9324"`, "{}").Code)
@@ -82,7 +90,7 @@ func ExampleWithKeyValidator() {
 		}
 		return nil
 	}
-	m2, _ := middleware.New(memory.New(), middleware.GlobalScope, middleware.WithKeyValidator(short))
+	m2, _ := middleware.New(memory.New(), middleware.GlobalScope, middleware.WithKey(middleware.KeyRule{Validate: short}))
 	w := send(m2.Handler(http.NotFoundHandler()), "abc", "{}")
 	fmt.Println(w.Code, strings.Contains(w.Body.String(), `"detail":"an idempotency key has at least 16 characters"`))
 	// Output:
@@ -93,9 +101,9 @@ func ExampleWithKeyValidator() {
 
 // Problems link to your own documentation, in their type and, for the draft's
 // error scenarios, a Link field.
-func ExampleWithProblemTypeBase() {
+func ExampleWithProblems() {
 	m, _ := middleware.New(memory.New(), middleware.GlobalScope,
-		middleware.WithProblemTypeBase("https://api.example.com/problems/"))
+		middleware.WithProblems(middleware.ProblemRule{TypeBase: "https://api.example.com/problems/"}))
 	h := m.Handler(http.NotFoundHandler())
 	r := httptest.NewRequest("POST", "/payments", strings.NewReader("{}")) // no key
 	w := httptest.NewRecorder()
@@ -108,9 +116,9 @@ func ExampleWithProblemTypeBase() {
 }
 
 // A failed validation is kept ten minutes, a payment thirty days: the handler
-// decides, within the middleware's maximum.
-func ExampleSetRetention() {
-	m, _ := middleware.New(memory.New(), middleware.GlobalScope, middleware.WithMaxRetention(30*24*time.Hour))
+// decides (SetRetention), within the middleware's maximum.
+func ExampleWithRecordRetention() {
+	m, _ := middleware.New(memory.New(), middleware.GlobalScope, middleware.WithRecordRetention(middleware.RetentionRule{Max: 30 * 24 * time.Hour}))
 	h := m.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if !strings.Contains(r.Header.Get("Content-Type"), "json") {
 			middleware.SetRetention(r.Context(), 10*time.Minute)
@@ -127,5 +135,57 @@ func ExampleSetRetention() {
 	// Output:
 	// 422
 	// kept for 720h0m0s
+	// 201
+}
+
+// A 404 of the application is the result of the request and is replayed; a
+// 503 of a dependency releases the key, so the retry runs again. Here the
+// release rule also keeps a 502 (the payment provider answered, badly), and the
+// router's own 404 is stored like the application's.
+func ExampleWithRelease() {
+	status := http.StatusBadGateway
+	m, _ := middleware.New(memory.New(), middleware.GlobalScope, middleware.WithRelease(middleware.ReleaseRule{
+		Status:        func(s int) bool { return s != http.StatusBadGateway && middleware.DefaultReleasePolicy(s) },
+		StoreUnrouted: true,
+	}))
+	runs := 0
+	h := m.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		runs++
+		w.WriteHeader(status)
+	}))
+	send(h, "k-1", "{}")
+	fmt.Println(send(h, "k-1", "{}").Code, runs) // 502 stored: replayed
+	status = http.StatusServiceUnavailable
+	send(h, "k-2", "{}")
+	fmt.Println(send(h, "k-2", "{}").Code, runs) // 503 released: run again
+	// Output:
+	// 502 1
+	// 503 3
+}
+
+// downStore is a store that cannot answer.
+type downStore struct{ store.Store }
+
+func (downStore) Claim(context.Context, store.ClaimRequest) (store.ClaimResult, error) {
+	return store.ClaimResult{}, errors.New("connection refused")
+}
+
+// When the store cannot answer, the request is refused with 503 and a
+// Retry-After (fail closed); with FailOpen the handler runs unprotected.
+func ExampleWithStoreFailure() {
+	ok := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusCreated) })
+	quiet := middleware.WithLogger(slog.New(slog.DiscardHandler))
+	closed, _ := middleware.New(downStore{memory.New()}, middleware.GlobalScope, quiet,
+		middleware.WithStoreFailure(middleware.StoreFailureRule{
+			Timeouts:   middleware.StoreTimeouts{Claim: 2 * time.Second},
+			RetryAfter: 5 * time.Second,
+		}))
+	w := send(closed.Handler(ok), "k-1", "{}")
+	fmt.Println(w.Code, w.Header().Get("Retry-After"))
+	open, _ := middleware.New(downStore{memory.New()}, middleware.GlobalScope, quiet,
+		middleware.WithStoreFailure(middleware.StoreFailureRule{FailOpen: true}))
+	fmt.Println(send(open.Handler(ok), "k-1", "{}").Code)
+	// Output:
+	// 503 5
 	// 201
 }

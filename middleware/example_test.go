@@ -85,11 +85,11 @@ func ExampleUnrouted() {
 // Clients that read other members than code and detail get them on every
 // problem the middleware answers: here the "error" and "message" members of the
 // Celeriant reference's page.
-func ExampleWithProblemMembers() {
+func ExampleWithProblems_members() {
 	m, err := middleware.New(memory.New(), middleware.GlobalScope,
-		middleware.WithProblemMembers(func(code, detail string) map[string]any {
+		middleware.WithProblems(middleware.ProblemRule{Members: func(code, detail string) map[string]any {
 			return map[string]any{"error": strings.ToUpper(code), "message": detail}
-		}))
+		}}))
 	if err != nil {
 		panic(err)
 	}
@@ -98,4 +98,23 @@ func ExampleWithProblemMembers() {
 	fmt.Print(w.Code, " ", w.Body)
 	// Output:
 	// 400 {"type":"urn:idemkey:problem:idempotency_key_missing","title":"Idempotency-Key header missing","status":400,"detail":"This operation requires an Idempotency-Key header; send one and retry.","code":"idempotency_key_missing","error":"IDEMPOTENCY_KEY_MISSING","message":"This operation requires an Idempotency-Key header; send one and retry."}
+}
+
+// Only the methods named are protected: here PUT too, besides POST and PATCH.
+// A GET passes through, its key ignored.
+func ExampleWithMethods() {
+	runs := 0
+	m, err := middleware.New(memory.New(), middleware.GlobalScope,
+		middleware.WithMethods(http.MethodPost, http.MethodPatch, http.MethodPut))
+	if err != nil {
+		panic(err)
+	}
+	h := m.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { runs++ }))
+	for _, method := range []string{"PUT", "PUT", "GET", "GET"} {
+		r := httptest.NewRequest(method, "/accounts/1", strings.NewReader("{}"))
+		r.Header.Set("Idempotency-Key", `"k-1"`)
+		h.ServeHTTP(httptest.NewRecorder(), r)
+	}
+	fmt.Println("runs:", runs)
+	// Output: runs: 3
 }

@@ -22,7 +22,7 @@ type featureConfig struct {
 // featureState is what New derives from featureConfig.
 type featureState struct {
 	ruleChangedBody []byte // the 422 fingerprint_rule_changed problem
-	links           *links // Link field values, with WithProblemTypeBase
+	links           *links // Link field values, with ProblemRule.TypeBase
 }
 
 // initFeatures checks the feature options and renders what they need; New's

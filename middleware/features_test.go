@@ -26,7 +26,7 @@ func mustRule(t *testing.T) func(*fingerprint.Rule, error) *fingerprint.Rule {
 }
 
 func TestFingerprintRuleIgnoresVolatileMembers(t *testing.T) {
-	e := newEnv(t, echoHandler, WithFingerprint(mustRule(t)(fingerprint.OnlyJSONFields("/amount", "/to"))))
+	e := newEnv(t, echoHandler, WithRequestFingerprint(FingerprintRule{Body: mustRule(t)(fingerprint.OnlyJSONFields("/amount", "/to"))}))
 	first := e.do(req("POST", "/payments?dry=0", "k1", `{"amount":5,"to":"a","sentAt":"10:00"}`))
 	if first.Code != http.StatusCreated {
 		t.Fatalf("first: %d %s", first.Code, first.Body)
@@ -43,7 +43,7 @@ func TestFingerprintRuleIgnoresVolatileMembers(t *testing.T) {
 }
 
 func TestFingerprintRuleRefusesNonJSON(t *testing.T) {
-	e := newEnv(t, echoHandler, WithFingerprint(mustRule(t)(fingerprint.IgnoreJSONFields("/sentAt"))))
+	e := newEnv(t, echoHandler, WithRequestFingerprint(FingerprintRule{Body: mustRule(t)(fingerprint.IgnoreJSONFields("/sentAt"))}))
 	for _, body := range []string{"amount=5", "", `{"amount":5`} {
 		p := checkProblem(t, e.do(req("POST", "/payments", "k1", body)), http.StatusBadRequest, CodeBodyNotJSON)
 		if !strings.Contains(p.Detail, "invalid JSON body at byte") {
@@ -77,7 +77,7 @@ func TestFingerprintRuleChanged(t *testing.T) {
 		}
 		return m.Handler(handler)
 	}
-	plain, withOnly, withIgnore := mw(mem), mw(mem, WithFingerprint(only)), mw(mem, WithFingerprint(ignore))
+	plain, withOnly, withIgnore := mw(mem), mw(mem, WithRequestFingerprint(FingerprintRule{Body: only})), mw(mem, WithRequestFingerprint(FingerprintRule{Body: ignore}))
 	do := func(h http.Handler, key string) *httptest.ResponseRecorder {
 		w := httptest.NewRecorder()
 		h.ServeHTTP(w, req("POST", "/payments", key, `{"amount":5}`))
@@ -93,7 +93,7 @@ func TestFingerprintRuleChanged(t *testing.T) {
 		t.Fatalf("same rule: %d", w.Code)
 	}
 	// Without an Inspector the two cannot be told apart: the plain 422, still no replay.
-	checkProblem(t, do(mw(notInspector{mem}, WithFingerprint(ignore)), "a"), http.StatusUnprocessableEntity, CodeMismatch)
+	checkProblem(t, do(mw(notInspector{mem}, WithRequestFingerprint(FingerprintRule{Body: ignore})), "a"), http.StatusUnprocessableEntity, CodeMismatch)
 	if calls != 2 {
 		t.Fatalf("handler ran %d times, want 2", calls)
 	}
@@ -106,14 +106,14 @@ func TestOnReplayHook(t *testing.T) {
 		w.Header().Set("Content-Type", "text/plain")
 		w.WriteHeader(http.StatusCreated)
 		w.Write([]byte("body"))
-	}, WithOnReplay(func(r *http.Request, h http.Header) {
+	}, WithReplay(ReplayRule{OnReplay: func(r *http.Request, h http.Header) {
 		hooked = append(hooked, r.Header.Get("X-Request-Id"))
 		h.Set("X-Request-Id", r.Header.Get("X-Request-Id"))
 		h["X-Stored"][0] = "scribbled" // in place: must not reach the record
 		h.Add("X-Stored", "more")
 		h.Set("Content-Length", "999")
 		h.Del(DefaultReplayedHeader)
-	}))
+	}}))
 	if w := e.do(req("POST", "/p", "k1", "", "X-Request-Id", "r1")); w.Code != http.StatusCreated || w.Header().Get("X-Request-Id") != "" {
 		t.Fatalf("first: %d %v", w.Code, w.Header())
 	}
@@ -174,7 +174,7 @@ func TestReplayWithoutHookAllocatesNothing(t *testing.T) {
 }
 
 func TestKeyValidator(t *testing.T) {
-	e := newEnv(t, echoHandler, WithKeyValidator(UUIDKeys))
+	e := newEnv(t, echoHandler, WithKey(KeyRule{Validate: UUIDKeys}))
 	p := checkProblem(t, e.do(req("POST", "/p", "order-42", "x")), http.StatusBadRequest, CodeKeyInvalid)
 	if p.Detail != errNotUUID.Error() {
 		t.Errorf("detail %q, want the validator's text", p.Detail)
@@ -185,12 +185,12 @@ func TestKeyValidator(t *testing.T) {
 	if w := e.do(req("POST", "/p", `"8E03978E-40d5-43e8-bc93-6894a57f9324"`, "x")); w.Code != http.StatusCreated || e.calls.Load() != 1 {
 		t.Fatalf("UUID key: %d, %d calls", w.Code, e.calls.Load())
 	}
-	custom := newEnv(t, echoHandler, WithKeyValidator(func(key string) error {
+	custom := newEnv(t, echoHandler, WithKey(KeyRule{Validate: func(key string) error {
 		if len(key) < 16 {
 			return errors.New("keys are at least 16 characters")
 		}
 		return nil
-	}))
+	}}))
 	if p := checkProblem(t, custom.do(req("POST", "/p", "short", "x")), http.StatusBadRequest, CodeKeyInvalid); p.Detail != "keys are at least 16 characters" {
 		t.Errorf("detail %q", p.Detail)
 	}
@@ -216,7 +216,7 @@ func TestUUIDKeys(t *testing.T) {
 func TestProblemTypeBase(t *testing.T) {
 	const base = "https://api.example.com/problems/"
 	e := newEnv(t, func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusCreated) },
-		WithProblemTypeBase(base), WithFingerprint(mustRule(t)(fingerprint.OnlyJSONFields("/a"))))
+		WithProblems(ProblemRule{TypeBase: base}), WithRequestFingerprint(FingerprintRule{Body: mustRule(t)(fingerprint.OnlyJSONFields("/a"))}))
 	e.do(req("POST", "/p", "k1", `{"a":1}`))
 	for _, tc := range []struct {
 		r      *http.Request
@@ -261,8 +261,8 @@ func TestProblemTypeBaseInFlightAndRuleChanged(t *testing.T) {
 		w.WriteHeader(http.StatusCreated)
 	})
 	m1, _ := New(mem, GlobalScope, WithLogger(discardLogger()))
-	m2, err := New(mem, GlobalScope, WithLogger(discardLogger()), WithProblemTypeBase(base),
-		WithFingerprint(mustRule(t)(fingerprint.OnlyJSONFields("/a"))))
+	m2, err := New(mem, GlobalScope, WithLogger(discardLogger()), WithProblems(ProblemRule{TypeBase: base}),
+		WithRequestFingerprint(FingerprintRule{Body: mustRule(t)(fingerprint.OnlyJSONFields("/a"))}))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -289,19 +289,19 @@ func TestProblemTypeBaseInFlightAndRuleChanged(t *testing.T) {
 
 func TestNewRefusesFeatureOptions(t *testing.T) {
 	for name, opt := range map[string]Option{
-		"relative base":       WithProblemTypeBase("/problems/"),
-		"base with fragment":  WithProblemTypeBase("https://x.example/p#"),
-		"base with space":     WithProblemTypeBase("https://x.example/a b/"),
-		"base with quote":     WithProblemTypeBase(`https://x.example/"/`),
-		"max under retention": WithMaxRetention(time.Hour),
-		"negative max":        WithMaxRetention(-time.Hour),
-		"zero rule":           WithFingerprint(&fingerprint.Rule{}),
+		"relative base":       WithProblems(ProblemRule{TypeBase: "/problems/"}),
+		"base with fragment":  WithProblems(ProblemRule{TypeBase: "https://x.example/p#"}),
+		"base with space":     WithProblems(ProblemRule{TypeBase: "https://x.example/a b/"}),
+		"base with quote":     WithProblems(ProblemRule{TypeBase: `https://x.example/"/`}),
+		"max under retention": WithRecordRetention(RetentionRule{Max: time.Hour}),
+		"negative max":        WithRecordRetention(RetentionRule{Max: -time.Hour}),
+		"zero rule":           WithRequestFingerprint(FingerprintRule{Body: &fingerprint.Rule{}}),
 	} {
 		if _, err := New(memory.New(), GlobalScope, opt); err == nil {
 			t.Errorf("%s: New accepted it", name)
 		}
 	}
-	if _, err := New(memory.New(), GlobalScope, WithProblemTypeBase("urn:example:problem:"), WithMaxRetention(48*time.Hour)); err != nil {
+	if _, err := New(memory.New(), GlobalScope, WithProblems(ProblemRule{TypeBase: "urn:example:problem:"}), WithRecordRetention(RetentionRule{Max: 48 * time.Hour})); err != nil {
 		t.Errorf("valid options refused: %v", err)
 	}
 }

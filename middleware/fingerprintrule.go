@@ -9,7 +9,7 @@ import (
 	"github.com/idemkey/idemkey/store"
 )
 
-// Problem codes of the fingerprint rules (WithFingerprint).
+// Problem codes of the fingerprint rules (FingerprintRule.Body).
 const (
 	// CodeBodyNotJSON: 400, the operation fingerprints JSON members
 	// (fingerprint.OnlyJSONFields, IgnoreJSONFields) and the request body is not
@@ -24,26 +24,6 @@ const (
 	CodeRuleChanged = "fingerprint_rule_changed"
 )
 
-// WithFingerprint fingerprints request bodies under rule (fingerprint.Rule:
-// OnlyJSONFields, IgnoreJSONFields, NewRule) instead of their raw bytes or their
-// canonical JSON form (WithCanonicalJSON is then ignored); the method, route,
-// query and Content-Encoding stay in the fingerprint. A client that adds a
-// volatile member (a timestamp, a trace id) is then recognised as the same
-// request, and a change in a member the rule keeps is still 422.
-//
-// A body the rule cannot read (not JSON, under a JSON rule; empty or compressed
-// bodies included) is answered 400 request_body_not_json, nothing stored.
-//
-// The rule's identity is recorded in each fingerprint. Changing the rule of a
-// route (another rule, a rule where there was none) never replays a record made
-// under the old rule, and never runs the handler again for its key: a request
-// whose key has such a record is answered 422 fingerprint_rule_changed (the
-// safer of the two choices for payments: a re-run could charge twice). Records
-// made under the old rule end with their retention. A route that drops its
-// rule answers 422 key_reused_with_different_payload for them. Nil: no rule.
-// See docs/request-rules.md section 1.
-func WithFingerprint(rule *fingerprint.Rule) Option { return func(c *config) { c.fpRule = rule } }
-
 // refuseBody answers 400 request_body_not_json for a body the rule cannot read.
 func (m *Middleware) refuseBody(w http.ResponseWriter, ctx context.Context, id store.ID, err error) {
 	m.writeProblem(w, http.StatusBadRequest, problem{Title: "Request body is not JSON",
@@ -56,7 +36,7 @@ func (m *Middleware) refuseBody(w http.ResponseWriter, ctx context.Context, id s
 // mismatchBody returns the body of a 422 for a key whose claim was a mismatch:
 // fingerprint_rule_changed when the store shows the stored fingerprint was made
 // under another rule than the middleware's, else key_reused_with_different_payload.
-// Only with a rule (WithFingerprint) and a store.Inspector: one more round trip,
+// Only with a rule (FingerprintRule.Body) and a store.Inspector: one more round trip,
 // on the mismatch path only, bounded like a claim; a failure gives the plain
 // mismatch.
 func (m *Middleware) mismatchBody(parent context.Context, id store.ID) []byte {

@@ -174,15 +174,16 @@ func TestShortBodyAgainstContentLengthReleases(t *testing.T) {
 	}
 }
 
-// The 503 of a failing store always carries Retry-After, at least 1 second.
+// The 503 of a failing store always carries Retry-After, at least 1 second (a
+// negative one makes New fail: TestNewRefusesInvalidRules).
 func TestStoreErrorRetryAfterAtLeastOneSecond(t *testing.T) {
-	for _, d := range []time.Duration{0, -time.Second, time.Millisecond} {
-		e := newEnv(t, echoHandler, WithStoreRetryAfter(d))
+	for _, d := range []time.Duration{0, time.Millisecond} {
+		e := newEnv(t, echoHandler, WithStoreFailure(StoreFailureRule{RetryAfter: d}))
 		e.st.claimErr = errors.New("down")
 		w := e.do(req("POST", "/x", "k", "b"))
 		checkProblem(t, w, http.StatusServiceUnavailable, CodeStoreUnavailable)
 		if got := w.Header().Get("Retry-After"); got != "1" {
-			t.Errorf("WithStoreRetryAfter(%v): Retry-After %q, want 1", d, got)
+			t.Errorf("WithStoreFailure(StoreFailureRule{RetryAfter: %v}): Retry-After %q, want 1", d, got)
 		}
 	}
 }
@@ -262,7 +263,7 @@ func TestHostileKeys(t *testing.T) {
 // Bodies at and around the fingerprint limit, with and without Content-Length.
 func TestBodyLimitEdges(t *testing.T) {
 	const limit = 64
-	e := newEnv(t, echoHandler, WithMaxRequestBody(limit))
+	e := newEnv(t, echoHandler, WithRequestFingerprint(FingerprintRule{MaxBody: limit}))
 	srv := httptest.NewServer(e.h)
 	defer srv.Close()
 	for i, tt := range []struct {
@@ -480,7 +481,7 @@ func TestHangUpDuringClaim(t *testing.T) {
 			logs := &logRecorder{}
 			var events []Event
 			var runs atomic.Int32
-			m, err := New(bs, GlobalScope, WithClock(&fakeClock{}), WithLogger(slog.New(logs)), WithFailOpen(true),
+			m, err := New(bs, GlobalScope, WithClock(&fakeClock{}), WithLogger(slog.New(logs)), WithStoreFailure(StoreFailureRule{FailOpen: true}),
 				WithCancelOnDisconnect(cancelOnGone), WithObserver(ObserverFunc(func(_ context.Context, ev Event) { events = append(events, ev) })))
 			if err != nil {
 				t.Fatal(err)

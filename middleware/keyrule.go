@@ -9,7 +9,7 @@ import (
 // errNotUUID is UUIDKeys' error; its text is the detail of the 400.
 var errNotUUID = errors.New("the key must be a UUID in its 36-character text form (RFC 9562 section 4), e.g. 8e03978e-40d5-43e8-bc93-6894a57f9324")
 
-// UUIDKeys is a key validator (WithKeyValidator) that accepts only UUIDs in
+// UUIDKeys is a key validator (KeyRule.Validate) that accepts only UUIDs in
 // their text form: 32 hexadecimal digits, either case, in groups of 8, 4, 4, 4
 // and 12 joined by '-' (RFC 9562 section 4), of any version or variant; the
 // IETF draft's examples use such keys. Any other key is refused with an error
@@ -32,19 +32,6 @@ func UUIDKeys(key string) error {
 		}
 	}
 	return nil
-}
-
-// WithKeyValidator adds a rule on keys, applied after ParseKey accepted the
-// key: a key validate refuses is answered 400 idempotency_key_invalid with the
-// error's text as the problem's detail (so write it for the client: say what
-// a key must look like), nothing stored, the handler not run. UUIDKeys is one
-// such rule. The IETF draft asks servers to publish their key format and
-// validate every key against it (draft-ietf-httpapi-idempotency-key-header-07,
-// section 5). validate runs on each protected request with a key, concurrently,
-// before the claim. Nil: no rule beyond ParseKey's. See docs/request-rules.md
-// section 3.
-func WithKeyValidator(validate func(key string) error) Option {
-	return func(c *config) { c.keyValidator = validate }
 }
 
 // refuseKey answers 400 idempotency_key_invalid for a key the validator refused.

@@ -29,9 +29,9 @@
 //	                                            bound 409 as above
 //	same key, other fingerprint               422 key_reused_with_different_payload
 //	same key, record made under another        422 fingerprint_rule_changed
-//	  fingerprint rule (WithFingerprint)
+//	  fingerprint rule (FingerprintRule.Body)
 //	body not JSON under a JSON rule            400 request_body_not_json
-//	key refused by WithKeyValidator            400 idempotency_key_invalid
+//	key refused by KeyRule.Validate            400 idempotency_key_invalid
 //	handler answers 5xx/408/409/425/429,      release the claim, then send the
 //	  panics (re-panicked) or hijacks           response (held until released, so an
 //	                                            immediate retry runs, never a 409)
@@ -51,7 +51,7 @@
 //	                                          omitted; replay adds
 //	                                          "Idempotency-Replay: omitted"
 //	store error or hung store (no answer      503 store_unavailable, Retry-After
-//	  within the claim bound, 5 s)              (or run unprotected with WithFailOpen);
+//	  within the claim bound, 5 s)              (or run unprotected with StoreFailureRule.FailOpen);
 //	                                          logged once per outage (its start, a
 //	                                          count every minute, its end), each
 //	                                          request at debug level
@@ -86,7 +86,7 @@
 //     scope and key, so a second append is refused by the log.
 //
 // For every handler: a client hang-up does not cancel it (WithCancelOnDisconnect),
-// each store call has a deadline (WithStoreTimeouts), and a failed completion is
+// each store call has a deadline (StoreFailureRule.Timeouts), and a failed completion is
 // retried while the lease is held, so none of these runs a request twice.
 //
 // # Adapters
@@ -156,7 +156,7 @@ func (c *keyCtx) Value(k any) any {
 // that the middleware releases the request's key instead of storing that answer:
 // the client's corrected request with the same key then runs. A handler's own
 // 404 is the application's answer and stays replayable (see
-// WithReleasePolicy).
+// ReleaseRule.Status).
 //
 // An *http.ServeMux passed directly to Handler needs no wrapping for its 404 and
 // 405: the middleware reads the Pattern the mux sets on the request, empty when
@@ -236,7 +236,7 @@ const preRetryAfter = 120
 // negative body limits or store timeouts, a renewal timeout longer than the lease,
 // no protected method, a header name or method that is not an RFC 9110 token, a
 // negative wait bound, or problem members that cannot be rendered
-// (WithProblemMembers).
+// (ProblemRule.Members).
 func New(s store.Store, scope ScopeFunc, opts ...Option) (*Middleware, error) {
 	if s == nil {
 		return nil, errors.New("idemkey/middleware: nil store")

@@ -36,23 +36,20 @@ func TestNewRequiresStoreAndScope(t *testing.T) {
 		{"zero lease", st, GlobalScope, []Option{WithLease(0)}},
 		{"lease of 1ns", st, GlobalScope, []Option{WithLease(time.Nanosecond)}},
 		{"lease under MinLease", st, GlobalScope, []Option{WithLease(MinLease - time.Millisecond)}},
-		{"retention below lease", st, GlobalScope, []Option{WithLease(time.Minute), WithRetention(time.Second)}},
-		{"negative body limit", st, GlobalScope, []Option{WithMaxStoredBody(-1)}},
-		{"empty header name", st, GlobalScope, []Option{WithKeyHeader("")}},
+		{"retention below lease", st, GlobalScope, []Option{WithLease(time.Minute), WithRecordRetention(RetentionRule{Default: time.Second})}},
+		{"negative body limit", st, GlobalScope, []Option{WithReplay(ReplayRule{MaxBody: -1})}},
 		// No request carries it: every client would get a 400 for a missing key.
-		{"key header with a space", st, GlobalScope, []Option{WithKeyHeader("Idempotency Key")}},
-		{"replayed header with a colon", st, GlobalScope, []Option{WithReplayedHeader("Replayed:")}},
-		{"nil release policy", st, GlobalScope, []Option{WithReleasePolicy(nil)}},
-		{"key header with a colon", st, GlobalScope, []Option{WithKeyHeader("Idempotency-Key:")}},
-		{"replayed header not a token", st, GlobalScope, []Option{WithReplayedHeader("Replayed\r\nX")}},
-		{"omitted header not a token", st, GlobalScope, []Option{WithOmittedHeader("a b")}},
+		{"key header with a space", st, GlobalScope, []Option{WithKey(KeyRule{Header: "Idempotency Key"})}},
+		{"replayed header with a colon", st, GlobalScope, []Option{WithReplay(ReplayRule{ReplayedHeader: "Replayed:"})}},
+		{"key header with a colon", st, GlobalScope, []Option{WithKey(KeyRule{Header: "Idempotency-Key:"})}},
+		{"replayed header not a token", st, GlobalScope, []Option{WithReplay(ReplayRule{ReplayedHeader: "Replayed\r\nX"})}},
+		{"omitted header not a token", st, GlobalScope, []Option{WithReplay(ReplayRule{OmittedHeader: "a b"})}},
 		{"no methods", st, GlobalScope, []Option{WithMethods()}},
 		{"empty method", st, GlobalScope, []Option{WithMethods("POST", "")}},
 		{"method with a space", st, GlobalScope, []Option{WithMethods("POST ")}},
-		{"negative store timeout", st, GlobalScope, []Option{WithStoreTimeouts(StoreTimeouts{Complete: -time.Second})}},
-		{"renewal timeout over the lease", st, GlobalScope, []Option{WithLease(time.Second), WithStoreTimeouts(StoreTimeouts{Renew: 2 * time.Second})}},
-		{"negative request body limit", st, GlobalScope, []Option{WithMaxRequestBody(-1)}},
-		{"nil route", st, GlobalScope, []Option{WithRoute(nil)}},
+		{"negative store timeout", st, GlobalScope, []Option{WithStoreFailure(StoreFailureRule{Timeouts: StoreTimeouts{Complete: -time.Second}})}},
+		{"renewal timeout over the lease", st, GlobalScope, []Option{WithLease(time.Second), WithStoreFailure(StoreFailureRule{Timeouts: StoreTimeouts{Renew: 2 * time.Second}})}},
+		{"negative request body limit", st, GlobalScope, []Option{WithRequestFingerprint(FingerprintRule{MaxBody: -1})}},
 		{"nil clock", st, GlobalScope, []Option{WithClock(nil)}},
 	}
 	for _, tt := range tests {
@@ -65,10 +62,10 @@ func TestNewRequiresStoreAndScope(t *testing.T) {
 	}
 	for name, opts := range map[string][]Option{
 		"MinLease":                 {WithLease(MinLease)},
-		"retention equal to lease": {WithLease(time.Minute), WithRetention(time.Minute)},
-		"zero store timeouts":      {WithStoreTimeouts(StoreTimeouts{})},
-		"renewal timeout = lease":  {WithLease(time.Second), WithStoreTimeouts(StoreTimeouts{Renew: time.Second})},
-		"custom header names":      {WithKeyHeader("X-Idem-Key"), WithReplayedHeader("Idempotency-Replayed")},
+		"retention equal to lease": {WithLease(time.Minute), WithRecordRetention(RetentionRule{Default: time.Minute})},
+		"zero store timeouts":      {WithStoreFailure(StoreFailureRule{Timeouts: StoreTimeouts{}})},
+		"renewal timeout = lease":  {WithLease(time.Second), WithStoreFailure(StoreFailureRule{Timeouts: StoreTimeouts{Renew: time.Second}})},
+		"custom header names":      {WithKey(KeyRule{Header: "X-Idem-Key"}), WithReplay(ReplayRule{ReplayedHeader: "Idempotency-Replayed"})},
 	} {
 		if _, err := New(st, GlobalScope, opts...); err != nil {
 			t.Errorf("%s: %v", name, err)
@@ -126,7 +123,7 @@ func TestKeyMissingOptional(t *testing.T) {
 			t.Error("key in context without a key")
 		}
 		echoHandler(w, r)
-	}, WithKeyRequired(false))
+	}, WithKey(KeyRule{Optional: true}))
 	for range 2 {
 		if w := e.do(req("POST", "/x", "", "body")); w.Code != http.StatusCreated || w.Body.String() != "body" {
 			t.Fatalf("%d %q", w.Code, w.Body)
@@ -251,7 +248,7 @@ func TestQuotedAndBareKeyAreOneKey(t *testing.T) {
 }
 
 func TestKeyHeaderConfigurable(t *testing.T) {
-	e := newEnv(t, echoHandler, WithKeyHeader("x-request-key"))
+	e := newEnv(t, echoHandler, WithKey(KeyRule{Header: "x-request-key"}))
 	r := req("POST", "/x", "", "a", "X-Request-Key", "k")
 	e.do(r)
 	w := e.do(req("POST", "/x", "", "a", "X-Request-Key", "k"))
@@ -263,7 +260,7 @@ func TestKeyHeaderConfigurable(t *testing.T) {
 
 // Row: body larger than the fingerprint limit -> 413.
 func TestBodyTooLarge(t *testing.T) {
-	e := newEnv(t, echoHandler, WithMaxRequestBody(10))
+	e := newEnv(t, echoHandler, WithRequestFingerprint(FingerprintRule{MaxBody: 10}))
 	w := e.do(req("POST", "/x", "k", "0123456789A"))
 	checkProblem(t, w, http.StatusRequestEntityTooLarge, CodeRequestTooLarge)
 	r := req("POST", "/x", "k2", "0123456789A")
@@ -386,13 +383,13 @@ func TestReplayHeaderAllowAndDenyLists(t *testing.T) {
 		w.Header().Set("Set-Cookie", "c=1")
 		w.Write([]byte("ok"))
 	}
-	e := newEnv(t, handler, WithReplayHeaders("Content-Type", "set-cookie"))
+	e := newEnv(t, handler, WithReplay(ReplayRule{Headers: []string{"Content-Type", "set-cookie"}}))
 	e.do(req("POST", "/x", "k", ""))
 	h := e.do(req("POST", "/x", "k", "")).Header()
 	if h.Get("Content-Type") != "text/plain" || h.Get("X-App") != "" || h.Get("Set-Cookie") != "" {
 		t.Fatalf("allow list: %v", h)
 	}
-	e = newEnv(t, handler, WithDenyHeaders("x-secret"))
+	e = newEnv(t, handler, WithReplay(ReplayRule{DenyHeaders: []string{"x-secret"}}))
 	e.do(req("POST", "/x", "k", ""))
 	h = e.do(req("POST", "/x", "k", "")).Header()
 	if h.Get("X-App") != "a" || h.Get("X-Secret") != "" {
@@ -401,7 +398,7 @@ func TestReplayHeaderAllowAndDenyLists(t *testing.T) {
 }
 
 func TestReplayedHeaderConfigurable(t *testing.T) {
-	e := newEnv(t, echoHandler, WithReplayedHeader("Idempotency-Replayed"))
+	e := newEnv(t, echoHandler, WithReplay(ReplayRule{ReplayedHeader: "Idempotency-Replayed"}))
 	first := e.do(req("POST", "/echo", "k", "r"))
 	w := e.do(req("POST", "/echo", "k", "r"))
 	if first.Header().Get("Idempotency-Replayed") != "" || w.Header().Get("Idempotency-Replayed") != "true" ||
@@ -554,7 +551,7 @@ func TestCanonicalJSONOption(t *testing.T) {
 			return
 		}
 		w.Write(b)
-	}, WithCanonicalJSON(true))
+	}, WithRequestFingerprint(FingerprintRule{CanonicalJSON: true}))
 	first := e.do(req("POST", "/j", "k", `{"a":1,"b":[1,2]}`))
 	w := e.do(req("POST", "/j", "k", "{ \"b\": [1,2],\n \"a\": 1 }"))
 	if w.Header().Get(DefaultReplayedHeader) != "true" || w.Body.String() != first.Body.String() {
@@ -709,7 +706,7 @@ func TestReleaseAndStorePolicy(t *testing.T) {
 
 func TestReleasePolicyOption(t *testing.T) {
 	e := newEnv(t, func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(404) },
-		WithReleasePolicy(func(status int) bool { return status == 404 }))
+		WithRelease(ReleaseRule{Status: func(status int) bool { return status == 404 }}))
 	e.do(req("POST", "/s", "k", "b"))
 	e.do(req("POST", "/s", "k", "b"))
 	if e.calls.Load() != 2 {
@@ -813,7 +810,7 @@ func TestResponseOverCapStoredOmitted(t *testing.T) {
 }
 
 func TestStorageCapOption(t *testing.T) {
-	e := newEnv(t, func(w http.ResponseWriter, r *http.Request) { w.Write([]byte("12345")) }, WithMaxStoredBody(4))
+	e := newEnv(t, func(w http.ResponseWriter, r *http.Request) { w.Write([]byte("12345")) }, WithReplay(ReplayRule{MaxBody: 4}))
 	e.do(req("POST", "/c", "k", ""))
 	if w := e.do(req("POST", "/c", "k", "")); w.Body.Len() != 0 || w.Header().Get(DefaultOmittedHeader) != "omitted" {
 		t.Fatalf("%q", w.Body)
@@ -822,7 +819,7 @@ func TestStorageCapOption(t *testing.T) {
 
 // Row: store unreachable -> 503 with Retry-After (fail closed).
 func TestStoreErrorFailsClosed(t *testing.T) {
-	e := newEnv(t, echoHandler, WithStoreRetryAfter(2500*time.Millisecond))
+	e := newEnv(t, echoHandler, WithStoreFailure(StoreFailureRule{RetryAfter: 2500 * time.Millisecond}))
 	e.st.claimErr = errors.New("connection refused")
 	w := e.do(req("POST", "/x", "k", "b"))
 	checkProblem(t, w, http.StatusServiceUnavailable, CodeStoreUnavailable)
@@ -840,7 +837,7 @@ func TestStoreErrorFailsClosed(t *testing.T) {
 // reports a client mistake: 400, never 503, also when failing open.
 func TestStoreRefusesKey(t *testing.T) {
 	for _, failOpen := range []bool{false, true} {
-		e := newEnv(t, echoHandler, WithFailOpen(failOpen))
+		e := newEnv(t, echoHandler, WithStoreFailure(StoreFailureRule{FailOpen: failOpen}))
 		e.st.claimErr = fmt.Errorf("postgres: %w: scope and key over 2048 bytes", store.ErrInvalid)
 		w := e.do(req("POST", "/x", "k", "b"))
 		checkProblem(t, w, http.StatusBadRequest, CodeKeyInvalid)
@@ -898,7 +895,7 @@ func attr(r slog.Record, name string) string {
 func TestStoreOutageLoggedOnce(t *testing.T) {
 	for _, failOpen := range []bool{false, true} {
 		logs := &logRecorder{}
-		e := newEnv(t, echoHandler, WithLogger(slog.New(logs)), WithFailOpen(failOpen))
+		e := newEnv(t, echoHandler, WithLogger(slog.New(logs)), WithStoreFailure(StoreFailureRule{FailOpen: failOpen}))
 		level := slog.LevelError
 		if failOpen {
 			level = slog.LevelWarn
@@ -1003,7 +1000,7 @@ func TestStoreErrorFailOpen(t *testing.T) {
 			t.Error("key missing in fail-open context")
 		}
 		echoHandler(w, r)
-	}, WithFailOpen(true))
+	}, WithStoreFailure(StoreFailureRule{FailOpen: true}))
 	e.st.claimErr = errors.New("timeout")
 	if w := e.do(req("POST", "/x", "k", "b")); w.Code != http.StatusCreated || w.Body.String() != "b" {
 		t.Fatalf("%d %q", w.Code, w.Body)
@@ -1491,7 +1488,7 @@ func TestUnroutedReleases(t *testing.T) {
 		{"mux redirect to the cleaned path", newMux(), nil, req("POST", "/dir//a?q=1", "k", "x"), http.StatusMultipleChoices, true},
 		{"mux: handler's own redirect elsewhere", newMux(), nil, req("POST", "/dir/moved", "k", "x"), http.StatusMultipleChoices, false},
 		{"mux: handler's own 404", newMux(), nil, req("POST", "/items/1", "k", "x"), http.StatusNotFound, false},
-		{"mux 405, release off", newMux(), []Option{WithReleaseUnrouted(false)}, req("PATCH", "/echo", "k", "x"), http.StatusMethodNotAllowed, false},
+		{"mux 405, release off", newMux(), []Option{WithRelease(ReleaseRule{StoreUnrouted: true})}, req("PATCH", "/echo", "k", "x"), http.StatusMethodNotAllowed, false},
 		{"custom router, Unrouted 404", custom(), nil, req("POST", "/ech", "k", "x"), http.StatusNotFound, true},
 		{"custom router, handler's own 404", custom(), nil, req("POST", "/items/1", "k", "x"), http.StatusNotFound, false},
 		{"plain handler's 404 (no ServeMux)", http.NotFoundHandler(), nil, req("POST", "/echo", "k", "x"), http.StatusNotFound, false},

@@ -24,7 +24,7 @@ const (
 	// BodyTooLarge: the request body is over the limit; 413 request_too_large.
 	BodyTooLarge
 	// BodyUnreadable: reading the request body failed, 400 request_body_unreadable;
-	// or the fingerprint rule (WithFingerprint) could not read it, 400
+	// or the fingerprint rule (FingerprintRule.Body) could not read it, 400
 	// request_body_not_json.
 	BodyUnreadable
 	// Executed: the claim was won, the handler ran and its response was stored.
@@ -45,11 +45,11 @@ const (
 	Mismatch
 	// StoreError: the store failed; 503 store_unavailable (fail closed).
 	StoreError
-	// FailOpen: the store failed and the handler ran unprotected (WithFailOpen).
+	// FailOpen: the store failed and the handler ran unprotected (StoreFailureRule.FailOpen).
 	FailOpen
 	// StoreFull: the store is up but at its bound and refused to add the key
 	// (store.ErrFull, store/memory WithMaxBytes); 503 store_unavailable with
-	// Retry-After, even with WithFailOpen. Not a store outage: nothing is
+	// Retry-After, even with StoreFailureRule.FailOpen. Not a store outage: nothing is
 	// logged above debug level.
 	StoreFull
 	// ClientGone: the client went away before the store answered the claim

@@ -24,14 +24,6 @@ func ContextWithPrincipal(ctx context.Context, principal string) context.Context
 	return context.WithValue(ctx, principalKey{}, principal)
 }
 
-// WithPrincipal is ContextWithPrincipal, under the name it had among the
-// options although it is none.
-//
-// Deprecated: use ContextWithPrincipal.
-func WithPrincipal(ctx context.Context, principal string) context.Context {
-	return ContextWithPrincipal(ctx, principal)
-}
-
 // PrincipalFromContext returns the principal ContextWithPrincipal put in ctx; ok is false
 // when there is none (or it is empty).
 func PrincipalFromContext(ctx context.Context) (principal string, ok bool) {

@@ -58,7 +58,7 @@ type problem struct {
 }
 
 // render returns the problem's JSON body, with the extension members of
-// WithProblemMembers after the problem's own. A members function that fails on
+// ProblemRule.Members after the problem's own. A members function that fails on
 // this problem (New checked every code, with a sample detail for the variable
 // ones) gives the body without extension members: always a whole problem.
 func (p problem) render(style problemStyle) []byte {

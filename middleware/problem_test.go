@@ -13,7 +13,7 @@ import (
 	"github.com/idemkey/idemkey/store/memory"
 )
 
-// TestProblemMembers: with WithProblemMembers every problem the middleware
+// TestProblemMembers: with ProblemRule.Members every problem the middleware
 // answers carries the extra members (here the reference page's "error" and
 // "message") after its own five, which stay as they were.
 func TestProblemMembers(t *testing.T) {
@@ -21,8 +21,8 @@ func TestProblemMembers(t *testing.T) {
 		return map[string]any{"message": detail, "error": strings.ToUpper(code)}
 	}
 	hs := &hookStore{Store: memory.New()}
-	m, err := New(hs, ScopeFromHeader("X-Client-ID", "anonymous"), WithProblemMembers(members),
-		WithMaxRequestBody(8), WithLogger(discardLogger()))
+	m, err := New(hs, ScopeFromHeader("X-Client-ID", "anonymous"), WithProblems(ProblemRule{Members: members}),
+		WithRequestFingerprint(FingerprintRule{MaxBody: 8}), WithLogger(discardLogger()))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -95,7 +95,7 @@ func TestProblemMembersRefused(t *testing.T) {
 		"not JSON":                      func(string, string) map[string]any { return map[string]any{"f": func() {}} },
 		"panics":                        func(string, string) map[string]any { panic("boom") },
 	} {
-		if m, err := New(memory.New(), GlobalScope, WithProblemMembers(members)); err == nil || m != nil {
+		if m, err := New(memory.New(), GlobalScope, WithProblems(ProblemRule{Members: members})); err == nil || m != nil {
 			t.Errorf("%s: New = %v, %v; want an error", name, m, err)
 		}
 	}
@@ -103,7 +103,7 @@ func TestProblemMembersRefused(t *testing.T) {
 	for _, members := range []func(code, detail string) map[string]any{
 		nil, func(string, string) map[string]any { return nil }, func(string, string) map[string]any { return map[string]any{} },
 	} {
-		m, err := New(memory.New(), GlobalScope, WithProblemMembers(members))
+		m, err := New(memory.New(), GlobalScope, WithProblems(ProblemRule{Members: members}))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -134,7 +134,7 @@ func TestProblemMembersFailingLater(t *testing.T) {
 			return map[string]any{"error": "E"}
 		},
 	} {
-		m, err := New(memory.New(), GlobalScope, WithProblemMembers(members), WithMaxRequestBody(4))
+		m, err := New(memory.New(), GlobalScope, WithProblems(ProblemRule{Members: members}), WithRequestFingerprint(FingerprintRule{MaxBody: 4}))
 		if err != nil {
 			t.Fatalf("%s: New: %v", name, err)
 		}

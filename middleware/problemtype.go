@@ -7,28 +7,8 @@ import (
 	"net/url"
 )
 
-// WithProblemTypeBase makes the "type" of each problem the middleware answers
-// base followed by its code, e.g. with "https://api.example.com/problems/" the
-// 409 is of type "https://api.example.com/problems/request_in_flight", a page
-// your API documents (RFC 9457 section 3.1.1: a type URI should resolve to
-// human-readable documentation). Default: ProblemTypePrefix, a URN that does
-// not resolve.
-//
-// With a base, the problems of the IETF draft's error scenarios (the 400 of a
-// missing key, the 422 of a key reused, and the 409 of a request in flight,
-// draft-ietf-httpapi-idempotency-key-header-07 section 2.7, which shows each
-// with "Link: <documentation>; rel="describedby"") also carry
-// Link: <type>; rel="describedby" (RFC 8288), the same URI as their type; the
-// 422 fingerprint_rule_changed does too, as a key reused. Other problems have
-// no Link.
-//
-// New refuses a base that is not an absolute URI (RFC 3986 section 4.3: a
-// scheme, no fragment) or that holds a byte outside the URI characters. See
-// docs/request-rules.md section 4.
-func WithProblemTypeBase(base string) Option { return func(c *config) { c.typeBase = base } }
-
 // problemStyle says how problems are rendered: their extension members
-// (WithProblemMembers) and the start of their type (WithProblemTypeBase).
+// (ProblemRule.Members) and the start of their type (ProblemRule.TypeBase).
 type problemStyle struct {
 	members  func(code, detail string) map[string]any
 	typeBase string

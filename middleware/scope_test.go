@@ -49,8 +49,8 @@ func TestPrincipalNamedLikeTheUnauthenticated(t *testing.T) {
 		t.Run(unauth, func(t *testing.T) {
 			f := ScopeFromPrincipal(unauth)
 			none := req("POST", "/pay", "k1", "")
-			named := none.WithContext(WithPrincipal(none.Context(), unauth))
-			other := none.WithContext(WithPrincipal(none.Context(), "\x00"+unauth))
+			named := none.WithContext(ContextWithPrincipal(none.Context(), unauth))
+			other := none.WithContext(ContextWithPrincipal(none.Context(), "\x00"+unauth))
 			if f(none) != unauth {
 				t.Fatalf("no principal: scope %q, want %q", f(none), unauth)
 			}

@@ -174,7 +174,7 @@ func (m *Middleware) claimKey(ctx context.Context, c *call, id store.ID, fp stor
 }
 
 // claimFailed answers a claim the store refused or could not answer: 400 for a
-// key the store refuses, 503 (or the handler unprotected, WithFailOpen) for a
+// key the store refuses, 503 (or the handler unprotected, StoreFailureRule.FailOpen) for a
 // store failure. It reports whether it answered.
 func (m *Middleware) claimFailed(w http.ResponseWriter, r *http.Request, next http.Handler, c *call, body []byte, a answer) bool {
 	ctx, id, err := r.Context(), a.id, a.err
@@ -242,7 +242,7 @@ func (m *Middleware) decide(w http.ResponseWriter, r *http.Request, next http.Ha
 
 // replay writes a stored response: status, stored headers, the replay mark, the
 // exact body bytes. The header values are copied (copyRecordHeader), then given
-// to the WithOnReplay hook, if any.
+// to the ReplayRule.OnReplay hook, if any.
 func (m *Middleware) replay(w http.ResponseWriter, c *call, r *http.Request, rec *store.Record) {
 	h := w.Header()
 	m.replayHeader(h, c, r, rec)

@@ -41,7 +41,7 @@ const (
 // with back-off (1 ms doubling to 250 ms). A waiting duplicate makes one Wait
 // call and one more Claim per wake-up: a duplicate that waits for one completion
 // costs three store calls instead of one. Each Claim runs under the claim
-// timeout (WithStoreTimeouts); the wait itself is bounded by d, by the remaining
+// timeout (StoreFailureRule.Timeouts); the wait itself is bounded by d, by the remaining
 // lease and by the request's context (its deadline, its client leaving), not by
 // the store timeouts (docs/architecture.md section 3).
 func WithWaitInFlight(d time.Duration) Option { return func(c *config) { c.wait = d } }

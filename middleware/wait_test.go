@@ -371,13 +371,13 @@ func (h hangingReclaim) Claim(ctx context.Context, r store.ClaimRequest) (store.
 func (h hangingReclaim) InProcess() bool { return false }
 
 // TestWaitInFlightReclaimBounded: the claim after a wake-up runs under the claim
-// timeout (WithStoreTimeouts): a store that hangs then answers 503 within it.
+// timeout (StoreFailureRule.Timeouts): a store that hangs then answers 503 within it.
 func TestWaitInFlightReclaimBounded(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		st := hangingReclaim{&waitCounter{Store: memory.New()}}
 		gate := make(chan struct{})
 		m, err := New(st, GlobalScope, WithWaitInFlight(time.Minute), WithLogger(discardLogger()),
-			WithStoreTimeouts(StoreTimeouts{Claim: time.Second}))
+			WithStoreFailure(StoreFailureRule{Timeouts: StoreTimeouts{Claim: time.Second}}))
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -8,7 +8,7 @@ import (
 // Inspector is implemented by stores that let an operator look at, and remove, the
 // record of one key: store/memory, store/postgres, store/redis and store/tiered do.
 // It is optional: the middleware calls only Inspect, only to tell a fingerprint
-// rule change from another payload on a mismatch (middleware.WithFingerprint).
+// rule change from another payload on a mismatch (middleware.FingerprintRule.Body).
 // Each call is one round trip (one statement, one script), like the
 // transitions of Store.
 //

@@ -148,7 +148,7 @@ func BenchmarkIdemkey(b *testing.B) {
 		// "first" keeps every key of a run: a bound far above it (the default
 		// 64 MiB fills in a long run), still checked on every new key.
 		m, err := middleware.New(memory.New(memory.WithMaxBytes(1<<40)), middleware.ScopeFromHeader("X-Client-ID", "anonymous"),
-			middleware.WithRetention(lifetime), middleware.WithLogger(slog.New(slog.DiscardHandler)))
+			middleware.WithRecordRetention(middleware.RetentionRule{Default: lifetime}), middleware.WithLogger(slog.New(slog.DiscardHandler)))
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -263,7 +263,7 @@ func BenchmarkParts(b *testing.B) {
 	})
 	b.Run("nullstore/first", func(b *testing.B) {
 		m, err := middleware.New(nullStore{}, middleware.ScopeFromHeader("X-Client-ID", "anonymous"),
-			middleware.WithRetention(lifetime), middleware.WithLogger(slog.New(slog.DiscardHandler)))
+			middleware.WithRecordRetention(middleware.RetentionRule{Default: lifetime}), middleware.WithLogger(slog.New(slog.DiscardHandler)))
 		if err != nil {
 			b.Fatal(err)
 		}

@@ -78,12 +78,11 @@ func newHandler(env setup.Env, st store.Store, forget forgetFunc, logger *slog.L
 	f := makeFixture(forget)
 	opts := []middleware.Option{
 		middleware.WithLease(env.Lease),
-		middleware.WithRetention(env.Retention),
-		middleware.WithKeyRequired(true),
+		middleware.WithRecordRetention(middleware.RetentionRule{Default: env.Retention}),
 		middleware.WithLogger(logger),
 	}
 	if env.ReplayHeader != "" {
-		opts = append(opts, middleware.WithReplayedHeader(env.ReplayHeader))
+		opts = append(opts, middleware.WithReplay(middleware.ReplayRule{ReplayedHeader: env.ReplayHeader}))
 	}
 	idem, err := middleware.New(st, f.scope, opts...)
 	if err != nil {

@@ -66,12 +66,12 @@ func wire(ctx context.Context, env setup.Env, conns *setup.Conns, logger *slog.L
 
 	// Keys are scoped by the principal accountsapp.ClientID puts in the context.
 	idem, err := middleware.New(st, middleware.ScopeFromPrincipal(accountsapp.AnonymousScope),
-		middleware.WithLease(env.Lease), middleware.WithRetention(env.Retention),
+		middleware.WithLease(env.Lease), middleware.WithRecordRetention(middleware.RetentionRule{Default: env.Retention}),
 		// A retry racing the original waits for its answer (IDEM_WAIT, default 5s).
 		middleware.WithWaitInFlight(env.Wait),
 		// Its problems carry error and message too, as the API's own (the
 		// reference's page reads them).
-		middleware.WithProblemMembers(httpapi.ProblemMembers),
+		middleware.WithProblems(middleware.ProblemRule{Members: httpapi.ProblemMembers}),
 		middleware.WithObserver(observer), middleware.WithLogger(logger))
 	if err != nil {
 		return nil, nil, err

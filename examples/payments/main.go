@@ -130,7 +130,7 @@ func run(ctx context.Context, cfg config, stdout io.Writer, logger *slog.Logger)
 // the middleware.
 func newHandler(cfg config, a *api, logger *slog.Logger) (http.Handler, error) {
 	m, err := middleware.New(a.records, scope,
-		middleware.WithLease(cfg.lease), middleware.WithRetention(cfg.retention), middleware.WithLogger(logger))
+		middleware.WithLease(cfg.lease), middleware.WithRecordRetention(middleware.RetentionRule{Default: cfg.retention}), middleware.WithLogger(logger))
 	if err != nil {
 		return nil, err
 	}

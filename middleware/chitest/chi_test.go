@@ -66,7 +66,9 @@ func chiPattern(r *http.Request) string { return chi.RouteContext(r.Context()).R
 // path and with chi's pattern as the fingerprint's route.
 func TestDecisionTable(t *testing.T) {
 	t.Run("route=path", func(t *testing.T) { decisiontest.Run(t, newServer) })
-	t.Run("route=chi pattern", func(t *testing.T) { decisiontest.Run(t, newServer, middleware.WithRoute(chiPattern)) })
+	t.Run("route=chi pattern", func(t *testing.T) {
+		decisiontest.Run(t, newServer, middleware.WithRequestFingerprint(middleware.FingerprintRule{Route: chiPattern}))
+	})
 }
 
 // TestRoutePattern: inside a chi group the middleware sees the matched pattern,
@@ -86,8 +88,8 @@ func TestRoutePattern(t *testing.T) {
 		second int
 		seen   string
 	}{
-		{"chi pattern", middleware.WithRoute(record), 201, "/api/pay/{id} /api/pay/{id}"},
-		{"url path (default)", middleware.WithRoute(func(r *http.Request) string { return r.URL.Path }), 422, ""},
+		{"chi pattern", middleware.WithRequestFingerprint(middleware.FingerprintRule{Route: record}), 201, "/api/pay/{id} /api/pay/{id}"},
+		{"url path (default)", middleware.WithRequestFingerprint(middleware.FingerprintRule{Route: func(r *http.Request) string { return r.URL.Path }}), 422, ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			seen = nil

@@ -14,7 +14,7 @@
 // routes by the escaped path when there is one, so the default tells apart any
 // two requests chi can hand to different handlers),
 //
-//	middleware.WithRoute(func(r *http.Request) string { return chi.RouteContext(r.Context()).RoutePattern() })
+//	middleware.WithRequestFingerprint(middleware.FingerprintRule{Route: func(r *http.Request) string { return chi.RouteContext(r.Context()).RoutePattern() }})
 //
 // The pattern leaves the path parameters out of the fingerprint: use it only
 // where the body names the resource, or a key reused on another resource is

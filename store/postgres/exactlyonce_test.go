@@ -183,7 +183,7 @@ func TestHungPostgres(t *testing.T) {
 	}
 	const bound = time.Second
 	var runs atomic.Int32
-	m, err := middleware.New(s, middleware.GlobalScope, middleware.WithStoreTimeouts(middleware.StoreTimeouts{Claim: bound}))
+	m, err := middleware.New(s, middleware.GlobalScope, middleware.WithStoreFailure(middleware.StoreFailureRule{Timeouts: middleware.StoreTimeouts{Claim: bound}}))
 	if err != nil {
 		t.Fatal(err)
 	}

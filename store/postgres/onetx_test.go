@@ -113,7 +113,7 @@ func (e *oneTxEnv) counts() (rows, distinct, records int) {
 // first's, byte for byte (the duplicates waited on the row lock and replayed).
 func TestOneTxStorm(t *testing.T) {
 	e := newOneTxEnv(t, nil, insertInTx, []TxOption{WithLockWait(20 * time.Second)},
-		middleware.WithStoreTimeouts(middleware.StoreTimeouts{Claim: 30 * time.Second}))
+		middleware.WithStoreFailure(middleware.StoreFailureRule{Timeouts: middleware.StoreTimeouts{Claim: 30 * time.Second}}))
 	const keys, copies = 300, 5
 	answers := make([][copies]string, keys)
 	var wg sync.WaitGroup
@@ -242,7 +242,7 @@ func TestOneTxDuplicateWaitsOnLock(t *testing.T) {
 	t.Run("commits within the bound", func(t *testing.T) {
 		proceed = make(chan struct{})
 		e := newOneTxEnv(t, nil, handler, []TxOption{WithLockWait(15 * time.Second)},
-			middleware.WithStoreTimeouts(middleware.StoreTimeouts{Claim: 20 * time.Second}))
+			middleware.WithStoreFailure(middleware.StoreFailureRule{Timeouts: middleware.StoreTimeouts{Claim: 20 * time.Second}}))
 		release := sync.OnceFunc(func() { close(proceed) })
 		t.Cleanup(release) // before the server closes, should the test fail first
 		first := send(e, "lock-1")

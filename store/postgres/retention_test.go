@@ -22,7 +22,7 @@ func TestSetRetentionInTransaction(t *testing.T) {
 			}
 			inner(w, r)
 		}
-	}, middleware.WithMaxRetention(keep))
+	}, middleware.WithRecordRetention(middleware.RetentionRule{Max: keep}))
 	if code, _, _ := e.post("k1", "x"); code != 201 {
 		t.Fatalf("first: %d", code)
 	}

@@ -30,7 +30,7 @@ func TestHungRedisThroughMiddleware(t *testing.T) {
 	t.Cleanup(func() { _ = c.Close() })
 	const bound = 500 * time.Millisecond
 	var runs atomic.Int32
-	m, err := middleware.New(redis.New(c), middleware.GlobalScope, middleware.WithStoreTimeouts(middleware.StoreTimeouts{Claim: bound}))
+	m, err := middleware.New(redis.New(c), middleware.GlobalScope, middleware.WithStoreFailure(middleware.StoreFailureRule{Timeouts: middleware.StoreTimeouts{Claim: bound}}))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -132,7 +132,7 @@ func TestRedisHungWhileHandlerRuns(t *testing.T) {
 	events := make(chan middleware.Event, 4)
 	entered, proceed := make(chan struct{}), make(chan struct{})
 	m, err := middleware.New(redis.New(c), middleware.GlobalScope, middleware.WithLease(lease),
-		middleware.WithStoreTimeouts(middleware.StoreTimeouts{Complete: 200 * time.Millisecond}),
+		middleware.WithStoreFailure(middleware.StoreFailureRule{Timeouts: middleware.StoreTimeouts{Complete: 200 * time.Millisecond}}),
 		middleware.WithObserver(middleware.ObserverFunc(func(_ context.Context, ev middleware.Event) { events <- ev })))
 	if err != nil {
 		t.Fatal(err)

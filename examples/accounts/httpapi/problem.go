@@ -46,7 +46,7 @@ func WriteProblem(w http.ResponseWriter, status int, code, detail string) {
 }
 
 // ProblemMembers gives the idempotency middleware's problems the two members
-// the account API's own carry (middleware.WithProblemMembers): error, the code
+// the account API's own carry (middleware.ProblemRule.Members): error, the code
 // in upper case (REQUEST_IN_FLIGHT, STORE_UNAVAILABLE, ...), and message, the
 // detail. So the reference's page shows the middleware's 400, 409, 413, 422
 // and 503 answers in words too.

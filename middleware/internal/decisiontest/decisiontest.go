@@ -423,7 +423,7 @@ var rows = []row{
 			t.Errorf("GET handler ran %d times, want 2", n)
 		}
 	}},
-	{name: "optional key: a request without one runs unprotected", opts: []middleware.Option{middleware.WithKeyRequired(false)}, run: func(t *testing.T, hs *harness) {
+	{name: "optional key: a request without one runs unprotected", opts: []middleware.Option{middleware.WithKey(middleware.KeyRule{Optional: true})}, run: func(t *testing.T, hs *harness) {
 		for range 2 {
 			w := hs.do(req{method: "POST", path: "/api/pay/1", body: "{}"})
 			if w.Code != 201 || w.Header().Get("Idempotent-Replayed") != "" || !strings.Contains(w.Body.String(), `"keyed":false`) {
@@ -444,7 +444,7 @@ func New(t *testing.T, opts ...middleware.Option) (*middleware.Middleware, *App)
 	a := &App{clock: testclock.New(time.Unix(1_700_000_000, 0)), entered: make(chan chan struct{})}
 	a.st = &flakyStore{Store: memory.New(memory.WithClock(a.clock.Now)), waiting: make(chan struct{}, 1)}
 	m, err := middleware.New(a.st, middleware.ScopeFromHeader("X-Client-ID", "anonymous"), append([]middleware.Option{
-		middleware.WithMaxRequestBody(MaxRequestBody), middleware.WithMaxStoredBody(MaxStoredBody),
+		middleware.WithRequestFingerprint(middleware.FingerprintRule{MaxBody: MaxRequestBody}), middleware.WithReplay(middleware.ReplayRule{MaxBody: MaxStoredBody}),
 		middleware.WithLogger(slog.New(slog.DiscardHandler))}, opts...)...)
 	if err != nil {
 		t.Fatal(err)

@@ -311,7 +311,7 @@ func problemCode(t testing.TB, r Response) (code string, members map[string]any)
 	// The middleware's problems are the library's (type urn:idemkey:problem:<code>);
 	// the account API's own are in the API's namespace. Both carry error (the
 	// code in upper case, as the reference spells it; the middleware's through
-	// middleware.WithProblemMembers) and message (the detail), and code is lower
+	// middleware.ProblemRule.Members) and message (the detail), and code is lower
 	// snake_case and ends the type. The API's are reported by their error, the
 	// middleware's by their code.
 	typ, _ := members["type"].(string)

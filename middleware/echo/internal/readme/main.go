@@ -14,7 +14,7 @@ import (
 
 func main() {
 	// X-Client-ID stands in for authentication; in production scope by the
-	// authenticated principal (middleware.WithPrincipal, ScopeFromPrincipal).
+	// authenticated principal (middleware.ContextWithPrincipal, ScopeFromPrincipal).
 	m, err := middleware.New(memory.New(), middleware.ScopeFromHeader("X-Client-ID", "anonymous"))
 	if err != nil {
 		log.Fatal(err)
