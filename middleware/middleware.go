@@ -51,7 +51,8 @@
 //	                                          omitted; replay adds
 //	                                          "Idempotency-Replay: omitted"
 //	store error or hung store (no answer      503 store_unavailable, Retry-After
-//	  within the claim bound, 5 s)              (or run unprotected with StoreFailureRule.FailOpen);
+//	  within the claim bound, 5 s)              (or run unprotected: WithStoreFailure,
+//	                                            FailOpen);
 //	                                          logged once per outage (its start, a
 //	                                          count every minute, its end), each
 //	                                          request at debug level
@@ -65,6 +66,15 @@
 //
 // Errors are RFC 9457 application/problem+json with type, title, status, detail
 // and a stable code member (see the Code constants).
+//
+// # Options
+//
+// New takes fourteen options, one per decision (docs/options.md): WithMethods,
+// WithKey, WithRequestFingerprint, WithLease, WithRecordRetention, WithReplay,
+// WithRelease, WithStoreFailure, WithWaitInFlight, WithCancelOnDisconnect,
+// WithObserver, WithLogger, WithProblems and WithClock. Those taking a rule (a
+// struct) keep the setting of each field left zero. The options of v0.1.0 they
+// replace are deprecated and go in the next minor release.
 //
 // The handler reads the scope and key with KeyFromContext, and its claim (fencing
 // token included) with ClaimFromContext.
@@ -86,7 +96,7 @@
 //     scope and key, so a second append is refused by the log.
 //
 // For every handler: a client hang-up does not cancel it (WithCancelOnDisconnect),
-// each store call has a deadline (StoreFailureRule.Timeouts), and a failed completion is
+// each store call has a deadline (WithStoreFailure), and a failed completion is
 // retried while the lease is held, so none of these runs a request twice.
 //
 // # Adapters
@@ -193,7 +203,10 @@ func (m *Middleware) unrouted(next http.Handler, r *http.Request, c *call) bool 
 
 // KeyFromContext returns the scope and idempotency key of the request whose
 // context ctx is (or derives from), as the middleware parsed them. ok is false
-// when the request passed through unprotected without a key.
+// when the request passed through unprotected without a key. The result is a
+// store.ID, two strings (Scope, Key), because it is the library's one name for
+// a scoped key: Claim.ID is the same value, and store calls take it
+// (docs/options.md, "The key in the handler").
 func KeyFromContext(ctx context.Context) (id store.ID, ok bool) {
 	if c, ok := ctx.Value(ctxKey{}).(*keyCtx); ok {
 		return c.ID(), true
@@ -230,13 +243,16 @@ type Middleware struct {
 // cover the default lease and store back-off.
 const preRetryAfter = 120
 
-// New returns a middleware claiming keys in s, scoped by scope. Both are
-// required: a global scope must be chosen explicitly (GlobalScope). It fails on a
-// nil store or scope, a lease under MinLease, a retention shorter than the lease,
-// negative body limits or store timeouts, a renewal timeout longer than the lease,
-// no protected method, a header name or method that is not an RFC 9110 token, a
-// negative wait bound, or problem members that cannot be rendered
-// (ProblemRule.Members).
+// New returns a middleware claiming keys in s, scoped by scope, configured by
+// opts (docs/options.md). Both s and scope are required: a global scope must be
+// chosen explicitly (GlobalScope). It fails on a nil store or scope, a lease
+// under MinLease, a retention shorter than the lease or a maximum retention
+// shorter than the retention, negative body limits, store timeouts or
+// Retry-After, a renewal timeout longer than the lease, no protected method, a
+// header name (the key's, the replay marks', the replay allow and deny lists')
+// or method that is not an RFC 9110 token, a negative wait bound, a nil route,
+// release policy or clock, a problem type base that is not an absolute URI, or
+// problem members that cannot be rendered (ProblemRule.Members).
 func New(s store.Store, scope ScopeFunc, opts ...Option) (*Middleware, error) {
 	if s == nil {
 		return nil, errors.New("idemkey/middleware: nil store")
