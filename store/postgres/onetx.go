@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"math"
 	"strconv"
-	"strings"
 	"sync"
 	"time"
 
@@ -26,12 +25,33 @@ const DefaultLockWait = time.Second
 // endTimeout bounds the ROLLBACK that ends a transaction no handler runs in.
 const endTimeout = 5 * time.Second
 
-// conflictUpdate starts the conflict clause of claimSQL, which the first claim
-// of a one-transaction request replaces with DO NOTHING (TxStore.Claim).
-const (
-	conflictUpdate = "ON CONFLICT (scope, key) DO UPDATE SET"
-	conflictEnd    = "RETURNING r.created_at" // the end of the clause
+// firstClaimSQL is the first claim of a one-transaction request (%[1]s the
+// quoted table name; the arguments and columns of claimSQL): a plain INSERT
+// ... ON CONFLICT DO NOTHING, and only when it inserted nothing a read of the
+// row in its way, from the statement's snapshot. A new key costs the insert
+// alone (the read is skipped by its one-time NOT EXISTS filter); a replay,
+// mismatch or duplicate reads without a lock; a key committed after the
+// snapshot gives no row, and a row that may be taken over (takeable, the last
+// column) is left to the next attempt's claimSQL, which takes it over.
+const firstClaimSQL = `WITH claimed AS (
+    INSERT INTO %[1]s (scope, key, fingerprint, token, lease_until, created_at, expires_at)
+    VALUES ($1, $2, $3, $4, now() + $5::bigint * interval '1 millisecond', now(),
+            now() + $6::bigint * interval '1 millisecond')
+    ON CONFLICT (scope, key) DO NOTHING
+    RETURNING true
 )
+SELECT true, false, true, NULL::smallint, NULL::bytea, NULL::bytea, false,
+       NULL::timestamptz, NULL::timestamptz, NULL::timestamptz, NULL::bigint, false
+FROM claimed
+UNION ALL
+SELECT false, false, fingerprint = $3, status,
+       CASE WHEN fingerprint = $3 THEN headers END,
+       CASE WHEN fingerprint = $3 THEN body END,
+       body_omitted, created_at, completed_at, expires_at,
+       ceil(extract(epoch FROM lease_until - now()) * 1000)::bigint,
+       expires_at <= now() OR (status IS NULL AND lease_until <= now() AND fingerprint = $3)
+FROM %[1]s
+WHERE scope = $1 AND key = $2 AND NOT EXISTS (SELECT FROM claimed)`
 
 // TxStore is the store's one-transaction mode (docs/architecture.md section 9.1):
 // on the routes wrapped with Route, the claim, the handler's statements and the
@@ -50,7 +70,7 @@ type TxStore struct {
 	pool        *pgxpool.Pool
 	wait        time.Duration // the lock wait
 	lockSQL     string        // SET LOCAL lock_timeout to the lock wait
-	firstSQL    string        // claimSQL whose conflict does nothing (no row lock)
+	firstSQL    string        // firstClaimSQL: the insert, and the row in its way only when there is one
 	completeSQL string        // completeSQL failing (division by zero) when it matched no row
 }
 
@@ -89,11 +109,7 @@ func (s *Store) OneTx(pool *pgxpool.Pool, opts ...TxOption) (*TxStore, error) {
 	}
 	t.wait, t.lockSQL = wait, lockTimeoutSQL(ms)
 	t.completeSQL = "WITH done AS (" + s.completeSQL + ") SELECT 1 / count(*) FROM done"
-	i, j := strings.Index(s.claimSQL, conflictUpdate), strings.Index(s.claimSQL, conflictEnd)
-	if i < 0 || j < i {
-		return nil, errors.New("idemkey/postgres: the claim statement has no conflict clause to replace") // a bug of this package
-	}
-	t.firstSQL = s.claimSQL[:i] + "ON CONFLICT (scope, key) DO NOTHING\n    " + s.claimSQL[j:]
+	t.firstSQL = fmt.Sprintf(firstClaimSQL, s.qualified)
 	return t, nil
 }
 
@@ -119,6 +135,7 @@ type txKey struct{}
 // txSlot is the transaction of one request on a Route: empty until the claim,
 // then open (conn set) until Complete, Release or the end of the request.
 type txSlot struct {
+	use    sync.Mutex // held by a call of the handler's Tx (claimTx.use), taken before mu
 	mu     sync.Mutex
 	conn   *pgxpool.Conn // the open transaction's connection; nil when none
 	real   pgx.Tx        // the open transaction
@@ -183,6 +200,8 @@ func (c openTx) release() {
 // handler's Tx refuses further use); failed records whether the caller ends it
 // without a commit that answers the request.
 func (s *txSlot) take(failed bool) openTx {
+	s.use.Lock() // a statement of the handler's under way ends first
+	defer s.use.Unlock()
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	c := openTx{conn: s.conn, tx: s.real}
@@ -230,8 +249,12 @@ func (s *txSlot) hasFailed() bool {
 // ErrTxOwned (answer 5xx to roll it back), and it must not be used after the
 // handler returns (then its statements return pgx.ErrTxClosed). Begin opens a
 // savepoint, as on any pgx.Tx, and the savepoint too returns pgx.ErrTxClosed
-// once the handler has returned. Conn and LargeObjects bypass these checks:
-// use neither after the handler returns. Leave the store's table alone in it.
+// once the handler has returned. A statement that passed the check runs in the
+// transaction: the completion waits for it (for a QueryRow, until its Scan);
+// close the Rows of Query and the results of SendBatch before the handler
+// returns (pgx's rule too), or the completion fails and the client gets 503.
+// Conn and LargeObjects bypass these checks: use neither after the handler
+// returns. Leave the store's table alone in it.
 func TxFromContext(ctx context.Context) (pgx.Tx, bool) {
 	s := slotOf(ctx)
 	cl, ok := claim.FromContext(ctx) // the claim the handler runs under, set by the middleware
@@ -253,10 +276,12 @@ func TxFromContext(ctx context.Context) (pgx.Tx, bool) {
 // mismatch, the lock wait over: InFlight with RetryAfter the lease) ends it at
 // once. A serialization failure or deadlock, or a key committed after the
 // statement's snapshot, runs the claim again in a new transaction (at most 5
-// times in all). The first attempt's conflict clause is DO NOTHING, so a
-// duplicate that waited for the holder's commit locks nothing and looks again
-// (a replay, read without a lock); the later attempts run the store's claim
-// statement as is, which also takes over an expired record. Errors: store.ErrInvalid for bad arguments, otherwise the
+// times in all). The first attempt is a plain INSERT ... ON CONFLICT DO
+// NOTHING that reads the row in its way only when there is one (firstClaimSQL),
+// so a new key costs one insert, and a duplicate that waited for the holder's
+// commit locks nothing and looks again (a replay, read without a lock); the
+// later attempts run the store's claim statement as is, which also takes over
+// an expired record. Errors: store.ErrInvalid for bad arguments, otherwise the
 // driver's errors wrapped.
 func (t *TxStore) Claim(ctx context.Context, req store.ClaimRequest) (store.ClaimResult, error) {
 	slot := slotOf(ctx)

@@ -37,6 +37,20 @@ func (t *claimTx) live() bool {
 	return t.slot.tx == root && t.slot.conn.Conn().PgConn().TxStatus() != 'I'
 }
 
+// use holds the transaction for one call of the handler's: ok false when it is
+// no longer live (nothing held); otherwise done must be called once the call
+// returned. The slot's take waits for it, so a statement that passed the check
+// runs in the transaction, never on the connection after its commit (a
+// goroutine of the handler still running when the middleware completes).
+func (t *claimTx) use() (done func(), ok bool) {
+	t.slot.use.Lock()
+	if !t.live() {
+		t.slot.use.Unlock()
+		return nil, false
+	}
+	return t.slot.use.Unlock, true
+}
+
 // Commit returns ErrTxOwned; on a savepoint it releases it (pgx.ErrTxClosed
 // once the request's transaction has ended).
 func (t *claimTx) Commit(ctx context.Context) error { return t.end(ctx, t.Tx.Commit) }
@@ -47,12 +61,14 @@ func (t *claimTx) Rollback(ctx context.Context) error { return t.end(ctx, t.Tx.R
 
 // end runs a savepoint's Commit or Rollback f while the transaction is live.
 func (t *claimTx) end(ctx context.Context, f func(context.Context) error) error {
-	switch {
-	case t.root == nil:
+	if t.root == nil {
 		return ErrTxOwned
-	case !t.live():
+	}
+	done, ok := t.use()
+	if !ok {
 		return pgx.ErrTxClosed
 	}
+	defer done()
 	return f(ctx)
 }
 
@@ -60,9 +76,11 @@ func (t *claimTx) end(ctx context.Context, f func(context.Context) error) error 
 // has ended, as the transaction does (pgx's own savepoint would run its
 // statements on the connection the transaction committed on).
 func (t *claimTx) Begin(ctx context.Context) (pgx.Tx, error) {
-	if !t.live() {
+	done, ok := t.use()
+	if !ok {
 		return nil, pgx.ErrTxClosed
 	}
+	defer done()
 	sp, err := t.Tx.Begin(ctx)
 	if err != nil {
 		return nil, err
@@ -75,45 +93,69 @@ func (t *claimTx) Begin(ctx context.Context) (pgx.Tx, error) {
 }
 
 func (t *claimTx) CopyFrom(ctx context.Context, table pgx.Identifier, cols []string, src pgx.CopyFromSource) (int64, error) {
-	if !t.live() {
+	done, ok := t.use()
+	if !ok {
 		return 0, pgx.ErrTxClosed
 	}
+	defer done()
 	return t.Tx.CopyFrom(ctx, table, cols, src)
 }
 
 func (t *claimTx) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
-	if !t.live() {
+	done, ok := t.use()
+	if !ok {
 		return pgx.FailedBatchResults(b, pgx.ErrTxClosed)
 	}
+	defer done()
 	return t.Tx.SendBatch(ctx, b)
 }
 
 func (t *claimTx) Prepare(ctx context.Context, name, sql string) (*pgconn.StatementDescription, error) {
-	if !t.live() {
+	done, ok := t.use()
+	if !ok {
 		return nil, pgx.ErrTxClosed
 	}
+	defer done()
 	return t.Tx.Prepare(ctx, name, sql)
 }
 
 func (t *claimTx) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
-	if !t.live() {
+	done, ok := t.use()
+	if !ok {
 		return pgconn.CommandTag{}, pgx.ErrTxClosed
 	}
+	defer done()
 	return t.Tx.Exec(ctx, sql, args...)
 }
 
 func (t *claimTx) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
-	if !t.live() {
+	done, ok := t.use()
+	if !ok {
 		return nil, pgx.ErrTxClosed
 	}
+	defer done()
 	return t.Tx.Query(ctx, sql, args...)
 }
 
+// QueryRow holds the transaction until the row is scanned, so the completion
+// waits for it (the row's result is still on the connection until then).
 func (t *claimTx) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
-	if !t.live() {
+	done, ok := t.use()
+	if !ok {
 		return closedRow{}
 	}
-	return t.Tx.QueryRow(ctx, sql, args...)
+	return heldRow{row: t.Tx.QueryRow(ctx, sql, args...), done: done}
+}
+
+// heldRow is a row of the transaction, which it holds until Scan.
+type heldRow struct {
+	row  pgx.Row
+	done func()
+}
+
+func (r heldRow) Scan(dest ...any) error {
+	defer r.done()
+	return r.row.Scan(dest...)
 }
 
 // closedRow answers pgx.ErrTxClosed.
