@@ -126,12 +126,21 @@ func (s *Store) lockClass() int32 {
 // literal quotes v as an SQL string literal.
 func literal(v string) string { return "'" + strings.ReplaceAll(v, "'", "''") + "'" }
 
+const layoutSQL = `SELECT c.relkind::text, obj_description(c.oid, 'pg_class') FROM pg_class c WHERE `
+
 // checkLayout fails when the records table exists in the other layout, or
 // partitioned by another epoch. Migrate runs it before any migration.
 func (s *Store) checkLayout(ctx context.Context, q migrate.Querier) error {
 	var kind, comment *string
-	err := q.QueryRow(ctx, `SELECT c.relkind::text, obj_description(c.oid, 'pg_class') FROM pg_class c WHERE c.oid = to_regclass($1)`,
-		s.qualified).Scan(&kind, &comment)
+	// With a schema, the catalogs are read by name, not through to_regclass: a
+	// lookup of a schema not created yet would leave this connection a cached
+	// "no such schema" that Migrate's CREATE SCHEMA IF NOT EXISTS, serialised by
+	// an advisory lock (which does not refresh the caches), could believe.
+	sql, args := layoutSQL+`c.oid = to_regclass($1)`, []any{s.qualified}
+	if s.schema != "" {
+		sql, args = layoutSQL+`c.relname = $1 AND c.relnamespace = (SELECT n.oid FROM pg_namespace n WHERE n.nspname = $2)`, []any{s.table, s.schema}
+	}
+	err := q.QueryRow(ctx, sql, args...).Scan(&kind, &comment)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil // no table yet
 	}

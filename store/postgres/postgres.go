@@ -522,6 +522,9 @@ func (s *Store) migrate(ctx context.Context) (err error) {
 		return fmt.Errorf("idemkey/postgres: migrate: %w", err)
 	}
 	q := migrate.Querier(modeQuerier{s.db, s})
+	if err = s.checkLayout(ctx, q); err != nil { // partition.go; outside the transaction, whose first statement is the lock
+		return fmt.Errorf("idemkey/postgres: migrate: %w", err)
+	}
 	var tx pgx.Tx
 	if b, ok := s.db.(beginner); ok {
 		if tx, err = b.Begin(ctx); err != nil {
@@ -533,9 +536,6 @@ func (s *Store) migrate(ctx context.Context) (err error) {
 			}
 		}()
 		q = modeQuerier{tx, s}
-	}
-	if err = s.checkLayout(ctx, q); err != nil { // partition.go
-		return fmt.Errorf("idemkey/postgres: migrate: %w", err)
 	}
 	if err = migrate.Apply(ctx, q, tx != nil, s.target(), ms, s.renderPartitioned); err != nil {
 		return fmt.Errorf("idemkey/postgres: migrate: %w", err)
