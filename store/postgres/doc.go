@@ -15,6 +15,15 @@
 // pgx.Tx the caller owns. Statements go through pgx's statement cache (prepared once
 // per connection); there are no explicit transactions on the hot path.
 //
+// # Retention at scale
+//
+// WithPartitions(epoch) selects the partitioned layout: records live in a table
+// partitioned by the epoch of their claim, the claim is a function that keeps
+// (scope, key) unique under an advisory lock, and Sweep drops whole partitions
+// once all their records have expired (DETACH PARTITION CONCURRENTLY, DROP
+// TABLE), at a cost that does not grow with the rows removed. The plain table is
+// the default; docs/stores.md section 3.5.1 has the bound on retention.
+//
 // # Table
 //
 // Migrate creates (names configurable with WithTable and WithSchema; every name is

@@ -98,6 +98,9 @@ func (s *Store) OneTx(pool *pgxpool.Pool, opts ...TxOption) (*TxStore, error) {
 	if pool == nil {
 		return nil, fmt.Errorf("%w: postgres: nil pool for the one-transaction mode", store.ErrInvalid)
 	}
+	if s.epoch > 0 {
+		return nil, errPartitionedOneTx // partition.go
+	}
 	wait := DefaultLockWait
 	t := &TxStore{Store: s, pool: pool}
 	for _, o := range opts {

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -64,6 +65,7 @@ type Store struct {
 	sweepBatch int
 	maxBody    int
 	logger     *slog.Logger
+	epoch      time.Duration // the partitioned layout's epoch (WithPartitions); 0: the plain table
 
 	claimSQL, completeSQL, releaseSQL, renewSQL, sweepSQL, waitSQL, pollSQL string
 
@@ -149,6 +151,9 @@ func New(db Querier, opts ...Option) (*Store, error) {
 	}
 	s.renewSQL = fmt.Sprintf(renewSQL, t)
 	s.sweepSQL = fmt.Sprintf(sweepSQL, t)
+	if err := s.useLayout(); err != nil { // partition.go
+		return nil, err
+	}
 	return s, nil
 }
 
@@ -249,6 +254,8 @@ func (s *Store) Claim(ctx context.Context, req store.ClaimRequest) (store.ClaimR
 		switch {
 		case err != nil && s.detectPooler(err):
 			return store.ClaimResult{}, true, nil // a transaction pooler: the statement did not run; send it without the cache
+		case err != nil && s.partitionMissing(ctx, err):
+			return store.ClaimResult{}, true, nil // partitioned layout: the current epoch's partition was created, again
 		case errors.Is(err, pgx.ErrNoRows):
 			return store.ClaimResult{}, true, nil // the key was committed after our snapshot: look again
 		case err != nil:
@@ -414,6 +421,9 @@ func bytesOf(s string) []byte {
 // only reclaims space; run it from a cron job or StartSweeper. On a driver error it
 // returns the rows deleted so far and the error, wrapped.
 func (s *Store) Sweep(ctx context.Context, limit int) (int64, error) {
+	if s.epoch > 0 {
+		return s.sweepPartitions(ctx) // partition_sweep.go
+	}
 	var total int64
 	for limit <= 0 || total < int64(limit) {
 		n := int64(s.sweepBatch)
@@ -470,11 +480,16 @@ func (s *Store) render(sql string) string {
 // and schema names, for users who run their own migration tool. It does not
 // include Migrate's bookkeeping table. Every statement is idempotent.
 func (s *Store) MigrationSQL() string {
-	ms, err := migrations()
+	ms, err := s.layoutMigrations()
 	if err != nil {
 		return "-- " + err.Error()
 	}
-	return migrate.SQL(s.target(), ms, s.render)
+	sql := migrate.SQL(s.target(), ms, s.renderPartitioned)
+	if s.epoch > 0 {
+		sql += "-- the partitions of the current and next epochs (Sweep keeps creating them)\nSELECT " +
+			s.ident(s.table+"_ensure") + "(" + strconv.Itoa(partitionsAhead) + ");\n"
+	}
+	return sql
 }
 
 type beginner interface {
@@ -502,11 +517,14 @@ func (s *Store) Migrate(ctx context.Context) error {
 }
 
 func (s *Store) migrate(ctx context.Context) (err error) {
-	ms, err := migrations()
+	ms, err := s.layoutMigrations()
 	if err != nil {
 		return fmt.Errorf("idemkey/postgres: migrate: %w", err)
 	}
 	q := migrate.Querier(modeQuerier{s.db, s})
+	if err = s.checkLayout(ctx, q); err != nil { // partition.go; outside the transaction, whose first statement is the lock
+		return fmt.Errorf("idemkey/postgres: migrate: %w", err)
+	}
 	var tx pgx.Tx
 	if b, ok := s.db.(beginner); ok {
 		if tx, err = b.Begin(ctx); err != nil {
@@ -519,8 +537,13 @@ func (s *Store) migrate(ctx context.Context) (err error) {
 		}()
 		q = modeQuerier{tx, s}
 	}
-	if err = migrate.Apply(ctx, q, tx != nil, s.target(), ms, s.render); err != nil {
+	if err = migrate.Apply(ctx, q, tx != nil, s.target(), ms, s.renderPartitioned); err != nil {
 		return fmt.Errorf("idemkey/postgres: migrate: %w", err)
+	}
+	if s.epoch > 0 {
+		if _, err = s.ensurePartitions(ctx, q); err != nil {
+			return fmt.Errorf("idemkey/postgres: migrate: create partitions: %w", err)
+		}
 	}
 	if tx != nil {
 		if err = tx.Commit(ctx); err != nil {

@@ -1,0 +1,188 @@
+package postgres
+
+import (
+	"context"
+	"embed"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/idemkey/idemkey/store"
+	"github.com/idemkey/idemkey/store/postgres/internal/migrate"
+)
+
+// Bounds of WithPartitions' epoch.
+const (
+	// MinEpoch is the shortest epoch of the partitioned layout.
+	MinEpoch = time.Minute
+	// MaxEpoch is the longest epoch of the partitioned layout.
+	MaxEpoch = 366 * 24 * time.Hour
+	// partitionsAhead is how many epochs after the current one Migrate and Sweep
+	// keep a partition for.
+	partitionsAhead = 2
+	// expiredLockWait bounds, in milliseconds, how long the sweep waits for a
+	// partition's SHARE lock before it leaves the partition to the next sweep;
+	// writers queue behind the lock request for at most that long.
+	expiredLockWait = 200
+	// epochComment prefixes the comment that records the epoch on the table.
+	epochComment = "idemkey partitioned layout, epoch seconds: "
+)
+
+// WithPartitions selects the partitioned layout (docs/stores.md, "Retention at
+// scale"): records live in a table partitioned by the epoch, of length epoch, in
+// which they were claimed, and Sweep removes expired records by dropping whole
+// partitions (DETACH PARTITION CONCURRENTLY, then DROP TABLE), at a cost that
+// does not grow with the rows removed. epoch is whole seconds from MinEpoch to
+// MaxEpoch; choose it at least as long as the longest retention (and lease) the
+// application uses, since a partition is dropped only once every record in it
+// has expired, about two epochs after its start when retentions fit in one.
+// The default is the plain table. New refuses (store.ErrInvalid) an epoch out of
+// bounds or not whole seconds, and WithTransactionPooler or WithQueryExecMode
+// alongside it (the sweep needs a session of its own); OneTx refuses the layout;
+// Migrate refuses a table of the other layout or of another epoch.
+func WithPartitions(epoch time.Duration) Option { return func(s *Store) { s.epoch = epoch } }
+
+//go:embed migrations_partitioned/*.sql
+var partitionedFiles embed.FS
+
+// errPartitionedOneTx is OneTx's answer in the partitioned layout.
+var errPartitionedOneTx = fmt.Errorf("%w: postgres: the one-transaction mode (OneTx) does not support the partitioned layout (WithPartitions)", store.ErrInvalid)
+
+// useLayout checks the partitioned layout's options and installs its statements;
+// it does nothing for the plain layout. Called by New once the names are set.
+func (s *Store) useLayout() error {
+	if s.epoch == 0 {
+		return nil
+	}
+	switch {
+	case s.epoch < MinEpoch || s.epoch > MaxEpoch || s.epoch%time.Second != 0:
+		return fmt.Errorf("%w: postgres: partition epoch %v must be whole seconds from %v to %v", store.ErrInvalid, s.epoch, MinEpoch, MaxEpoch)
+	case s.forceMode.Load():
+		return fmt.Errorf("%w: postgres: the partitioned layout needs session connections for its sweep, not WithTransactionPooler or WithQueryExecMode", store.ErrInvalid)
+	case strings.Contains(s.schema+s.table, "$idemkey$"):
+		return fmt.Errorf("%w: postgres: names containing $idemkey$ cannot be used with the partitioned layout", store.ErrInvalid)
+	}
+	t := s.qualified
+	s.claimSQL = `SELECT * FROM ` + s.ident(s.table+"_claim") + `($1, $2, $3, $4, $5, $6)`
+	s.completeSQL = fmt.Sprintf(partCompleteSQL+notifyReturning, t, s.channel)
+	s.releaseSQL = fmt.Sprintf(partReleaseSQL+notifyReturning, t, s.channel)
+	s.renewSQL = fmt.Sprintf(partRenewSQL, t)
+	return nil
+}
+
+// The holder statements of the partitioned layout: those of the plain layout with
+// liveness judged on clock_timestamp() (see expiredFn in the migration).
+const (
+	partHolderGuard = `scope = $1 AND key = $2 AND token = $3 AND status IS NULL AND expires_at > clock_timestamp()`
+
+	partCompleteSQL = `UPDATE %[1]s SET status = $4, headers = $5, body = $6, body_omitted = $7,
+    lease_until = NULL, completed_at = clock_timestamp(), expires_at = clock_timestamp() + $8::bigint * interval '1 millisecond'
+WHERE ` + partHolderGuard
+
+	partReleaseSQL = `DELETE FROM %[1]s WHERE ` + partHolderGuard
+
+	partRenewSQL = `UPDATE %[1]s SET lease_until = clock_timestamp() + $4::bigint * interval '1 millisecond',
+    expires_at = greatest(expires_at, clock_timestamp() + $4::bigint * interval '1 millisecond')
+WHERE ` + partHolderGuard
+)
+
+// layoutMigrations returns the migrations of the store's layout.
+func (s *Store) layoutMigrations() ([]migrate.Migration, error) {
+	if s.epoch == 0 {
+		return migrations()
+	}
+	return migrate.Load(partitionedFiles, "migrations_partitioned")
+}
+
+// renderPartitioned renders the partitioned layout's placeholders, then the
+// plain ones.
+func (s *Store) renderPartitioned(sql string) string {
+	return strings.NewReplacer(
+		"{{id_index}}", pgx.Identifier{s.table + "_id_idx"}.Sanitize(),
+		"{{epoch_comment}}", literal(epochComment+strconv.FormatInt(int64(s.epoch/time.Second), 10)),
+		"{{epoch_seconds}}", strconv.FormatInt(int64(s.epoch/time.Second), 10),
+		"{{claim_fn}}", s.ident(s.table+"_claim"),
+		"{{ensure_fn}}", s.ident(s.table+"_ensure"),
+		"{{expired_fn}}", s.ident(s.table+"_expired"),
+		"{{lock_class}}", strconv.FormatInt(int64(s.lockClass()), 10),
+		"{{table_literal}}", literal(s.qualified),
+		"{{part_prefix}}", literal(s.table+"_p"),
+	).Replace(s.render(sql))
+}
+
+// lockClass is the first key of the advisory locks of the store's table.
+func (s *Store) lockClass() int32 {
+	h := fnv.New32a()
+	h.Write([]byte(s.qualified))
+	return int32(h.Sum32())
+}
+
+// literal quotes v as an SQL string literal.
+func literal(v string) string { return "'" + strings.ReplaceAll(v, "'", "''") + "'" }
+
+const layoutSQL = `SELECT c.relkind::text, obj_description(c.oid, 'pg_class') FROM pg_class c WHERE `
+
+// checkLayout fails when the records table exists in the other layout, or
+// partitioned by another epoch. Migrate runs it before any migration.
+func (s *Store) checkLayout(ctx context.Context, q migrate.Querier) error {
+	var kind, comment *string
+	// With a schema, the catalogs are read by name, not through to_regclass: a
+	// lookup of a schema not created yet would leave this connection a cached
+	// "no such schema" that Migrate's CREATE SCHEMA IF NOT EXISTS, serialised by
+	// an advisory lock (which does not refresh the caches), could believe.
+	sql, args := layoutSQL+`c.oid = to_regclass($1)`, []any{s.qualified}
+	if s.schema != "" {
+		sql, args = layoutSQL+`c.relname = $1 AND c.relnamespace = (SELECT n.oid FROM pg_namespace n WHERE n.nspname = $2)`, []any{s.table, s.schema}
+	}
+	err := q.QueryRow(ctx, sql, args...).Scan(&kind, &comment)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil // no table yet
+	}
+	if err != nil {
+		return fmt.Errorf("read the layout: %w", err)
+	}
+	partitioned := kind != nil && *kind == "p"
+	want := epochComment + strconv.FormatInt(int64(s.epoch/time.Second), 10)
+	switch {
+	case s.epoch == 0 && partitioned:
+		return fmt.Errorf("%w: table %s has the partitioned layout; configure the store WithPartitions as it was created", store.ErrInvalid, s.qualified)
+	case s.epoch > 0 && !partitioned:
+		return fmt.Errorf("%w: table %s has the plain layout; WithPartitions needs a new table (WithTable), it does not convert one", store.ErrInvalid, s.qualified)
+	case s.epoch > 0 && (comment == nil || *comment != want):
+		got := "none"
+		if comment != nil {
+			got = *comment
+		}
+		return fmt.Errorf("%w: table %s is partitioned by another epoch (%q), the store is configured with %v", store.ErrInvalid, s.qualified, got, s.epoch)
+	}
+	return nil
+}
+
+// ensurePartitions creates the partitions of the current epoch and the next
+// ones that are missing, returning how many it created.
+func (s *Store) ensurePartitions(ctx context.Context, q migrate.Querier) (int, error) {
+	var n int
+	err := q.QueryRow(ctx, `SELECT `+s.ident(s.table+"_ensure")+`($1)`, partitionsAhead).Scan(&n)
+	return n, err
+}
+
+// partitionMissing tells whether err is a claim's insert finding no partition for
+// the current epoch (no sweep ran for an epoch or more); it then creates the
+// partitions, so the claim can run again.
+func (s *Store) partitionMissing(ctx context.Context, err error) bool {
+	var pe *pgconn.PgError
+	if s.epoch == 0 || !errors.As(err, &pe) || pe.Code != "23514" || !strings.Contains(pe.Message, "no partition") {
+		return false
+	}
+	if _, err := s.ensurePartitions(ctx, s.db); err != nil {
+		s.log().Warn("idemkey/postgres: creating the current epoch's partition failed", "table", s.qualified, "err", err)
+		return false
+	}
+	return true
+}
