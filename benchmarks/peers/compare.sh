@@ -15,6 +15,11 @@
 # (ours / Fiber's; 1.00 is as cheap as Fiber), and allocs/op. The raw outputs
 # stay in $OUT (default a new temporary directory; its path is printed), for
 # benchstat when it is installed: benchstat $OUT/old-128.txt $OUT/new-128.txt.
+#
+# With LOOPBACK=1 it then runs benchmarks/loopback (the working tree's program,
+# built against each version's packages) for each version in turn, ROUNDS times
+# one round at a 1 KiB body, and prints each run's lines: requests/s and server
+# CPU per request of bare, first and replay, and their ratios to bare.
 set -eu
 
 old=${1:-main}
@@ -85,4 +90,19 @@ for size in 128 1024; do
 done
 if command -v benchstat >/dev/null; then
 	for size in 128 1024; do benchstat "$out/old-$size.txt" "$out/new-$size.txt"; done
+fi
+
+if [ "${LOOPBACK:-0}" = 1 ]; then
+	rm -rf "$src/benchmarks/loopback"
+	cp -r "$root/benchmarks/loopback" "$src/benchmarks/loopback"
+	(cd "$src/benchmarks" && go build -o "$out/loopback-old" ./loopback/)
+	(cd "$root/benchmarks" && go build -o "$out/loopback-new" ./loopback/)
+	i=0
+	while [ "$i" -lt "$rounds" ]; do
+		i=$((i + 1))
+		for v in old new; do
+			echo "loopback $v, run $i:"
+			"$out/loopback-$v" -rounds 1 -d 2s -c 4 -body 1024 | sed -n '3,5p'
+		done
+	done
 fi
