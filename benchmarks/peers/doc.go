@@ -22,4 +22,10 @@
 // of the body) in the same run, and BenchmarkParts splits ours further: the memory
 // store's own calls (store/first, store/replay) and the middleware over a store that
 // costs nothing (nullstore/first).
+//
+// compare.sh runs these benchmarks for two versions of the repository in turn
+// (an old revision, main by default, and the working tree) and prints the
+// medians and the ratios to Fiber v2's added cost of each:
+//
+//	benchmarks/peers/compare.sh main 10
 package peers

@@ -31,7 +31,7 @@ func (s *Store) Peek(ctx context.Context, id store.ID, fp store.Fingerprint) (re
 	}
 	sh, h, at := s.lockSwept(id)
 	defer sh.mu.Unlock()
-	e := sh.records[h].find(id)
+	e := sh.find(sh.records[h], id)
 	switch {
 	case e == nil:
 		return res, false, nil
@@ -93,7 +93,7 @@ func (s *Store) put(ctx context.Context, id store.ID, replace bool, set func(e *
 	}
 	sh, h, at := s.lockSwept(id)
 	defer sh.mu.Unlock()
-	if e := sh.records[h].find(id); e != nil {
+	if e := sh.find(sh.records[h], id); e != nil {
 		if !replace {
 			return nil
 		}
@@ -105,12 +105,15 @@ func (s *Store) put(ctx context.Context, id store.ID, replace bool, set func(e *
 		sh.setExpiry(e, at+int64(ttl))
 		return nil
 	}
-	e := &entry{id: id, hash: h, next: sh.records[h], expiresAt: at + int64(ttl)}
-	set(e, at)
-	if !s.admit(sh, e.size(), at) {
+	rec := entry{id: id, hash: h, next: sh.records[h], expiresAt: at + int64(ttl)}
+	set(&rec, at)
+	if !s.admit(sh, rec.size(), at) {
 		return nil
 	}
-	sh.records[h] = e
+	e := sh.alloc()
+	rec.self = e.self
+	*e = rec
+	sh.records[h] = e.self
 	sh.push(e)
 	sh.grow(e.size())
 	return nil

@@ -22,8 +22,15 @@ func checkHeap(t *testing.T, s *Store) {
 		sh := &s.shards[i]
 		sh.mu.Lock()
 		n := 0
-		for h, e := range sh.records {
-			for ; e != nil; e = e.next {
+		if len(sh.blocks) != (int(sh.n)+blockLen-1)/blockLen {
+			t.Fatalf("shard %d: %d blocks for %d records", i, len(sh.blocks), sh.n)
+		}
+		for h, r := range sh.records {
+			for ; r != 0; r = sh.at(r).next {
+				e := sh.at(r)
+				if e.self != r {
+					t.Fatalf("shard %d: record of %v in slot %d thinks it is in %d", i, e.id, r, e.self)
+				}
 				if e.hash != h {
 					t.Fatalf("shard %d: record of %v chained under hash %x, its hash is %x", i, e.id, h, e.hash)
 				}
@@ -31,6 +38,9 @@ func checkHeap(t *testing.T, s *Store) {
 			}
 		}
 		q := &sh.queue
+		if int(sh.n) != n {
+			t.Fatalf("shard %d: %d slots used for %d records", i, sh.n, n)
+		}
 		if len(sh.expiry)+q.live() != n {
 			t.Fatalf("shard %d: %d heap items and %d queued for %d records", i, len(sh.expiry), q.live(), n)
 		}
@@ -41,15 +51,15 @@ func checkHeap(t *testing.T, s *Store) {
 				t.Fatalf("shard %d: queue order broken at %d", i, seq)
 			}
 			last = it.at
-			e := it.e
-			if e == nil {
+			if it.ref == 0 {
 				if seq == q.head || seq == q.tail-1 {
 					t.Fatalf("shard %d: tombstone at the queue's end (%d in %d..%d)", i, seq, q.head, q.tail)
 				}
 				dead++
 				continue
 			}
-			if !e.queued || uint32(e.index) != seq || sh.records[e.hash].find(e.id) != e || it.at > e.expiresAt {
+			e := sh.at(it.ref)
+			if !e.queued || uint32(e.index) != seq || sh.find(sh.records[e.hash], e.id) != e || it.at > e.expiresAt {
 				t.Fatalf("shard %d: queue item %d (index %d) is not the record of %v", i, seq, e.index, e.id)
 			}
 		}
@@ -68,8 +78,8 @@ func checkHeap(t *testing.T, s *Store) {
 			}
 		}
 		for j, it := range sh.expiry {
-			e := it.e
-			if e.queued || int(e.index) != j || sh.records[e.hash].find(e.id) != e || it.at != e.expiresAt {
+			e := sh.at(it.ref)
+			if e.queued || int(e.index) != j || sh.find(sh.records[e.hash], e.id) != e || it.at != e.expiresAt {
 				t.Fatalf("shard %d: heap item %d (index %d) is not the record of %v", i, j, e.index, e.id)
 			}
 			if p := (j - 1) / 2; j > 0 && sh.expiry[p].at > it.at {
@@ -89,9 +99,9 @@ func checkSwept(t *testing.T, s *Store) {
 		sh := &s.shards[i]
 		sh.mu.Lock()
 		sh.sweep(at)
-		for _, e := range sh.records {
-			for ; e != nil; e = e.next {
-				if e.expiresAt <= at {
+		for _, r := range sh.records {
+			for ; r != 0; r = sh.at(r).next {
+				if e := sh.at(r); e.expiresAt <= at {
 					t.Fatalf("shard %d: %v (deadline %d) left by a sweep at %d", i, e.id, e.expiresAt, at)
 				}
 			}

@@ -2,7 +2,9 @@
 // examples and the backend of unit tests.
 //
 // Records live in a sharded map, each shard under its own lock, so claims on
-// different keys rarely contend. A record is found by a 64-bit seeded hash of its
+// different keys rarely contend; a shard keeps them in blocks of entries and
+// refers to them by slot, without pointers for the garbage collector to follow
+// (arena.go). A record is found by a 64-bit seeded hash of its
 // scope and key (hashed once per call; it also picks the shard), records whose IDs
 // share a hash chained behind it. Leases and retention run on the process's
 // monotonic clock. Expired records are swept incrementally: every write to a shard
@@ -54,9 +56,12 @@ var (
 
 type shard struct {
 	mu sync.Mutex
-	// records maps an ID's hash (Store.hash) to its record; records of other IDs
-	// with the same hash follow it through entry.next.
-	records map[uint64]*entry
+	// records maps an ID's hash (Store.hash) to its record's slot; records of
+	// other IDs with the same hash follow it through entry.next (arena.go).
+	records map[uint64]ref
+	blocks  []*block // the records, slots 1..n
+	spare   *block   // an emptied block kept for the next one needed
+	n       int32
 	// Every record is in exactly one of expiry and queue (entry.queued says which).
 	expiry []heapItem // min-heap by expiry
 	queue  queue      // FIFO by expiry, for deadlines that arrive in order
@@ -64,20 +69,22 @@ type shard struct {
 	_      [32]byte   // keep shards on separate cache lines
 }
 
-// heapItem is a record in the expiry heap; at (its expiresAt) is kept inline so
-// ordering reads no entry.
+// heapItem is a record in the expiry heap or queue; at (its expiresAt, or
+// earlier in the queue) is kept inline so ordering reads no entry. ref 0 is a
+// tombstone in the queue.
 type heapItem struct {
-	at int64
-	e  *entry
+	at  int64
+	ref ref
 }
 
-// entry is one record, in flight or completed: one allocation per claimed key,
-// kept small because most records are never replayed (176 bytes: a size class
-// of its own). Times are ns since Store.base.
+// entry is one record, in flight or completed, in a slot of its shard's
+// blocks (arena.go), kept small because most records are never replayed (176
+// bytes). Times are ns since Store.base.
 type entry struct {
 	id          store.ID
 	hash        uint64 // Store.hash(id)
-	next        *entry // the next record whose ID has the same hash
+	self        ref    // its slot
+	next        ref    // the next record whose ID has the same hash
 	token       store.Token
 	fingerprint store.Fingerprint
 	// until is the holder's lease deadline while in flight (status 0), and when
@@ -127,7 +134,8 @@ func New(opts ...Option) *Store {
 	}
 	s.base = s.now()
 	for i := range s.shards {
-		s.shards[i].records = make(map[uint64]*entry)
+		s.shards[i].records = make(map[uint64]ref)
+		s.shards[i].queue.sh = &s.shards[i]
 		s.shards[i].usage = s.usage
 	}
 	return s
@@ -208,7 +216,7 @@ func (s *Store) Claim(ctx context.Context, req store.ClaimRequest) (store.ClaimR
 	sh.sweep(at)
 
 	head := sh.records[h]
-	if e := head.find(req.ID); e != nil {
+	if e := sh.find(head, req.ID); e != nil {
 		switch {
 		case e.fingerprint != req.Fingerprint:
 			return store.ClaimResult{Outcome: store.Mismatch}, nil
@@ -229,9 +237,11 @@ func (s *Store) Claim(ctx context.Context, req store.ClaimRequest) (store.ClaimR
 	if !s.admit(sh, RecordOverhead+int64(len(req.Scope)+len(req.Key)), at) {
 		return store.ClaimResult{}, errFull
 	}
-	e := &entry{
+	e := sh.alloc()
+	*e = entry{
 		id:          req.ID,
 		hash:        h,
+		self:        e.self,
 		next:        head,
 		token:       req.ClaimToken(),
 		fingerprint: req.Fingerprint,
@@ -239,7 +249,7 @@ func (s *Store) Claim(ctx context.Context, req store.ClaimRequest) (store.ClaimR
 		expiresAt:   at + int64(req.Retention),
 		createdAt:   at,
 	}
-	sh.records[h] = e
+	sh.records[h] = e.self
 	sh.push(e)
 	sh.grow(e.size())
 	return store.ClaimResult{Outcome: store.Claimed, Token: e.token}, nil
@@ -273,7 +283,6 @@ func (s *Store) Release(ctx context.Context, id store.ID, token store.Token) err
 	}
 	return s.withHolder(ctx, id, token, func(sh *shard, e *entry, _ int64) {
 		sh.drop(e)
-		e.end()
 	})
 }
 
@@ -313,7 +322,7 @@ func (s *Store) withHolder(ctx context.Context, id store.ID, token store.Token, 
 	}
 	sh, h, at := s.lockSwept(id)
 	defer sh.mu.Unlock()
-	e := sh.records[h].find(id)
+	e := sh.find(sh.records[h], id)
 	// An expired lease still belongs to its holder until someone takes it over.
 	if e == nil || e.token != token || e.status != 0 {
 		return store.ErrLeaseLost
@@ -335,7 +344,7 @@ func (s *Store) Wait(ctx context.Context, id store.ID) error {
 	sh := s.shard(h)
 	sh.mu.Lock()
 	sh.sweep(at)
-	e := sh.records[h].find(id)
+	e := sh.find(sh.records[h], id)
 	if e == nil || e.status != 0 || at >= e.until {
 		sh.mu.Unlock()
 		return nil
@@ -420,36 +429,31 @@ func headerFromFields(fields []byte) http.Header {
 	return h
 }
 
-// find returns the record of id in the chain that starts at e (nil: none).
-func (e *entry) find(id store.ID) *entry {
-	for e != nil && e.id != id {
-		e = e.next
-	}
-	return e
-}
-
-// drop removes e from the records and from the expiry heap or queue. Called with mu held.
+// drop removes e from the records and from the expiry heap or queue, wakes its
+// waiters and frees its slot (e is then another record's, or none). Called with
+// mu held.
 func (sh *shard) drop(e *entry) {
 	switch head := sh.records[e.hash]; {
-	case head == e && e.next == nil:
+	case head == e.self && e.next == 0:
 		delete(sh.records, e.hash)
-	case head == e:
+	case head == e.self:
 		sh.records[e.hash] = e.next
 	default:
-		for p := head; p != nil; p = p.next {
-			if p.next == e {
+		for p := sh.at(head); ; p = sh.at(p.next) {
+			if p.next == e.self {
 				p.next = e.next
 				break
 			}
 		}
 	}
-	e.next = nil
 	sh.grow(-e.size())
 	if e.queued {
 		sh.queue.remove(e)
 	} else {
 		sh.remove(int(e.index))
 	}
+	e.end()
+	sh.free(e)
 }
 
 // sweep removes the records whose retention has passed. Called with mu held.
@@ -457,9 +461,7 @@ func (sh *shard) drop(e *entry) {
 // instead, once: the sweep visits at most the records that expired and those.
 func (sh *shard) sweep(at int64) {
 	for len(sh.expiry) > 0 && sh.expiry[0].at <= at {
-		e := sh.expiry[0].e
-		sh.drop(e)
-		e.end()
+		sh.drop(sh.at(sh.expiry[0].ref))
 	}
 	q := &sh.queue
 	for q.len() > 0 {
@@ -467,14 +469,13 @@ func (sh *shard) sweep(at int64) {
 		if it.at > at {
 			break
 		}
-		e := it.e
+		e := sh.at(it.ref)
 		if e.expiresAt > at {
 			q.remove(e)
 			sh.push(e) // at a deadline after at: not seen again here
 			continue
 		}
 		sh.drop(e)
-		e.end()
 	}
 }
 
@@ -487,7 +488,7 @@ func (sh *shard) push(e *entry) {
 	}
 	i := len(sh.expiry)
 	e.index = int32(i)
-	sh.expiry = append(sh.expiry, heapItem{at: e.expiresAt, e: e})
+	sh.expiry = append(sh.expiry, heapItem{at: e.expiresAt, ref: e.self})
 	sh.up(i)
 }
 
@@ -541,7 +542,7 @@ func (sh *shard) fix(i int) {
 func (sh *shard) swap(i, j int) {
 	h := sh.expiry
 	h[i], h[j] = h[j], h[i]
-	h[i].e.index, h[j].e.index = int32(i), int32(j)
+	sh.at(h[i].ref).index, sh.at(h[j].ref).index = int32(i), int32(j)
 }
 
 func (sh *shard) up(j int) {

@@ -19,7 +19,8 @@ type queue struct {
 	chunks     []*chunk // chunks[0] holds head; len is ceil((tail-base)/chunkLen), base = head rounded down to a block
 	spares     []*chunk // emptied blocks, zeroed, kept for the next ones needed (at most maxSpares)
 	head, tail uint32
-	dead       int32 // tombstones between head and tail; head and tail-1 are never one
+	dead       int32  // tombstones between head and tail; head and tail-1 are never one
+	sh         *shard // the queue's shard, whose slots its items name
 }
 
 // len returns the number of items, tombstones included.
@@ -35,7 +36,7 @@ func (q *queue) item(seq uint32) *heapItem {
 }
 
 // push appends e at e.expiresAt, which must be no earlier than the last item's at.
-func (q *queue) push(e *entry) { q.pushItem(heapItem{at: e.expiresAt, e: e}) }
+func (q *queue) push(e *entry) { q.pushItem(heapItem{at: e.expiresAt, ref: e.self}) }
 
 func (q *queue) pushItem(it heapItem) {
 	if int(q.tail-q.head&^(chunkLen-1)) == len(q.chunks)*chunkLen {
@@ -49,7 +50,8 @@ func (q *queue) pushItem(it heapItem) {
 		q.chunks = append(q.chunks, c)
 	}
 	*q.item(q.tail) = it
-	it.e.index, it.e.queued = int32(q.tail), true
+	e := q.sh.at(it.ref)
+	e.index, e.queued = int32(q.tail), true
 	q.tail++
 }
 
@@ -60,18 +62,18 @@ func (q *queue) remove(e *entry) {
 	switch seq {
 	case q.head:
 		q.popHead()
-		for q.len() > 0 && q.item(q.head).e == nil {
+		for q.len() > 0 && q.item(q.head).ref == 0 {
 			q.popHead()
 			q.dead--
 		}
 	case q.tail - 1:
 		q.popTail()
-		for q.len() > 0 && q.item(q.tail-1).e == nil {
+		for q.len() > 0 && q.item(q.tail-1).ref == 0 {
 			q.popTail()
 			q.dead--
 		}
 	default:
-		q.item(seq).e = nil // keeps its at: the order holds
+		q.item(seq).ref = 0 // keeps its at: the order holds
 		q.dead++
 		if q.dead > 16 && int(q.dead) > q.live() {
 			q.compact()
@@ -114,9 +116,9 @@ func (q *queue) keep(c *chunk) {
 // compact rebuilds the queue without its tombstones, in order.
 func (q *queue) compact() {
 	old := *q
-	*q = queue{spares: old.spares}
+	*q = queue{spares: old.spares, sh: old.sh}
 	for seq := old.head; seq != old.tail; seq++ {
-		if it := old.item(seq); it.e != nil {
+		if it := old.item(seq); it.ref != 0 {
 			q.pushItem(*it)
 		}
 	}

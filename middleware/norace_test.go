@@ -1,0 +1,5 @@
+//go:build !race
+
+package middleware
+
+const raceEnabled = false
