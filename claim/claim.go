@@ -20,10 +20,15 @@
 //     renewals stop and the execution's context is cancelled with cause
 //     store.ErrLeaseLost: another holder runs now, so this one should stop its
 //     side effects. Its result is never stored (Complete refuses a stale token).
+//   - One store bound on the caller's path: after the execution returns, the
+//     caller waits for one bounded attempt at most, the completion or the release.
+//     Stop does not wait for a renewal in progress.
 //   - Completion: a Complete that fails (an error other than ErrLeaseLost,
-//     ErrInvalid or ErrCorrupt) is retried with back-off (20 ms doubling, at most
-//     a third of the lease) while the lease is held and renewed, for at most one
-//     lease: until then duplicates wait (409), none runs a second time.
+//     ErrInvalid or ErrCorrupt) is retried in the background, with back-off (20 ms
+//     doubling, at most a third of the lease) while the lease is held and
+//     renewed, for at most one lease: until then duplicates wait (409), none runs
+//     a second time; the outcome is logged. A release that fails is retried in
+//     the background too, fenced by the token (release.go).
 //   - Release and completion run on a context that keeps the caller's values but
 //     not its cancellation: a caller that gave up still leaves the key in a
 //     definite state.
