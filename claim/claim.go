@@ -64,8 +64,9 @@ const (
 
 // Timeouts bound the store calls. A zero field keeps its default; a call that
 // runs out of time is a store error: a claim is reported to the caller (the
-// middleware answers 503), a completion is retried while the lease is held, a
-// release or renewal is logged (the lease then ends on its own).
+// middleware answers 503), a completion is retried in the background while the
+// lease is held, a release is retried in the background, a renewal is logged and
+// retried.
 type Timeouts struct {
 	// Claim bounds the claim (default DefaultStoreTimeout).
 	Claim time.Duration
@@ -83,8 +84,8 @@ type Timeouts struct {
 // Op names a store call of an execution, for Config.Observe.
 type Op uint8
 
-// The store calls reported to Config.Observe (renewals and background releases,
-// off the caller's path, are not).
+// The store calls reported to Config.Observe (renewals, background releases and
+// background completion retries, off the caller's path, are not).
 const (
 	OpClaim Op = iota + 1
 	OpComplete
