@@ -20,10 +20,15 @@
 //     renewals stop and the execution's context is cancelled with cause
 //     store.ErrLeaseLost: another holder runs now, so this one should stop its
 //     side effects. Its result is never stored (Complete refuses a stale token).
+//   - One store bound on the caller's path: after the execution returns, the
+//     caller waits for one bounded attempt at most, the completion or the release.
+//     Stop does not wait for a renewal in progress.
 //   - Completion: a Complete that fails (an error other than ErrLeaseLost,
-//     ErrInvalid or ErrCorrupt) is retried with back-off (20 ms doubling, at most
-//     a third of the lease) while the lease is held and renewed, for at most one
-//     lease: until then duplicates wait (409), none runs a second time.
+//     ErrInvalid or ErrCorrupt) is retried in the background, with back-off (20 ms
+//     doubling, at most a third of the lease) while the lease is held and
+//     renewed, for at most one lease: until then duplicates wait (409), none runs
+//     a second time; the outcome is logged. A release that fails is retried in
+//     the background too, fenced by the token (release.go).
 //   - Release and completion run on a context that keeps the caller's values but
 //     not its cancellation: a caller that gave up still leaves the key in a
 //     definite state.
@@ -59,8 +64,9 @@ const (
 
 // Timeouts bound the store calls. A zero field keeps its default; a call that
 // runs out of time is a store error: a claim is reported to the caller (the
-// middleware answers 503), a completion is retried while the lease is held, a
-// release or renewal is logged (the lease then ends on its own).
+// middleware answers 503), a completion is retried in the background while the
+// lease is held, a release is retried in the background, a renewal is logged and
+// retried.
 type Timeouts struct {
 	// Claim bounds the claim (default DefaultStoreTimeout).
 	Claim time.Duration
@@ -78,8 +84,8 @@ type Timeouts struct {
 // Op names a store call of an execution, for Config.Observe.
 type Op uint8
 
-// The store calls reported to Config.Observe (renewals and background releases,
-// off the caller's path, are not).
+// The store calls reported to Config.Observe (renewals, background releases and
+// background completion retries, off the caller's path, are not).
 const (
 	OpClaim Op = iota + 1
 	OpComplete

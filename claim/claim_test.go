@@ -142,24 +142,53 @@ func (f *failing) Complete(ctx context.Context, id store.ID, tok store.Token, re
 	return f.Store.Complete(ctx, id, tok, resp, ret)
 }
 
-// A failing completion is retried with back-off while the lease is held, and
-// gives up after one lease.
+// A failing completion returns at once after its one attempt, and is retried
+// in the background with back-off while the lease is held (duplicates are in
+// flight meanwhile), until it succeeds or one lease has passed; then the key
+// stays claimed until the lease, renewed until then, runs out.
 func TestCompleteRetriesWhileLeaseHeld(t *testing.T) {
 	for _, tc := range []struct {
-		fails   int
-		ok      bool
-		retries int
-	}{{5, true, 5}, {1000, false, -1}} {
+		fails int
+		ok    bool
+	}{{5, true}, {1000, false}} {
 		synctest.Test(t, func(t *testing.T) {
 			st := &failing{Store: memory.New(), n: tc.fails}
 			cl := newClaimer(t, st, time.Second)
 			var e claim.Execution
-			startClaimed(t, cl, &e, store.ID{Key: "k"})
+			id := store.ID{Key: "k"}
+			startClaimed(t, cl, &e, id)
 			e.Stop()
 			t0 := time.Now()
-			retries, _, err := e.Complete(store.Response{Status: 200}, nil)
-			if (err == nil) != tc.ok || tc.retries >= 0 && retries != tc.retries || time.Since(t0) > time.Second {
-				t.Fatalf("Complete after %d failures: %d retries in %v, %v", tc.fails, retries, time.Since(t0), err)
+			pending, err := e.Complete(store.Response{Status: 200})
+			if !pending || err == nil || time.Since(t0) != 0 {
+				t.Fatalf("Complete: pending %v, %v after %v; want pending at once with the attempt's error", pending, err, time.Since(t0))
+			}
+			claimed := func() store.Outcome {
+				res, _, err := cl.Claim(t.Context(), store.ClaimRequest{ID: id})
+				if err != nil {
+					t.Fatal(err)
+				}
+				return res.Outcome
+			}
+			if o := claimed(); o != store.InFlight {
+				t.Fatalf("duplicate while the completion is retried: %v, want in flight", o)
+			}
+			time.Sleep(time.Second)
+			synctest.Wait()
+			st.mu.Lock()
+			calls := tc.fails - st.n
+			st.mu.Unlock()
+			switch o := claimed(); {
+			case tc.ok && (o != store.Completed || calls != tc.fails+1):
+				t.Fatalf("after the retries: %v after %d Complete calls; want completed after %d", o, calls, tc.fails+1)
+			case !tc.ok && (o != store.InFlight || calls < 5):
+				t.Fatalf("after a lease of failures: %v after %d Complete calls; want still claimed (in flight) after retries", o, calls)
+			}
+			if !tc.ok {
+				time.Sleep(2 * time.Second) // the renewals stopped: the lease runs out
+				if o := claimed(); o != store.Claimed {
+					t.Fatalf("after the lease: %v, want claimed again", o)
+				}
 			}
 		})
 	}

@@ -27,7 +27,9 @@ func Example() {
 	// ... the work runs here ...
 	e.Stop()
 	e.Returned()
-	if _, _, err := e.Complete(store.Response{Status: 200, Body: []byte("done")}, nil); err != nil {
+	// One attempt; a store that fails to answer in time leaves the rest to the
+	// background (pending), retried while the lease is held.
+	if pending, err := e.Complete(store.Response{Status: 200, Body: []byte("done")}); err != nil && !pending {
 		fmt.Println("complete:", err)
 		return
 	}

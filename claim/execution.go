@@ -40,7 +40,9 @@ type Execution struct {
 	renewLost atomic.Bool  // a renewal found the lease lost
 	held      atomic.Int64 // when the lease was last known held: cl.epoch + held (claim or renewal sent)
 	mu        sync.Mutex
-	stopped   bool
+	stopped   bool // no renewal is due (Stop; restart clears it)
+	returnedE bool // Stop ran: the execution returned, a lost lease cancels nothing
+	renewing  bool // a renewal's store call is in progress (not under mu)
 	timer     Timer
 	renewFn   func()
 }
@@ -114,7 +116,7 @@ func (e *Execution) Start(cl *Claimer, values context.Context, id store.ID, toke
 	e.sent = sent
 	first := max(cl.cfg.Lease/3-time.Since(sent), 0)
 	e.mu.Lock()
-	e.stopped = false
+	e.stopped, e.returnedE = false, false
 	if e.timer == nil {
 		e.renewFn = e.renew
 		e.timer = cl.cfg.Clock.AfterFunc(first, e.renewFn)
@@ -131,25 +133,33 @@ func (e *Execution) ID() store.ID { return e.id }
 func (e *Execution) Token() store.Token { return e.token }
 
 // renew runs on the clock's goroutine every third of the lease until stopped.
+// Its store call runs outside mu, so Stop never waits for a hung store; a timer
+// that fires while one is in progress does nothing (that one schedules the next).
 func (e *Execution) renew() {
 	e.mu.Lock()
-	defer e.mu.Unlock()
-	if e.stopped {
+	if e.stopped || e.renewing {
+		e.mu.Unlock()
 		return
 	}
-	cl := e.cl
+	e.renewing = true
+	cl, id, token := e.cl, e.id, e.token
+	e.mu.Unlock()
 	at := cl.now()
 	ctx, cancel := cl.Bound(&e.ctx, cl.cfg.Timeouts.Renew)
-	err := cl.cfg.Store.Renew(ctx, e.id, e.token, cl.cfg.Lease)
+	err := cl.cfg.Store.Renew(ctx, id, token, cl.cfg.Lease)
 	cancel()
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.renewing = false
 	switch {
 	case err == nil:
 		e.held.Store(int64(at.Sub(cl.epoch)))
 	case errors.Is(err, store.ErrLeaseLost):
 		// Logged by the caller when it returns: a record completed in the caller's
-		// own transaction also ends the lease, and is no loss.
+		// own transaction also ends the lease, and is no loss. Once the execution
+		// has returned there is no context left to cancel.
 		e.renewLost.Store(true)
-		if !e.completedInTx() {
+		if !e.returnedE && !e.completedInTx() {
 			if e.lost != nil {
 				e.lost(store.ErrLeaseLost)
 			}
@@ -160,7 +170,10 @@ func (e *Execution) renew() {
 		return // nothing left to renew
 	default:
 		cl.cfg.Logger.LogAttrs(context.Background(), slog.LevelWarn, "idempotency lease renewal failed; retrying",
-			slog.String("scope", e.id.Scope), slog.String("key", e.id.Key), slog.Any("error", err))
+			slog.String("scope", id.Scope), slog.String("key", id.Key), slog.Any("error", err))
+	}
+	if e.stopped {
+		return
 	}
 	// The next renewal is due a third of the lease after this one was sent, not
 	// after it returned: a renewal that ran out of its deadline (up to a third of
@@ -193,25 +206,29 @@ func (e *Execution) completedInTx() bool {
 	return e.inTx
 }
 
-// Stop stops the renewals and waits for one in progress. It reports whether e
-// may be reused: false when a renewal had fired but not yet run, since it will
-// still look at e.
+// Stop stops the renewals, without waiting for one in progress (a hung store
+// must not hold the caller: its answer is acted on only while the execution
+// runs). It reports whether e may be reused: false when a renewal has fired and
+// not yet ended, since it still looks at e.
 func (e *Execution) Stop() (reusable bool) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	e.stopped = true
+	e.stopped, e.returnedE = true, true
 	if e.timer == nil {
 		return true
 	}
-	return e.timer.Stop()
+	return e.timer.Stop() && !e.renewing
 }
 
-// restart schedules renewals again after Stop.
+// restart schedules renewals again after Stop, the next at once when the last
+// one that reached the store was sent a third of the lease ago or more.
 func (e *Execution) restart() {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	e.stopped = false
-	e.timer.Reset(e.cl.cfg.Lease / 3)
+	if !e.renewing {
+		e.timer.Reset(max(e.cl.cfg.Lease/3-e.cl.now().Sub(e.heldAt()), 0))
+	}
 }
 
 // Release releases the claim once (token-checked) and returns the store's error;
@@ -262,67 +279,6 @@ func (e *Execution) NotifyCompleted(resp store.Response) {
 	ctx, cancel := e.cl.Bound(&e.ctx, e.cl.cfg.Timeouts.Complete)
 	n.NotifyCompleted(ctx, e.id, e.token, resp, rest)
 	cancel()
-}
-
-// minCompleteBackoff is the first back-off of completion retries; it doubles up
-// to a third of the lease.
-const minCompleteBackoff = 20 * time.Millisecond
-
-// Complete stores resp, after Stop. When the store fails (an error other than
-// ErrLeaseLost, ErrInvalid or ErrCorrupt), the lease is renewed again and
-// Complete retried with back-off until it succeeds, the lease is lost, the lease
-// can no longer be held (no successful claim or renewal within the last lease),
-// or the retries have lasted one lease (a completion that keeps failing while
-// renewals pass must not hold the caller forever): until then duplicates are
-// refused, never run a second time. beforeRetry, if not nil, runs once before the
-// first retry (the middleware flushes the response to its client). It returns
-// the last error and the number of retries; renewals are stopped again when it
-// returns, and reusable is false when one of them may still look at e.
-func (e *Execution) Complete(resp store.Response, beforeRetry func()) (retries int, reusable bool, err error) {
-	cl := e.cl
-	lease := cl.cfg.Lease
-	backoff := minCompleteBackoff
-	var (
-		failed time.Time     // the first failure
-		waited time.Duration // the back-offs so far (the clock may be a test's)
-	)
-	reusable = true
-	defer func() {
-		if retries > 0 && !e.Stop() {
-			reusable = false
-		}
-	}()
-	for {
-		ctx, cancel := cl.Bound(&e.ctx, cl.cfg.Timeouts.Complete)
-		ctx, d := cl.observe(ctx, OpComplete, e.id)
-		err = cl.cfg.Store.Complete(ctx, e.id, e.token, resp, e.recordRetention())
-		cancel()
-		done(d, err)
-		if err == nil {
-			return retries, reusable, nil
-		}
-		if retries == 0 {
-			failed = time.Now()
-		}
-		if errors.Is(err, store.ErrLeaseLost) || errors.Is(err, store.ErrInvalid) || errors.Is(err, store.ErrCorrupt) ||
-			e.renewLost.Load() || time.Since(e.heldAt())+backoff >= lease || max(time.Since(failed), waited)+backoff > lease {
-			return retries, reusable, err
-		}
-		if retries == 0 {
-			if beforeRetry != nil {
-				beforeRetry()
-			}
-			e.restart()
-		}
-		retries++
-		cl.cfg.Logger.LogAttrs(context.Background(), slog.LevelWarn, "idempotency store failed to complete; retrying while the lease is held",
-			slog.String("scope", e.id.Scope), slog.String("key", e.id.Key), slog.Int("retry", retries), slog.Any("error", err))
-		wait := make(chan struct{})
-		cl.cfg.Clock.AfterFunc(backoff, func() { close(wait) })
-		<-wait
-		waited += backoff
-		backoff = min(2*backoff, max(lease/3, minCompleteBackoff))
-	}
 }
 
 // Reset readies e for another claim (a pool). Call it only when Stop reported e

@@ -30,7 +30,7 @@ func keptFor(t *testing.T, cl *claim.Claimer, st *memory.Store, key string, d ti
 	c, _ := claim.FromContext(ctx)
 	e.Stop()
 	e.Returned()
-	if _, _, err := e.Complete(store.Response{Status: 201}, nil); err != nil {
+	if _, err := e.Complete(store.Response{Status: 201}); err != nil {
 		t.Fatal(err)
 	}
 	if err := claim.SetRetention(ctx, time.Minute); !errors.Is(err, claim.ErrNoClaim) {

@@ -135,6 +135,14 @@ type Result struct {
 	// Takeover is set when fn ran after taking over a key whose previous holder's
 	// lease had expired (the previous call may have run part of fn).
 	Takeover bool
+	// CompletionPending is set when fn ran but the attempt to store its result
+	// failed while the lease was held: Do returned at once (within fn's time
+	// plus one store timeout), and the result is stored in the background,
+	// retried with back-off while the lease is renewed, for at most one lease
+	// (package claim). Repeats get *InFlightError until then, then the stored
+	// result; if it never succeeds (logged), the key stays claimed until its
+	// lease expires and the next call runs fn again.
+	CompletionPending bool
 }
 
 // Fingerprint returns the SHA-256 digest of a call's arguments, to pass to Do.
@@ -238,9 +246,10 @@ func Do(ctx context.Context, st store.Store, id store.ID, fp store.Fingerprint, 
 //   - store.ErrInvalid for a nil fn or an ID the store refuses, store.ErrCorrupt for a record
 //     this package did not write, or the store's own error (wrapped) when it
 //     could not answer: fn did not run, unless the error came from storing its
-//     result (retried with back-off while the lease is held, for at most one
-//     lease: package claim), in which case Result.Value is set and the key stays
-//     claimed until its lease expires.
+//     result (the store refused it), in which case Result.Value is set and the
+//     key stays claimed until its lease expires. A store that failed to answer
+//     the completion in time is no error: Result.CompletionPending is set and
+//     the result is stored in the background (package claim).
 func (r *Runner) Do(ctx context.Context, id store.ID, fp store.Fingerprint, fn Func) (Result, error) {
 	if fn == nil {
 		return Result{}, fmt.Errorf("%w: idem: nil fn", store.ErrInvalid)
@@ -317,30 +326,31 @@ func (r *Runner) run(ctx context.Context, id store.ID, res store.ClaimResult, se
 			return Result{Takeover: res.Takeover}, fnErr
 		}
 		resp := store.Response{Status: statusFailed, Body: []byte(fnErr.Error())}
-		if err := r.complete(&e, resp); err != nil {
+		pending, err := r.complete(&e, resp)
+		if err != nil {
 			return Result{Takeover: res.Takeover}, errors.Join(fnErr, err)
 		}
-		return Result{Takeover: res.Takeover}, fnErr
+		return Result{Takeover: res.Takeover, CompletionPending: pending}, fnErr
 	}
-	if err := r.complete(&e, store.Response{Status: statusResult, Body: value}); err != nil {
-		return out, err
-	}
-	return out, nil
+	out.CompletionPending, err = r.complete(&e, store.Response{Status: statusResult, Body: value})
+	return out, err
 }
 
-// complete stores resp, retried while the lease is held (claim.Execution.Complete).
-func (r *Runner) complete(e *claim.Execution, resp store.Response) error {
+// complete stores resp: one attempt on the caller's path; when it fails while
+// the lease is held, completion goes on in the background (pending, no error:
+// package claim retries it and logs its end).
+func (r *Runner) complete(e *claim.Execution, resp store.Response) (pending bool, err error) {
 	id := e.ID()
-	retries, _, err := e.Complete(resp, nil)
+	pending, err = e.Complete(resp)
 	switch {
-	case err == nil:
-		return nil
+	case err == nil || pending:
+		return pending, nil
 	case errors.Is(err, store.ErrLeaseLost):
-		return fmt.Errorf("idemkey/idem: key %q in scope %q taken over while fn ran; result not stored: %w", id.Key, id.Scope, err)
+		return false, fmt.Errorf("idemkey/idem: key %q in scope %q taken over while fn ran; result not stored: %w", id.Key, id.Scope, err)
 	}
-	r.logger.LogAttrs(context.Background(), slog.LevelError, "idempotency store failed to store a function's result; the key stays claimed until its lease expires",
-		slog.String("scope", id.Scope), slog.String("key", id.Key), slog.Int("retries", retries), slog.Any("error", err))
-	return fmt.Errorf("idemkey/idem: complete: %w", err)
+	r.logger.LogAttrs(context.Background(), slog.LevelError, "idempotency store refused a function's result; the key stays claimed until its lease expires",
+		slog.String("scope", id.Scope), slog.String("key", id.Key), slog.Any("error", err))
+	return false, fmt.Errorf("idemkey/idem: complete: %w", err)
 }
 
 // releaseKey releases the claim; a failure is logged by the execution, and the

@@ -119,47 +119,71 @@ func TestClaimFailureDoesNotRun(t *testing.T) {
 	}
 }
 
+// A completion the store refuses ends Do with fn's value and the store's error;
+// one it fails to answer is retried in the background for at most one lease, and
+// either way the key stays claimed (in flight), never run twice at once, until
+// the lease ends.
 func TestCompleteFailureKeepsClaimUntilLease(t *testing.T) {
-	mem := memory.New()
-	// Completion is retried while the lease is held, for at most one lease: a
-	// short one keeps the test short.
-	r := quiet(t, &faulty{Store: mem, complete: errDown}, idem.WithLease(300*time.Millisecond))
-	id := store.ID{Key: "k"}
-	res, err := r.Do(t.Context(), id, fp, func(context.Context) ([]byte, error) { return []byte("v"), nil })
-	if !errors.Is(err, errDown) || string(res.Value) != "v" {
-		t.Fatalf("Do = %q, %v; want fn's value and the store's error", res.Value, err)
-	}
-	// Not released: a repeat is in flight until the lease ends, never run twice at once.
-	if _, err := quiet(t, mem).Do(t.Context(), id, fp, func(context.Context) ([]byte, error) { return nil, nil }); !errors.Is(err, idem.ErrInFlight) {
-		t.Fatalf("repeat: %v, want ErrInFlight", err)
+	for _, tc := range []struct {
+		name    string
+		err     error
+		pending bool
+	}{{"refused", fmt.Errorf("%w: too large", store.ErrInvalid), false}, {"failed", errDown, true}} {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				mem := memory.New()
+				const lease = 300 * time.Millisecond
+				r := quiet(t, &faulty{Store: mem, complete: tc.err}, idem.WithLease(lease))
+				id := store.ID{Key: "k"}
+				res, err := r.Do(t.Context(), id, fp, func(context.Context) ([]byte, error) { return []byte("v"), nil })
+				if string(res.Value) != "v" || res.CompletionPending != tc.pending || tc.pending != (err == nil) || !tc.pending && !errors.Is(err, tc.err) {
+					t.Fatalf("Do = %+v, %v; want fn's value, pending %v", res, err, tc.pending)
+				}
+				// Not released: a repeat is in flight, never run twice at once.
+				if _, err := quiet(t, mem).Do(t.Context(), id, fp, func(context.Context) ([]byte, error) { return nil, nil }); !errors.Is(err, idem.ErrInFlight) {
+					t.Fatalf("repeat: %v, want ErrInFlight", err)
+				}
+				time.Sleep(3 * lease) // the retries give up; the last renewal's lease ends
+				ran := false
+				if _, err := quiet(t, mem).Do(t.Context(), id, fp, func(context.Context) ([]byte, error) { ran = true; return nil, nil }); err != nil || !ran {
+					t.Fatalf("after the lease: %v, ran %v; want a new run", err, ran)
+				}
+			})
+		})
 	}
 }
 
+// A completion that fails is retried in the background: Do returns after its
+// one attempt with the result pending, and the repeat then replays it.
 func TestCompleteRetried(t *testing.T) {
 	for _, tc := range []struct {
 		name  string
 		fails int32
-		ok    bool
 	}{
-		{"one failure", 1, true},
-		{"two failures", 2, true},
-		{"four failures", 4, true},
+		{"one failure", 1},
+		{"two failures", 2},
+		{"four failures", 4},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			f := &faulty{Store: memory.New()}
-			f.failCompletes.Store(tc.fails)
-			r := quiet(t, f)
-			id := store.ID{Key: "k"}
-			_, err := r.Do(t.Context(), id, fp, func(context.Context) ([]byte, error) { return []byte("v"), nil })
-			if (err == nil) != tc.ok || f.completes.Load() != tc.fails+1 {
-				t.Fatalf("Do: %v after %d Complete calls; want ok=%v", err, f.completes.Load(), tc.ok)
-			}
-			if tc.ok {
-				res, err := r.Do(t.Context(), id, fp, func(context.Context) ([]byte, error) { return nil, errors.New("ran twice") })
+			synctest.Test(t, func(t *testing.T) {
+				f := &faulty{Store: memory.New()}
+				f.failCompletes.Store(tc.fails)
+				r := quiet(t, f)
+				id := store.ID{Key: "k"}
+				res, err := r.Do(t.Context(), id, fp, func(context.Context) ([]byte, error) { return []byte("v"), nil })
+				if err != nil || !res.CompletionPending || f.completes.Load() != 1 {
+					t.Fatalf("Do: %+v, %v after %d Complete calls; want pending after one", res, err, f.completes.Load())
+				}
+				time.Sleep(time.Second)
+				synctest.Wait()
+				if f.completes.Load() != tc.fails+1 {
+					t.Fatalf("%d Complete calls, want %d", f.completes.Load(), tc.fails+1)
+				}
+				res, err = r.Do(t.Context(), id, fp, func(context.Context) ([]byte, error) { return nil, errors.New("ran twice") })
 				if err != nil || !res.Replayed || string(res.Value) != "v" {
 					t.Fatalf("replay = %+v, %v", res, err)
 				}
-			}
+			})
 		})
 	}
 }

@@ -55,7 +55,7 @@ func (m *Middleware) execute(c *call, w http.ResponseWriter, r *http.Request, ne
 		c.unhold()
 	default:
 		if !m.storeResponse(c, r, &ev) {
-			reusable = false // a renewal restarted for the retries may still look at c
+			reusable = false // the background completion still looks at c
 		}
 	}
 	ev.StoreLatency += a.latency
@@ -88,10 +88,12 @@ func (m *Middleware) panicked(c *call, r *http.Request, ev Event, latency time.D
 	}
 }
 
-// storeResponse completes the record with the captured response (retried while the
-// lease is held, see complete) and fills ev in. It reports whether the renewals
-// are known stopped (c may be reused).
-func (m *Middleware) storeResponse(c *call, r *http.Request, ev *Event) (stopped bool) {
+// storeResponse completes the record with the captured response and fills ev
+// in: one attempt on the request's path (claim.Execution.Complete); when it
+// fails while the lease is held, completion goes on in the background (ev says
+// so, and its end is logged) and the answer goes to the client at once. It
+// reports whether c may be reused: not while that work still looks at it.
+func (m *Middleware) storeResponse(c *call, r *http.Request, ev *Event) (reusable bool) {
 	id := c.exec.ID()
 	ev.Decision = Executed
 	if c.exec.LeaseLost() {
@@ -107,23 +109,20 @@ func (m *Middleware) storeResponse(c *call, r *http.Request, ev *Event) (stopped
 		resp.Header = nil
 	}
 	t0 := m.now()
-	var again bool
-	ev.Err, ev.CompleteRetries, again, stopped = m.complete(c, resp)
+	ev.CompletionPending, ev.Err = c.exec.Complete(resp)
 	ev.StoreLatency = m.since(t0)
 	switch err := ev.Err; {
+	case ev.CompletionPending: // logged by package claim, at the attempt and at the end
 	case errors.Is(err, store.ErrLeaseLost):
 		ev.Decision = LeaseLost
 		m.logger.LogAttrs(r.Context(), slog.LevelWarn,
 			"idempotency lease lost before completion; the response was not stored (another request took the key over)",
 			slog.String("scope", id.Scope), slog.String("key", id.Key), slog.Int("status", c.status))
 	case err != nil:
-		m.logger.LogAttrs(r.Context(), slog.LevelError, "idempotency store failed to complete; the key stays claimed until its lease expires",
-			slog.String("scope", id.Scope), slog.String("key", id.Key), slog.Int("retries", ev.CompleteRetries), slog.Any("error", err))
-	case again:
-		m.logger.LogAttrs(r.Context(), slog.LevelInfo, "idempotency record completed after retries",
-			slog.String("scope", id.Scope), slog.String("key", id.Key), slog.Int("retries", ev.CompleteRetries))
+		m.logger.LogAttrs(r.Context(), slog.LevelError, "idempotency store refused the completion; the key stays claimed until its lease expires",
+			slog.String("scope", id.Scope), slog.String("key", id.Key), slog.Any("error", err))
 	}
-	return stopped
+	return !ev.CompletionPending
 }
 
 // notifyCompleted tells a store that keeps a copy of records (store.CompletionNotifier)
@@ -133,16 +132,4 @@ func (m *Middleware) notifyCompleted(c *call, resp store.Response) time.Duration
 	t0 := m.now()
 	c.exec.NotifyCompleted(resp)
 	return m.since(t0)
-}
-
-// complete stores resp (claim.Execution.Complete: retried with back-off while the
-// lease is held, for at most one lease; duplicates get 409 meanwhile). The
-// response is flushed to the client before the first retry. It returns the last
-// error, the number of retries, whether a retry succeeded, and whether the
-// renewals restarted for the retries are known stopped (c may be reused).
-func (m *Middleware) complete(c *call, resp store.Response) (err error, retries int, again, stopped bool) {
-	retries, stopped, err = c.exec.Complete(resp, func() {
-		_ = http.NewResponseController(c.w).Flush() // the client need not wait for the store
-	})
-	return err, retries, err == nil && retries > 0, stopped
 }

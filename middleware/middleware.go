@@ -56,9 +56,14 @@
 //	                                          logged once per outage (its start, a
 //	                                          count every minute, its end), each
 //	                                          request at debug level
-//	completion fails (store error)            retried with back-off while the lease
-//	                                            is held, for at most one lease;
-//	                                            duplicates get 409 meanwhile
+//	completion fails (store error, or no      the response goes out after that one
+//	  answer within the complete bound)         attempt; completion is retried in the
+//	                                            background while the lease is held,
+//	                                            for at most one lease; duplicates get
+//	                                            409 meanwhile (Event.CompletionPending)
+//	release fails (store error or hung)       the answer goes out after that one
+//	                                            attempt; released in the background,
+//	                                            fenced by the token
 //	lease lost while the handler runs         its context is cancelled with cause
 //	  (a renewal finds it taken over)           store.ErrLeaseLost; its response is
 //	                                            not stored (package claim)
@@ -97,7 +102,9 @@
 //
 // For every handler: a client hang-up does not cancel it (WithCancelOnDisconnect),
 // each store call has a deadline (WithStoreFailure), and a failed completion is
-// retried while the lease is held, so none of these runs a request twice.
+// retried while the lease is held, so none of these runs a request twice. After the
+// handler returns, its client waits for one store call at most (the completion or
+// the release, under its bound); retries go on in the background (package claim).
 //
 // # Adapters
 //

@@ -1010,110 +1010,97 @@ func TestStoreErrorFailOpen(t *testing.T) {
 	}
 }
 
-// A failed completion is retried while the lease is held: duplicates meanwhile
-// get 409, never a second execution, and the replay is the original response.
+// waitArmed yields until n timers are armed on e's clock (the background
+// completion schedules its back-offs and renewals on it).
+func (e *env) waitArmed(n int) {
+	for {
+		if got, _ := e.clk.armed(); got == n {
+			return
+		}
+		runtime.Gosched()
+	}
+}
+
+// A failed completion does not hold the client: the request ends after the one
+// attempt with the handler's response, and the completion is retried in the
+// background while the lease is held: duplicates meanwhile get 409, never a
+// second execution, and the replay is the original response.
 func TestCompleteRetriedWhileLeaseHeld(t *testing.T) {
 	e := newEnv(t, echoHandler)
 	e.st.completeFails.Store(2)
-	done := make(chan *httptest.ResponseRecorder)
-	go func() { done <- e.do(req("POST", "/x", "k", "original")) }()
-	for retries := 0; retries < 2; {
-		select {
-		case w := <-done:
-			t.Fatalf("returned before its retries: %d", w.Code)
-		default:
-		}
-		if n, _ := e.clk.armed(); n < 2 { // the renewal and a back-off
-			runtime.Gosched()
-			continue
-		}
+	if w := e.do(req("POST", "/x", "k", "original")); w.Code != http.StatusCreated || w.Body.String() != "original" {
+		t.Fatalf("first: %d %q", w.Code, w.Body)
+	}
+	if ev := e.lastEvent(); ev.Decision != Executed || ev.Err == nil || !ev.CompletionPending || e.st.completes.Load() != 1 {
+		t.Fatalf("event %+v after %d Complete calls; want executed, completion pending after one", ev, e.st.completes.Load())
+	}
+	for retries := 0; retries < 2; retries++ {
+		e.waitArmed(2) // the renewal and a back-off (the attempt before it failed)
 		if w := e.do(req("POST", "/x", "k", "original")); w.Code != http.StatusConflict {
 			t.Fatalf("duplicate during the retries: %d %q, want 409", w.Code, w.Body)
 		}
 		e.clk.fire()
-		retries++
 	}
-	if w := <-done; w.Code != http.StatusCreated || w.Body.String() != "original" {
-		t.Fatalf("first: %d %q", w.Code, w.Body)
-	}
-	ev := e.lastEvent()
-	if ev.Decision != Executed || ev.Err != nil || ev.CompleteRetries != 2 || e.st.completes.Load() != 3 {
-		t.Fatalf("event %+v after %d Complete calls; want executed after 2 retries, 3 calls", ev, e.st.completes.Load())
-	}
+	e.waitArmed(0) // completed: the renewals stopped
 	if w := e.do(req("POST", "/x", "k", "original")); w.Code != http.StatusCreated || w.Body.String() != "original" ||
-		w.Header().Get(DefaultReplayedHeader) != "true" || e.calls.Load() != 1 {
-		t.Fatalf("retry: %d %q, %d executions; want the original replayed", w.Code, w.Body, e.calls.Load())
-	}
-	if n, _ := e.clk.armed(); n != 0 {
-		t.Fatalf("%d timers still armed", n)
+		w.Header().Get(DefaultReplayedHeader) != "true" || e.calls.Load() != 1 || e.st.completes.Load() != 3 {
+		t.Fatalf("retry: %d %q, %d executions, %d Complete calls; want the original replayed after 3", w.Code, w.Body, e.calls.Load(), e.st.completes.Load())
 	}
 }
 
-// Completion retries end when the lease is lost (a renewal finds it taken over).
+// Background completion retries end when the lease is lost (a renewal finds it
+// taken over): the renewals stop, nothing more is tried, and it is logged.
 func TestCompleteRetriesEndWhenLeaseLost(t *testing.T) {
-	e := newEnv(t, echoHandler)
+	logs := &logRecorder{}
+	e := newEnv(t, echoHandler, WithLogger(slog.New(logs)))
 	e.st.completeErr = errors.New("store down (injected)")
-	done := make(chan *httptest.ResponseRecorder)
-	go func() { done <- e.do(req("POST", "/x", "k", "b")) }()
+	if w := e.do(req("POST", "/x", "k", "b")); w.Code != http.StatusCreated {
+		t.Fatalf("status %d", w.Code)
+	}
+	if ev := e.lastEvent(); ev.Decision != Executed || ev.Err == nil || !ev.CompletionPending {
+		t.Fatalf("event %+v; want the completion pending", ev)
+	}
+	e.waitArmed(2)
+	e.st.renewErr.Store(fmt.Errorf("taken over (injected): %w", store.ErrLeaseLost))
 	for {
-		if n, _ := e.clk.armed(); n >= 2 {
+		if n, _ := e.clk.armed(); n == 0 {
 			break
+		}
+		e.clk.fire() // renewals now fail with ErrLeaseLost
+		runtime.Gosched()
+	}
+	for !logs.has("lease lost before completion") {
+		runtime.Gosched() // the background completion logs its end
+	}
+	calls := e.st.completes.Load()
+	if e.clk.fire() != 0 || e.st.completes.Load() != calls {
+		t.Fatalf("completion still retried after the lease was lost")
+	}
+}
+
+// A completion that keeps failing while the renewals pass is retried in the
+// background for one lease, not forever: it ends with the store error logged,
+// and the key stays claimed (409) until its lease runs out.
+func TestCompleteRetriesLastOneLease(t *testing.T) {
+	logs := &logRecorder{}
+	e := newEnv(t, echoHandler, WithLogger(slog.New(logs)))
+	e.st.completeErr = errors.New("store refuses this completion (injected)")
+	if w := e.do(req("POST", "/x", "k", "b")); w.Code != http.StatusCreated {
+		t.Fatalf("status %d", w.Code)
+	}
+	for e.st.completes.Load() < 10 || !logs.has("stays claimed") {
+		if n, _ := e.clk.armed(); n == 2 { // the renewal and a back-off
+			e.clk.fire() // renewals pass, back-offs end
 		}
 		runtime.Gosched()
 	}
-	e.st.renewErr.Store(fmt.Errorf("taken over (injected): %w", store.ErrLeaseLost))
-	for {
-		select {
-		case w := <-done:
-			if w.Code != http.StatusCreated {
-				t.Fatalf("status %d", w.Code)
-			}
-			if ev := e.lastEvent(); ev.Decision != Executed || ev.Err == nil || ev.CompleteRetries == 0 {
-				t.Fatalf("event %+v; want the store error after retries", ev)
-			}
-			return
-		default:
-			e.clk.fire() // renewals now fail with ErrLeaseLost
-			runtime.Gosched()
-		}
+	// Back-offs of 20ms doubling to a third of the 10s lease: 9 fit in it.
+	if n, r := logs.count(slog.LevelError); n != 1 || attr(r, "retries") != "9" || e.st.completes.Load() != 10 || e.st.renews.Load() == 0 {
+		t.Fatalf("%d error lines (last %q retries=%s), %d Complete, %d Renew calls; want the store error after 9 retries, renewals passing",
+			n, r.Message, attr(r, "retries"), e.st.completes.Load(), e.st.renews.Load())
 	}
-}
-
-// A completion that keeps failing while the renewals pass is retried for one
-// lease, not forever: the request ends with the store error, the key stays
-// claimed (409) until its lease runs out.
-func TestCompleteRetriesLastOneLease(t *testing.T) {
-	e := newEnv(t, echoHandler)
-	e.st.completeErr = errors.New("store refuses this completion (injected)")
-	done := make(chan *httptest.ResponseRecorder)
-	go func() { done <- e.do(req("POST", "/x", "k", "b")) }()
-	for fires := 0; ; {
-		select {
-		case w := <-done:
-			ev := e.lastEvent()
-			// Back-offs of 20ms doubling to a third of the 10s lease: 9 fit in it.
-			if w.Code != http.StatusCreated || ev.Err == nil || ev.CompleteRetries != 9 || e.st.completes.Load() != 10 || e.st.renews.Load() == 0 {
-				t.Fatalf("%d, event %+v, %d Complete, %d Renew calls; want the store error after 9 retries, renewals passing",
-					w.Code, ev, e.st.completes.Load(), e.st.renews.Load())
-			}
-			if w := e.do(req("POST", "/x", "k", "b")); w.Code != http.StatusConflict || e.calls.Load() != 1 {
-				t.Fatalf("duplicate: %d after %d executions; want 409, 1", w.Code, e.calls.Load())
-			}
-			if n, _ := e.clk.armed(); n != 0 {
-				t.Fatalf("%d timers still armed", n)
-			}
-			return
-		default:
-		}
-		if n, _ := e.clk.armed(); n < 2 { // the renewal and a back-off
-			runtime.Gosched()
-			continue
-		}
-		if fires > 100 {
-			t.Fatal("the completion is still retried")
-		}
-		e.clk.fire() // renewals pass, back-offs end
-		fires++
+	if w := e.do(req("POST", "/x", "k", "b")); w.Code != http.StatusConflict || e.calls.Load() != 1 {
+		t.Fatalf("duplicate: %d after %d executions; want 409, 1", w.Code, e.calls.Load())
 	}
 }
 

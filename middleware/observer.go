@@ -85,11 +85,17 @@ type Event struct {
 	Status int
 	// Takeover is set when the claim took over an expired lease.
 	Takeover bool
-	// CompleteRetries counts the Complete calls retried after the store failed to
-	// complete (the retries run while the lease is held, for at most one lease). With Err nil the last one
-	// stored the response; otherwise Err is why it gave up (LeaseLost when the lease
-	// was lost, Executed with the store's error when it could not be held).
+	// CompleteRetries counts Complete calls retried on the request's path. It is
+	// 0 since this release: the middleware makes one attempt, and when it fails
+	// the retries run in the background after the answer (CompletionPending).
 	CompleteRetries int
+	// CompletionPending is set on Executed when the attempt to store the response
+	// failed (Err says why) while the lease was held: the client got the
+	// handler's response at once, and completion is retried in the background,
+	// with back-off while the lease is renewed, for at most one lease (package
+	// claim). Duplicates get 409 until it succeeds, then the replay; its end is
+	// logged (the Event is not sent again).
+	CompletionPending bool
 	// InTransaction is set on Executed when the handler completed the record in its
 	// own transaction (MarkCompleted) and the middleware did not call Complete.
 	InTransaction bool
@@ -100,8 +106,9 @@ type Event struct {
 	// Waited is how long the request waited for the original holder of its key
 	// (WithWaitInFlight) before its final claim; 0 when it did not wait.
 	Waited time.Duration
-	// Err is the store error behind StoreError, FailOpen, StoreFull or a failed completion;
-	// nil otherwise.
+	// Err is the store error behind StoreError, FailOpen, StoreFull, a failed
+	// completion (Executed, also with CompletionPending) or release (Released: the
+	// release then goes on in the background, fenced by the token); nil otherwise.
 	Err error
 	// CompletedAt is, on Replayed, when the original request's response was
 	// stored (store.Record.CompletedAt, on the store's clock); zero otherwise.
@@ -109,7 +116,9 @@ type Event struct {
 }
 
 // Observer is told about every request the middleware sees, once, after the
-// response is finished (before a handler's panic is re-raised). Attach
+// response is finished (before a handler's panic is re-raised) and before
+// ServeHTTP returns: store work that goes on in the background afterwards (a
+// completion retried, a release retried) is not reported again. Attach
 // Prometheus or OpenTelemetry here; the core imports neither. Observe must be
 // safe for concurrent use and should be fast: it runs on the request's goroutine.
 type Observer interface {

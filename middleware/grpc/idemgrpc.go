@@ -38,8 +38,9 @@
 //
 // The interceptor runs each call through package idem, which runs it on package
 // claim, the one claimed execution the HTTP middleware uses too (claim with a
-// bounded call and a lease, renewal, completion retried while the lease is
-// held, release); records are idem's, so give gRPC calls scopes of their own,
+// bounded call and a lease, renewal, completion retried in the background while
+// the lease is held, so a hung store delays the answer by one store timeout at
+// most, release); records are idem's, so give gRPC calls scopes of their own,
 // apart from the HTTP middleware's.
 package idemgrpc
 

@@ -25,3 +25,20 @@ func TestHungPostgresLostClaimReleased(t *testing.T) {
 	}
 	storetest.LostClaimReleased(t, s, func() { c.signal(t, syscall.SIGSTOP) }, func() { c.signal(t, syscall.SIGCONT) })
 }
+
+// TestHungPostgresWhileHandlerRuns: the private cluster is SIGSTOPped while a
+// request is in its handler; the client's answer still arrives within one store
+// bound, and the completion, retried in the background, stores the record after
+// SIGCONT, which the retry replays (storetest.HungWhileHandlerRuns).
+func TestHungPostgresWhileHandlerRuns(t *testing.T) {
+	c := startCluster(t)
+	pool := newPool(t, c.url(), func(cfg *pgxpool.Config) { cfg.MaxConns = 4 })
+	s, err := New(pool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Migrate(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	storetest.HungWhileHandlerRuns(t, s, func() { c.signal(t, syscall.SIGSTOP) }, func() { c.signal(t, syscall.SIGCONT) })
+}

@@ -94,7 +94,10 @@ func (s *Store) CommitResponse(ctx context.Context, tx pgx.Tx, w http.ResponseWr
 		_ = tx.Rollback(context.WithoutCancel(ctx))
 		return err
 	}
-	if err := tx.Commit(ctx); err != nil {
+	cctx, cancel := commitContext(ctx)
+	err := tx.Commit(cctx)
+	cancel()
+	if err != nil {
 		return fmt.Errorf("%w: %w", ErrCommitUnknown, err)
 	}
 	if err := claim.MarkCompleted(ctx, resp); err != nil {
@@ -111,4 +114,17 @@ func (s *Store) CommitResponse(ctx context.Context, tx pgx.Tx, w http.ResponseWr
 		_, _ = w.Write(resp.Body) // a failed write is the client's loss: retries replay resp
 	}
 	return nil
+}
+
+// commitContext returns the context of the commit: ctx's values and deadline, not
+// its cancellation. A commit once sent is not abandoned: cancelling it only makes
+// its outcome unknown. And the claim's own renewal cancels ctx just then: waiting
+// on the row lock CompleteTx holds, it finds the record completed the moment the
+// commit releases it, and reports the lease lost while the commit's answer is on
+// its way.
+func commitContext(ctx context.Context) (context.Context, context.CancelFunc) {
+	if d, ok := ctx.Deadline(); ok {
+		return context.WithDeadline(context.WithoutCancel(ctx), d)
+	}
+	return context.WithoutCancel(ctx), func() {}
 }

@@ -1,7 +1,6 @@
 package redis_test
 
 import (
-	"context"
 	"fmt"
 	"io"
 	"net/http"
@@ -18,6 +17,7 @@ import (
 	"github.com/idemkey/idemkey/middleware"
 	"github.com/idemkey/idemkey/store/redis"
 	"github.com/idemkey/idemkey/store/redis/redistest"
+	"github.com/idemkey/idemkey/store/storetest"
 )
 
 // TestHungRedisThroughMiddleware stops a private Redis with SIGSTOP: every claim
@@ -118,81 +118,24 @@ func TestHungRedisThroughMiddleware(t *testing.T) {
 	}
 }
 
-// TestRedisHungWhileHandlerRuns stops a private Redis with SIGSTOP after the
-// claim, while the handler runs: the handler finishes, its completion times out
-// and is retried while the lease is held, and gives up within about one lease
-// (the renewals time out too), so the client gets the handler's whole answer
-// then, not never. After SIGCONT the store answers again (409 while the lease
-// lives, a new run after it: at most once per lease).
+// TestRedisHungWhileHandlerRuns stops a private Redis with SIGSTOP while a
+// request is in its handler: the client has the handler's whole answer within
+// one store bound, and the completion, retried in the background, stores the
+// record after SIGCONT, which the retry replays (storetest.HungWhileHandlerRuns).
 func TestRedisHungWhileHandlerRuns(t *testing.T) {
 	srv := redistest.StartServer(t)
 	c := goredis.NewClient(&goredis.Options{Addr: srv.Addr, ContextTimeoutEnabled: true, PoolSize: 4})
 	t.Cleanup(func() { _ = c.Close() })
-	const lease = time.Second
-	events := make(chan middleware.Event, 4)
-	entered, proceed := make(chan struct{}), make(chan struct{})
-	m, err := middleware.New(redis.New(c), middleware.GlobalScope, middleware.WithLease(lease),
-		middleware.WithStoreFailure(middleware.StoreFailureRule{Timeouts: middleware.StoreTimeouts{Complete: 200 * time.Millisecond}}),
-		middleware.WithObserver(middleware.ObserverFunc(func(_ context.Context, ev middleware.Event) { events <- ev })))
-	if err != nil {
-		t.Fatal(err)
-	}
-	hs := httptest.NewServer(m.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.Header.Get("X-Block") != "" {
-			entered <- struct{}{}
-			<-proceed
-		}
-		io.WriteString(w, "charged")
-	})))
-	defer hs.Close()
-	post := func(block bool) (int, string) {
-		r, _ := http.NewRequest("POST", hs.URL+"/x", strings.NewReader("x"))
-		r.Header.Set("Idempotency-Key", "k")
-		if block {
-			r.Header.Set("X-Block", "1")
-		}
-		resp, err := (&http.Client{Timeout: 30 * time.Second}).Do(r)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer resp.Body.Close()
-		b, _ := io.ReadAll(resp.Body)
-		return resp.StatusCode, string(b)
-	}
-	type answer struct {
-		code int
-		body string
-	}
-	first := make(chan answer, 1)
-	go func() { code, body := post(true); first <- answer{code, body} }()
-	<-entered
 	pid := srv.Pid()
-	if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
-		t.Fatal(err)
-	}
-	stopped := true
-	defer func() {
-		if stopped {
-			_ = syscall.Kill(pid, syscall.SIGCONT)
-		}
-	}()
-	t0 := time.Now()
-	close(proceed)
-	a := <-first
-	waited := time.Since(t0)
-	ev := <-events
-	if a.code != 200 || a.body != "charged" || ev.Err == nil || ev.CompleteRetries == 0 {
-		t.Fatalf("client got %d %q; event %+v; want the answer, the completion given up after retries", a.code, a.body, ev)
-	}
-	if waited > 3*lease {
-		t.Fatalf("the client waited %v for a lease of %v", waited, lease)
-	}
-	if err := syscall.Kill(pid, syscall.SIGCONT); err != nil {
-		t.Fatal(err)
-	}
-	stopped = false
-	t.Logf("Redis SIGSTOPped while the handler ran: the client had its answer after %v (lease %v, %d completion retries)", waited, lease, ev.CompleteRetries)
-	if code, body := post(false); code != 200 && code != http.StatusConflict || code == 200 && body != "charged" {
-		t.Fatalf("after SIGCONT: %d %q, want 409 (lease live) or a run after the lease", code, body)
-	}
+	storetest.HungWhileHandlerRuns(t, redis.New(c),
+		func() {
+			if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
+				t.Fatal(err)
+			}
+		},
+		func() {
+			if err := syscall.Kill(pid, syscall.SIGCONT); err != nil {
+				t.Fatal(err)
+			}
+		})
 }
