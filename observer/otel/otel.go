@@ -21,6 +21,9 @@
 //	                               stored (RFC 3339, the store's clock)
 //	idemkey.complete_retries       when storing the response had to be retried: the
 //	                               number of retried Complete calls (Event.CompleteRetries)
+//	idemkey.completion_pending     true when the response was sent before the store
+//	                               held it: completion goes on in the background
+//	                               (Event.CompletionPending)
 //	idemkey.in_transaction         true when the handler stored its response in its
 //	                               own transaction (Event.InTransaction)
 //	idemkey.wait_seconds           when the request waited for the holder of its key
@@ -64,6 +67,7 @@ const (
 	AttrOriginalCompletedAt = attribute.Key("idemkey.original_completed_at")
 	AttrCompleteRetries     = attribute.Key("idemkey.complete_retries")
 	AttrInTransaction       = attribute.Key("idemkey.in_transaction")
+	AttrCompletionPending   = attribute.Key("idemkey.completion_pending")
 	AttrWaited              = attribute.Key("idemkey.wait_seconds")
 	AttrStoreOp             = attribute.Key("idemkey.store.op")
 	AttrError               = attribute.Key("error")
@@ -154,6 +158,9 @@ func (o *Observer) Observe(ctx context.Context, e middleware.Event) {
 	}
 	if e.CompleteRetries > 0 {
 		span.SetAttributes(AttrCompleteRetries.Int(e.CompleteRetries))
+	}
+	if e.CompletionPending {
+		span.SetAttributes(AttrCompletionPending.Bool(true))
 	}
 	if e.InTransaction {
 		span.SetAttributes(AttrInTransaction.Bool(true))

@@ -211,6 +211,8 @@ func TestSpanAttributesOfRetriesAndWaits(t *testing.T) {
 	}{
 		{middleware.Event{Decision: middleware.Executed, CompleteRetries: 2, InTransaction: true},
 			map[attribute.Key]string{idemotel.AttrCompleteRetries: "2", idemotel.AttrInTransaction: "true"}},
+		{middleware.Event{Decision: middleware.Executed, CompletionPending: true},
+			map[attribute.Key]string{idemotel.AttrCompletionPending: "true"}},
 		{middleware.Event{Decision: middleware.Replayed, Waited: 1500 * time.Millisecond},
 			map[attribute.Key]string{idemotel.AttrWaited: "1.5"}},
 		{middleware.Event{Decision: middleware.Executed}, map[attribute.Key]string{}},
@@ -221,7 +223,7 @@ func TestSpanAttributesOfRetriesAndWaits(t *testing.T) {
 		got := map[attribute.Key]string{}
 		for _, kv := range exp.GetSpans()[0].Attributes {
 			switch kv.Key {
-			case idemotel.AttrCompleteRetries, idemotel.AttrInTransaction, idemotel.AttrWaited:
+			case idemotel.AttrCompleteRetries, idemotel.AttrCompletionPending, idemotel.AttrInTransaction, idemotel.AttrWaited:
 				got[kv.Key] = kv.Value.Emit()
 			}
 		}

@@ -32,7 +32,7 @@ type Observer struct {
 	latency   [256]prometheus.Observer
 
 	replays, inFlight, mismatches, storeErrors, takeovers prometheus.Counter
-	completeRetries, inTransaction                        prometheus.Counter
+	completeRetries, completionsPending, inTransaction    prometheus.Counter
 	waited                                                prometheus.Observer
 
 	answers  *prometheus.CounterVec
@@ -97,6 +97,8 @@ func NewObserver(reg prometheus.Registerer, opts ...Option) (*Observer, error) {
 		takeovers:   counter("idemkey_takeovers_total", "Claims that took over an expired lease."),
 		completeRetries: counter("idemkey_complete_retries_total",
 			"Complete calls retried after the store failed to store a response (while the lease was held)."),
+		completionsPending: counter("idemkey_completions_pending_total",
+			"Responses sent before the store held them: the one attempt failed and completion is retried in the background."),
 		inTransaction: counter("idemkey_in_transaction_completions_total",
 			"Responses the handler stored in its own transaction (MarkCompleted), without the middleware's Complete."),
 		answers: prometheus.NewCounterVec(prometheus.CounterOpts{
@@ -109,7 +111,7 @@ func NewObserver(reg prometheus.Registerer, opts ...Option) (*Observer, error) {
 	})
 	m.waited = waited
 	all := []prometheus.Collector{decisions, latency, m.replays, m.inFlight, m.mismatches, m.storeErrors, m.takeovers,
-		m.completeRetries, m.inTransaction, waited, m.answers}
+		m.completeRetries, m.completionsPending, m.inTransaction, waited, m.answers}
 	for i, c := range all {
 		if err := reg.Register(c); err != nil {
 			for _, done := range all[:i] { // leave reg as it was
@@ -171,6 +173,9 @@ func (m *Observer) Observe(_ context.Context, e middleware.Event) {
 	}
 	if e.CompleteRetries > 0 {
 		m.completeRetries.Add(float64(e.CompleteRetries))
+	}
+	if e.CompletionPending {
+		m.completionsPending.Inc()
 	}
 	if e.InTransaction {
 		m.inTransaction.Inc()

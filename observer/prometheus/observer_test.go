@@ -31,7 +31,7 @@ func TestObserver(t *testing.T) {
 		{Decision: middleware.InFlight, StoreLatency: time.Millisecond, Waited: time.Second},
 		{Decision: middleware.Mismatch, StoreLatency: time.Millisecond},
 		{Decision: middleware.StoreError, Err: errors.New("down")},
-		{Decision: middleware.Executed, Err: errors.New("complete failed"), CompleteRetries: 3},
+		{Decision: middleware.Executed, Err: errors.New("complete failed"), CompleteRetries: 3, CompletionPending: true},
 		{Decision: middleware.LeaseLost, Err: store.ErrLeaseLost},                            // not a store failure
 		{Decision: middleware.StoreFull, Err: store.ErrFull, StoreLatency: time.Microsecond}, // nor is this
 		{Decision: middleware.ClientGone, Err: context.Canceled},                             // nor is a client's hang-up
@@ -64,6 +64,7 @@ func TestObserver(t *testing.T) {
 		"idemkey_takeovers_total":                  1,
 		"idemkey_complete_retries_total":           5,
 		"idemkey_in_transaction_completions_total": 1,
+		"idemkey_completions_pending_total":        1,
 		"idemkey_wait_seconds":                     2,
 	} {
 		if v, ok := got[name]; !ok || v != want {
