@@ -57,9 +57,9 @@ type Context struct {
 
 	self     bool // the parent is never cancelled, or c is detached from it: c cancels itself on a lost lease
 	detached bool // SetDetached: the parent's values without its cancellation or deadline
-	mu   sync.Mutex
-	done chan struct{}                   // made by the first Done
-	lost atomic.Pointer[context.Context] // set on a lost lease: a context cancelled with cause store.ErrLeaseLost
+	mu       sync.Mutex
+	done     chan struct{}                   // made by the first Done
+	lost     atomic.Pointer[context.Context] // set on a lost lease: a context cancelled with cause store.ErrLeaseLost
 }
 
 // Set makes c a context over parent carrying cl, executed by e (nil when the
