@@ -380,3 +380,49 @@ func TestContextCancelsItselfOnLeaseLost(t *testing.T) {
 		e.Stop()
 	})
 }
+
+// A detached Context (SetDetached) keeps its parent's values but none of its
+// cancellation, deadline or cause, and still cancels itself on a lost lease
+// with cause store.ErrLeaseLost, even over a parent cancelled already.
+func TestDetachedContext(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		mem := memory.New()
+		cl := newClaimer(t, mem, 3*time.Second)
+		id := store.ID{Key: "k"}
+		res, sent, err := cl.Claim(t.Context(), store.ClaimRequest{ID: id})
+		if err != nil {
+			t.Fatal(err)
+		}
+		type key struct{}
+		parent, cancelDeadline := context.WithDeadline(context.WithValue(t.Context(), key{}, "v"), time.Now().Add(time.Minute))
+		defer cancelDeadline()
+		parent, cancel := context.WithCancelCause(parent)
+		cancel(errors.New("client gone"))
+		var e claim.Execution
+		var c claim.Context
+		c.SetDetached(parent, claim.Claim{ID: id, Token: res.Token}, &e)
+		e.Start(cl, &c, id, res.Token, sent, nil)
+		child, stop := context.WithCancel(&c)
+		defer stop()
+		if _, ok := c.Deadline(); ok || c.Err() != nil || context.Cause(&c) != nil || child.Err() != nil || c.Value(key{}) != "v" {
+			_, ok := c.Deadline()
+			t.Fatalf("before the loss: deadline %v, err %v, cause %v, child's err %v, value %v", ok, c.Err(), context.Cause(&c), child.Err(), c.Value(key{}))
+		}
+		if err := mem.Release(t.Context(), id, res.Token); err != nil { // the key is taken from the holder
+			t.Fatal(err)
+		}
+		time.Sleep(time.Second + time.Millisecond)
+		synctest.Wait()
+		<-c.Done()
+		<-child.Done()
+		if !errors.Is(c.Err(), context.Canceled) || !errors.Is(context.Cause(&c), store.ErrLeaseLost) ||
+			!errors.Is(context.Cause(child), store.ErrLeaseLost) || c.Value(key{}) != "v" {
+			t.Fatalf("err %v, cause %v, child's cause %v, value %v; want canceled with cause store.ErrLeaseLost",
+				c.Err(), context.Cause(&c), context.Cause(child), c.Value(key{}))
+		}
+		if _, ok := claim.FromContext(child); !ok {
+			t.Fatal("FromContext after the loss: no claim")
+		}
+		e.Stop()
+	})
+}

@@ -55,10 +55,11 @@ type Context struct {
 	claim Claim
 	exec  *Execution // nil without a claim (fail open: only the ID is set)
 
-	self bool // the parent is never cancelled: c cancels itself on a lost lease
-	mu   sync.Mutex
-	done chan struct{}                   // made by the first Done
-	lost atomic.Pointer[context.Context] // set on a lost lease: a context cancelled with cause store.ErrLeaseLost
+	self     bool // the parent is never cancelled, or c is detached from it: c cancels itself on a lost lease
+	detached bool // SetDetached: the parent's values without its cancellation or deadline
+	mu       sync.Mutex
+	done     chan struct{}                   // made by the first Done
+	lost     atomic.Pointer[context.Context] // set on a lost lease: a context cancelled with cause store.ErrLeaseLost
 }
 
 // Set makes c a context over parent carrying cl, executed by e (nil when the
@@ -70,6 +71,30 @@ func (c *Context) Set(parent context.Context, cl Claim, e *Execution) {
 	if c.self {
 		e.hctx = c
 	}
+}
+
+// SetDetached is Set over the values of parent but none of its cancellation
+// or deadline, as Set(context.WithoutCancel(parent), cl, e) without allocating
+// the detached context: c is cancelled only when a renewal finds the lease lost
+// (context.Cause then store.ErrLeaseLost); before that Done is never closed,
+// Err and context.Cause are nil and Deadline reports none, whatever parent's.
+// (Value passes package context's own keys on to parent, as every other key:
+// context.Cause asks Err first, and a child context finds that c's Done is not
+// the parent's, so neither reports the parent's cancellation.)
+func (c *Context) SetDetached(parent context.Context, cl Claim, e *Execution) {
+	c.Context, c.claim, c.exec = parent, cl, e
+	c.self, c.detached = true, true
+	if e != nil {
+		e.hctx = c
+	}
+}
+
+// Deadline is none when c is detached (SetDetached), else the parent's.
+func (c *Context) Deadline() (time.Time, bool) {
+	if c.detached {
+		return time.Time{}, false
+	}
+	return c.Context.Deadline()
 }
 
 // ID returns the scope and key c carries.
@@ -122,7 +147,11 @@ func (c *Context) loseLease() {
 	if c.lost.Load() != nil {
 		return
 	}
-	lc, cancel := context.WithCancelCause(c.Context)
+	parent := c.Context
+	if c.detached { // a parent cancelled already would give lc its own cause
+		parent = context.WithoutCancel(parent)
+	}
+	lc, cancel := context.WithCancelCause(parent)
 	cancel(store.ErrLeaseLost)
 	c.lost.Store(&lc)
 	if c.done != nil {

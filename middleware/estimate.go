@@ -13,7 +13,9 @@ const workSlots = 64
 // workEstimate keeps a moving average of recent handler durations, per route
 // (hashed into workSlots slots) and over all routes, to answer a 409's
 // Retry-After with the work a request of that route typically still needs
-// instead of the holder's whole remaining lease. Lock-free; no allocation.
+// instead of the holder's whole remaining lease. A duration runs from the
+// claim's send (on the middleware's own clock) to the handler's return, so it
+// includes the store's answer to the claim. Lock-free; no allocation.
 type workEstimate struct {
 	seed  maphash.Seed
 	all   atomic.Int64 // ns; 0 = no sample yet

@@ -25,7 +25,10 @@ func (m *Middleware) execute(c *call, w http.ResponseWriter, r *http.Request, ne
 			m.panicked(c, r, ev, a.latency)
 		}
 	}()
-	began := m.clockNow()
+	began := a.sent // the claim's send time: the estimate counts its answer too, and reads no clock here
+	if !m.monoClock {
+		began = m.clockNow()
+	}
 	next.ServeHTTP(c, r)
 	returned = true
 	inTx, txResp := c.exec.Returned()

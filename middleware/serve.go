@@ -10,7 +10,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/idemkey/idemkey/claim"
 	"github.com/idemkey/idemkey/fingerprint"
 	"github.com/idemkey/idemkey/store"
 )
@@ -302,17 +301,16 @@ func (c *call) headerValues(n int) []string {
 // claim's context cancels itself when detached).
 func (c *call) handlerRequest(r *http.Request, cl0 Claim, cl *call, body []byte) *http.Request {
 	parent := r.Context()
-	var exec *claim.Execution
-	if cl != nil {
-		if c.m.cancelOnGone {
-			parent, cl.cancelLost = context.WithCancelCause(parent)
-		} else {
-			parent = context.WithoutCancel(parent) // the claim's context cancels itself on a lost lease
-		}
-		exec = &cl.exec
-	}
 	hr := &handlerReq{}
-	hr.ctx.Set(parent, cl0, exec)
+	switch {
+	case cl == nil:
+		hr.ctx.Set(parent, cl0, nil)
+	case c.m.cancelOnGone:
+		parent, cl.cancelLost = context.WithCancelCause(parent)
+		hr.ctx.Set(parent, cl0, &cl.exec)
+	default:
+		hr.ctx.SetDetached(parent, cl0, &cl.exec) // cancels itself on a lost lease
+	}
 	hr.req = *r.WithContext(&hr.ctx) // inlined: its copy stays on the stack
 	c.reqBody.Reset(body)
 	hr.req.Body = &c.reqBody
