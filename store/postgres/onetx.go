@@ -203,8 +203,9 @@ func (c openTx) release() {
 // handler's Tx refuses further use); failed records whether the caller ends it
 // without a commit that answers the request.
 func (s *txSlot) take(failed bool) openTx {
-	s.use.Lock() // a statement of the handler's under way ends first
-	defer s.use.Unlock()
+	if s.lockUse() { // a statement of the handler's under way ends first
+		defer s.use.Unlock()
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	c := openTx{conn: s.conn, tx: s.real}
@@ -215,6 +216,36 @@ func (s *txSlot) take(failed bool) openTx {
 		c.ended = s.ending
 	}
 	return c
+}
+
+// useWait bounds how long take waits for a call of the handler's Tx: a QueryRow
+// the handler never scans holds it for ever; take then goes on without it, and
+// the commit or rollback fails on the busy connection, which the pool closes.
+var useWait = endTimeout
+
+// lockUse takes s.use, waiting at most useWait, and tells whether it did.
+func (s *txSlot) lockUse() bool {
+	if s.use.TryLock() {
+		return true
+	}
+	got, abandon := make(chan struct{}), make(chan struct{})
+	go func() {
+		s.use.Lock()
+		select {
+		case got <- struct{}{}: // take holds it
+		case <-abandon:
+			s.use.Unlock()
+		}
+	}()
+	timer := time.NewTimer(useWait)
+	defer timer.Stop()
+	select {
+	case <-got:
+		return true
+	case <-timer.C:
+		close(abandon)
+		return false
+	}
 }
 
 // wait returns once a transaction taken from the slot has ended (a Complete or

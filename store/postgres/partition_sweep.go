@@ -22,7 +22,8 @@ FROM (SELECT $1::regclass AS parent) AS p
 LEFT JOIN pg_inherits i ON i.inhparent = p.parent
 LEFT JOIN pg_class c ON c.oid = i.inhrelid`
 
-// sweepPartitions is Sweep in the partitioned layout: on a session of its own,
+// sweepPartitions is Sweep in the partitioned layout: it fails (store.ErrInvalid)
+// on a table of the other layout or another epoch; otherwise, on a session of its own,
 // one sweeper of the table at a time (a session advisory lock; a store that
 // finds it taken returns 0 at once), it creates the partitions of the current
 // and next epochs, then drops every partition of a past epoch whose records have
@@ -34,6 +35,9 @@ func (s *Store) sweepPartitions(ctx context.Context) (dropped int64, err error) 
 		return 0, fmt.Errorf("idemkey/postgres: sweep: %w", err)
 	}
 	defer done()
+	if err := s.checkLayout(ctx, q); err != nil { // another epoch would number the partitions in other units
+		return 0, fmt.Errorf("idemkey/postgres: sweep: %w", err)
+	}
 	var locked bool
 	if err := q.QueryRow(ctx, `SELECT pg_try_advisory_lock($1, 1)`, s.lockClass()).Scan(&locked); err != nil {
 		return 0, fmt.Errorf("idemkey/postgres: sweep: %w", err)

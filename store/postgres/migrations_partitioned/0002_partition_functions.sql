@@ -5,6 +5,10 @@
 -- plain layout's claim statement. A row past its retention is deleted, not
 -- revived, so an old partition never gains a live row. Liveness is judged on
 -- clock_timestamp(), read after the statement's locks are granted (see {{expired_fn}}).
+-- An insert that finds the clock past its epoch's end undoes itself and inserts
+-- again: the sweep may have judged that partition wholly expired before the insert
+-- locked it. The advisory lock stands in for a unique index only if each statement
+-- sees the commits before it, so the claim refuses any isolation but READ COMMITTED.
 CREATE OR REPLACE FUNCTION {{claim_fn}}(p_scope bytea, p_key bytea, p_fp bytea, p_tok bytea, p_lease bigint, p_ret bigint)
 RETURNS TABLE (o_claimed boolean, o_takeover boolean, o_same_fp boolean, o_status smallint, o_headers bytea,
                o_body bytea, o_omitted boolean, o_created timestamptz, o_completed timestamptz,
@@ -13,18 +17,29 @@ LANGUAGE plpgsql AS $idemkey$
 DECLARE
     r {{table}}%ROWTYPE;
     t timestamptz;
+    e bigint;
 BEGIN
+    IF current_setting('transaction_isolation') <> 'read committed' THEN
+        RAISE EXCEPTION 'idemkey: the partitioned layout''s claim needs READ COMMITTED, not %', current_setting('transaction_isolation')
+            USING ERRCODE = '0A000', HINT = 'set default_transaction_isolation to read committed for the store''s connections';
+    END IF;
     PERFORM pg_advisory_xact_lock({{lock_class}}, hashtext(encode(sha256(int4send(length(p_scope)) || p_scope || p_key), 'hex')));
     FOR attempt IN 1..5 LOOP
         t := clock_timestamp();
         SELECT * INTO r FROM {{table}} x WHERE x.scope = p_scope AND x.key = p_key ORDER BY x.expires_at DESC LIMIT 1;
         IF NOT FOUND THEN
+            e := floor(extract(epoch FROM t) / {{epoch_seconds}})::bigint;
             INSERT INTO {{table}} (epoch, scope, key, fingerprint, token, lease_until, created_at, expires_at)
-            VALUES (floor(extract(epoch FROM t) / {{epoch_seconds}})::bigint, p_scope, p_key, p_fp, p_tok,
+            VALUES (e, p_scope, p_key, p_fp, p_tok,
                     t + p_lease * interval '1 millisecond', t, t + p_ret * interval '1 millisecond');
-            RETURN QUERY SELECT true, false, true, NULL::smallint, NULL::bytea, NULL::bytea, false,
-                NULL::timestamptz, NULL::timestamptz, NULL::timestamptz, NULL::bigint, false;
-            RETURN;
+            -- Still the epoch of t once the partition is locked: a sweep that checks it
+            -- now waits for this commit and sees the row.
+            IF floor(extract(epoch FROM clock_timestamp()) / {{epoch_seconds}})::bigint = e THEN
+                RETURN QUERY SELECT true, false, true, NULL::smallint, NULL::bytea, NULL::bytea, false,
+                    NULL::timestamptz, NULL::timestamptz, NULL::timestamptz, NULL::bigint, false;
+                RETURN;
+            END IF;
+            DELETE FROM {{table}} x WHERE x.epoch = e AND x.scope = p_scope AND x.key = p_key AND x.token = p_tok;
         ELSIF r.expires_at <= t THEN -- a new key: delete the old record, insert at the next attempt
             DELETE FROM {{table}} x WHERE x.epoch = r.epoch AND x.scope = p_scope AND x.key = p_key
                 AND x.expires_at <= clock_timestamp();
