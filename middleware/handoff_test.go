@@ -1,0 +1,147 @@
+package middleware
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/idemkey/idemkey/store"
+	"github.com/idemkey/idemkey/store/memory"
+)
+
+// flakyStore is a store with I/O whose Complete, decided per key and attempt
+// (a hash of both and a seed, so a run is reproducible), succeeds, fails at
+// once, or hangs past its deadline and then lands anyway (a resumed server runs
+// what it was sent), which the background retry then meets.
+type flakyStore struct {
+	*memory.Store
+	seed     uint32
+	mu       sync.Mutex
+	attempts map[string]int
+	late     sync.WaitGroup
+}
+
+func (f *flakyStore) InProcess() bool { return false }
+
+func (f *flakyStore) Complete(ctx context.Context, id store.ID, tok store.Token, resp store.Response, ret time.Duration) error {
+	f.mu.Lock()
+	n := f.attempts[id.Key]
+	f.attempts[id.Key] = n + 1
+	f.mu.Unlock()
+	h := fnv.New32a()
+	fmt.Fprintf(h, "%d/%s/%d", f.seed, id.Key, n)
+	switch h.Sum32() % 4 {
+	case 0:
+		return errors.New("flaky: connection reset")
+	case 1: // hang, then land late
+		<-ctx.Done()
+		resp.Header, resp.Body = resp.Header.Clone(), append([]byte(nil), resp.Body...) // what was sent
+		f.late.Add(1)
+		time.AfterFunc(50*time.Millisecond, func() {
+			defer f.late.Done()
+			f.Store.Complete(context.Background(), id, tok, resp, ret)
+		})
+		return ctx.Err()
+	}
+	return f.Store.Complete(ctx, id, tok, resp, ret)
+}
+
+// bodyPool is where the handler takes the buffer it writes its body from, and
+// puts it back once written.
+var bodyPool = sync.Pool{New: func() any { b := make([]byte, 0, 256); return &b }}
+
+// Many concurrent requests (first runs and duplicates) against a store whose
+// completions fail or hang at random: the handler writes from a pooled buffer,
+// and an outer middleware rewrites the response's header values in place once
+// the protected handler returned. Every key runs once, and once the background
+// completions have settled every retry replays the first answer byte for byte.
+// Run with -race: the background work must not read what the request's path
+// reuses.
+func TestHandOffUnderFlakyCompletions(t *testing.T) {
+	for seed := uint32(1); seed <= 3; seed++ {
+		t.Run(fmt.Sprint("seed", seed), func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) { handOffRun(t, seed) })
+		})
+	}
+}
+
+func handOffRun(t *testing.T, seed uint32) {
+	var pending atomic.Int32
+	st := &flakyStore{Store: memory.New(), seed: seed, attempts: map[string]int{}}
+	m, err := New(st, GlobalScope, WithLease(3*time.Second), WithLogger(discardLogger()),
+		WithStoreFailure(StoreFailureRule{Timeouts: StoreTimeouts{Complete: 200 * time.Millisecond}}),
+		WithObserver(ObserverFunc(func(_ context.Context, ev Event) {
+			if ev.CompletionPending {
+				pending.Add(1)
+			}
+		})))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var runsMu sync.Mutex
+	runs := map[string]int{}
+	inner := m.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		key := r.Header.Get("Idempotency-Key")
+		runsMu.Lock()
+		runs[key]++
+		runsMu.Unlock()
+		w.Header().Set("X-Key", key)
+		w.Header()["X-Values"] = []string{"a-" + key, "b-" + key}
+		w.WriteHeader(http.StatusCreated)
+		bp := bodyPool.Get().(*[]byte)
+		b := append((*bp)[:0], strings.Repeat("body-"+key+";", 1+len(key)%7)...)
+		w.Write(b)
+		clear(b) // the buffer goes back to its pool, to be overwritten
+		*bp = b[:0]
+		bodyPool.Put(bp)
+	}))
+	outer := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		inner.ServeHTTP(w, r)
+		if w.Header().Get(DefaultReplayedHeader) != "" {
+			return // a replay's values are the middleware's own
+		}
+		for _, k := range []string{"X-Key", "X-Values"} { // after the fact: the client has its answer
+			v := w.Header()[k]
+			for i := range v {
+				v[i] = "rewritten"
+			}
+		}
+	})
+	serve := func(key string) (int, string, string, string) {
+		w := httptest.NewRecorder()
+		outer.ServeHTTP(w, req("POST", "/charges", key, "x"))
+		return w.Code, w.Body.String(), w.Header().Get(DefaultReplayedHeader), strings.Join(w.Result().Header.Values("X-Values"), ",")
+	}
+	const keys = 40
+	var wg sync.WaitGroup
+	for i := range keys {
+		for range 2 {
+			wg.Go(func() { serve(fmt.Sprint("k", i)) })
+		}
+	}
+	wg.Wait()
+	time.Sleep(10 * time.Second) // every background completion ends (at most a lease)
+	synctest.Wait()
+	st.late.Wait()
+	for i := range keys {
+		key := fmt.Sprint("k", i)
+		code, body, replayed, vals := serve(key)
+		want := strings.Repeat("body-"+key+";", 1+len(key)%7)
+		if runs[key] != 1 || code != http.StatusCreated || replayed != "true" || body != want || vals != "a-"+key+",b-"+key {
+			t.Errorf("%s: %d runs, retry %d %q replayed=%q X-Values %q; want 1 run, the replay of %q with %q",
+				key, runs[key], code, body, replayed, vals, want, "a-"+key+",b-"+key)
+		}
+	}
+	if pending.Load() == 0 {
+		t.Fatal("no completion went to the background")
+	}
+}
