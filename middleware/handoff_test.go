@@ -1,10 +1,12 @@
 package middleware
 
 import (
+	"bufio"
 	"context"
 	"errors"
 	"fmt"
 	"hash/fnv"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -144,4 +146,41 @@ func handOffRun(t *testing.T, seed uint32) {
 	if pending.Load() == 0 {
 		t.Fatal("no completion went to the background")
 	}
+}
+
+// hijackWriter is a ResponseWriter whose connection can be hijacked.
+type hijackWriter struct{ timedWriter }
+
+func (h *hijackWriter) Hijack() (net.Conn, *bufio.ReadWriter, error) {
+	a, b := net.Pipe()
+	b.Close()
+	return a, nil, nil
+}
+
+// A handler that hijacks its connection releases the claim (its answer is its
+// own) and may go on serving the connection for longer than a lease: the
+// released claim's renewals stop, and none cancels the handler's context with
+// a lease "lost" that was only released.
+func TestHijackedHandlerKeepsItsContext(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		m, err := New(&gateStore{Store: memory.New()}, GlobalScope, WithLease(3*time.Second), WithLogger(discardLogger()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var cause error
+		h := m.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			conn, _, err := w.(http.Hijacker).Hijack()
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			defer conn.Close()
+			time.Sleep(5 * time.Second) // a long-lived connection: past a renewal
+			cause = context.Cause(r.Context())
+		}))
+		h.ServeHTTP(&hijackWriter{timedWriter{h: http.Header{}}}, req("POST", "/charges", "k", "x"))
+		if cause != nil {
+			t.Fatalf("hijacked handler's context cancelled with %v, want live", cause)
+		}
+	})
 }
