@@ -36,6 +36,7 @@ func (e *Execution) Complete(resp store.Response) (pending bool, err error) {
 	}
 	resp.Header, resp.Body = resp.Header.Clone(), bytes.Clone(resp.Body)
 	e.restart()
+	e.cl.work.add() // done by completeLater
 	go e.completeLater(resp, err)
 	return true, err
 }
@@ -69,6 +70,7 @@ func (e *Execution) retryable(err error, failed time.Time, waited, backoff time.
 // own goroutine, then stops the renewals and logs the outcome.
 func (e *Execution) completeLater(resp store.Response, err error) {
 	cl := e.cl
+	defer cl.work.done()
 	failed := time.Now()
 	backoff := minCompleteBackoff
 	var waited time.Duration // the back-offs so far, on the configured clock

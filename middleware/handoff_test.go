@@ -6,9 +6,11 @@ import (
 	"errors"
 	"fmt"
 	"hash/fnv"
+	"io"
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -183,4 +185,69 @@ func TestHijackedHandlerKeepsItsContext(t *testing.T) {
 			t.Fatalf("hijacked handler's context cancelled with %v, want live", cause)
 		}
 	})
+}
+
+// Wait is how a program drains what its requests left to the background on
+// shutdown: while the store hangs, a completion handed off stays pending and
+// Wait gives up with its context's error; once the store answers, Wait returns
+// when the record is stored (the retry replays it), and no goroutine is left.
+func TestWaitDrainsBackgroundCompletions(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		st := &gateStore{Store: memory.New()}
+		m, err := New(st, GlobalScope, WithLease(9*time.Second), WithLogger(discardLogger()),
+			WithStoreFailure(StoreFailureRule{Timeouts: StoreTimeouts{Complete: time.Second, Release: time.Second}}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		h := m.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			st.shut()
+			w.WriteHeader(http.StatusCreated)
+			io.WriteString(w, "done")
+		}))
+		goroutines := bubbleGoroutines()
+		if err := m.Wait(t.Context()); err != nil {
+			t.Fatalf("Wait with nothing pending: %v", err)
+		}
+		h.ServeHTTP(&timedWriter{h: http.Header{}}, req("POST", "/charges", "k", "x"))
+		ctx, cancel := context.WithTimeout(t.Context(), 2*time.Second)
+		defer cancel()
+		if err := m.Wait(ctx); !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("Wait while the store hangs: %v, want the deadline", err)
+		}
+		if n := bubbleGoroutines(); n <= goroutines {
+			t.Fatalf("%d goroutines while the completion is pending, %d before: the count misses it", n, goroutines)
+		}
+		st.open()
+		if err := m.Wait(t.Context()); err != nil {
+			t.Fatalf("Wait once the store answers: %v", err)
+		}
+		synctest.Wait()
+		if n := bubbleGoroutines(); n != goroutines {
+			t.Fatalf("%d goroutines after Wait, %d before the request", n, goroutines)
+		}
+		w := &timedWriter{h: http.Header{}}
+		h.ServeHTTP(w, req("POST", "/charges", "k", "x"))
+		if w.code != http.StatusCreated || w.body.String() != "done" || w.h.Get(DefaultReplayedHeader) != "true" {
+			t.Fatalf("retry after Wait: %d %q, want the replay", w.code, w.body.String())
+		}
+	})
+}
+
+// bubbleGoroutines counts the goroutines of the calling goroutine's synctest
+// bubble (other tests' goroutines may come and go meanwhile).
+func bubbleGoroutines() int {
+	buf := make([]byte, 1<<20)
+	stacks := strings.Split(string(buf[:runtime.Stack(buf, true)]), "\n\n")
+	head, _, _ := strings.Cut(stacks[0], "\n") // the caller's: "goroutine N [running, synctest bubble B]:"
+	_, bubble, ok := strings.Cut(head, "synctest bubble ")
+	if !ok {
+		panic("bubbleGoroutines outside a synctest bubble")
+	}
+	n := 0
+	for _, s := range stacks {
+		if h, _, _ := strings.Cut(s, "\n"); strings.HasSuffix(h, "synctest bubble "+bubble) {
+			n++
+		}
+	}
+	return n
 }
