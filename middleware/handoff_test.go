@@ -251,3 +251,36 @@ func bubbleGoroutines() int {
 	}
 	return n
 }
+
+// A duplicate that waits for the claim in flight (WithWaitInFlight) while the
+// first request's completion is retried in the background gets the replay once
+// the retry stores it, not a second run nor a 409.
+func TestWaiterGetsBackgroundCompletion(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		st := &gateStore{Store: memory.New()}
+		m, err := New(st, GlobalScope, WithLease(9*time.Second), WithLogger(discardLogger()), WithWaitInFlight(5*time.Second),
+			WithStoreFailure(StoreFailureRule{Timeouts: StoreTimeouts{Complete: time.Second}}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var runs atomic.Int32
+		h := m.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if runs.Add(1) == 1 {
+				st.shut()
+			}
+			w.WriteHeader(http.StatusCreated)
+			io.WriteString(w, "done")
+		}))
+		h.ServeHTTP(&timedWriter{h: http.Header{}}, req("POST", "/charges", "k", "x"))
+		st.open()
+		// The waiter claims (in flight) before the background retry's back-off passes.
+		w := &timedWriter{h: http.Header{}}
+		h.ServeHTTP(w, req("POST", "/charges", "k", "x"))
+		if w.code != http.StatusCreated || w.body.String() != "done" || w.h.Get(DefaultReplayedHeader) != "true" || runs.Load() != 1 {
+			t.Fatalf("waiting duplicate: %d %q replayed=%q, %d runs; want the replay, 1 run", w.code, w.body.String(), w.h.Get(DefaultReplayedHeader), runs.Load())
+		}
+		if err := m.Wait(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+	})
+}
