@@ -126,7 +126,8 @@ type Claimer struct {
 	bounded bool      // store calls run under deadlines (not store.InProcess)
 	epoch   time.Time // origin of Execution.held (monotonic)
 
-	releases releaser // background releases (release.go)
+	releases releaser   // background releases (release.go)
+	work     background // background work, for Wait (background.go)
 }
 
 // New returns a Claimer for cfg. It fails on a nil store, a lease under

@@ -1,6 +1,7 @@
 package claim
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"log/slog"
@@ -25,13 +26,17 @@ const minCompleteBackoff = 20 * time.Millisecond
 // (no successful claim or renewal within the last lease), or the retries have
 // lasted one lease. Until then duplicates are refused (in flight), never run a
 // second time; the outcome is logged. e then belongs to that work: the caller
-// must not reuse it (Reset), and resp must not be modified.
+// must not reuse it (Reset). The work keeps its own copy of resp's header values
+// and body: once Complete returns, the caller's buffers are its own again (a
+// live response's header, which an outer middleware may edit, a pooled body).
 func (e *Execution) Complete(resp store.Response) (pending bool, err error) {
 	err = e.completeOnce(resp, true)
 	if err == nil || !e.retryable(err, time.Now(), 0, minCompleteBackoff) {
 		return false, err
 	}
+	resp.Header, resp.Body = resp.Header.Clone(), bytes.Clone(resp.Body)
 	e.restart()
+	e.cl.work.add() // done by completeLater
 	go e.completeLater(resp, err)
 	return true, err
 }
@@ -65,6 +70,7 @@ func (e *Execution) retryable(err error, failed time.Time, waited, backoff time.
 // own goroutine, then stops the renewals and logs the outcome.
 func (e *Execution) completeLater(resp store.Response, err error) {
 	cl := e.cl
+	defer cl.work.done()
 	failed := time.Now()
 	backoff := minCompleteBackoff
 	var waited time.Duration // the back-offs so far, on the configured clock

@@ -232,13 +232,18 @@ func (e *Execution) restart() {
 }
 
 // Release releases the claim once (token-checked) and returns the store's error;
-// never after MarkCompleted, whose record is committed (nil then). A failure is
-// logged (ErrLeaseLost at warning level).
+// never after MarkCompleted, whose record is committed (nil then). Renewals stop:
+// an execution that goes on after it (a hijacked connection) is not cancelled by
+// a renewal that finds the released claim gone. A failure is logged
+// (ErrLeaseLost at warning level).
 func (e *Execution) Release() error {
 	if e.released || e.completedInTx() {
 		return e.releaseErr
 	}
 	e.released = true
+	e.mu.Lock()
+	e.stopped, e.returnedE = true, true // the claim ends here: no renewal is due, no lease left to lose
+	e.mu.Unlock()
 	cl := e.cl
 	ctx, cancel := cl.Bound(&e.ctx, cl.cfg.Timeouts.Release)
 	ctx, d := cl.observe(ctx, OpRelease, e.id)

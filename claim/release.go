@@ -71,6 +71,7 @@ func (cl *Claimer) releaseLater(values context.Context, id store.ID, token store
 	r.pending = append(r.pending, pendingRelease{id: id, token: token, values: context.WithoutCancel(values), queued: now, due: now})
 	if !r.running {
 		r.running = true
+		cl.work.add() // done when the queue drains (next)
 		go cl.releaseLoop()
 	}
 }
@@ -128,6 +129,7 @@ func (cl *Claimer) releaseLoop() {
 					"idempotency background releases dropped (queue full); their leases end on their own",
 					slog.Int("dropped", dropped))
 			}
+			cl.work.done()
 			return
 		case wait > 0:
 			cl.cfg.Clock.AfterFunc(wait, cl.releaseLoop)

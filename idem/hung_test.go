@@ -97,3 +97,32 @@ func TestStoreHangsWhileFnRuns(t *testing.T) {
 		}
 	})
 }
+
+// A result whose completion is pending is the background work's own copy: fn
+// may return a buffer its caller reuses once Do returns (a pool), and the
+// repeat still replays what fn returned, not what the buffer held later. Wait
+// returns once the background completion has ended.
+func TestPendingResultOwnsItsBytes(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		st := &hanging{Store: memory.New()}
+		r := quiet(t, st, idem.WithLease(6*time.Second), idem.WithStoreTimeout(time.Second))
+		id := store.ID{Key: "k"}
+		buf := []byte("first")
+		res, err := r.Do(t.Context(), id, fp, func(context.Context) ([]byte, error) {
+			st.set(true)
+			return buf, nil
+		})
+		if err != nil || !res.CompletionPending {
+			t.Fatalf("Do = %+v, %v; want the result pending", res, err)
+		}
+		copy(buf, "later") // the caller's buffer, reused
+		st.set(false)
+		if err := r.Wait(t.Context()); err != nil { // the background completion ends
+			t.Fatal(err)
+		}
+		res, err = r.Do(t.Context(), id, fp, func(context.Context) ([]byte, error) { return nil, nil })
+		if err != nil || !res.Replayed || string(res.Value) != "first" {
+			t.Fatalf("repeat: %+v %q, %v; want the replay of %q", res, res.Value, err, "first")
+		}
+	})
+}

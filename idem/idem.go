@@ -272,6 +272,15 @@ func (r *Runner) Do(ctx context.Context, id store.ID, fp store.Fingerprint, fn F
 	return r.run(ctx, id, res, sent, fn)
 }
 
+// Wait waits until the store work r does after Do returned has ended, or ctx is
+// done (then ctx's error): results stored in the background
+// (Result.CompletionPending, at most a lease each) and claims released in the
+// background (claim.Claimer.Wait). Call it on shutdown, once no Do runs, before
+// closing the store: a result cut short by the program's exit is not stored,
+// and its key stays claimed until the lease ends (then the next call runs fn
+// again).
+func (r *Runner) Wait(ctx context.Context) error { return r.claimer.Wait(ctx) }
+
 func replay(id store.ID, rec *store.Record) (Result, error) {
 	switch {
 	case rec == nil:

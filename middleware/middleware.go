@@ -329,6 +329,16 @@ func (m *Middleware) Handler(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { m.serve(w, r, next) })
 }
 
+// Wait waits until the store work the middleware does after its requests
+// returned has ended, or ctx is done (then ctx's error): completions retried in
+// the background after their one attempt failed (Event.CompletionPending, at
+// most a lease each) and claims released in the background (claim.Claimer.Wait).
+// Call it on shutdown after http.Server.Shutdown returned, before closing the
+// store: a completion cut short by the program's exit is not stored, and its key
+// stays claimed until the lease ends (then the next request runs the handler
+// again).
+func (m *Middleware) Wait(ctx context.Context) error { return m.claimer.Wait(ctx) }
+
 func (m *Middleware) protected(method string) bool {
 	for _, p := range m.methods {
 		if p == method {

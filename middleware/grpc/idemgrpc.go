@@ -207,6 +207,12 @@ func New(st store.Store, scope ScopeFunc, opts ...Option) (*Interceptor, error) 
 	return &Interceptor{config: c, runner: r, scope: scope}, nil
 }
 
+// Wait waits until the store work the interceptor does after its calls returned
+// has ended (results stored in the background, claims released in the
+// background: idem.Runner.Wait), or ctx is done (then ctx's error). Call it on
+// shutdown after grpc.Server.GracefulStop, before closing the store.
+func (ic *Interceptor) Wait(ctx context.Context) error { return ic.runner.Wait(ctx) }
+
 type ctxKey struct{}
 
 // KeyFromContext returns the scope and key of the call whose handler context
