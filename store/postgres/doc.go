@@ -124,13 +124,14 @@
 //
 // Store.OneTx returns the store's one-transaction mode (TxStore), for handlers
 // that only touch this database: on a route wrapped with TxStore.Route, the claim
-// (BEGIN, SET LOCAL lock_timeout and the claim statement in one pgx batch), the
-// handler's statements in the transaction of TxFromContext, and the completion
-// with the COMMIT (a second batch) make one transaction and one commit. A
-// duplicate waits on the record's row lock up to WithLockWait, then replays or
-// gets 409; a crash aborts the transaction and frees the key; an answer the
-// middleware releases for (5xx, ...) rolls everything back. The route holds a
-// connection and the row lock for the handler's duration (docs/architecture.md
+// (BEGIN, SET LOCAL lock_timeout, the key's advisory lock and the read of its
+// record in one pgx batch), the handler's statements in the transaction of
+// TxFromContext, and the completion (the record's insert) with the COMMIT (a
+// second batch) make one transaction and one commit. A duplicate waits on the
+// key's lock up to WithLockWait, then replays or gets 409; a crash aborts the
+// transaction and frees the key; an answer the middleware releases for (5xx,
+// ...) rolls everything back. The route holds a connection and the key's lock
+// for the handler's duration (docs/architecture.md
 // section 9.1). Other routes on the same TxStore run in the default mode.
 //
 // # Operators

@@ -2,8 +2,11 @@ package postgres
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
+	"hash/fnv"
+	"io"
 	"math"
 	"strconv"
 	"sync"
@@ -18,45 +21,48 @@ import (
 	"github.com/idemkey/idemkey/store/codec"
 )
 
-// DefaultLockWait is how long a duplicate waits for the record's row lock in
+// DefaultLockWait is how long a duplicate waits for the key's lock in
 // one-transaction mode (WithLockWait) before it is answered in flight (409).
 const DefaultLockWait = time.Second
 
 // endTimeout bounds the ROLLBACK that ends a transaction no handler runs in.
 const endTimeout = 5 * time.Second
 
-// firstClaimSQL is the first claim of a one-transaction request (%[1]s the
-// quoted table name; the arguments and columns of claimSQL): a plain INSERT
-// ... ON CONFLICT DO NOTHING, and only when it inserted nothing a read of the
-// row in its way, from the statement's snapshot. A new key costs the insert
-// alone (the read is skipped by its one-time NOT EXISTS filter); a replay,
-// mismatch or duplicate reads without a lock; a key committed after the
-// snapshot gives no row, and a row that may be taken over (takeable, the last
-// column) is left to the next attempt's claimSQL, which takes it over.
-const firstClaimSQL = `WITH claimed AS (
-    INSERT INTO %[1]s (scope, key, fingerprint, token, lease_until, created_at, expires_at)
-    VALUES ($1, $2, $3, $4, now() + $5::bigint * interval '1 millisecond', now(),
-            now() + $6::bigint * interval '1 millisecond')
-    ON CONFLICT (scope, key) DO NOTHING
-    RETURNING true
-)
-SELECT true, false, true, NULL::smallint, NULL::bytea, NULL::bytea, false,
-       NULL::timestamptz, NULL::timestamptz, NULL::timestamptz, NULL::bigint, false
-FROM claimed
-UNION ALL
-SELECT false, false, fingerprint = $3, status,
-       CASE WHEN fingerprint = $3 THEN headers END,
-       CASE WHEN fingerprint = $3 THEN body END,
-       body_omitted, created_at, completed_at, expires_at,
-       ceil(extract(epoch FROM lease_until - now()) * 1000)::bigint,
-       expires_at <= now() OR (status IS NULL AND lease_until <= now() AND fingerprint = $3)
-FROM %[1]s
-WHERE scope = $1 AND key = $2 AND NOT EXISTS (SELECT FROM claimed)`
+// readClaimSQL is the read of a one-transaction claim, after the key's lock
+// (%[1]s the quoted table name; $1 scope, $2 key, $3 fingerprint): always one
+// row, with the columns of claimSQL. No record gives claimed (the first
+// column) true and writes nothing: the record is inserted, once, with the
+// response by the completion (recordSQL). A record that may be taken over
+// (takeable, the last column, claimSQL's test) is left to claimSQL, run next in
+// the same transaction; any other record is the answer (replay, mismatch, in
+// flight).
+const readClaimSQL = `SELECT r.scope IS NULL, false, coalesce(r.fingerprint = $3, true), r.status,
+       CASE WHEN r.fingerprint = $3 THEN r.headers END,
+       CASE WHEN r.fingerprint = $3 THEN r.body END,
+       coalesce(r.body_omitted, false), r.created_at, r.completed_at, r.expires_at,
+       ceil(extract(epoch FROM r.lease_until - now()) * 1000)::bigint,
+       coalesce(r.expires_at <= now() OR (r.status IS NULL AND r.lease_until <= now() AND r.fingerprint = $3), false)
+FROM (SELECT) AS one LEFT JOIN %[1]s AS r ON r.scope = $1 AND r.key = $2`
+
+// recordSQL is the completion of a one-transaction claim that found no record
+// (%[1]s the quoted table name; the arguments of completeSQL, then $9 the
+// fingerprint): the record, written once. now() is the transaction's start,
+// the claim's time. It is also the fence: a row committed for the key since the
+// claim (only a claim of the ordinary mode can do that, as it does not take the
+// key's lock) makes it fail with a unique violation, so the commit does not run.
+const recordSQL = `INSERT INTO %[1]s (scope, key, fingerprint, token, status, headers, body, body_omitted,
+    created_at, completed_at, expires_at)
+VALUES ($1, $2, $9, $3, $4, $5, $6, $7, now(), now(), now() + $8::bigint * interval '1 millisecond')`
+
+// keyLockSQL takes the key's lock ($1, keyLock) until the transaction ends,
+// waiting for it at most the lock wait (lock_timeout).
+const keyLockSQL = "SELECT pg_advisory_xact_lock($1)"
 
 // TxStore is the store's one-transaction mode (docs/architecture.md section 9.1):
 // on the routes wrapped with Route, the claim, the handler's statements and the
-// completion run in one transaction and commit once. Its INSERT ... ON CONFLICT
-// takes the record's row lock; a concurrent duplicate blocks on it for at most
+// completion run in one transaction and commit once. The claim takes the key's
+// advisory lock (keyLock) and the completion inserts the record with the
+// response; a concurrent duplicate blocks on the lock for at most
 // the lock wait (WithLockWait, a local lock_timeout) and then finds the committed
 // record (replay) or is answered in flight (409). The transaction is the lease
 // and the fence: nothing is renewed, a crash aborts it and frees the key, and a
@@ -70,7 +76,8 @@ type TxStore struct {
 	pool        *pgxpool.Pool
 	wait        time.Duration // the lock wait
 	lockSQL     string        // SET LOCAL lock_timeout to the lock wait
-	firstSQL    string        // firstClaimSQL: the insert, and the row in its way only when there is one
+	readSQL     string        // readClaimSQL
+	recordSQL   string        // recordSQL: the completion of a claim that found no record
 	completeSQL string        // completeSQL failing (division by zero) when it matched no row
 }
 
@@ -83,7 +90,7 @@ var (
 type TxOption func(*TxStore) time.Duration
 
 // WithLockWait sets how long a duplicate of a request in flight waits for its
-// row lock (default DefaultLockWait; from 1 ms to 24 days, whole milliseconds,
+// key's lock (default DefaultLockWait; from 1 ms to 24 days, whole milliseconds,
 // rounded up). A claim whose context has a deadline (the middleware's claim
 // timeout, middleware.StoreFailureRule.Timeouts, 5 s by default) waits at most half of
 // the time left to it, so the lock wait ends first and the duplicate is
@@ -112,7 +119,8 @@ func (s *Store) OneTx(pool *pgxpool.Pool, opts ...TxOption) (*TxStore, error) {
 	}
 	t.wait, t.lockSQL = wait, lockTimeoutSQL(ms)
 	t.completeSQL = "WITH done AS (" + s.completeSQL + ") SELECT 1 / count(*) FROM done"
-	t.firstSQL = fmt.Sprintf(firstClaimSQL, s.qualified)
+	t.readSQL = fmt.Sprintf(readClaimSQL, s.qualified)
+	t.recordSQL = fmt.Sprintf(recordSQL, s.qualified)
 	return t, nil
 }
 
@@ -140,12 +148,14 @@ type txKey struct{}
 type txSlot struct {
 	use    sync.Mutex // held by a call of the handler's Tx (claimTx.use), taken before mu
 	mu     sync.Mutex
-	conn   *pgxpool.Conn // the open transaction's connection; nil when none
-	real   pgx.Tx        // the open transaction
-	token  store.Token   // the claim the transaction holds
-	tx     *claimTx      // the handler's view of it
-	failed bool          // a claimed transaction ended without its commit
-	ending chan struct{} // closed once the transaction taken from the slot has ended
+	conn   *pgxpool.Conn     // the open transaction's connection; nil when none
+	real   pgx.Tx            // the open transaction
+	token  store.Token       // the claim the transaction holds
+	insert bool              // the completion inserts the record (openTx.insert)
+	fp     store.Fingerprint // the claimed request's fingerprint, for the insert
+	tx     *claimTx          // the handler's view of it
+	failed bool              // a claimed transaction ended without its commit
+	ending chan struct{}     // closed once the transaction taken from the slot has ended
 }
 
 func slotOf(ctx context.Context) *txSlot {
@@ -163,20 +173,22 @@ func (s *txSlot) holds(token store.Token) bool {
 	return s.conn != nil && s.token == token
 }
 
-// open records the claim's transaction.
-func (s *txSlot) open(c openTx, token store.Token) {
+// open records the claim's transaction, of the request with fingerprint fp.
+func (s *txSlot) open(c openTx, token store.Token, fp store.Fingerprint) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.conn, s.real, s.token, s.failed = c.conn, c.tx, token, false
+	s.insert, s.fp = c.insert, fp
 	s.tx = &claimTx{Tx: c.tx, slot: s}
 }
 
 // openTx is a transaction and its pooled connection; ended, when not nil, is
 // closed once it has ended.
 type openTx struct {
-	conn  *pgxpool.Conn
-	tx    pgx.Tx
-	ended chan struct{}
+	conn   *pgxpool.Conn
+	tx     pgx.Tx
+	ended  chan struct{}
+	insert bool // the claim found no record: the completion inserts it (recordSQL)
 }
 
 // end rolls the transaction back, if still open, and gives the connection back
@@ -208,7 +220,7 @@ func (s *txSlot) take(failed bool) openTx {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	c := openTx{conn: s.conn, tx: s.real}
+	c := openTx{conn: s.conn, tx: s.real, insert: s.insert}
 	s.conn, s.real, s.tx = nil, nil, nil
 	if c.conn != nil {
 		s.failed = failed
@@ -266,6 +278,12 @@ func (s *txSlot) fail() {
 	s.mu.Unlock()
 }
 
+func (s *txSlot) fingerprint() store.Fingerprint {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.fp
+}
+
 func (s *txSlot) hasFailed() bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -305,32 +323,28 @@ func TxFromContext(ctx context.Context) (pgx.Tx, bool) {
 
 // Claim implements store.Store. Outside a Route it is Store.Claim. On a Route it
 // begins a transaction and claims in it in one round trip (BEGIN, SET LOCAL
-// lock_timeout, the claim statement of Store.Claim, RESET of the lock timeout);
-// a claim keeps the transaction open for the handler; any other answer (replay,
-// mismatch, the lock wait over: InFlight with RetryAfter the lease) ends it at
-// once. A serialization failure or deadlock, or a key committed after the
-// statement's snapshot, runs the claim again in a new transaction (at most 5
-// times in all). The first attempt is a plain INSERT ... ON CONFLICT DO
-// NOTHING that reads the row in its way only when there is one (firstClaimSQL),
-// so a new key costs one insert, and a duplicate that waited for the holder's
-// commit locks nothing and looks again (a replay, read without a lock); the
-// later attempts run the store's claim statement as is, which also takes over
-// an expired record. Errors: store.ErrInvalid for bad arguments, otherwise the
-// driver's errors wrapped.
+// lock_timeout, the key's lock, the read of its record, RESET of the lock
+// timeout); a claim keeps the transaction open for the handler; any other
+// answer (replay, mismatch, the lock wait over: InFlight with RetryAfter the
+// lease) ends it at once. The key's lock (keyLock, a transaction-level advisory
+// lock) is what duplicates wait on: a duplicate gets it once the holder's
+// transaction has ended and then reads the committed record, if any. A key
+// without a record claims without writing (the completion inserts the record
+// with the response); an expired record, or one whose lease lapsed, is taken
+// over by the store's claim statement in the same transaction, one round trip
+// more. A serialization failure or deadlock, or a takeover that met a newer
+// row, runs the claim again in a new transaction (at most 5 times in all).
+// Errors: store.ErrInvalid for bad arguments, otherwise the driver's errors
+// wrapped.
 func (t *TxStore) Claim(ctx context.Context, req store.ClaimRequest) (store.ClaimResult, error) {
 	slot := slotOf(ctx)
 	if slot == nil {
 		return t.Store.Claim(ctx, req)
 	}
-	tries := 0
 	return t.claimLoop(req, "claim in transaction", func(tok store.Token, args []any) (store.ClaimResult, bool, error) {
-		sql := t.firstSQL
-		if tries++; tries > 1 {
-			sql = t.claimSQL
-		}
-		res, c, again, err := t.claimOnce(ctx, sql, req, tok, args)
+		res, c, again, err := t.claimOnce(ctx, req, tok, args)
 		if c.conn != nil {
-			slot.open(c, tok)
+			slot.open(c, tok, req.Fingerprint)
 		}
 		return res, again, err
 	})
@@ -338,7 +352,7 @@ func (t *TxStore) Claim(ctx context.Context, req store.ClaimRequest) (store.Clai
 
 // claimOnce runs one claim transaction. It returns the connection of an open
 // transaction when it claimed, and again when the claim must run once more.
-func (t *TxStore) claimOnce(ctx context.Context, sql string, req store.ClaimRequest, tok store.Token, args []any) (
+func (t *TxStore) claimOnce(ctx context.Context, req store.ClaimRequest, tok store.Token, args []any) (
 	_ store.ClaimResult, _ openTx, again bool, _ error) {
 	conn, err := t.pool.Acquire(ctx)
 	if err != nil {
@@ -348,23 +362,27 @@ func (t *TxStore) claimOnce(ctx context.Context, sql string, req store.ClaimRequ
 	b := &pgx.Batch{}
 	b.BeginTx(pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
 	b.Queue(t.lockFor(ctx))
-	b.Queue(sql, args...).QueryRow(r.scan)
+	b.Queue(keyLockSQL, t.keyLock(req.ID))
+	b.Queue(t.readSQL, args[0], args[1], args[2]).QueryRow(r.scan)
 	b.Queue("SET LOCAL lock_timeout TO DEFAULT")
 	br := conn.SendBatch(ctx, b)
-	c := openTx{conn: conn, tx: br.Tx()}
+	c := openTx{conn: conn, tx: br.Tx(), insert: true}
 	err = br.Close()
-	if err == nil && r.claimed {
+	if err == nil && r.stale { // takeable: take the row over, in this transaction
+		r, c.insert = claimRow{}, false
+		err = r.scan(c.tx.QueryRow(ctx, t.claimSQL, args...))
+	}
+	if err == nil && r.claimed && !r.stale {
 		return store.ClaimResult{Outcome: store.Claimed, Token: tok, Takeover: r.takeover}, c, false, nil
 	}
 	// Nothing to run: end the transaction without making the caller wait for it
-	// (reads lock nothing, nor does the first attempt's insert on a conflict; a
-	// later attempt's DO UPDATE that met a row it may not take keeps that row
-	// locked until this ROLLBACK).
+	// (the key's lock, and the row lock of a takeover that met a row it may not
+	// take, are held until this ROLLBACK).
 	go c.end()
 	var pg *pgconn.PgError
 	switch {
 	case errors.Is(err, pgx.ErrNoRows) || err == nil && r.stale:
-		return store.ClaimResult{}, openTx{}, true, nil // committed after our snapshot: look again
+		return store.ClaimResult{}, openTx{}, true, nil // a takeover that met a newer row: look again
 	case errors.As(err, &pg) && pg.Code == "55P03": // lock_not_available: the holder runs on
 		return store.ClaimResult{Outcome: store.InFlight, RetryAfter: req.Lease}, openTx{}, false, nil
 	case errors.As(err, &pg) && (pg.Code == "40001" || pg.Code == "40P01"):
@@ -376,9 +394,25 @@ func (t *TxStore) claimOnce(ctx context.Context, sql string, req store.ClaimRequ
 	return res, openTx{}, false, err
 }
 
-// Complete implements store.Store. On a Route it completes the record in the
-// request's transaction and commits, in one round trip, fenced: a completion
-// that matches no row fails, so the commit does not run. Every failure ends the
+// keyLock returns the key of id's advisory lock: FNV-1a (64 bits) of the
+// table's quoted name, the scope's length and the scope and key bytes, so
+// stores on other tables, and the application's own advisory locks, meet it
+// only by a hash collision (a needless wait, never a wrong answer).
+func (t *TxStore) keyLock(id store.ID) int64 {
+	h := fnv.New64a()
+	var n [9]byte
+	binary.BigEndian.PutUint64(n[1:], uint64(len(id.Scope)))
+	_, _ = io.WriteString(h, t.qualified)
+	_, _ = h.Write(n[:])
+	_, _ = io.WriteString(h, id.Scope)
+	_, _ = io.WriteString(h, id.Key)
+	return int64(h.Sum64())
+}
+
+// Complete implements store.Store. On a Route it writes the record in the
+// request's transaction and commits, in one round trip, fenced: the insert
+// (recordSQL) fails when a row for the key exists, and the update of a record
+// taken over fails when it matches no row, so the commit does not run. Every failure ends the
 // transaction and wraps store.ErrLeaseLost (the transaction that held the claim
 // is gone: retrying cannot help; Route answers the client 503), and also
 // ErrCommitUnknown when the commit's outcome is not known (see ErrCommitUnknown:
@@ -392,9 +426,14 @@ func (t *TxStore) Complete(ctx context.Context, id store.ID, token store.Token, 
 		slot.take(true).end()
 		return fmt.Errorf("%w (%w)", err, store.ErrLeaseLost)
 	}
+	fp := slot.fingerprint()
 	c := slot.take(false)
 	b := &pgx.Batch{}
-	b.Queue(t.completeSQL, t.completeArgs(id, token, resp, retention)...)
+	if args := t.completeArgs(id, token, resp, retention); c.insert {
+		b.Queue(t.recordSQL, append(args, fp[:])...)
+	} else {
+		b.Queue(t.completeSQL, args...)
+	}
 	b.Queue("COMMIT")
 	// Sent on the connection: pgx's Tx does not learn of the COMMIT, and is
 	// dropped (its Rollback would cost a round trip for nothing).
@@ -434,7 +473,7 @@ func (t *TxStore) Renew(ctx context.Context, id store.ID, token store.Token, lea
 }
 
 // Wait implements store.Waiter. On a Route it returns nil at once: the next claim
-// waits on the holder's row lock itself (up to the lock wait). Elsewhere it is
+// waits on the holder's key lock itself (up to the lock wait). Elsewhere it is
 // Store.Wait.
 func (t *TxStore) Wait(ctx context.Context, id store.ID) error {
 	if slotOf(ctx) != nil {

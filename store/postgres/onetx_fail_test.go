@@ -110,15 +110,16 @@ func TestOneTxWaitInFlight(t *testing.T) {
 	}
 }
 
-// TestOneTxRecordTamperedWith: a handler that deletes its own record in the
-// transaction makes the fenced completion fail, so the COMMIT behind it never
-// runs: no row without a record, and the client gets 503.
+// TestOneTxRecordTamperedWith: a handler that writes a record for its own key
+// in the transaction makes the completion's insert fail, so the COMMIT behind
+// it never runs: no row without a record, and the client gets 503.
 func TestOneTxRecordTamperedWith(t *testing.T) {
 	e := newOneTxEnv(t, nil, func(e *oneTxEnv) http.HandlerFunc {
 		inner := insertInTx(e)
 		return func(w http.ResponseWriter, r *http.Request) {
 			tx, _ := TxFromContext(r.Context())
-			if _, err := tx.Exec(r.Context(), `DELETE FROM `+e.st.Table()); err != nil {
+			if _, err := tx.Exec(r.Context(), `INSERT INTO `+e.st.Table()+` (scope, key, fingerprint, token, created_at, expires_at)
+VALUES ('', 'tamper-1', '', '', now(), now() + interval '1 hour')`); err != nil {
 				t.Error(err)
 			}
 			inner(w, r)

@@ -193,13 +193,15 @@ func TestOneTxHandlerErrorReleases(t *testing.T) {
 
 // waitForLockWaiter returns once a backend of pool waits on a lock with a
 // statement on table.
-func waitForLockWaiter(t *testing.T, pool *pgxpool.Pool, table string) {
+func waitForLockWaiter(t *testing.T, e *oneTxEnv, key string) {
 	t.Helper()
+	lock := uint64(e.ts.keyLock(store.ID{Key: key}))
 	deadline := time.Now().Add(20 * time.Second)
 	for time.Now().Before(deadline) {
 		var n int
-		err := pool.QueryRow(t.Context(), `SELECT count(*) FROM pg_stat_activity
-WHERE datname = current_database() AND wait_event_type = 'Lock' AND position($1 in query) > 0`, table).Scan(&n)
+		err := e.pool.QueryRow(t.Context(), `SELECT count(*) FROM pg_locks
+WHERE locktype = 'advisory' AND NOT granted AND classid = $1 AND objid = $2 AND objsubid = 1`,
+			uint32(lock>>32), uint32(lock)).Scan(&n)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -208,7 +210,7 @@ WHERE datname = current_database() AND wait_event_type = 'Lock' AND position($1 
 		}
 		time.Sleep(5 * time.Millisecond) // polling the server's state: no event to wait on
 	}
-	t.Fatal("no duplicate waits on the row lock")
+	t.Fatal("no duplicate waits on the key's lock")
 }
 
 // TestOneTxDuplicateWaitsOnLock: a duplicate that arrives while the first holds
@@ -248,7 +250,7 @@ func TestOneTxDuplicateWaitsOnLock(t *testing.T) {
 		first := send(e, "lock-1")
 		<-entered
 		dup := send(e, "lock-1")
-		waitForLockWaiter(t, e.pool, e.st.Table())
+		waitForLockWaiter(t, e, "lock-1")
 		release()
 		a, b := <-first, <-dup
 		if a.err != nil || a.code != 201 || b.err != nil || b.code != 201 || b.replayed != "true" || b.body != a.body {

@@ -2,7 +2,6 @@ package postgres
 
 import (
 	"context"
-	"encoding/json"
 	"net/http"
 	"strings"
 	"sync"
@@ -41,51 +40,57 @@ func scansOf(plan any, table string) (loops []float64) {
 	return loops
 }
 
-// TestOneTxFirstClaimReadsNothing: the first claim of a new key on a
-// one-transaction route is the insert alone, the read of the row in its way
-// is planned but never runs; for an existing record the same statement reads
-// it (one scan) and answers it.
-func TestOneTxFirstClaimReadsNothing(t *testing.T) {
-	pool := newPool(t, "")
-	s := newStore(t, pool, nil)
-	ts, err := s.OneTx(pool)
-	if err != nil {
+// TestOneTxWritesRecordOnce: a first execution on a one-transaction route
+// writes its record once, with the response: the row of a fresh table is the
+// first version of its first slot, (0,1), never updated (an insert then an
+// update leaves it at (0,2)).
+func TestOneTxWritesRecordOnce(t *testing.T) {
+	e := newOneTxEnv(t, nil, insertInTx, nil)
+	if code, _, _, err := e.post("once"); err != nil || code != 201 {
+		t.Fatal(code, err)
+	}
+	var ctid string
+	var status int
+	if err := e.pool.QueryRow(t.Context(), `SELECT ctid::text, status FROM `+e.st.Table()).Scan(&ctid, &status); err != nil {
 		t.Fatal(err)
 	}
-	ctx := t.Context()
-	req := store.ClaimRequest{ID: newID(), Fingerprint: fingerprint("a"), Lease: time.Minute, Retention: time.Hour}
-	explain := func() []float64 {
-		tx, err := pool.Begin(ctx)
+	if ctid != "(0,1)" || status != 201 {
+		t.Fatalf("record at %s, status %d; want (0,1) (written once), 201", ctid, status)
+	}
+}
+
+// TestOneTxOrdinaryClaimMeanwhile: a claim of the ordinary mode does not take
+// the key's lock, so it can claim a key while a one-transaction request runs
+// under it; then the one-transaction completion's insert fails on the key,
+// its transaction (the handler's row) rolls back and its client gets 503, and
+// the ordinary claim's record is the one that stays.
+func TestOneTxOrdinaryClaimMeanwhile(t *testing.T) {
+	entered, proceed := make(chan struct{}), make(chan struct{})
+	e := newOneTxEnv(t, nil, heldInsert(entered, proceed), nil)
+	done := make(chan int, 1)
+	go func() {
+		code, _, _, err := e.post("mixed")
 		if err != nil {
-			t.Fatal(err)
+			t.Error(err)
 		}
-		defer tx.Rollback(ctx)
-		var out string
-		if err := tx.QueryRow(ctx, "EXPLAIN (ANALYZE, FORMAT JSON) "+ts.firstSQL, claimArgs(req, store.NewToken())...).Scan(&out); err != nil {
-			t.Fatal(err)
-		}
-		var plan any
-		if err := json.Unmarshal([]byte(out), &plan); err != nil {
-			t.Fatal(err)
-		}
-		return scansOf(plan, s.Table())
-	}
-	if loops := explain(); len(loops) != 1 || loops[0] != 0 {
-		t.Fatalf("new key: scans of the records table ran %v times; want one scan planned, never run", loops)
-	}
-	res, err := s.Claim(ctx, req)
+		done <- code
+	}()
+	<-entered
+	id := store.ID{Scope: "", Key: "mixed"}
+	req := store.ClaimRequest{ID: id, Fingerprint: fingerprint("other"), Lease: time.Minute, Retention: time.Hour}
+	res, err := e.st.Claim(t.Context(), req)
 	if err != nil || res.Outcome != store.Claimed {
-		t.Fatal(res, err)
+		t.Fatalf("ordinary claim during the route's request: %+v %v", res, err)
 	}
-	if err := s.Complete(ctx, req.ID, res.Token, store.Response{Status: 201, Body: []byte("ok")}, time.Hour); err != nil {
+	if err := e.st.Complete(t.Context(), id, res.Token, store.Response{Status: 200, Body: []byte("ordinary")}, time.Hour); err != nil {
 		t.Fatal(err)
 	}
-	if loops := explain(); len(loops) != 1 || loops[0] != 1 {
-		t.Fatalf("completed record: scans %v; want one, run once", loops)
+	close(proceed)
+	if code := <-done; code != 503 {
+		t.Fatalf("the one-transaction request answered %d; want 503", code)
 	}
-	got, err := ts.Claim(context.WithValue(ctx, txKey{}, &txSlot{}), req)
-	if err != nil || got.Outcome != store.Completed || got.Record == nil || string(got.Record.Body) != "ok" {
-		t.Fatalf("replay on a route: %+v %v", got, err)
+	if rows, _, records := e.counts(); rows != 0 || records != 1 {
+		t.Fatalf("%d handler rows, %d records; want 0 (rolled back) and 1 (the ordinary claim's)", rows, records)
 	}
 }
 
@@ -97,7 +102,8 @@ type heldStatementTracer struct {
 	held, overlapped atomic.Bool
 }
 
-const leakSQL = "SELECT txid_current_if_assigned()"
+// leakSQL is true in a transaction begun before it (the request's), NULL alone.
+const leakSQL = "SELECT nullif(now() < statement_timestamp(), false)"
 
 func (h *heldStatementTracer) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
 	if d.SQL == leakSQL {
@@ -128,7 +134,7 @@ func (h *heldStatementTracer) TraceBatchEnd(context.Context, *pgx.Conn, pgx.Trac
 func TestOneTxStatementDuringComplete(t *testing.T) {
 	h := &heldStatementTracer{entered: make(chan struct{}), release: make(chan struct{})}
 	pool := newPool(t, "", func(c *pgxpool.Config) { c.ConnConfig.Tracer = h; c.MaxConns = 4 })
-	var txid *int64
+	var txid *bool
 	var leakErr error
 	leaked := make(chan struct{})
 	e := newOneTxEnv(t, pool, func(e *oneTxEnv) http.HandlerFunc {
