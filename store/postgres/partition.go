@@ -45,7 +45,11 @@ const (
 // The default is the plain table. New refuses (store.ErrInvalid) an epoch out of
 // bounds or not whole seconds, and WithTransactionPooler or WithQueryExecMode
 // alongside it (the sweep needs a session of its own); OneTx refuses the layout;
-// Migrate refuses a table of the other layout or of another epoch.
+// Migrate refuses a table of the other layout or of another epoch, Sweep one of
+// another epoch. The claim needs READ COMMITTED (the default): under another
+// isolation it fails with SQLSTATE 0A000. A sweep stopped between a detach and
+// its drop leaves a table the next sweep drops (it marks a partition with a
+// comment before detaching it and drops no table without that mark).
 func WithPartitions(epoch time.Duration) Option { return func(s *Store) { s.epoch = epoch } }
 
 //go:embed migrations_partitioned/*.sql
@@ -110,17 +114,30 @@ func (s *Store) renderPartitioned(sql string) string {
 		"{{claim_fn}}", s.ident(s.table+"_claim"),
 		"{{ensure_fn}}", s.ident(s.table+"_ensure"),
 		"{{expired_fn}}", s.ident(s.table+"_expired"),
+		"{{drop_detached_fn}}", s.ident(s.table+"_drop_detached"),
+		"{{detached_comment}}", literal(s.detachedComment()),
 		"{{lock_class}}", strconv.FormatInt(int64(s.lockClass()), 10),
+		"{{key_lock_base}}", strconv.FormatInt(int64(s.lockClass())<<32, 10),
 		"{{table_literal}}", literal(s.qualified),
 		"{{part_prefix}}", literal(s.table+"_p"),
 	).Replace(s.render(sql))
 }
 
-// lockClass is the first key of the advisory locks of the store's table.
+// lockClass identifies the store's table in its advisory locks: the first of the
+// two int4 keys of the table-level locks (partition creation 0, the sweep 1), and
+// the high half of the bigint key of each idempotency key's lock (see migration
+// 0002: the two forms never collide).
 func (s *Store) lockClass() int32 {
 	h := fnv.New32a()
 	h.Write([]byte(s.qualified))
 	return int32(h.Sum32())
+}
+
+// detachedComment is the comment the sweep puts on a partition just before it
+// detaches it: the mark by which a later sweep knows a detached table left over
+// (a sweep stopped before its DROP TABLE) as its own.
+func (s *Store) detachedComment() string {
+	return "idemkey partitioned layout: detached by the sweep of " + s.qualified + ", to drop"
 }
 
 // literal quotes v as an SQL string literal.

@@ -26,8 +26,10 @@ LEFT JOIN pg_class c ON c.oid = i.inhrelid`
 // on a table of the other layout or another epoch; otherwise, on a session of its own,
 // one sweeper of the table at a time (a session advisory lock; a store that
 // finds it taken returns 0 at once), it creates the partitions of the current
-// and next epochs, then drops every partition of a past epoch whose records have
-// all expired. It returns the dropped partitions' estimated row counts
+// and next epochs, drops the partitions an earlier sweep detached but, stopped,
+// did not drop (see the migration's drop_detached function for how it knows
+// them), then drops every partition of a past epoch whose records have all
+// expired. It returns the dropped partitions' estimated row counts
 // (pg_class.reltuples), summed.
 func (s *Store) sweepPartitions(ctx context.Context) (dropped int64, err error) {
 	q, done, err := s.session(ctx)
@@ -53,6 +55,11 @@ func (s *Store) sweepPartitions(ctx context.Context) (dropped int64, err error) 
 	if _, err := s.ensurePartitions(ctx, q); err != nil {
 		return 0, fmt.Errorf("idemkey/postgres: sweep: create partitions: %w", err)
 	}
+	var left int64
+	if err := q.QueryRow(ctx, `SELECT `+s.ident(s.table+"_drop_detached")+`()`).Scan(&left); err != nil {
+		return 0, fmt.Errorf("idemkey/postgres: sweep: drop detached partitions: %w", err)
+	}
+	dropped = left
 	var (
 		names   []string
 		pending []bool
@@ -85,7 +92,7 @@ func (s *Store) partitionEpoch(name string) (int64, bool) {
 		return 0, false
 	}
 	n, err := strconv.ParseInt(digits, 10, 64)
-	return n, err == nil
+	return n, err == nil && strconv.FormatInt(n, 10) == digits // "+7", "07": not ours
 }
 
 // dropPartition detaches and drops the partition name when all its records
@@ -106,6 +113,11 @@ func (s *Store) dropPartition(ctx context.Context, q Querier, name string, pendi
 			return false, nil // lock not available: writers busy on it, next time
 		}
 		if err != nil || !expired {
+			return false, err
+		}
+		// The mark first, in its own transaction: should the sweep stop after the
+		// detach, the next one finds the table by it.
+		if _, err := q.Exec(ctx, `COMMENT ON TABLE `+part+` IS `+literal(s.detachedComment())); err != nil {
 			return false, err
 		}
 		if _, err := q.Exec(ctx, `ALTER TABLE `+s.qualified+` DETACH PARTITION `+part+` CONCURRENTLY`); err != nil {

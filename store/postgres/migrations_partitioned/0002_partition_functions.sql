@@ -1,6 +1,12 @@
 -- idemkey Postgres store, partitioned layout, schema version 2: the functions.
--- {{claim_fn}} is the claim: under an advisory lock on the key (class {{lock_class}})
--- it reads the key's row in every partition, then inserts into the current epoch's
+-- Advisory locks: a key's lock is of the single-bigint form, the table's hash
+-- ({{lock_class}}) in its high half and the key's in its low half; the table-level
+-- locks (partition creation: ({{lock_class}}, 0); the sweep: ({{lock_class}}, 1))
+-- are of the two-int4 form. Postgres keeps the two forms apart (pg_locks shows a
+-- bigint key with objsubid 1, two int4 keys with objsubid 2: the functions' docs
+-- say the key spaces do not overlap), so no key, whatever its hash, waits on them.
+--
+-- {{claim_fn}} is the claim: under an advisory lock on the key it reads the key's row in every partition, then inserts into the current epoch's
 -- partition, takes over in place, or answers from the row, in the shape of the
 -- plain layout's claim statement. A row past its retention is deleted, not
 -- revived, so an old partition never gains a live row. Liveness is judged on
@@ -23,7 +29,8 @@ BEGIN
         RAISE EXCEPTION 'idemkey: the partitioned layout''s claim needs READ COMMITTED, not %', current_setting('transaction_isolation')
             USING ERRCODE = '0A000', HINT = 'set default_transaction_isolation to read committed for the store''s connections';
     END IF;
-    PERFORM pg_advisory_xact_lock({{lock_class}}, hashtext(encode(sha256(int4send(length(p_scope)) || p_scope || p_key), 'hex')));
+    PERFORM pg_advisory_xact_lock({{key_lock_base}}::bigint
+        | (hashtext(encode(sha256(int4send(length(p_scope)) || p_scope || p_key), 'hex'))::bigint & 4294967295));
     FOR attempt IN 1..5 LOOP
         t := clock_timestamp();
         SELECT * INTO r FROM {{table}} x WHERE x.scope = p_scope AND x.key = p_key ORDER BY x.expires_at DESC LIMIT 1;
@@ -107,5 +114,43 @@ BEGIN
     EXECUTE format('LOCK TABLE %s IN SHARE MODE', p_part);
     EXECUTE format('SELECT EXISTS (SELECT FROM %s WHERE expires_at > clock_timestamp())', p_part) INTO live;
     RETURN NOT live;
+END
+$idemkey$;
+
+-- {{drop_detached_fn}} drops the partitions a sweep detached but did not drop (it
+-- stopped between DETACH PARTITION CONCURRENTLY and DROP TABLE), which no longer
+-- show among the records table's partitions. It drops only a table that is all of:
+-- in the records table's schema, named exactly {{part_prefix}} and digits (as
+-- {{ensure_fn}} names them), a plain table attached to nothing, of an epoch before
+-- the current one, and commented {{detached_comment}} (the sweep comments a
+-- partition so just before it detaches it). A partition detached by hand carries
+-- no such comment and is left alone. It re-checks under an ACCESS EXCLUSIVE lock
+-- and returns the dropped tables' estimated row counts (pg_class.reltuples), summed.
+CREATE OR REPLACE FUNCTION {{drop_detached_fn}}() RETURNS bigint
+LANGUAGE plpgsql AS $idemkey$
+DECLARE
+    parent regclass := {{table_literal}}::regclass;
+    prefix text := {{part_prefix}};
+    cur    bigint := floor(extract(epoch FROM clock_timestamp()) / {{epoch_seconds}})::bigint;
+    part   regclass;
+    est    bigint;
+    total  bigint := 0;
+BEGIN
+    FOR part, est IN
+        SELECT c.oid::regclass, greatest(c.reltuples, 0)::bigint FROM pg_class c
+        WHERE c.relnamespace = (SELECT p.relnamespace FROM pg_class p WHERE p.oid = parent)
+          AND c.relkind = 'r' AND NOT c.relispartition
+          AND starts_with(c.relname, prefix)
+          AND substr(c.relname, length(prefix) + 1) ~ '^[1-9][0-9]{0,17}$'
+          AND substr(c.relname, length(prefix) + 1)::bigint < cur
+          AND obj_description(c.oid, 'pg_class') = {{detached_comment}}
+    LOOP
+        EXECUTE format('LOCK TABLE %s IN ACCESS EXCLUSIVE MODE', part);
+        CONTINUE WHEN EXISTS (SELECT FROM pg_inherits i WHERE i.inhrelid = part OR i.inhparent = part)
+            OR obj_description(part, 'pg_class') IS DISTINCT FROM {{detached_comment}};
+        EXECUTE format('DROP TABLE %s', part);
+        total := total + est;
+    END LOOP;
+    RETURN total;
 END
 $idemkey$;
