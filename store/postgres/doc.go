@@ -1,6 +1,7 @@
 // Package postgres is the authoritative idempotency store on PostgreSQL (pgx/v5):
 // every transition of the store contract (package store, docs/architecture.md section 4) is
-// one SQL statement and one round trip, and lease deadlines and retention run on
+// one SQL statement and one round trip (a claim that writes: two, a read and the
+// claim statement), and lease deadlines and retention run on
 // the server's clock (now()), never the application's.
 //
 // # Use
@@ -61,11 +62,15 @@
 // Leases and retentions are sent in whole milliseconds, rounded up, like every
 // store's (see store.ClaimRequest).
 //
-// # Claim in one statement
+// # Claim: a read, then the claim statement
 //
-// Claim runs one statement: a CTE reads the key's row, and only when there is
-// none or it may be taken does an INSERT ... ON CONFLICT (scope, key) DO UPDATE
-// ... WHERE run, re-checking the takeover on the newest row version:
+// Claim first reads the key's row by primary key (no lock, no write) and
+// answers from it when the row decides the request: Completed (a replay),
+// Mismatch or InFlight. Only a new key, a record past its retention or a lapsed
+// lease goes on to the claim statement, the one that writes: a CTE reads the
+// row again, and only when there is none or it may be taken does an INSERT ...
+// ON CONFLICT (scope, key) DO UPDATE ... WHERE run, re-checking the takeover on
+// the newest row version:
 //
 //   - no row: insert with a lease of now()+lease and retention now()+retention;
 //   - a row past its retention: replaced, whatever its fingerprint (a new key);
@@ -75,8 +80,8 @@
 //     fingerprint), Completed (with the record) or InFlight (with the remaining
 //     lease, computed by the server, rounded up to the millisecond).
 //
-// Replays, in-flight duplicates and mismatches are therefore plain reads: they
-// lock nothing and write no WAL (an ON CONFLICT DO UPDATE whose WHERE fails still
+// Replays, in-flight duplicates and mismatches are therefore plain reads, one
+// round trip: they lock nothing and write no WAL (an ON CONFLICT DO UPDATE whose WHERE fails still
 // locks the row).
 //
 // Under READ COMMITTED, when a concurrent claim commits the same key after this

@@ -67,7 +67,7 @@ type Store struct {
 	logger     *slog.Logger
 	epoch      time.Duration // the partitioned layout's epoch (WithPartitions); 0: the plain table
 
-	claimSQL, completeSQL, releaseSQL, renewSQL, sweepSQL, waitSQL, pollSQL string
+	readSQL, claimSQL, completeSQL, releaseSQL, renewSQL, sweepSQL, waitSQL, pollSQL string
 
 	// execMode is sent with every statement once forceMode is set (pooler.go);
 	// polling makes Wait poll with pollFirst and pollMax.
@@ -139,6 +139,7 @@ func New(db Querier, opts ...Option) (*Store, error) {
 	}
 	s.qualified = s.ident(s.table)
 	t := s.qualified
+	s.readSQL = fmt.Sprintf(readSQL, t)
 	s.claimSQL = fmt.Sprintf(claimSQL, t)
 	s.channel = channelName(t)
 	s.completeSQL = fmt.Sprintf(completeSQL+notifyReturning, t, s.channel)
@@ -240,15 +241,25 @@ WHERE ` + holderGuard
 AND expires_at <= now()`
 )
 
-// Claim implements store.Store in one statement (see the package doc). When a
-// concurrent claim of the same key commits after the statement's snapshot, the
-// statement can return no row (or a row the conflict check has already seen
-// superseded); Claim then re-runs it, at most 5 times in all, so the answer is
-// always definite. Errors: store.ErrInvalid for bad arguments (an ID over the
+// Claim implements store.Store (see the package doc). In the plain layout it
+// first reads the key's row (readSQL, read.go): a replay, a mismatch or an
+// in-flight duplicate is answered by that read alone; a new key, an expired
+// record or a lapsed lease goes on to the claim statement, which decides again
+// on the newest row. When a concurrent claim of the same key commits after the
+// claim statement's snapshot, the statement can return no row (or a row the
+// conflict check has already seen superseded); Claim then re-runs it, at most 5
+// times in all, so the answer is always definite. Errors: store.ErrInvalid for bad arguments (an ID over the
 // core limits, ID.Validate), store.ErrCorrupt for undecodable rows, otherwise the
 // driver's error (connection, timeout, cancellation) wrapped.
 func (s *Store) Claim(ctx context.Context, req store.ClaimRequest) (store.ClaimResult, error) {
+	read := s.epoch == 0 // the partitioned layout's claim function reads the row itself
 	return s.claimLoop(req, "claim", func(tok store.Token, args []any) (store.ClaimResult, bool, error) {
+		if read {
+			read = false
+			if res, decided, err := s.readClaim(ctx, req, tok, args); decided || err != nil {
+				return res, false, err
+			}
+		}
 		var r claimRow
 		err := r.scan(s.db.QueryRow(ctx, s.claimSQL, s.withMode(args...)...))
 		switch {
@@ -289,6 +300,9 @@ func (s *Store) claimLoop(req store.ClaimRequest, op string,
 	return store.ClaimResult{}, fmt.Errorf("idemkey/postgres: %s: no definite answer after %d attempts under contention", op, claimAttempts)
 }
 
+// claimRow is a row of claimSQL (or, from sameFP on, of readSQL). stale means
+// the answer must not be used: claimSQL's snapshot row was already replaced, or
+// readSQL's row may be taken over (claimSQL decides).
 type claimRow struct {
 	claimed, takeover, sameFP bool
 	status                    pgtype.Int2
@@ -307,9 +321,13 @@ func claimArgs(req store.ClaimRequest, tok store.Token) []any {
 }
 
 // scan reads a row of claimSQL into r.
-func (r *claimRow) scan(row pgx.Row) error {
-	return row.Scan(&r.claimed, &r.takeover, &r.sameFP, &r.status, &r.headers, &r.body, &r.omitted,
-		&r.created, &r.completed, &r.expires, &r.retryMS, &r.stale)
+func (r *claimRow) scan(row pgx.Row) error { return row.Scan(r.dest()...) }
+
+// dest returns the destinations of claimSQL's columns; from the third on
+// (the fingerprint test on) they are readSQL's.
+func (r *claimRow) dest() []any {
+	return []any{&r.claimed, &r.takeover, &r.sameFP, &r.status, &r.headers, &r.body, &r.omitted,
+		&r.created, &r.completed, &r.expires, &r.retryMS, &r.stale}
 }
 
 func (s *Store) decide(r *claimRow, req store.ClaimRequest, tok store.Token) (store.ClaimResult, error) {

@@ -15,11 +15,12 @@ import (
 
 // BenchmarkReplay compares, on one connection and one completed record, the
 // round trip of a replay with that of a plain primary-key SELECT of the same row
-// (every column the claim returns): "select" is the SELECT, "claimsql" the claim
-// statement alone, scanned but not decoded, "claim" Store.Claim (statement and
-// decoding), "onetx" the claim batch of the one-transaction mode (BEGIN, SET
+// (every column the claim returns): "select" is the SELECT, "readsql" the
+// claim's first statement (readSQL) alone and "claimsql" the claim statement
+// alone, both scanned but not decoded, "claim" Store.Claim (its read and the
+// decoding; the claim statement does not run on a replay), "onetx" the claim batch of the one-transaction mode (BEGIN, SET
 // LOCAL, claim, RESET; its ROLLBACK is not timed, as it runs after the answer).
-// The four run interleaved in chunks; each reports its median ns/op over the
+// The five run interleaved in chunks; each reports its median ns/op over the
 // chunks and its ratio to select:
 //
 //	DATABASE_URL=... go test -run '^$' -bench Replay -benchtime 2000x ./store/postgres/
@@ -55,6 +56,10 @@ FROM ` + s.Table() + ` WHERE scope = $1 AND key = $2`
 			var lease pgtype.Timestamptz
 			return pool.QueryRow(ctx, selectSQL, args[0], args[1]).Scan(&fp, &r.status, &r.headers, &r.body,
 				&r.omitted, &r.created, &r.completed, &r.expires, &lease)
+		}},
+		{"readsql", func() error {
+			var r claimRow
+			return pool.QueryRow(ctx, s.readSQL, args[:3]...).Scan(r.dest()[2:]...)
 		}},
 		{"claimsql", func() error {
 			var r claimRow

@@ -1,0 +1,98 @@
+package postgres
+
+import (
+	"context"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemkey/idemkey/store"
+)
+
+// sqlTracer records the statements pgx sends (Query, QueryRow, Exec).
+type sqlTracer struct {
+	mu  sync.Mutex
+	sql []string
+}
+
+func (c *sqlTracer) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
+	c.mu.Lock()
+	c.sql = append(c.sql, d.SQL)
+	c.mu.Unlock()
+	return ctx
+}
+
+func (c *sqlTracer) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+
+// take returns the statements sent since the last take, each "read" (no
+// INSERT in it) or "claim" (an INSERT).
+func (c *sqlTracer) take() []string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	kinds := make([]string, len(c.sql))
+	for i, sql := range c.sql {
+		kinds[i] = "read"
+		if strings.Contains(strings.ToUpper(sql), "INSERT") {
+			kinds[i] = "claim"
+		}
+	}
+	c.sql = nil
+	return kinds
+}
+
+// TestClaimReadsFirst: a claim the key's row decides without a write (a replay,
+// a mismatch, an in-flight duplicate, a lapsed lease of another fingerprint) is
+// one statement, a read; a new key, an expired record and a lapsed lease are the
+// read, then the claim statement, which writes.
+func TestClaimReadsFirst(t *testing.T) {
+	tracer := &sqlTracer{}
+	admin := newPool(t, "")
+	traced := newPool(t, "", func(c *pgxpool.Config) { c.ConnConfig.Tracer = tracer })
+	s := newStore(t, admin, traced)
+	ctx := t.Context()
+	req := func(id store.ID, fp string) store.ClaimRequest {
+		return store.ClaimRequest{ID: id, Fingerprint: fingerprint(fp), Lease: time.Minute, Retention: time.Hour}
+	}
+	age := func(id store.ID, column string) { // puts the record's expiry or lease in the past
+		if _, err := admin.Exec(ctx, `UPDATE `+s.Table()+` SET `+column+` = now() - interval '1 second' WHERE scope = $1 AND key = $2`,
+			[]byte(id.Scope), []byte(id.Key)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	done, held := newID(), newID()
+	claim := func(name string, r store.ClaimRequest, want store.Outcome, takeover bool, statements ...string) store.ClaimResult {
+		t.Helper()
+		tracer.take()
+		res, err := s.Claim(ctx, r)
+		if err != nil || res.Outcome != want || res.Takeover != takeover {
+			t.Fatalf("%s: Claim = %+v, %v; want %v (takeover %v)", name, res, err, want, takeover)
+		}
+		if got := tracer.take(); strings.Join(got, ",") != strings.Join(statements, ",") {
+			t.Errorf("%s sent %v, want %v", name, got, statements)
+		}
+		return res
+	}
+
+	first := claim("new key", req(done, "a"), store.Claimed, false, "read", "claim")
+	if err := s.Complete(ctx, done, first.Token, store.Response{Status: 201, Body: []byte("x")}, time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	if res := claim("replay", req(done, "a"), store.Completed, false, "read"); string(res.Record.Response.Body) != "x" ||
+		res.Record.CreatedAt.IsZero() || res.Record.ExpiresAt.Before(res.Record.CompletedAt) {
+		t.Fatalf("replay: record %+v", res.Record)
+	}
+	claim("mismatch", req(done, "b"), store.Mismatch, false, "read")
+	claim("new key, held", req(held, "a"), store.Claimed, false, "read", "claim")
+	if res := claim("in-flight duplicate", req(held, "a"), store.InFlight, false, "read"); res.RetryAfter <= 0 || res.RetryAfter > time.Minute {
+		t.Fatalf("in flight: retry after %v", res.RetryAfter)
+	}
+	age(held, "lease_until")
+	claim("lapsed lease, other fingerprint", req(held, "b"), store.Mismatch, false, "read")
+	claim("lapsed lease", req(held, "a"), store.Claimed, true, "read", "claim")
+	age(done, "expires_at")
+	claim("expired record", req(done, "b"), store.Claimed, false, "read", "claim")
+}
