@@ -29,6 +29,12 @@ type Claim struct {
 	// Retention is what Store.Complete would be given: how long the record is kept
 	// and replayed (the Claimer's, or SetRetention's once called).
 	Retention time.Duration
+	// CompleteTimeout bounds one completion of the record (the Claimer's
+	// Timeouts.Complete; zero when the claim was made without a Claimer). A
+	// completion in the caller's own transaction whose context has no deadline
+	// (the middleware's handler context is detached from the client's) is bounded
+	// by it (store/postgres CommitResponse), so a hung store is answered within the bound.
+	CompleteTimeout time.Duration
 }
 
 // ErrNoClaim is returned by MarkCompleted when the context carries no claim: the

@@ -311,7 +311,8 @@ func (r *Runner) run(ctx context.Context, id store.ID, res store.ClaimResult, se
 		e.Stop()
 		r.releaseKey(&e)
 	}()
-	value, fnErr := fn(claim.NewContext(fnCtx, claim.Claim{ID: id, Token: res.Token, Takeover: res.Takeover, Retention: r.retention}, &e))
+	value, fnErr := fn(claim.NewContext(fnCtx, claim.Claim{ID: id, Token: res.Token, Takeover: res.Takeover,
+		Retention: r.retention, CompleteTimeout: r.storeTimeout}, &e))
 	returned = true
 	e.Stop()
 	out = Result{Value: value, Takeover: res.Takeover}

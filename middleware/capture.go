@@ -41,7 +41,7 @@ type call struct {
 	header      http.Header // replayable headers, snapshot when the status was committed
 	pre         []string    // header names present before the handler ran
 
-	// Header values of replays: the chunk they are carved from (headerValues).
+	// Header values of replays and problems: the chunk they are carved from (headerValues).
 	values []string
 
 	// Request body, read once.

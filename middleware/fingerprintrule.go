@@ -26,7 +26,7 @@ const (
 
 // refuseBody answers 400 request_body_not_json for a body the rule cannot read.
 func (m *Middleware) refuseBody(w http.ResponseWriter, ctx context.Context, id store.ID, err error) {
-	m.writeProblem(w, http.StatusBadRequest, problem{Title: "Request body is not JSON",
+	m.writeProblem(w, nil, http.StatusBadRequest, problem{Title: "Request body is not JSON",
 		Status: http.StatusBadRequest, Code: CodeBodyNotJSON,
 		Detail: "This operation fingerprints members of a JSON request body, and this body is not one JSON value: " +
 			strings.TrimPrefix(err.Error(), "idemkey/fingerprint: ") + "."}.render(m.problemStyle()), 0)

@@ -40,7 +40,7 @@ func (m *Middleware) refuseKey(w http.ResponseWriter, ctx context.Context, err e
 	if detail == "" {
 		detail = "The " + m.keyHeader + " header does not have the form this operation requires."
 	}
-	m.writeProblem(w, http.StatusBadRequest, problem{Title: "Invalid Idempotency-Key header",
+	m.writeProblem(w, nil, http.StatusBadRequest, problem{Title: "Invalid Idempotency-Key header",
 		Status: http.StatusBadRequest, Code: CodeKeyInvalid, Detail: detail}.render(m.problemStyle()), 0)
 	m.observe(ctx, Event{Decision: KeyInvalid, Status: http.StatusBadRequest, Err: err})
 }

@@ -230,10 +230,11 @@ type Middleware struct {
 	deny     map[string]struct{}
 	allow    map[string]struct{}
 	problems prerendered
-	// Header values shared by all responses, never modified in place.
+	// Header values of the middleware's own answers, copied into each response
+	// (call.headerValues), never sent themselves.
 	trueVal, omitVal []string
 	problemHeaders   []string
-	retryAfterVals   [][]string // Retry-After field values of 0 to preRetryAfter-1 s, shared like problemHeaders
+	retryAfterVals   [][]string // Retry-After field values of 0 to preRetryAfter-1 s, copied like problemHeaders
 	pool             sync.Pool
 	work             *workEstimate   // recent handler durations, for a 409's Retry-After
 	outage           store.OutageLog // the current run of store failures, logged once

@@ -150,22 +150,30 @@ func newPrerendered(style problemStyle) (prerendered, error) {
 }
 
 // writeProblem answers status with body, a prerendered problem; retryAfter > 0
-// adds Retry-After in whole seconds.
-func (m *Middleware) writeProblem(w http.ResponseWriter, status int, body []byte, retryAfter time.Duration) {
-	h := w.Header()
-	// Shared, never modified in place; capacity-limited so an append copies.
-	h["Content-Type"] = m.problemHeaders[0:1:1]
-	h["Cache-Control"] = m.problemHeaders[1:2:2]
-	h["X-Content-Type-Options"] = m.problemHeaders[2:3:3]
-	if link := m.problemLink(status, body); link != nil {
-		h["Link"] = link // shared like the values above
-	}
+// adds Retry-After in whole seconds. The header values are copies, from c's
+// chunk (call.headerValues; nil c: allocated), of values shared by every
+// response: an outer middleware that edits one in place changes only this
+// response.
+func (m *Middleware) writeProblem(w http.ResponseWriter, c *call, status int, body []byte, retryAfter time.Duration) {
+	link := m.problemLink(status, body)
+	var ra []string
 	if retryAfter > 0 {
 		if secs := retryAfterSeconds(retryAfter); secs < int64(len(m.retryAfterVals)) {
-			h["Retry-After"] = m.retryAfterVals[secs][0:1:1]
+			ra = m.retryAfterVals[secs]
 		} else {
-			h["Retry-After"] = []string{strconv.FormatInt(secs, 10)}
+			ra = []string{strconv.FormatInt(secs, 10)}
 		}
+	}
+	h := w.Header()
+	vals := c.headerValues(len(m.problemHeaders) + len(link) + len(ra))
+	vals = setValues(h, "Content-Type", vals, m.problemHeaders[0:1])
+	vals = setValues(h, "Cache-Control", vals, m.problemHeaders[1:2])
+	vals = setValues(h, "X-Content-Type-Options", vals, m.problemHeaders[2:3])
+	if link != nil {
+		vals = setValues(h, "Link", vals, link)
+	}
+	if ra != nil {
+		setValues(h, "Retry-After", vals, ra)
 	}
 	w.WriteHeader(status)
 	w.Write(body)

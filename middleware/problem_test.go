@@ -147,3 +147,59 @@ func TestProblemMembersFailingLater(t *testing.T) {
 		}
 	}
 }
+
+// TestHeaderValuesNotShared: an outer middleware that edits the header values
+// of a response in place once it is written (the replay mark, a problem's
+// Content-Type and Retry-After) changes that response only: the next replay and
+// the next 409 still carry the middleware's values.
+func TestHeaderValuesNotShared(t *testing.T) {
+	entered, proceed := make(chan struct{}), make(chan struct{})
+	e := newEnvHandler(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		if string(b) == "slow" {
+			entered <- struct{}{}
+			<-proceed
+		}
+		w.WriteHeader(http.StatusCreated)
+		w.Write(b)
+	}), WithReplay(ReplayRule{MaxBody: 1}))
+	inner := e.h
+	e.h = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		inner.ServeHTTP(w, r)
+		for _, v := range w.Header() {
+			for i := range v {
+				v[i] = "edited" // in place, after the recorder took its snapshot
+			}
+		}
+	})
+	check := func(w *httptest.ResponseRecorder, status int, want map[string]string) {
+		t.Helper()
+		if w.Code != status {
+			t.Fatalf("status %d, want %d", w.Code, status)
+		}
+		for k, v := range want {
+			if got := w.Result().Header.Get(k); got != v {
+				t.Errorf("%s: %q, want %q", k, got, v)
+			}
+		}
+	}
+	e.do(req("POST", "/charges", "a", "x"))
+	e.do(req("POST", "/charges", "o", "long body"))
+	for range 2 {
+		check(e.do(req("POST", "/charges", "a", "x")), http.StatusCreated, map[string]string{"Idempotent-Replayed": "true"})
+		check(e.do(req("POST", "/charges", "o", "long body")), http.StatusCreated,
+			map[string]string{"Idempotent-Replayed": "true", DefaultOmittedHeader: "omitted"})
+	}
+	done := make(chan struct{})
+	go func() { defer close(done); e.do(req("POST", "/charges", "s", "slow")) }()
+	<-entered
+	for range 2 {
+		w := e.do(req("POST", "/charges", "s", "slow"))
+		check(w, http.StatusConflict, map[string]string{"Content-Type": ProblemContentType, "Cache-Control": "no-store"})
+		if ra := w.Result().Header.Get("Retry-After"); ra == "" || ra == "edited" {
+			t.Errorf("Retry-After %q, want seconds", ra)
+		}
+	}
+	close(proceed)
+	<-done
+}

@@ -68,7 +68,7 @@ func (m *Middleware) parseKey(w http.ResponseWriter, r *http.Request, next http.
 			m.observe(ctx, Event{Decision: NoKey})
 			return store.ID{}, false
 		}
-		m.writeProblem(w, http.StatusBadRequest, m.problems.missing, 0)
+		m.writeProblem(w, nil, http.StatusBadRequest, m.problems.missing, 0)
 		m.observe(ctx, Event{Decision: KeyMissing, Status: http.StatusBadRequest})
 		return store.ID{}, false
 	}
@@ -80,7 +80,7 @@ func (m *Middleware) parseKey(w http.ResponseWriter, r *http.Request, next http.
 		key, err = ParseKey(values[0])
 	}
 	if err != nil {
-		m.writeProblem(w, http.StatusBadRequest, problem{Title: "Invalid Idempotency-Key header",
+		m.writeProblem(w, nil, http.StatusBadRequest, problem{Title: "Invalid Idempotency-Key header",
 			Status: http.StatusBadRequest, Code: CodeKeyInvalid,
 			Detail: "The " + m.keyHeader + " header must be one Structured Field string (or a bare token) of 1 to 255 printable ASCII characters, not only spaces: " +
 				strings.TrimPrefix(err.Error(), "idemkey/middleware: invalid idempotency key: ") + "."}.render(m.problemStyle()), 0)
@@ -95,7 +95,7 @@ func (m *Middleware) parseKey(w http.ResponseWriter, r *http.Request, next http.
 	}
 	id := store.ID{Scope: m.scope(r), Key: key}
 	if len(id.Scope) > store.MaxScopeLen {
-		m.writeProblem(w, http.StatusBadRequest, m.problems.scopeProblem(id.Scope), 0)
+		m.writeProblem(w, nil, http.StatusBadRequest, m.problems.scopeProblem(id.Scope), 0)
 		m.observe(ctx, Event{Decision: KeyInvalid, ID: id, Status: http.StatusBadRequest})
 		return store.ID{}, false
 	}
@@ -111,13 +111,13 @@ func (m *Middleware) readFingerprint(w http.ResponseWriter, r *http.Request, c *
 	c.reqBuf = body[:0]
 	if err != nil {
 		if errors.Is(err, fingerprint.ErrBodyTooLarge) {
-			m.writeProblem(w, http.StatusRequestEntityTooLarge, problem{Title: "Request body too large",
+			m.writeProblem(w, c, http.StatusRequestEntityTooLarge, problem{Title: "Request body too large",
 				Status: http.StatusRequestEntityTooLarge, Code: CodeRequestTooLarge,
 				Detail: fmt.Sprintf("The request body is larger than %d bytes, the most this operation fingerprints.", m.maxRequestBody)}.render(m.problemStyle()), 0)
 			m.observe(ctx, Event{Decision: BodyTooLarge, ID: id, Status: http.StatusRequestEntityTooLarge})
 			return nil, fpReq, fp, false
 		}
-		m.writeProblem(w, http.StatusBadRequest, problem{Title: "Request body unreadable",
+		m.writeProblem(w, c, http.StatusBadRequest, problem{Title: "Request body unreadable",
 			Status: http.StatusBadRequest, Code: CodeBodyUnreadable,
 			Detail: "The request body could not be read completely."}.render(m.problemStyle()), 0)
 		m.observe(ctx, Event{Decision: BodyUnreadable, ID: id, Status: http.StatusBadRequest, Err: err})
@@ -185,17 +185,17 @@ func (m *Middleware) claimFailed(w http.ResponseWriter, r *http.Request, next ht
 	case errors.Is(err, store.ErrInvalid):
 		// The store refused the request's own scope and key (say, longer than it
 		// can index): a client mistake, answered 400 even in fail-open mode.
-		m.writeProblem(w, http.StatusBadRequest, m.problems.keyRefused, 0)
+		m.writeProblem(w, c, http.StatusBadRequest, m.problems.keyRefused, 0)
 		ev.Decision, ev.Status = KeyInvalid, http.StatusBadRequest
 	case errors.Is(err, store.ErrFull):
 		// The store is up but will not add the key until records expire: fail
 		// closed, even in fail-open mode, and no outage.
-		m.writeProblem(w, http.StatusServiceUnavailable, m.problems.storeDown, max(m.storeRetryAfter, 1))
+		m.writeProblem(w, c, http.StatusServiceUnavailable, m.problems.storeDown, max(m.storeRetryAfter, 1))
 		ev.Decision, ev.Status = StoreFull, http.StatusServiceUnavailable
 	case m.cancelOnGone && ctx.Err() != nil:
 		// The client went away (WithCancelOnDisconnect): not the store's failure, and
 		// no handler runs for a gone client.
-		m.writeProblem(w, http.StatusServiceUnavailable, m.problems.storeDown, max(m.storeRetryAfter, 1))
+		m.writeProblem(w, c, http.StatusServiceUnavailable, m.problems.storeDown, max(m.storeRetryAfter, 1))
 		ev.Decision, ev.Status = ClientGone, http.StatusServiceUnavailable
 	case m.failOpen:
 		m.storeFailed(ctx, err)
@@ -208,7 +208,7 @@ func (m *Middleware) claimFailed(w http.ResponseWriter, r *http.Request, next ht
 		m.storeFailed(ctx, err)
 		m.logger.LogAttrs(ctx, slog.LevelDebug, "idempotency store failed; answering 503",
 			slog.String("scope", id.Scope), slog.String("key", id.Key), slog.Any("error", err))
-		m.writeProblem(w, http.StatusServiceUnavailable, m.problems.storeDown, max(m.storeRetryAfter, 1))
+		m.writeProblem(w, c, http.StatusServiceUnavailable, m.problems.storeDown, max(m.storeRetryAfter, 1))
 		ev.Decision, ev.Status = StoreError, http.StatusServiceUnavailable
 	}
 	m.observe(ctx, ev)
@@ -226,13 +226,14 @@ func (m *Middleware) decide(w http.ResponseWriter, r *http.Request, next http.Ha
 		m.replay(w, c, r, res.Record)
 		m.observe(ctx, Event{Decision: Replayed, ID: id, Status: res.Record.Status, StoreLatency: a.latency, CompletedAt: res.Record.CompletedAt, Waited: a.waited})
 	case store.InFlight:
-		m.writeProblem(w, http.StatusConflict, m.problems.inFlight, m.inFlightRetryAfter(route, res.RetryAfter))
+		m.writeProblem(w, c, http.StatusConflict, m.problems.inFlight, m.inFlightRetryAfter(route, res.RetryAfter))
 		m.observe(ctx, Event{Decision: InFlight, ID: id, Status: http.StatusConflict, StoreLatency: a.latency, Waited: a.waited})
 	case store.Mismatch:
-		m.writeProblem(w, http.StatusUnprocessableEntity, m.mismatchBody(context.WithoutCancel(ctx), id), 0)
+		m.writeProblem(w, c, http.StatusUnprocessableEntity, m.mismatchBody(context.WithoutCancel(ctx), id), 0)
 		m.observe(ctx, Event{Decision: Mismatch, ID: id, Status: http.StatusUnprocessableEntity, StoreLatency: a.latency, Waited: a.waited})
 	case store.Claimed:
-		cl := Claim{ID: id, Token: res.Token, Fingerprint: fp, Takeover: res.Takeover, Retention: m.retention}
+		cl := Claim{ID: id, Token: res.Token, Fingerprint: fp, Takeover: res.Takeover, Retention: m.retention,
+			CompleteTimeout: m.timeouts.Complete}
 		c.route = route
 		return m.execute(c, w, c.handlerRequest(r, cl, c, body), next, a)
 	}
@@ -245,9 +246,10 @@ func (m *Middleware) decide(w http.ResponseWriter, r *http.Request, next http.Ha
 func (m *Middleware) replay(w http.ResponseWriter, c *call, r *http.Request, rec *store.Record) {
 	h := w.Header()
 	m.replayHeader(h, c, r, rec)
-	h[m.replayedHeader] = m.trueVal
+	vals := c.headerValues(2)
+	vals = setValues(h, m.replayedHeader, vals, m.trueVal)
 	if rec.BodyOmitted {
-		h[m.omittedHeader] = m.omitVal
+		setValues(h, m.omittedHeader, vals, m.omitVal)
 	}
 	w.WriteHeader(rec.Status)
 	if len(rec.Body) > 0 {
@@ -266,21 +268,31 @@ func (c *call) copyRecordHeader(h http.Header, rec *store.Record) {
 	}
 	vals := c.headerValues(n)
 	for k, v := range rec.Header {
-		i := len(vals)
-		vals = append(vals, v...)
-		h[k] = vals[i:len(vals):len(vals)] // an append reallocates, never overwrites the next header's
+		vals = setValues(h, k, vals, v)
 	}
+}
+
+// setValues sets h[k] to a copy of v appended to vals (from call.headerValues),
+// capacity-limited so an append reallocates and never overwrites the next
+// header's, and returns vals grown.
+func setValues(h http.Header, k string, vals, v []string) []string {
+	i := len(vals)
+	vals = append(vals, v...)
+	h[k] = vals[i:len(vals):len(vals)]
+	return vals
 }
 
 // valueChunk is how many header values a call's chunk holds (see headerValues).
 const valueChunk = 64
 
-// headerValues returns an empty array for n header values of a replay, carved
-// from c's current chunk, which is never handed out twice: the values a replay
-// sends alias neither the record nor any other replay's (an outer middleware may
-// keep them past the request), at one allocation per valueChunk values.
+// headerValues returns an empty array for n header values of a response the
+// middleware writes (a replay, a problem), carved from c's current chunk, which
+// is never handed out twice: the values a response sends alias neither the
+// record nor the middleware's own nor any other response's (an outer middleware
+// may edit them in place or keep them past the request), at one allocation per
+// valueChunk values. A nil c (no call yet) allocates them.
 func (c *call) headerValues(n int) []string {
-	if n > valueChunk/4 {
+	if c == nil || n > valueChunk/4 {
 		return make([]string, 0, n)
 	}
 	if cap(c.values)-len(c.values) < n {

@@ -67,6 +67,12 @@ func (s *Store) CompleteTx(ctx context.Context, tx pgx.Tx, id store.ID, token st
 // rolled back. resp.Header should hold only headers worth replaying (no
 // Set-Cookie, Date, Content-Length).
 //
+// Deadline: when ctx has none (the middleware's handler context, detached from
+// the client's, has none), the completion and the commit together are bounded by
+// the claim's CompleteTimeout (StoreFailureRule.Timeouts.Complete;
+// claim.DefaultStoreTimeout when zero), so a hung server is answered within the
+// bound: a commit that runs out of it is ErrCommitUnknown.
+//
 // tx must be the top-level transaction (commit ends it in the database). On every
 // error tx is finished (rolled back, or its commit failed) and nothing was written
 // to w:
@@ -77,8 +83,8 @@ func (s *Store) CompleteTx(ctx context.Context, tx pgx.Tx, id store.ID, token st
 //     MarkCompleted refuses, and the record is resp;
 //   - store.ErrLeaseLost (wrapped) when the claim was taken over: tx was rolled
 //     back, none of its rows exist; answer 409 (the retry that took over runs);
-//   - ErrCommitUnknown (wrapped, with the driver's error) when the commit failed:
-//     answer 5xx, see ErrCommitUnknown;
+//   - ErrCommitUnknown (wrapped, with the driver's error) when the commit failed
+//     or ran out of its deadline: answer 5xx, see ErrCommitUnknown;
 //   - store.ErrInvalid for a response a store cannot keep, or the driver's error of
 //     the UPDATE: tx was rolled back.
 func (s *Store) CommitResponse(ctx context.Context, tx pgx.Tx, w http.ResponseWriter, resp store.Response) error {
@@ -90,13 +96,15 @@ func (s *Store) CommitResponse(ctx context.Context, tx pgx.Tx, w http.ResponseWr
 		_ = tx.Rollback(context.WithoutCancel(ctx))
 		return claim.ErrNoClaim
 	}
-	if err := s.CompleteTx(ctx, tx, cl.ID, cl.Token, resp, cl.Retention); err != nil {
+	bctx, cancel := boundContext(ctx, cl)
+	defer cancel()
+	if err := s.CompleteTx(bctx, tx, cl.ID, cl.Token, resp, cl.Retention); err != nil {
 		_ = tx.Rollback(context.WithoutCancel(ctx))
 		return err
 	}
-	cctx, cancel := commitContext(ctx)
+	cctx, cancelCommit := commitContext(bctx)
 	err := tx.Commit(cctx)
-	cancel()
+	cancelCommit()
 	if err != nil {
 		return fmt.Errorf("%w: %w", ErrCommitUnknown, err)
 	}
@@ -114,6 +122,22 @@ func (s *Store) CommitResponse(ctx context.Context, tx pgx.Tx, w http.ResponseWr
 		_, _ = w.Write(resp.Body) // a failed write is the client's loss: retries replay resp
 	}
 	return nil
+}
+
+// boundContext returns ctx bounded by the claim's completion deadline
+// (cl.CompleteTimeout, claim.DefaultStoreTimeout when zero) when ctx has none:
+// the middleware's handler context is detached from the client's and has no
+// deadline, and a hung server must not hold the completion and the commit until
+// TCP gives up.
+func boundContext(ctx context.Context, cl claim.Claim) (context.Context, context.CancelFunc) {
+	if _, ok := ctx.Deadline(); ok {
+		return ctx, func() {}
+	}
+	d := cl.CompleteTimeout
+	if d <= 0 {
+		d = claim.DefaultStoreTimeout
+	}
+	return context.WithTimeout(ctx, d)
 }
 
 // commitContext returns the context of the commit: ctx's values and deadline, not
