@@ -82,19 +82,16 @@ func (s *Store) useLayout() error {
 
 // The holder statements of the partitioned layout: those of the plain layout with
 // liveness judged on clock_timestamp() (see expiredFn in the migration).
-const (
-	partHolderGuard = `scope = $1 AND key = $2 AND token = $3 AND status IS NULL AND expires_at > clock_timestamp()`
-
-	partCompleteSQL = `UPDATE %[1]s SET status = $4, headers = $5, body = $6, body_omitted = $7,
-    lease_until = NULL, completed_at = clock_timestamp(), expires_at = clock_timestamp() + $8::bigint * interval '1 millisecond'
-WHERE ` + partHolderGuard
-
-	partReleaseSQL = `DELETE FROM %[1]s WHERE ` + partHolderGuard
-
-	partRenewSQL = `UPDATE %[1]s SET lease_until = clock_timestamp() + $4::bigint * interval '1 millisecond',
-    expires_at = greatest(expires_at, clock_timestamp() + $4::bigint * interval '1 millisecond')
-WHERE ` + partHolderGuard
+var (
+	partCompleteSQL = onClockTimestamp(completeSQL)
+	partReleaseSQL  = onClockTimestamp(releaseSQL)
+	partRenewSQL    = onClockTimestamp(renewSQL)
 )
+
+// onClockTimestamp returns stmt with now() replaced by clock_timestamp().
+func onClockTimestamp(stmt string) string {
+	return strings.ReplaceAll(stmt, "now()", "clock_timestamp()")
+}
 
 // layoutMigrations returns the migrations of the store's layout.
 func (s *Store) layoutMigrations() ([]migrate.Migration, error) {
