@@ -20,7 +20,10 @@
 // client connections, and prints requests/s, p50 and p99 latency over all
 // requests, the answers (first executions, replays, others), and round trips,
 // statements and commits per first execution as pgx sent them (a commit is an
-// explicit COMMIT or a round trip outside a transaction block).
+// explicit COMMIT or a round trip outside a transaction block), and the CPU time
+// per request of this process (client and server) and of the database's
+// client backends (read from /proc: 0 unless Postgres runs on this host).
+// -cpuprofile FILE writes this process's CPU profile.
 package main
 
 import (
@@ -32,6 +35,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"runtime/pprof"
 	"slices"
 	"strings"
 	"sync"
@@ -55,6 +59,7 @@ func main() {
 	c := flag.Int("c", 16, "client connections (and concurrent requests)")
 	dup := flag.Int("dup", 1, "concurrent copies of each key")
 	rounds := flag.Int("rounds", 1, "with -mode all: rounds of the four modes")
+	cpuprofile := flag.String("cpuprofile", "", "write this process's CPU profile (all runs) to this file")
 	flag.Parse()
 	if *n < 1 || *c < 1 || *dup < 1 || *rounds < 1 {
 		log.Fatal("-n, -c, -dup and -rounds must be positive")
@@ -79,6 +84,16 @@ func main() {
 	if err != nil {
 		log.Fatal(err)
 	}
+	if *cpuprofile != "" {
+		f, err := os.Create(*cpuprofile)
+		if err != nil {
+			log.Fatal(err)
+		}
+		if err := pprof.StartCPUProfile(f); err != nil {
+			log.Fatal(err)
+		}
+		defer pprof.StopCPUProfile()
+	}
 	run := []string{*mode}
 	if *mode == "all" {
 		run = nil
@@ -91,7 +106,7 @@ func main() {
 		}
 	}
 	fmt.Printf("n=%d c=%d dup=%d\n", *n, *c, *dup)
-	fmt.Println("mode      req/s    p50      p99      firsts replays others trips/1st stmts/1st commits/1st rows")
+	fmt.Println("mode      req/s    p50      p99      firsts replays others trips/1st stmts/1st commits/1st rows  goCPU/req pgCPU/req")
 	results := map[string][]result{}
 	for _, m := range run {
 		r, err := runMode(ctx, m, pool, st, *n, *c, *dup)
@@ -114,12 +129,13 @@ type result struct {
 	firsts, replays, others  int64
 	trips, statements, commi float64
 	rows                     int64
+	goCPU, pgCPU             time.Duration // per request: this process (client and server), the database's backends
 }
 
 func (r result) String() string {
-	return fmt.Sprintf("%-8s %8.0f %8v %8v %6d %7d %6d %9.2f %9.2f %11.2f %d", r.mode, r.rps,
+	return fmt.Sprintf("%-8s %8.0f %8v %8v %6d %7d %6d %9.2f %9.2f %11.2f %d %9v %9v", r.mode, r.rps,
 		r.p50.Round(10*time.Microsecond), r.p99.Round(10*time.Microsecond), r.firsts, r.replays, r.others,
-		r.trips, r.statements, r.commi, r.rows)
+		r.trips, r.statements, r.commi, r.rows, r.goCPU.Round(time.Microsecond), r.pgCPU.Round(time.Microsecond))
 }
 
 // runMode serves mode on loopback and sends the requests: a warm-up of its own
@@ -148,14 +164,17 @@ func runMode(ctx context.Context, mode string, pool *pgxpool.Pool, st *pgstore.S
 		return result{}, err
 	}
 	t = tally{}
+	cpu0 := sampleCPU(ctx, pool)
 	start := time.Now()
 	lat, sendErr := send(client, base, store.NewToken().String()[:12], n, c, dup)
 	elapsed := time.Since(start)
+	cpu1 := sampleCPU(ctx, pool)
 	if sendErr != nil {
 		return result{}, sendErr
 	}
 	r := result{mode: mode, rps: float64(len(lat)) / elapsed.Seconds(), p50: pct(lat, 50), p99: pct(lat, 99),
-		firsts: t.firsts.Load(), replays: t.replays.Load(), others: t.others.Load()}
+		firsts: t.firsts.Load(), replays: t.replays.Load(), others: t.others.Load(),
+		goCPU: (cpu1.self - cpu0.self) / time.Duration(len(lat)), pgCPU: (cpu1.pg - cpu0.pg) / time.Duration(len(lat))}
 	if f := float64(r.firsts); f > 0 {
 		r.trips, r.statements, r.commi = float64(t.trips.Load())/f, float64(t.statements.Load())/f, float64(t.commits.Load())/f
 	}

@@ -129,8 +129,8 @@
 //
 // Store.OneTx returns the store's one-transaction mode (TxStore), for handlers
 // that only touch this database: on a route wrapped with TxStore.Route, the claim
-// (BEGIN, SET LOCAL lock_timeout, the key's advisory lock and the read of its
-// record in one pgx batch), the handler's statements in the transaction of
+// (BEGIN, the key's advisory lock bounded by a local lock_timeout, and the read
+// of its record in one pgx batch), the handler's statements in the transaction of
 // TxFromContext, and the completion (the record's insert) with the COMMIT (a
 // second batch) make one transaction and one commit. A duplicate waits on the
 // key's lock up to WithLockWait, then replays or gets 409; a crash aborts the

@@ -54,9 +54,17 @@ const recordSQL = `INSERT INTO %[1]s (scope, key, fingerprint, token, status, he
     created_at, completed_at, expires_at)
 VALUES ($1, $2, $9, $3, $4, $5, $6, $7, now(), now(), now() + $8::bigint * interval '1 millisecond')`
 
-// keyLockSQL takes the key's lock ($1, keyLock) until the transaction ends,
-// waiting for it at most the lock wait (lock_timeout).
-const keyLockSQL = "SELECT pg_advisory_xact_lock($1)"
+// keyLockSQL takes the key's lock ($2, keyLock) until the transaction ends,
+// waiting for it at most the lock wait ($1, milliseconds as text), in one
+// statement of constant text (prepared once per connection): lock_timeout is
+// set to the lock wait, the lock taken, and lock_timeout set back to the
+// value it had, so the handler's statements do not run under it. The chain
+// of materialized CTEs fixes the order: each step reads the row of the one
+// before.
+const keyLockSQL = `WITH prev AS MATERIALIZED (SELECT current_setting('lock_timeout') AS v),
+     bound AS MATERIALIZED (SELECT v, set_config('lock_timeout', $1, true) FROM prev),
+     held AS MATERIALIZED (SELECT v, pg_advisory_xact_lock($2) FROM bound)
+SELECT set_config('lock_timeout', v, true) FROM held`
 
 // TxStore is the store's one-transaction mode (docs/architecture.md section 9.1):
 // on the routes wrapped with Route, the claim, the handler's statements and the
@@ -75,7 +83,7 @@ type TxStore struct {
 	*Store
 	pool        *pgxpool.Pool
 	wait        time.Duration // the lock wait
-	lockSQL     string        // SET LOCAL lock_timeout to the lock wait
+	lockWait    string        // the lock wait in milliseconds, keyLockSQL's $1
 	readSQL     string        // readClaimSQL
 	recordSQL   string        // recordSQL: the completion of a claim that found no record
 	completeSQL string        // completeSQL failing (division by zero) when it matched no row
@@ -117,27 +125,25 @@ func (s *Store) OneTx(pool *pgxpool.Pool, opts ...TxOption) (*TxStore, error) {
 	if wait <= 0 || ms > math.MaxInt32 {
 		return nil, fmt.Errorf("%w: postgres: lock wait %v outside 1 ms to 24 days", store.ErrInvalid, wait)
 	}
-	t.wait, t.lockSQL = wait, lockTimeoutSQL(ms)
+	t.wait, t.lockWait = wait, strconv.FormatInt(ms, 10)
 	t.completeSQL = "WITH done AS (" + s.completeSQL + ") SELECT 1 / count(*) FROM done"
 	t.readSQL = fmt.Sprintf(readClaimSQL, s.qualified)
 	t.recordSQL = fmt.Sprintf(recordSQL, s.qualified)
 	return t, nil
 }
 
-func lockTimeoutSQL(ms int64) string { return "SET LOCAL lock_timeout = " + strconv.FormatInt(ms, 10) }
-
-// lockFor returns the statement setting the lock wait of a claim on ctx: the
-// lock wait, or half the time left before ctx's deadline when that is shorter
-// (at least 1 ms: 0 would mean no bound).
+// lockFor returns the lock wait of a claim on ctx, in milliseconds as text
+// (keyLockSQL's $1): the lock wait, or half the time left before ctx's
+// deadline when that is shorter (at least 1 ms: 0 would mean no bound).
 func (t *TxStore) lockFor(ctx context.Context) string {
 	dl, ok := ctx.Deadline()
 	if !ok {
-		return t.lockSQL
+		return t.lockWait
 	}
 	if half := time.Until(dl) / 2; half < t.wait {
-		return lockTimeoutSQL(max(1, half.Milliseconds()))
+		return strconv.FormatInt(max(1, half.Milliseconds()), 10)
 	}
-	return t.lockSQL
+	return t.lockWait
 }
 
 // txKey is the context key of the request's *txSlot (set by Route).
@@ -361,10 +367,8 @@ func (t *TxStore) claimOnce(ctx context.Context, req store.ClaimRequest, tok sto
 	var r claimRow
 	b := &pgx.Batch{}
 	b.BeginTx(pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
-	b.Queue(t.lockFor(ctx))
-	b.Queue(keyLockSQL, t.keyLock(req.ID))
+	b.Queue(keyLockSQL, t.lockFor(ctx), t.keyLock(req.ID))
 	b.Queue(t.readSQL, args[0], args[1], args[2]).QueryRow(r.scan)
-	b.Queue("SET LOCAL lock_timeout TO DEFAULT")
 	br := conn.SendBatch(ctx, b)
 	c := openTx{conn: conn, tx: br.Tx(), insert: true}
 	err = br.Close()

@@ -283,6 +283,7 @@ func TestOneTxDuplicateWaitsOnLock(t *testing.T) {
 type trafficTracer struct {
 	mu                        sync.Mutex
 	trips, statements, commit int
+	texts                     map[string]bool // every statement's text seen
 }
 
 func (c *trafficTracer) add(trips int, sql string) {
@@ -290,6 +291,10 @@ func (c *trafficTracer) add(trips int, sql string) {
 	defer c.mu.Unlock()
 	c.trips += trips
 	c.statements++
+	if c.texts == nil {
+		c.texts = map[string]bool{}
+	}
+	c.texts[sql] = true
 	if strings.EqualFold(strings.TrimSpace(sql), "commit") {
 		c.commit++
 	}
@@ -320,7 +325,8 @@ func (c *trafficTracer) take() (trips, statements, commits int) {
 }
 
 // TestOneTxTraffic: a first execution on a one-transaction route costs at most
-// one round trip and no commit more than the same handler alone (begin, insert,
+// one round trip, three statements (the key's lock, the read of its record, the
+// record) and no commit more than the same handler alone (begin, insert,
 // commit); a replay is one round trip and commits nothing.
 func TestOneTxTraffic(t *testing.T) {
 	tracer := &trafficTracer{}
@@ -355,8 +361,9 @@ func TestOneTxTraffic(t *testing.T) {
 	trips, stmts, commits := tracer.take()
 	t.Logf("handler alone: %d round trips, %d statements, %d commits; one transaction: %d, %d, %d",
 		aTrips, aStmts, aCommits, trips, stmts, commits)
-	if trips > aTrips+1 || commits != aCommits || aCommits != 1 {
-		t.Fatalf("first execution: %d round trips, %d commits; the handler alone %d and %d", trips, commits, aTrips, aCommits)
+	if trips > aTrips+1 || commits != aCommits || aCommits != 1 || stmts > aStmts+3 {
+		t.Fatalf("first execution: %d round trips, %d statements, %d commits; the handler alone %d, %d and %d",
+			trips, stmts, commits, aTrips, aStmts, aCommits)
 	}
 	if code, h, _, err := e.post("first"); err != nil || code != 201 || h.Get("Idempotent-Replayed") != "true" {
 		t.Fatal(code, err)
@@ -412,5 +419,65 @@ func TestOneTxArguments(t *testing.T) {
 	}
 	if _, ok := TxFromContext(t.Context()); ok {
 		t.Fatal("a transaction outside a route")
+	}
+}
+
+// TestOneTxClaimTextConstant: the claim's statements have the same text
+// whatever the lock wait (a claim context's deadline shortens it), so each is
+// prepared once per connection, not once per request (pgx's statement cache).
+func TestOneTxClaimTextConstant(t *testing.T) {
+	tracer := &trafficTracer{}
+	pool := newPool(t, "", func(c *pgxpool.Config) { c.ConnConfig.Tracer = tracer; c.MaxConns = 1 })
+	s := newStore(t, pool, nil)
+	ts, err := s.OneTx(pool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	texts := make([]int, 0, 3)
+	for i, bound := range []time.Duration{time.Hour, 900 * time.Millisecond, 300 * time.Millisecond} {
+		ctx := context.WithValue(t.Context(), txKey{}, &txSlot{})
+		ctx, cancel := context.WithTimeout(ctx, bound)
+		id := store.ID{Scope: "s", Key: fmt.Sprint("text-", i)}
+		res, err := ts.Claim(ctx, store.ClaimRequest{ID: id, Fingerprint: fingerprint("a"), Lease: time.Second, Retention: time.Hour})
+		if err != nil || res.Outcome != store.Claimed {
+			t.Fatal(res, err)
+		}
+		if err := ts.Release(ctx, id, res.Token); err != nil {
+			t.Fatal(err)
+		}
+		cancel()
+		tracer.mu.Lock()
+		texts = append(texts, len(tracer.texts))
+		tracer.mu.Unlock()
+	}
+	if texts[1] != texts[0] || texts[2] != texts[0] {
+		t.Fatalf("distinct statement texts after each claim: %v; want the same count (no text per lock wait)", texts)
+	}
+}
+
+// TestOneTxHandlerLockTimeout: the handler's statements run under the
+// connection's own lock_timeout (here 250ms, set at connect), not under the
+// claim's lock wait, which bounds only the wait for the key's lock.
+func TestOneTxHandlerLockTimeout(t *testing.T) {
+	pool := newPool(t, "", func(c *pgxpool.Config) { c.ConnConfig.RuntimeParams["lock_timeout"] = "250ms" })
+	e := newOneTxEnv(t, pool, func(*oneTxEnv) http.HandlerFunc {
+		return func(w http.ResponseWriter, r *http.Request) {
+			tx, ok := TxFromContext(r.Context())
+			if !ok {
+				http.Error(w, "no transaction", 500)
+				return
+			}
+			var v string
+			if err := tx.QueryRow(r.Context(), `SELECT current_setting('lock_timeout')`).Scan(&v); err != nil {
+				http.Error(w, err.Error(), 500)
+				return
+			}
+			w.WriteHeader(201)
+			fmt.Fprint(w, v)
+		}
+	}, []TxOption{WithLockWait(3 * time.Second)})
+	code, _, body, err := e.post("timeout")
+	if err != nil || code != 201 || body != "250ms" {
+		t.Fatalf("%d %q %v; want 201 and the connection's lock_timeout 250ms", code, body, err)
 	}
 }
