@@ -109,6 +109,12 @@ func WithLockWait(d time.Duration) TxOption { return func(*TxStore) time.Duratio
 // OneTx returns the one-transaction mode of s on pool, the pool of s's database
 // (usually the Querier s was built with). Errors wrap store.ErrInvalid: a nil
 // pool, or a lock wait outside 1 ms to 24 days.
+//
+// The route's statements, the claim's batch included, run on pool's connections
+// in pool's own query exec mode (pgx.ConnConfig.DefaultQueryExecMode), not in
+// the mode WithTransactionPooler forces on s's own statements: behind a
+// transaction pooler such as PgBouncer, configure pool for it as the handler's
+// own queries need (QueryExecModeExec or QueryExecModeSimpleProtocol).
 func (s *Store) OneTx(pool *pgxpool.Pool, opts ...TxOption) (*TxStore, error) {
 	if pool == nil {
 		return nil, fmt.Errorf("%w: postgres: nil pool for the one-transaction mode", store.ErrInvalid)
