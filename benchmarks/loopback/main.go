@@ -19,6 +19,10 @@
 // ratios towards 1; server CPU per request (cpu-us/req) is the figure that does
 // not depend on the client or on other load. Rounds interleave the modes so that
 // a change of load affects them alike: compare ratios within a run.
+//
+// -cpuprofile PATH writes each server's CPU profile (warm-up included) to
+// PATH.bare, PATH.first and PATH.replay, the last round's; read them with go tool
+// pprof against a binary built with go build -o lb ./loopback.
 package main
 
 import (
@@ -34,6 +38,7 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
+	"runtime/pprof"
 	"slices"
 	"strconv"
 	"strings"
@@ -47,12 +52,16 @@ import (
 
 var modes = []string{"bare", "first", "replay"}
 
+// profile is -cpuprofile: the servers' CPU profile path (without the mode).
+var profile string
+
 func main() {
 	serveMode := flag.String("serve", "", "internal: serve this mode on 127.0.0.1 until stdin closes")
 	rounds := flag.Int("rounds", 5, "rounds of the three modes")
 	d := flag.Duration("d", 2*time.Second, "measured time of each mode in a round")
 	c := flag.Int("c", 4, "client connections (and concurrent requests)")
 	bodySize := flag.Int("body", 1024, "request body size in bytes (at least 80)")
+	flag.StringVar(&profile, "cpuprofile", "", "write each server's CPU profile to this path followed by .MODE (the last round's)")
 	flag.Parse()
 	if *serveMode != "" {
 		serve(*serveMode)
@@ -113,7 +122,11 @@ func runMode(mode string, body []byte, c int, d time.Duration) (result, error) {
 	if err != nil {
 		return result{}, err
 	}
-	cmd := exec.Command(self, "-serve", mode)
+	args := []string{"-serve", mode}
+	if profile != "" {
+		args = append(args, "-cpuprofile", profile+"."+mode)
+	}
+	cmd := exec.Command(self, args...)
 	stdin, err := cmd.StdinPipe()
 	if err != nil {
 		return result{}, err
@@ -265,6 +278,17 @@ func serve(mode string) {
 	}
 	fmt.Printf("listening on http://%s\n", ln.Addr())
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	if profile != "" { // the serve process's own -cpuprofile: the path itself
+		f, err := os.Create(profile)
+		if err != nil {
+			log.Fatal(err)
+		}
+		if err := pprof.StartCPUProfile(f); err != nil {
+			log.Fatal(err)
+		}
+		defer f.Close()
+		defer pprof.StopCPUProfile()
+	}
 	go func() {
 		io.Copy(io.Discard, os.Stdin)
 		srv.Close()
