@@ -1,7 +1,7 @@
 // Package postgres is the authoritative idempotency store on PostgreSQL (pgx/v5):
 // every transition of the store contract (package store, docs/architecture.md section 4) is
-// one SQL statement and one round trip (a claim that writes: two, a read and the
-// claim statement), and lease deadlines and retention run on
+// one SQL statement and one round trip (with WithReadFirst a claim that writes is
+// two, a read and the claim statement), and lease deadlines and retention run on
 // the server's clock (now()), never the application's.
 //
 // # Use
@@ -62,15 +62,16 @@
 // Leases and retentions are sent in whole milliseconds, rounded up, like every
 // store's (see store.ClaimRequest).
 //
-// # Claim: a read, then the claim statement
+// # Claim: one statement, or a read first
 //
-// Claim first reads the key's row by primary key (no lock, no write) and
-// answers from it when the row decides the request: Completed (a replay),
-// Mismatch or InFlight. Only a new key, a record past its retention or a lapsed
-// lease goes on to the claim statement, the one that writes: a CTE reads the
-// row again, and only when there is none or it may be taken does an INSERT ...
-// ON CONFLICT (scope, key) DO UPDATE ... WHERE run, re-checking the takeover on
-// the newest row version:
+// With WithReadFirst, Claim first reads the key's row by primary key (no lock,
+// no write) and answers from it when the row decides the request: Completed (a
+// replay), Mismatch or InFlight; only a new key, a record past its retention or
+// a lapsed lease goes on to the claim statement. By default Claim sends the
+// claim statement alone, the one that writes: a CTE reads the row, and only
+// when there is none or it may be taken does an INSERT ... ON CONFLICT (scope,
+// key) DO UPDATE ... WHERE run, re-checking the takeover on the newest row
+// version:
 //
 //   - no row: insert with a lease of now()+lease and retention now()+retention;
 //   - a row past its retention: replaced, whatever its fingerprint (a new key);
@@ -80,9 +81,9 @@
 //     fingerprint), Completed (with the record) or InFlight (with the remaining
 //     lease, computed by the server, rounded up to the millisecond).
 //
-// Replays, in-flight duplicates and mismatches are therefore plain reads, one
-// round trip: they lock nothing and write no WAL (an ON CONFLICT DO UPDATE whose WHERE fails still
-// locks the row).
+// Replays, in-flight duplicates and mismatches are therefore one round trip that
+// locks nothing and writes no WAL (an ON CONFLICT DO UPDATE whose WHERE fails
+// still locks the row; the CTE keeps the statement from reaching it).
 //
 // Under READ COMMITTED, when a concurrent claim commits the same key after this
 // statement's snapshot, the INSERT sees the conflict but the read in the same

@@ -44,15 +44,23 @@ func (c *sqlTracer) take() []string {
 	return kinds
 }
 
-// TestClaimReadsFirst: a claim the key's row decides without a write (a replay,
-// a mismatch, an in-flight duplicate, a lapsed lease of another fingerprint) is
-// one statement, a read; a new key, an expired record and a lapsed lease are the
-// read, then the claim statement, which writes.
+// TestClaimReadsFirst: with WithReadFirst, a claim the key's row decides
+// without a write (a replay, a mismatch, an in-flight duplicate, a lapsed lease
+// of another fingerprint) is one statement, a read; a new key, an expired record
+// and a lapsed lease are the read, then the claim statement, which writes.
+// Without the option every claim is the claim statement alone.
 func TestClaimReadsFirst(t *testing.T) {
 	tracer := &sqlTracer{}
 	admin := newPool(t, "")
 	traced := newPool(t, "", func(c *pgxpool.Config) { c.ConnConfig.Tracer = tracer })
-	s := newStore(t, admin, traced)
+	plain := newStore(t, admin, traced)
+	if _, err := plain.Claim(t.Context(), store.ClaimRequest{ID: newID(), Fingerprint: fingerprint("a"), Lease: time.Minute, Retention: time.Hour}); err != nil {
+		t.Fatal(err)
+	}
+	if got := tracer.take(); strings.Join(got, ",") != "claim" {
+		t.Errorf("without WithReadFirst a new key sent %v, want [claim]", got)
+	}
+	s := newStore(t, admin, traced, WithReadFirst())
 	ctx := t.Context()
 	req := func(id store.ID, fp string) store.ClaimRequest {
 		return store.ClaimRequest{ID: id, Fingerprint: fingerprint(fp), Lease: time.Minute, Retention: time.Hour}

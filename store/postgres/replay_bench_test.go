@@ -17,16 +17,21 @@ import (
 // round trip of a replay with that of a plain primary-key SELECT of the same row
 // (every column the claim returns): "select" is the SELECT, "readsql" the
 // claim's first statement (readSQL) alone and "claimsql" the claim statement
-// alone, both scanned but not decoded, "claim" Store.Claim (its read and the
-// decoding; the claim statement does not run on a replay), "onetx" the claim batch of the one-transaction mode (BEGIN, SET
+// alone, both scanned but not decoded, "claim" Store.Claim with WithReadFirst
+// (its read and the decoding; the claim statement does not run on a replay),
+// "claimdefault" Store.Claim without it (the claim statement), "onetx" the claim batch of the one-transaction mode (BEGIN, SET
 // LOCAL, claim, RESET; its ROLLBACK is not timed, as it runs after the answer).
-// The five run interleaved in chunks; each reports its median ns/op over the
+// The six run interleaved in chunks; each reports its median ns/op over the
 // chunks and its ratio to select:
 //
 //	DATABASE_URL=... go test -run '^$' -bench Replay -benchtime 2000x ./store/postgres/
 func BenchmarkReplay(b *testing.B) {
 	pool := newPool(b, "", func(c *pgxpool.Config) { c.MaxConns = 2 })
-	s := newStore(b, pool, nil)
+	s := newStore(b, pool, nil, WithReadFirst())
+	plain, err := New(pool, WithSchema(s.schema), WithTable(s.table))
+	if err != nil {
+		b.Fatal(err)
+	}
 	ts, err := s.OneTx(pool)
 	if err != nil {
 		b.Fatal(err)
@@ -66,6 +71,7 @@ FROM ` + s.Table() + ` WHERE scope = $1 AND key = $2`
 			return r.scan(pool.QueryRow(ctx, s.claimSQL, args...))
 		}},
 		{"claim", func() error { _, err := s.Claim(ctx, req); return err }},
+		{"claimdefault", func() error { _, err := plain.Claim(ctx, req); return err }},
 		{"onetx", func() error { _, err := ts.Claim(slotCtx, req); return err }},
 	}
 	const chunk = 50
