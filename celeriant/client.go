@@ -343,32 +343,9 @@ func (c *Client) backoff(ctx context.Context, n int) error { return sleep.Ctx(ct
 func (c *Client) attempt(ctx context.Context, addr, op string, isWrite, mayReuse bool, corr uuid.UUID, want wire.MessageType,
 	encode func(*wire.Encoder) []byte, decode func(*wire.Decoder, []byte) (uuid.UUID, error)) (err error, retry bool) {
 	p := c.pool(addr)
-	select {
-	case p.sem <- struct{}{}:
-	case <-ctx.Done():
-		return fmt.Errorf("%w: %s: waiting for a connection: %w", ErrNotSent, op, ctx.Err()), false
-	}
-	c.mu.Lock()
-	closed := c.closed
-	c.mu.Unlock()
-	if closed { // Close ran while this request waited for a connection
-		<-p.sem
-		return fmt.Errorf("%w: %w: %s", ErrNotSent, ErrClosed, op), false
-	}
-	cn, reused := c.idleConn(p, mayReuse)
-	if cn != nil && c.cfg.TLS == nil && !alive(cn.nc) {
-		_ = cn.nc.Close()
-		cn, reused = nil, false
-	}
-	if cn == nil {
-		cn, err = c.dial(ctx, addr)
-		if err != nil {
-			<-p.sem
-			if ctx.Err() == nil {
-				c.failover(addr)
-			}
-			return fmt.Errorf("%s: %w", op, err), false
-		}
+	cn, reused, err := c.acquire(ctx, p, addr, op, mayReuse)
+	if err != nil {
+		return err, false
 	}
 	healthy := false
 	defer func() { c.release(p, cn, healthy) }()
@@ -412,8 +389,52 @@ func (c *Client) attempt(ctx context.Context, addr, op string, isWrite, mayReuse
 	if body, rerr = c.dict.inflate(h, body, c.cfg.MaxResponseSize); rerr != nil {
 		return c.lost(ctx, op, isWrite, rerr), false
 	}
+	err, healthy = c.answer(ctx, cn, h.Type, body, op, isWrite, corr, want, decode)
+	return err, false
+}
+
+// acquire takes a slot of p (waiting while p is at its connection limit) and an
+// idle connection of p when mayReuse allows one that is still alive, or a new
+// one dialled to addr. On an error the slot is given back and the error says
+// whether the request was sent (ErrNotSent: never).
+func (c *Client) acquire(ctx context.Context, p *pool, addr, op string, mayReuse bool) (cn *conn, reused bool, err error) {
+	select {
+	case p.sem <- struct{}{}:
+	case <-ctx.Done():
+		return nil, false, fmt.Errorf("%w: %s: waiting for a connection: %w", ErrNotSent, op, ctx.Err())
+	}
+	c.mu.Lock()
+	closed := c.closed
+	c.mu.Unlock()
+	if closed { // Close ran while this request waited for a connection
+		<-p.sem
+		return nil, false, fmt.Errorf("%w: %w: %s", ErrNotSent, ErrClosed, op)
+	}
+	cn, reused = c.idleConn(p, mayReuse)
+	if cn != nil && c.cfg.TLS == nil && !alive(cn.nc) {
+		_ = cn.nc.Close()
+		cn, reused = nil, false
+	}
+	if cn == nil {
+		if cn, err = c.dial(ctx, addr); err != nil {
+			<-p.sem
+			if ctx.Err() == nil {
+				c.failover(addr)
+			}
+			return nil, false, fmt.Errorf("%s: %w", op, err)
+		}
+	}
+	return cn, reused, nil
+}
+
+// answer decodes the response frame of type t: the server's error (a
+// *ServerError), or the expected message type, whose correlation id must be
+// corr. Anything else loses the connection (c.lost). healthy tells whether cn
+// may go back to the pool.
+func (c *Client) answer(ctx context.Context, cn *conn, t wire.MessageType, body []byte, op string, isWrite bool,
+	corr uuid.UUID, want wire.MessageType, decode func(*wire.Decoder, []byte) (uuid.UUID, error)) (err error, healthy bool) {
 	var got uuid.UUID
-	switch h.Type {
+	switch t {
 	case wire.RespError:
 		ef, derr := cn.dec.ErrorResponse(body)
 		if derr != nil {
@@ -426,21 +447,18 @@ func (c *Client) attempt(ctx context.Context, addr, op string, isWrite, mayReuse
 		if se.CorrelationID != corr && se.CorrelationID != uuid.Nil {
 			return c.lost(ctx, op, isWrite, errProtocolf("correlation id %s in answer to %s", se.CorrelationID, corr)), false
 		}
-		healthy = true
-		return se, false
+		return se, true
 	case want:
-		got, err = decode(cn.dec, body)
-		if err != nil {
+		if got, err = decode(cn.dec, body); err != nil {
 			return c.lost(ctx, op, isWrite, err), false
 		}
 	default:
-		return c.lost(ctx, op, isWrite, errProtocolf("response type %d to a %s", h.Type, op)), false
+		return c.lost(ctx, op, isWrite, errProtocolf("response type %d to a %s", t, op)), false
 	}
 	if got != corr {
 		return c.lost(ctx, op, isWrite, errProtocolf("correlation id %s in answer to %s", got, corr)), false
 	}
-	healthy = true
-	return nil, false
+	return nil, true
 }
 
 // failover moves later requests off addr after it could not be dialled: to the next
