@@ -88,6 +88,10 @@ type Event struct {
 	// CompleteRetries counts Complete calls retried on the request's path. It is
 	// 0 since this release: the middleware makes one attempt, and when it fails
 	// the retries run in the background after the answer (CompletionPending).
+	//
+	// Deprecated: always 0; read CompletionPending. Removed in the next minor
+	// release, with the observers' idemkey_complete_retries_total and
+	// idemkey.complete_retries.
 	CompleteRetries int
 	// CompletionPending is set on Executed when the attempt to store the response
 	// failed (Err says why) while the lease was held: the client got the
