@@ -170,6 +170,28 @@ func Load(getenv func(string) string) (Env, error) {
 	if e.RedisPrefix == "" {
 		e.RedisPrefix = redis.DefaultPrefix
 	}
+	if err := e.loadDurations(getenv); err != nil {
+		return e, err
+	}
+	if err := parseBytes(getenv, "IDEM_MEMORY_MAX_BYTES", &e.MemoryMaxBytes); err != nil {
+		return e, err
+	}
+	if e.Lease < middleware.MinLease {
+		return e, fmt.Errorf("%w: IDEM_LEASE=%v is under the minimum lease %v (it is renewed every third of it)", ErrConfig, e.Lease, middleware.MinLease)
+	}
+	if e.Retention < e.Lease {
+		return e, fmt.Errorf("%w: IDEM_RETENTION (%v) must be at least IDEM_LEASE (%v)", ErrConfig, e.Retention, e.Lease)
+	}
+	if e.SimDelay > 0 && e.CeleriantAddr != "" {
+		return e, fmt.Errorf("%w: CELERIANT_SIM_DELAY applies to the in-process simulator only, not CELERIANT_ADDR", ErrConfig)
+	}
+	err := e.check() // defaults the store and projection: before e is returned
+	return e, err
+}
+
+// loadDurations reads IDEM_LEASE, IDEM_RETENTION (positive), IDEM_WAIT and
+// CELERIANT_SIM_DELAY (non-negative), each a Go duration such as 10s.
+func (e *Env) loadDurations(getenv func(string) string) error {
 	for _, d := range []struct {
 		name   string
 		dst    *time.Duration
@@ -185,46 +207,40 @@ func Load(getenv func(string) string) (Env, error) {
 			if d.zeroOK {
 				want = "a non-negative"
 			}
-			return e, fmt.Errorf("%w: %s=%q: want %s Go duration such as 10s", ErrConfig, d.name, v, want)
+			return fmt.Errorf("%w: %s=%q: want %s Go duration such as 10s", ErrConfig, d.name, v, want)
 		}
 		*d.dst = parsed
 	}
-	if err := parseBytes(getenv, "IDEM_MEMORY_MAX_BYTES", &e.MemoryMaxBytes); err != nil {
-		return e, err
-	}
-	if e.Lease < middleware.MinLease {
-		return e, fmt.Errorf("%w: IDEM_LEASE=%v is under the minimum lease %v (it is renewed every third of it)", ErrConfig, e.Lease, middleware.MinLease)
-	}
-	if e.Retention < e.Lease {
-		return e, fmt.Errorf("%w: IDEM_RETENTION (%v) must be at least IDEM_LEASE (%v)", ErrConfig, e.Retention, e.Lease)
-	}
-	if e.SimDelay > 0 && e.CeleriantAddr != "" {
-		return e, fmt.Errorf("%w: CELERIANT_SIM_DELAY applies to the in-process simulator only, not CELERIANT_ADDR", ErrConfig)
-	}
+	return nil
+}
+
+// check validates the store and projection names and that each has the server
+// URL it needs; it defaults both to memory.
+func (e *Env) check() error {
 	switch e.Store {
 	case "":
 		e.Store = "memory"
 	case "memory", "postgres", "redis", "tiered", "mysql":
 	default:
-		return e, fmt.Errorf("%w: IDEM_STORE=%q is not one of memory, postgres, redis, tiered, mysql", ErrConfig, e.Store)
+		return fmt.Errorf("%w: IDEM_STORE=%q is not one of memory, postgres, redis, tiered, mysql", ErrConfig, e.Store)
 	}
 	switch e.Projection {
 	case "":
 		e.Projection = "memory"
 	case "memory", "postgres":
 	default:
-		return e, fmt.Errorf("%w: PROJECTION=%q is not one of memory, postgres", ErrConfig, e.Projection)
+		return fmt.Errorf("%w: PROJECTION=%q is not one of memory, postgres", ErrConfig, e.Projection)
 	}
 	if e.NeedsPostgres() && e.DatabaseURL == "" {
-		return e, fmt.Errorf("%w: %s needs DATABASE_URL", ErrConfig, e.postgresUser())
+		return fmt.Errorf("%w: %s needs DATABASE_URL", ErrConfig, e.postgresUser())
 	}
 	if e.Store == "mysql" && e.MySQLDSN == "" {
-		return e, fmt.Errorf("%w: IDEM_STORE=mysql needs MYSQL_DSN", ErrConfig)
+		return fmt.Errorf("%w: IDEM_STORE=mysql needs MYSQL_DSN", ErrConfig)
 	}
 	if e.NeedsRedis() && e.RedisURL == "" {
-		return e, fmt.Errorf("%w: IDEM_STORE=%s needs REDIS_URL", ErrConfig, e.Store)
+		return fmt.Errorf("%w: IDEM_STORE=%s needs REDIS_URL", ErrConfig, e.Store)
 	}
-	return e, nil
+	return nil
 }
 
 // loadCeleriant reads the Celeriant settings beyond CELERIANT_ADDR.
