@@ -45,6 +45,13 @@ type Execution struct {
 	renewing  bool // a renewal's store call is in progress (not under mu)
 	timer     Timer
 	renewFn   func()
+
+	// A young execution, its first renewal not scheduled yet (schedule.go):
+	// linked in ylist of ysched, under the list's lock.
+	ysched       *scheduler
+	ylist        *youngList
+	yprev, ynext *Execution
+	linked       bool
 }
 
 // detachedCtx keeps the caller's context values but not its cancellation, so
@@ -114,16 +121,40 @@ func (e *Execution) Start(cl *Claimer, values context.Context, id store.ID, toke
 	e.txMu.Unlock()
 	e.held.Store(int64(sent.Sub(cl.epoch)))
 	e.sent = sent
+	if cl.sched != nil {
+		// No timer of e's is pending (Stop reported e reusable) and no sweep sees e
+		// before it is linked: mu is not needed yet.
+		e.stopped, e.returnedE = false, false
+		if cl.sched.add(e, sent) {
+			return // a sweep arms the first renewal if e still runs then
+		}
+	}
 	first := max(cl.cfg.Lease/3-time.Since(sent), 0)
 	e.mu.Lock()
 	e.stopped, e.returnedE = false, false
+	e.arm(first)
+	e.mu.Unlock()
+}
+
+// armFirst arms the first renewal of a young execution, a third of the lease
+// after its claim was sent, unless it was released meanwhile. now is the
+// sweep's time.
+func (e *Execution) armFirst(now time.Time) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if !e.stopped {
+		e.arm(max(e.cl.cfg.Lease/3-now.Sub(e.sent), 0))
+	}
+}
+
+// arm schedules the next renewal after d. Called with mu held.
+func (e *Execution) arm(d time.Duration) {
 	if e.timer == nil {
 		e.renewFn = e.renew
-		e.timer = cl.cfg.Clock.AfterFunc(first, e.renewFn)
-	} else {
-		e.timer.Reset(first)
+		e.timer = e.cl.cfg.Clock.AfterFunc(d, e.renewFn)
+		return
 	}
-	e.mu.Unlock()
+	e.timer.Reset(d)
 }
 
 // ID returns the claimed scope and key.
@@ -211,6 +242,11 @@ func (e *Execution) completedInTx() bool {
 // runs). It reports whether e may be reused: false when a renewal has fired and
 // not yet ended, since it still looks at e.
 func (e *Execution) Stop() (reusable bool) {
+	if e.ysched != nil && e.ysched.remove(e) {
+		// Still young: no timer was armed, no sweep sees e any more.
+		e.stopped, e.returnedE = true, true
+		return true
+	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	e.stopped, e.returnedE = true, true
@@ -227,7 +263,7 @@ func (e *Execution) restart() {
 	defer e.mu.Unlock()
 	e.stopped = false
 	if !e.renewing {
-		e.timer.Reset(max(e.cl.cfg.Lease/3-e.cl.now().Sub(e.heldAt()), 0))
+		e.arm(max(e.cl.cfg.Lease/3-e.cl.now().Sub(e.heldAt()), 0))
 	}
 }
 

@@ -1,0 +1,241 @@
+package claim
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"sync"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/idemkey/idemkey/store"
+	"github.com/idemkey/idemkey/store/memory"
+)
+
+// renewLog is a store that records when each token's renewals arrive, and can
+// delay the claims of a key.
+type renewLog struct {
+	store.Store
+	mu   sync.Mutex
+	at   map[store.Token][]time.Time
+	slow map[string]time.Duration
+}
+
+func (r *renewLog) Claim(ctx context.Context, req store.ClaimRequest) (store.ClaimResult, error) {
+	r.mu.Lock()
+	d := r.slow[req.Key]
+	r.mu.Unlock()
+	time.Sleep(d)
+	return r.Store.Claim(ctx, req)
+}
+
+// delay makes the claims of key take d.
+func (r *renewLog) delay(key string, d time.Duration) {
+	r.mu.Lock()
+	r.slow[key] = d
+	r.mu.Unlock()
+}
+
+func (r *renewLog) Renew(ctx context.Context, id store.ID, tok store.Token, lease time.Duration) error {
+	r.mu.Lock()
+	r.at[tok] = append(r.at[tok], time.Now())
+	r.mu.Unlock()
+	return r.Store.Renew(ctx, id, tok, lease)
+}
+
+// renewals returns when tok's renewals arrived, as offsets from t0.
+func (r *renewLog) renewals(tok store.Token, t0 time.Time) []time.Duration {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var d []time.Duration
+	for _, at := range r.at[tok] {
+		d = append(d, at.Sub(t0))
+	}
+	return d
+}
+
+// schedClaimer returns a Claimer on the real clock (so with a scheduler) over a
+// renewLog, lease 12 s: sweeps every second, first renewals 4 s after the send.
+func schedClaimer(t *testing.T) (*Claimer, *renewLog) {
+	t.Helper()
+	st := &renewLog{Store: memory.New(), at: map[store.Token][]time.Time{}, slow: map[string]time.Duration{}}
+	cl, err := New(Config{Store: st, Lease: 12 * time.Second, Retention: time.Hour,
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cl.sched == nil {
+		t.Fatal("no scheduler on the real clock")
+	}
+	return cl, st
+}
+
+// start claims key and starts e on it; it returns the claim's token and send time.
+func start(t *testing.T, cl *Claimer, e *Execution, key string) (store.Token, time.Time) {
+	t.Helper()
+	res, sent, err := cl.Claim(t.Context(), store.ClaimRequest{ID: store.ID{Key: key}})
+	if err != nil || res.Outcome != store.Claimed {
+		t.Fatalf("claim %q: %+v, %v", key, res, err)
+	}
+	e.Start(cl, t.Context(), store.ID{Key: key}, res.Token, sent, nil)
+	return res.Token, sent
+}
+
+// young reports whether e is linked in a young list; timer whether a timer of
+// its own was ever made (both read under their locks: a sweep writes them).
+func young(e *Execution) bool {
+	if e.ylist == nil {
+		return false
+	}
+	e.ylist.mu.Lock()
+	defer e.ylist.mu.Unlock()
+	return e.linked
+}
+
+func timer(e *Execution) bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.timer != nil
+}
+
+func equalOffsets(got, want []time.Duration) bool {
+	if len(got) != len(want) {
+		return false
+	}
+	for i := range got {
+		if got[i] != want[i] {
+			return false
+		}
+	}
+	return true
+}
+
+// An execution started while the sweep timer runs arms no timer of its own; one
+// still running at the next sweep is renewed exactly a third of the lease after
+// its claim was sent, and every third after, as one that armed its timer at once.
+func TestYoungExecutionRenewedFromSend(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		cl, st := schedClaimer(t)
+		var first, yng Execution
+		start(t, cl, &first, "first") // the sweep timer was idle: first arms its own timer
+		if young(&first) || !timer(&first) || !cl.sched.armed.Load() {
+			t.Fatalf("first execution: linked %v, timer %v, sweeps armed %v; want its own timer, sweeps armed",
+				young(&first), timer(&first), cl.sched.armed.Load())
+		}
+		time.Sleep(300 * time.Millisecond)
+		tok, sent := start(t, cl, &yng, "young")
+		if !young(&yng) || timer(&yng) {
+			t.Fatalf("young execution: linked %v, timer %v; want linked, no timer", young(&yng), timer(&yng))
+		}
+		time.Sleep(9 * time.Second)
+		synctest.Wait()
+		if got := st.renewals(tok, sent); !equalOffsets(got, []time.Duration{4 * time.Second, 8 * time.Second}) {
+			t.Fatalf("young execution renewed at %v after its send, want 4s and 8s", got)
+		}
+		if !yng.Stop() || !first.Stop() {
+			t.Fatal("executions not reusable after Stop")
+		}
+		time.Sleep(2 * time.Second) // a sweep finds nothing: the timer stops
+		synctest.Wait()
+		if cl.sched.armed.Load() {
+			t.Fatal("sweep timer still armed with no execution running")
+		}
+	})
+}
+
+// An execution that stops before a sweep found it leaves no timer and no
+// renewal, and is reusable; started again it is young again.
+func TestYoungExecutionStoppedUnscheduled(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		cl, st := schedClaimer(t)
+		var first, e Execution
+		start(t, cl, &first, "first")
+		for i, key := range []string{"a", "b"} {
+			time.Sleep(100 * time.Millisecond)
+			tok, _ := start(t, cl, &e, key)
+			if !young(&e) {
+				t.Fatalf("run %d: not young", i)
+			}
+			time.Sleep(100 * time.Millisecond)
+			if reusable := e.Stop(); !reusable || young(&e) || timer(&e) {
+				t.Fatalf("run %d: reusable %v, linked %v, timer %v after Stop", i, reusable, young(&e), timer(&e))
+			}
+			if got := st.renewals(tok, time.Time{}); len(got) != 0 {
+				t.Fatalf("run %d: %d renewals", i, len(got))
+			}
+			e.Reset()
+		}
+		first.Stop()
+	})
+}
+
+// A claim sent before the latest sweep (a slow store) arms its execution's timer
+// at once: a sweep could find it too late.
+func TestSlowClaimArmsAtOnce(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		cl, st := schedClaimer(t)
+		var first, slow Execution
+		var others [4]Execution
+		start(t, cl, &first, "first")
+		// Young executions keep the sweeps going meanwhile (at 1 s to 4 s).
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			for i := range others {
+				time.Sleep(500 * time.Millisecond)
+				id := store.ID{Key: fmt.Sprint("other", i)}
+				res, sent, err := cl.Claim(t.Context(), store.ClaimRequest{ID: id})
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				others[i].Start(cl, t.Context(), id, res.Token, sent, nil)
+				time.Sleep(500 * time.Millisecond)
+			}
+		}()
+		// The first renewal is due at 4 s, when the claim has not been answered yet:
+		// it is sent at once on the answer (a sweep would send it at 5 s).
+		st.delay("slow", 4500*time.Millisecond)
+		tok, sent := start(t, cl, &slow, "slow")
+		<-done
+		for i := range others {
+			others[i].Stop()
+		}
+		if young(&slow) || !timer(&slow) {
+			t.Fatalf("slow claim: linked %v, timer %v; want its own timer", young(&slow), timer(&slow))
+		}
+		time.Sleep(time.Second)
+		synctest.Wait()
+		if got := st.renewals(tok, sent); !equalOffsets(got, []time.Duration{4500 * time.Millisecond}) {
+			t.Fatalf("slow claim renewed at %v after its send, want 4.5s (on the answer)", got)
+		}
+		slow.Stop()
+		first.Stop()
+	})
+}
+
+// A young execution released before a sweep found it (a hijacked connection)
+// is not scheduled by the sweep.
+func TestYoungExecutionReleased(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		cl, st := schedClaimer(t)
+		var first, e Execution
+		start(t, cl, &first, "first")
+		time.Sleep(100 * time.Millisecond)
+		tok, _ := start(t, cl, &e, "released")
+		if err := e.Release(); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(6 * time.Second)
+		synctest.Wait()
+		if timer(&e) || len(st.renewals(tok, time.Time{})) != 0 {
+			t.Fatalf("released execution: timer %v, renewals %v", timer(&e), st.renewals(tok, time.Time{}))
+		}
+		if !e.Stop() {
+			t.Fatal("released execution not reusable")
+		}
+		first.Stop()
+	})
+}
