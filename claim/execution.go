@@ -118,6 +118,7 @@ func (e *Execution) Start(cl *Claimer, values context.Context, id store.ID, toke
 	e.ctx.set(values)
 	e.txMu.Lock() // a late MarkCompleted from a goroutine left behind reads them
 	e.id, e.token = id, token
+	e.returned, e.inTx, e.txResp, e.retention = false, false, store.Response{}, 0
 	e.txMu.Unlock()
 	e.held.Store(int64(sent.Sub(cl.epoch)))
 	e.sent = sent
@@ -323,14 +324,15 @@ func (e *Execution) NotifyCompleted(resp store.Response) {
 }
 
 // Reset readies e for another claim (a pool). Call it only when Stop reported e
-// reusable.
+// reusable. The claim's ID, token and in-transaction state stay until the next
+// Start replaces them under the lock a late MarkCompleted takes (one from a
+// goroutine the execution left behind finds it returned, or sets state Start
+// clears).
 func (e *Execution) Reset() {
 	e.ctx.set(nil)
 	e.lost, e.hctx = nil, nil
 	e.released, e.releaseErr = false, nil
-	e.txMu.Lock()
-	e.id, e.token = store.ID{}, store.Token{}
-	e.returned, e.inTx, e.txResp, e.retention = false, false, store.Response{}, 0
-	e.txMu.Unlock()
-	e.renewLost.Store(false)
+	if e.renewLost.Load() {
+		e.renewLost.Store(false)
+	}
 }

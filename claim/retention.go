@@ -44,10 +44,14 @@ func (e *Execution) retentionOf(cl Claim) (time.Duration, bool) {
 	return e.retention, true
 }
 
-// recordRetention returns the retention the record is completed with.
+// recordRetention returns the retention the record is completed with. Once
+// Returned ran, SetRetention refuses: the retention no longer changes, and the
+// executing goroutine (or one it started since) reads it without the lock.
 func (e *Execution) recordRetention() time.Duration {
-	e.txMu.Lock()
-	defer e.txMu.Unlock()
+	if !e.returned { // written only by the executing goroutine
+		e.txMu.Lock()
+		defer e.txMu.Unlock()
+	}
 	if e.retention > 0 {
 		return e.retention
 	}
