@@ -120,13 +120,14 @@ func (e *Execution) Start(cl *Claimer, values context.Context, id store.ID, toke
 	e.id, e.token = id, token
 	e.returned, e.inTx, e.txResp, e.retention = false, false, store.Response{}, 0
 	e.txMu.Unlock()
-	e.held.Store(int64(sent.Sub(cl.epoch)))
+	at := sent.Sub(cl.epoch)
+	e.held.Store(int64(at))
 	e.sent = sent
 	if cl.sched != nil {
 		// No timer of e's is pending (Stop reported e reusable) and no sweep sees e
 		// before it is linked: mu is not needed yet.
 		e.stopped, e.returnedE = false, false
-		if cl.sched.add(e, sent) {
+		if cl.sched.add(e, at) {
 			return // a sweep arms the first renewal if e still runs then
 		}
 	}

@@ -57,16 +57,17 @@ func newScheduler(cl *Claimer) *scheduler {
 	return &scheduler{cl: cl, period: cl.cfg.Lease / sweepEvery}
 }
 
-// add links e, whose claim was sent at sent, into a young list, after Start has
-// set everything the sweep reads (e.cl, e.sent, e.stopped). It reports false,
-// and links nothing, when the sweep timer is not armed (it arms it) or the claim
-// was sent before the latest sweep began: then Start arms e's own timer.
-func (s *scheduler) add(e *Execution, sent time.Time) bool {
+// add links e, whose claim was sent at sent (since cl.epoch), into a young list,
+// after Start has set everything the sweep reads (e.cl, e.sent, e.stopped). It
+// reports false, and links nothing, when the sweep timer is not armed (it arms
+// it) or the claim was sent before the latest sweep began: then Start arms e's
+// own timer.
+func (s *scheduler) add(e *Execution, sent time.Duration) bool {
 	if !s.armed.Load() {
 		s.wake()
 		return false
 	}
-	if sent.Sub(s.cl.epoch) <= time.Duration(s.last.Load()) {
+	if sent <= time.Duration(s.last.Load()) {
 		return false
 	}
 	if e.ysched != s {
