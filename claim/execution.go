@@ -24,9 +24,9 @@ type Execution struct {
 	lost  func(error) // cancels the execution's context on a lost lease
 	hctx  *Context    // the execution's context, when it cancels itself (Context.Set)
 
-	// In-transaction completion (MarkCompleted), guarded by txMu: the executing
-	// code may call it while a renewal holds mu.
-	txMu      sync.Mutex
+	// In-transaction completion (MarkCompleted), guarded by ctx.mu (with the
+	// detached context's parent, so Start sets both under one lock): the
+	// executing code may call it while a renewal holds mu.
 	returned  bool // the execution returned; MarkCompleted is refused
 	inTx      bool
 	txResp    store.Response
@@ -59,7 +59,7 @@ type Execution struct {
 // may keep a context past its call (pgxpool finishes a dial in the background
 // with the caller's values): parent is guarded, since a pooled Execution sets it
 // for the next claim; a context kept that long sees no values, or the next
-// claim's.
+// claim's. mu also guards the Execution's in-transaction state.
 type detachedCtx struct {
 	mu     sync.Mutex
 	parent context.Context
@@ -115,11 +115,11 @@ func (e *Execution) Detach(cl *Claimer, parent context.Context) {
 // set over a parent that is never cancelled cancels itself (no lost needed).
 func (e *Execution) Start(cl *Claimer, values context.Context, id store.ID, token store.Token, sent time.Time, lost func(error)) {
 	e.cl, e.lost = cl, lost
-	e.ctx.set(values)
-	e.txMu.Lock() // a late MarkCompleted from a goroutine left behind reads them
+	e.ctx.mu.Lock() // a late MarkCompleted from a goroutine left behind reads them
+	e.ctx.parent = values
 	e.id, e.token = id, token
 	e.returned, e.inTx, e.txResp, e.retention = false, false, store.Response{}, 0
-	e.txMu.Unlock()
+	e.ctx.mu.Unlock()
 	at := sent.Sub(cl.epoch)
 	e.held.Store(int64(at))
 	e.sent = sent
@@ -226,16 +226,16 @@ func (e *Execution) heldAt() time.Time { return e.cl.epoch.Add(time.Duration(e.h
 // reports whether the record was completed in the caller's own transaction, and
 // with what response.
 func (e *Execution) Returned() (inTx bool, resp store.Response) {
-	e.txMu.Lock()
-	defer e.txMu.Unlock()
+	e.ctx.mu.Lock()
+	defer e.ctx.mu.Unlock()
 	e.returned = true
 	return e.inTx, e.txResp
 }
 
 // completedInTx reports whether MarkCompleted was called.
 func (e *Execution) completedInTx() bool {
-	e.txMu.Lock()
-	defer e.txMu.Unlock()
+	e.ctx.mu.Lock()
+	defer e.ctx.mu.Unlock()
 	return e.inTx
 }
 
