@@ -38,7 +38,7 @@ type Execution struct {
 
 	// Lease renewal.
 	renewLost atomic.Bool  // a renewal found the lease lost
-	held      atomic.Int64 // when the lease was last known held: cl.epoch + held (claim or renewal sent)
+	held      atomic.Int64 // when a renewal last held the lease: cl.epoch + held (its send); 0: none yet (sent)
 	mu        sync.Mutex
 	stopped   bool // no renewal is due (Stop; restart clears it)
 	returnedE bool // Stop ran: the execution returned, a lost lease cancels nothing
@@ -121,7 +121,6 @@ func (e *Execution) Start(cl *Claimer, values context.Context, id store.ID, toke
 	e.returned, e.inTx, e.txResp, e.retention = false, false, store.Response{}, 0
 	e.ctx.mu.Unlock()
 	at := sent.Sub(cl.epoch)
-	e.held.Store(int64(at))
 	e.sent = sent
 	if cl.sched != nil {
 		// No timer of e's is pending (Stop reported e reusable) and no sweep sees e
@@ -220,7 +219,12 @@ func (e *Execution) LeaseLost() bool { return e.renewLost.Load() }
 
 // heldAt returns when the lease was last known held (claim or renewal sent, then
 // succeeded), on the monotonic clock.
-func (e *Execution) heldAt() time.Time { return e.cl.epoch.Add(time.Duration(e.held.Load())) }
+func (e *Execution) heldAt() time.Time {
+	if h := e.held.Load(); h != 0 {
+		return e.cl.epoch.Add(time.Duration(h))
+	}
+	return e.sent
+}
 
 // Returned closes the window of MarkCompleted (the execution returned) and
 // reports whether the record was completed in the caller's own transaction, and
@@ -335,5 +339,8 @@ func (e *Execution) Reset() {
 	e.released, e.releaseErr = false, nil
 	if e.renewLost.Load() {
 		e.renewLost.Store(false)
+	}
+	if e.held.Load() != 0 { // a renewal ran
+		e.held.Store(0)
 	}
 }
