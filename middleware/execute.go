@@ -11,7 +11,7 @@ import (
 
 // execute runs the handler under the claim a answered, then completes or
 // releases it. It reports whether c may go back to the pool.
-func (m *Middleware) execute(c *call, w http.ResponseWriter, r *http.Request, next http.Handler, a answer) (reusable bool) {
+func (m *Middleware) execute(c *call, w http.ResponseWriter, r *http.Request, next http.Handler, a *answer) (reusable bool) {
 	c.start(w, r.Context(), a.id, a.res.Token, a.sent)
 	if h := w.Header(); len(h) > 0 {
 		for k := range h {
