@@ -1,6 +1,7 @@
 package claim
 
 import (
+	"math"
 	"math/rand/v2"
 	"sync"
 	"sync/atomic"
@@ -118,8 +119,11 @@ func (s *scheduler) wake() {
 	}
 	s.last.Store(int64(time.Since(s.cl.epoch)))
 	if s.timer == nil {
-		s.timer = time.AfterFunc(s.period, s.sweep)
-		return
+		// Made idle, then armed by Reset: the sweep may read s.timer only once
+		// the field is set, and Reset orders this write before the sweep runs (a
+		// timer made armed could fire before the assignment, or be read without
+		// it by a sweep: a nil Reset).
+		s.timer = time.AfterFunc(math.MaxInt64, s.sweep)
 	}
 	s.timer.Reset(s.period)
 }

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"runtime"
 	"sync"
 	"testing"
 	"testing/synctest"
@@ -238,4 +239,40 @@ func TestYoungExecutionReleased(t *testing.T) {
 		}
 		first.Stop()
 	})
+}
+
+// The sweep timer is set before a sweep can read it: the wake that makes it is
+// a request's goroutine, which goes on at once, so nothing but the timer itself
+// orders its write before the sweep's Reset (run with -race; a sweep that ran
+// before the write would Reset a nil timer and crash the process). Real clock:
+// synctest's Wait would order the writes itself.
+func TestSweepTimerSetBeforeSweep(t *testing.T) {
+	cl, err := New(Config{Store: memory.New(), Lease: MinLease, Retention: MinLease,
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var waker, yng Execution
+	res, sent, err := cl.Claim(t.Context(), store.ClaimRequest{ID: store.ID{Key: "waker"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	hold := make(chan struct{})
+	started := make(chan struct{})
+	go func() {
+		defer close(started)
+		waker.Start(cl, t.Context(), store.ID{Key: "waker"}, res.Token, sent, nil) // arms the sweeps
+		<-hold
+	}()
+	for !cl.sched.armed.Load() { // synchronises with the wake's CompareAndSwap only
+		runtime.Gosched()
+	}
+	start(t, cl, &yng, "young") // linked: the sweep finds it and Resets its timer
+	for young(&yng) {
+		runtime.Gosched()
+	}
+	yng.Stop()
+	close(hold)
+	<-started
+	waker.Stop()
 }
