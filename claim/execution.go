@@ -138,13 +138,14 @@ func (e *Execution) Start(cl *Claimer, values context.Context, id store.ID, toke
 }
 
 // armFirst arms the first renewal of a young execution, a third of the lease
-// after its claim was sent, unless it was released meanwhile. now is the
-// sweep's time.
-func (e *Execution) armFirst(now time.Time) {
+// after its claim was sent, unless it was released meanwhile. The delay is
+// counted from now, not from the sweep's start: the sweep may have spent long
+// on the executions before e.
+func (e *Execution) armFirst() {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if !e.stopped {
-		e.arm(max(e.cl.cfg.Lease/3-now.Sub(e.sent), 0))
+		e.arm(max(e.cl.cfg.Lease/3-time.Since(e.sent), 0))
 	}
 }
 

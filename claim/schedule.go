@@ -24,8 +24,11 @@ import (
 // sweep ran at most a sweep period ago, so the next sweep, at most a period
 // later, finds it at most two periods after its send: a third of the lease is
 // four periods, which leaves two periods (a sixth of the lease) for that sweep
-// to run late. A sweep that finds no young execution stops the timer; the next
-// Start arms its own timer, and the sweep timer again.
+// to run late. Sweeps are a period apart from start to start, and each counts an
+// execution's delay when it reaches it: the time a sweep spends arming timers
+// (many executions, a loaded machine) is not added to any renewal. A sweep that
+// finds no young execution stops the timer; the next Start arms its own timer,
+// and the sweep timer again.
 //
 // Custom clocks (Config.Clock, tests' fake clocks) keep one timer per execution:
 // the sweep's arithmetic reads the real clock.
@@ -140,14 +143,16 @@ func (s *scheduler) sweep() {
 		for e := l.head; e != nil; {
 			next := e.ynext
 			e.yprev, e.ynext, e.linked = nil, nil, false
-			e.armFirst(now)
+			e.armFirst()
 			e, found = next, true
 		}
 		l.head = nil
 		l.mu.Unlock()
 	}
 	if found {
-		s.timer.Reset(s.period)
+		// A period after this sweep began, not after it ended: executions linked
+		// since it began (or since it passed their list) wait for the next one.
+		s.timer.Reset(max(s.period-s.cl.now().Sub(now), 0))
 		return
 	}
 	s.armed.Store(false)

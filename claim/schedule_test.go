@@ -276,3 +276,112 @@ func TestSweepTimerSetBeforeSweep(t *testing.T) {
 	<-started
 	waker.Stop()
 }
+
+// slowArmClock is the real clock (synctest's in a bubble), but arming a timer
+// takes it armDelay once slow is set (after the timer is armed, so the delay is
+// the time the sweep spends on this execution before it reaches the next: a
+// loaded machine, an allocation's collection assist, many executions).
+type slowArmClock struct {
+	slow     sync.Mutex
+	armDelay time.Duration
+}
+
+func (c *slowArmClock) AfterFunc(d time.Duration, f func()) Timer {
+	t := time.AfterFunc(d, f)
+	c.slow.Lock()
+	delay := c.armDelay
+	c.slow.Unlock()
+	time.Sleep(delay)
+	return t
+}
+
+func (c *slowArmClock) setDelay(d time.Duration) {
+	c.slow.Lock()
+	c.armDelay = d
+	c.slow.Unlock()
+}
+
+// slowSweepClaimer is schedClaimer whose timers are armed on a slowArmClock,
+// with the scheduler the real clock would have.
+func slowSweepClaimer(t *testing.T) (*Claimer, *renewLog, *slowArmClock) {
+	t.Helper()
+	st := &renewLog{Store: memory.New(), at: map[store.Token][]time.Time{}, slow: map[string]time.Duration{}}
+	clock := &slowArmClock{}
+	cl, err := New(Config{Store: st, Lease: 12 * time.Second, Retention: time.Hour, Clock: clock,
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cl.sched = newScheduler(cl)
+	return cl, st, clock
+}
+
+// inList makes e's young list the scheduler's list i.
+func inList(cl *Claimer, e *Execution, i int) {
+	e.ysched, e.ylist = cl.sched, &cl.sched.lists[i]
+}
+
+// A sweep that takes long to arm its executions (here 300 ms each) still
+// schedules each first renewal a third of the lease after its claim's send, not
+// that long after plus the time the sweep spent before reaching it.
+func TestSlowSweepArmsFromSend(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		cl, st, clock := slowSweepClaimer(t)
+		var first Execution
+		start(t, cl, &first, "first") // wakes the sweeps: one at 1 s
+		time.Sleep(100 * time.Millisecond)
+		var es [5]Execution
+		var toks [5]store.Token
+		var sents [5]time.Time
+		for i := range es {
+			toks[i], sents[i] = start(t, cl, &es[i], fmt.Sprint("young", i))
+		}
+		clock.setDelay(300 * time.Millisecond)
+		time.Sleep(6 * time.Second) // the sweep at 1 s arms es until 2.5 s
+		synctest.Wait()
+		for i := range es {
+			if got := st.renewals(toks[i], sents[i]); len(got) == 0 || got[0] != 4*time.Second {
+				t.Errorf("execution %d: renewed at %v after its send, want first at 4s", i, got)
+			}
+			es[i].Stop()
+		}
+		first.Stop()
+	})
+}
+
+// An execution linked while a sweep runs long (3.5 s arming others, the
+// lease's period a second) is found by the next sweep in time: the sweeps'
+// period is counted from each sweep's start, not its end.
+func TestSlowSweepKeepsPeriod(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		cl, st, clock := slowSweepClaimer(t)
+		var first Execution
+		start(t, cl, &first, "first") // wakes the sweeps: one at 1 s
+		time.Sleep(900 * time.Millisecond)
+		var es [10]Execution // first renewals due at 4.9 s
+		for i := range es {
+			inList(cl, &es[i], youngLists-1) // swept last
+			start(t, cl, &es[i], fmt.Sprint("old", i))
+		}
+		clock.setDelay(350 * time.Millisecond)
+		time.Sleep(200 * time.Millisecond) // the sweep at 1 s arms es until 4.5 s
+		var y Execution                    // sent at 1.1 s: due at 5.1 s
+		inList(cl, &y, 0)                  // swept already
+		tok, sent := start(t, cl, &y, "young")
+		if !young(&y) {
+			t.Fatal("not young")
+		}
+		time.Sleep(3500 * time.Millisecond)
+		clock.setDelay(0) // the sweep arming es has ended
+		time.Sleep(5 * time.Second)
+		synctest.Wait()
+		if got := st.renewals(tok, sent); len(got) == 0 || got[0] != 4*time.Second {
+			t.Errorf("young execution renewed at %v after its send, want first at 4s", got)
+		}
+		for i := range es {
+			es[i].Stop()
+		}
+		y.Stop()
+		first.Stop()
+	})
+}
