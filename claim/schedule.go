@@ -116,11 +116,24 @@ func (s *scheduler) remove(e *Execution) bool {
 }
 
 // wake arms the sweep timer unless it is armed.
+//
+// last is moved to now before armed is set: an add that sees the timer armed
+// must see a time no older than its arming, or it would link an execution
+// whose claim was sent while the sweeps were stopped (last is then the stopped
+// sweep's start, any time ago), which the first sweep, a period on, could find
+// past its renewal's due time. last only grows here (a wake whose CompareAndSwap
+// loses may read the clock before the winner); a later last only makes more
+// executions arm their own timers.
 func (s *scheduler) wake() {
+	if s.armed.Load() {
+		return
+	}
+	now := int64(time.Since(s.cl.epoch))
+	for old := s.last.Load(); old < now && !s.last.CompareAndSwap(old, now); old = s.last.Load() {
+	}
 	if !s.armed.CompareAndSwap(false, true) {
 		return
 	}
-	s.last.Store(int64(time.Since(s.cl.epoch)))
 	if s.timer == nil {
 		// Made idle, then armed by Reset: the sweep may read s.timer only once
 		// the field is set, and Reset orders this write before the sweep runs (a
