@@ -126,7 +126,6 @@ type Claimer struct {
 	bounded bool      // store calls run under deadlines (not store.InProcess)
 	epoch   time.Time // origin of Execution.held (monotonic)
 
-	sched    *scheduler // first renewals on the real clock (schedule.go); nil for other clocks
 	releases releaser   // background releases (release.go)
 	work     background // background work, for Wait (background.go)
 }
@@ -168,9 +167,6 @@ func New(cfg Config) (*Claimer, error) {
 		cfg.Logger = slog.Default()
 	}
 	cl := &Claimer{cfg: cfg, epoch: time.Now()}
-	if _, ok := cfg.Clock.(RealClock); ok {
-		cl.sched = newScheduler(cl)
-	}
 	if ip, ok := cfg.Store.(store.InProcess); !ok || !ip.InProcess() {
 		cl.bounded = true
 	}

@@ -45,13 +45,6 @@ type Execution struct {
 	renewing  bool // a renewal's store call is in progress (not under mu)
 	timer     Timer
 	renewFn   func()
-
-	// A young execution, its first renewal not scheduled yet (schedule.go):
-	// linked in ylist of ysched, under the list's lock.
-	ysched       *scheduler
-	ylist        *youngList
-	yprev, ynext *Execution
-	linked       bool
 }
 
 // detachedCtx keeps the caller's context values but not its cancellation, so
@@ -120,33 +113,12 @@ func (e *Execution) Start(cl *Claimer, values context.Context, id store.ID, toke
 	e.id, e.token = id, token
 	e.returned, e.inTx, e.txResp, e.retention = false, false, store.Response{}, 0
 	e.ctx.mu.Unlock()
-	at := sent.Sub(cl.epoch)
 	e.sent = sent
-	if cl.sched != nil {
-		// No timer of e's is pending (Stop reported e reusable) and no sweep sees e
-		// before it is linked: mu is not needed yet.
-		e.stopped, e.returnedE = false, false
-		if cl.sched.add(e, at) {
-			return // a sweep arms the first renewal if e still runs then
-		}
-	}
 	first := max(cl.cfg.Lease/3-time.Since(sent), 0)
 	e.mu.Lock()
 	e.stopped, e.returnedE = false, false
 	e.arm(first)
 	e.mu.Unlock()
-}
-
-// armFirst arms the first renewal of a young execution, a third of the lease
-// after its claim was sent, unless it was released meanwhile. The delay is
-// counted from now, not from the sweep's start: the sweep may have spent long
-// on the executions before e.
-func (e *Execution) armFirst() {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	if !e.stopped {
-		e.arm(max(e.cl.cfg.Lease/3-time.Since(e.sent), 0))
-	}
 }
 
 // arm schedules the next renewal after d. Called with mu held.
@@ -249,11 +221,6 @@ func (e *Execution) completedInTx() bool {
 // runs). It reports whether e may be reused: false when a renewal has fired and
 // not yet ended, since it still looks at e.
 func (e *Execution) Stop() (reusable bool) {
-	if e.ysched != nil && e.ysched.remove(e) {
-		// Still young: no timer was armed, no sweep sees e any more.
-		e.stopped, e.returnedE = true, true
-		return true
-	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	e.stopped, e.returnedE = true, true
