@@ -24,9 +24,9 @@ type Execution struct {
 	lost  func(error) // cancels the execution's context on a lost lease
 	hctx  *Context    // the execution's context, when it cancels itself (Context.Set)
 
-	// In-transaction completion (MarkCompleted), guarded by txMu: the executing
-	// code may call it while a renewal holds mu.
-	txMu      sync.Mutex
+	// In-transaction completion (MarkCompleted), guarded by ctx.mu (with the
+	// detached context's parent, so Start sets both under one lock): the
+	// executing code may call it while a renewal holds mu.
 	returned  bool // the execution returned; MarkCompleted is refused
 	inTx      bool
 	txResp    store.Response
@@ -38,7 +38,7 @@ type Execution struct {
 
 	// Lease renewal.
 	renewLost atomic.Bool  // a renewal found the lease lost
-	held      atomic.Int64 // when the lease was last known held: cl.epoch + held (claim or renewal sent)
+	held      atomic.Int64 // when a renewal last held the lease: cl.epoch + held (its send); 0: none yet (sent)
 	mu        sync.Mutex
 	stopped   bool // no renewal is due (Stop; restart clears it)
 	returnedE bool // Stop ran: the execution returned, a lost lease cancels nothing
@@ -52,7 +52,7 @@ type Execution struct {
 // may keep a context past its call (pgxpool finishes a dial in the background
 // with the caller's values): parent is guarded, since a pooled Execution sets it
 // for the next claim; a context kept that long sees no values, or the next
-// claim's.
+// claim's. mu also guards the Execution's in-transaction state.
 type detachedCtx struct {
 	mu     sync.Mutex
 	parent context.Context
@@ -108,22 +108,27 @@ func (e *Execution) Detach(cl *Claimer, parent context.Context) {
 // set over a parent that is never cancelled cancels itself (no lost needed).
 func (e *Execution) Start(cl *Claimer, values context.Context, id store.ID, token store.Token, sent time.Time, lost func(error)) {
 	e.cl, e.lost = cl, lost
-	e.ctx.set(values)
-	e.txMu.Lock() // a late MarkCompleted from a goroutine left behind reads them
+	e.ctx.mu.Lock() // a late MarkCompleted from a goroutine left behind reads them
+	e.ctx.parent = values
 	e.id, e.token = id, token
-	e.txMu.Unlock()
-	e.held.Store(int64(sent.Sub(cl.epoch)))
+	e.returned, e.inTx, e.txResp, e.retention = false, false, store.Response{}, 0
+	e.ctx.mu.Unlock()
 	e.sent = sent
 	first := max(cl.cfg.Lease/3-time.Since(sent), 0)
 	e.mu.Lock()
 	e.stopped, e.returnedE = false, false
+	e.arm(first)
+	e.mu.Unlock()
+}
+
+// arm schedules the next renewal after d. Called with mu held.
+func (e *Execution) arm(d time.Duration) {
 	if e.timer == nil {
 		e.renewFn = e.renew
-		e.timer = cl.cfg.Clock.AfterFunc(first, e.renewFn)
-	} else {
-		e.timer.Reset(first)
+		e.timer = e.cl.cfg.Clock.AfterFunc(d, e.renewFn)
+		return
 	}
-	e.mu.Unlock()
+	e.timer.Reset(d)
 }
 
 // ID returns the claimed scope and key.
@@ -187,22 +192,27 @@ func (e *Execution) LeaseLost() bool { return e.renewLost.Load() }
 
 // heldAt returns when the lease was last known held (claim or renewal sent, then
 // succeeded), on the monotonic clock.
-func (e *Execution) heldAt() time.Time { return e.cl.epoch.Add(time.Duration(e.held.Load())) }
+func (e *Execution) heldAt() time.Time {
+	if h := e.held.Load(); h != 0 {
+		return e.cl.epoch.Add(time.Duration(h))
+	}
+	return e.sent
+}
 
 // Returned closes the window of MarkCompleted (the execution returned) and
 // reports whether the record was completed in the caller's own transaction, and
 // with what response.
 func (e *Execution) Returned() (inTx bool, resp store.Response) {
-	e.txMu.Lock()
-	defer e.txMu.Unlock()
+	e.ctx.mu.Lock()
+	defer e.ctx.mu.Unlock()
 	e.returned = true
 	return e.inTx, e.txResp
 }
 
 // completedInTx reports whether MarkCompleted was called.
 func (e *Execution) completedInTx() bool {
-	e.txMu.Lock()
-	defer e.txMu.Unlock()
+	e.ctx.mu.Lock()
+	defer e.ctx.mu.Unlock()
 	return e.inTx
 }
 
@@ -227,7 +237,7 @@ func (e *Execution) restart() {
 	defer e.mu.Unlock()
 	e.stopped = false
 	if !e.renewing {
-		e.timer.Reset(max(e.cl.cfg.Lease/3-e.cl.now().Sub(e.heldAt()), 0))
+		e.arm(max(e.cl.cfg.Lease/3-e.cl.now().Sub(e.heldAt()), 0))
 	}
 }
 
@@ -287,14 +297,18 @@ func (e *Execution) NotifyCompleted(resp store.Response) {
 }
 
 // Reset readies e for another claim (a pool). Call it only when Stop reported e
-// reusable.
+// reusable. The claim's ID, token and in-transaction state stay until the next
+// Start replaces them under the lock a late MarkCompleted takes (one from a
+// goroutine the execution left behind finds it returned, or sets state Start
+// clears).
 func (e *Execution) Reset() {
 	e.ctx.set(nil)
 	e.lost, e.hctx = nil, nil
 	e.released, e.releaseErr = false, nil
-	e.txMu.Lock()
-	e.id, e.token = store.ID{}, store.Token{}
-	e.returned, e.inTx, e.txResp, e.retention = false, false, store.Response{}, 0
-	e.txMu.Unlock()
-	e.renewLost.Store(false)
+	if e.renewLost.Load() {
+		e.renewLost.Store(false)
+	}
+	if e.held.Load() != 0 { // a renewal ran
+		e.held.Store(0)
+	}
 }

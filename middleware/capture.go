@@ -287,16 +287,26 @@ func (c *call) Unwrap() http.ResponseWriter { return c.w }
 // but for the headers a Connection header names (see namedBy), which are not
 // stored either unless an allow list names them.
 func (m *Middleware) replayable(k string, pre []string) bool {
-	if _, deny := m.deny[k]; deny {
-		return false
+	if m.denyLens>>min(len(k), 63)&1 != 0 { // no lookup for a length no denied name has
+		if _, deny := m.deny[k]; deny {
+			return false
+		}
 	}
 	if m.allow != nil {
 		_, ok := m.allow[k]
 		return ok
 	}
-	if hasPrefixFold(k, "Ratelimit") || hasPrefixFold(k, "X-Ratelimit") || hasPrefixFold(k, "X-Rate-Limit") ||
-		strings.HasPrefix(k, http.TrailerPrefix) {
-		return false
+	if len(k) > 0 {
+		switch k[0] | 0x20 { // the first letter of a denied prefix, either case
+		case 'r', 'x':
+			if hasPrefixFold(k, "Ratelimit") || hasPrefixFold(k, "X-Ratelimit") || hasPrefixFold(k, "X-Rate-Limit") {
+				return false
+			}
+		case 't':
+			if strings.HasPrefix(k, http.TrailerPrefix) {
+				return false
+			}
+		}
 	}
 	for _, p := range pre {
 		if p == k {

@@ -11,7 +11,7 @@ import (
 
 // execute runs the handler under the claim a answered, then completes or
 // releases it. It reports whether c may go back to the pool.
-func (m *Middleware) execute(c *call, w http.ResponseWriter, r *http.Request, next http.Handler, a answer) (reusable bool) {
+func (m *Middleware) execute(c *call, w http.ResponseWriter, r *http.Request, next http.Handler, a *answer) (reusable bool) {
 	c.start(w, r.Context(), a.id, a.res.Token, a.sent)
 	if h := w.Header(); len(h) > 0 {
 		for k := range h {
@@ -25,14 +25,14 @@ func (m *Middleware) execute(c *call, w http.ResponseWriter, r *http.Request, ne
 			m.panicked(c, r, ev, a.latency)
 		}
 	}()
-	began := a.sent // the claim's send time: the estimate counts its answer too, and reads no clock here
+	var began time.Time // the handler's start on a caller's clock (WithClock with Now)
 	if !m.monoClock {
 		began = m.clockNow()
 	}
 	next.ServeHTTP(c, r)
 	returned = true
 	inTx, txResp := c.exec.Returned()
-	m.work.observe(c.route, m.clockNow().Sub(began))
+	m.work.observe(c.route, m.handlerTime(a.sent, began))
 	reusable = c.exec.Stop()
 
 	wroteNothing := !c.wroteHeader
@@ -64,6 +64,17 @@ func (m *Middleware) execute(c *call, w http.ResponseWriter, r *http.Request, ne
 	ev.StoreLatency += a.latency
 	m.observe(r.Context(), ev)
 	return reusable
+}
+
+// handlerTime returns the duration of a handler that just returned, for the
+// estimate behind a 409's Retry-After: from the claim's send, on the monotonic
+// clock (the estimate counts the claim's answer too, and reads no clock before
+// the handler), or from began on a caller's clock (WithClock with Now).
+func (m *Middleware) handlerTime(sent, began time.Time) time.Duration {
+	if m.monoClock {
+		return time.Since(sent)
+	}
+	return m.clockNow().Sub(began)
 }
 
 // panicked ends an execution whose handler panicked (or called

@@ -127,14 +127,22 @@ const (
 	keyTokenHi = 0x57ff_ffff_c7ff_fffe
 )
 
-// isKeyTokenChar reports whether c is an RFC 9110 tchar, ':' or '/': one shift
-// and mask, no search, since it runs for every byte of every key.
-func isKeyTokenChar(c byte) bool {
-	if c < 64 {
-		return keyTokenLo>>c&1 != 0
+// isKeyTokenChar reports whether c is an RFC 9110 tchar, ':' or '/': one table
+// load, since it runs for every byte of every key.
+func isKeyTokenChar(c byte) bool { return keyTokenTable[c] }
+
+// keyTokenTable holds, for each byte, whether isKeyTokenChar accepts it (from
+// keyTokenLo and keyTokenHi).
+var keyTokenTable = func() (t [256]bool) {
+	for c := range 128 {
+		if c < 64 {
+			t[c] = keyTokenLo>>c&1 != 0
+		} else {
+			t[c] = keyTokenHi>>(c-64)&1 != 0
+		}
 	}
-	return c < 128 && keyTokenHi>>(c-64)&1 != 0
-}
+	return t
+}()
 
 // checkParams validates RFC 8941 parameters: *( ";" *SP key [ "=" bare-item ] ).
 func checkParams(s string) error {

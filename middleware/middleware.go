@@ -228,6 +228,7 @@ type Middleware struct {
 	store    store.Store
 	scope    ScopeFunc
 	deny     map[string]struct{}
+	denyLens uint64 // bit n: a denied name is n bytes long (bit 63: 63 or more)
 	allow    map[string]struct{}
 	problems prerendered
 	// Header values of the middleware's own answers, copied into each response
@@ -294,6 +295,7 @@ func New(s store.Store, scope ScopeFunc, opts ...Option) (*Middleware, error) {
 	m.deny = make(map[string]struct{})
 	for _, h := range append(append(append([]string{}, DefaultDenyHeaders...), m.config.deny...), m.replayedHeader, m.omittedHeader) {
 		m.deny[textproto.CanonicalMIMEHeaderKey(h)] = struct{}{}
+		m.denyLens |= 1 << min(len(h), 63)
 	}
 	if m.config.allow != nil {
 		m.allow = make(map[string]struct{})

@@ -44,16 +44,16 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 			m.pool.Put(c)
 		}
 	}()
-	body, fpReq, fp, ok := m.readFingerprint(w, r, c, id)
+	body, route, fp, ok := m.readFingerprint(w, r, c, id)
 	if !ok {
 		return
 	}
 	a := m.claimKey(ctx, c, id, fp)
-	if m.claimFailed(w, r, next, c, body, a) {
+	if m.claimFailed(w, r, next, c, body, &a) {
 		return
 	}
 	pooled = false // a handler that panics under the claim leaves c out of the pool
-	pooled = m.decide(w, r, next, c, body, fpReq.Route, fp, a)
+	pooled = m.decide(w, r, next, c, body, route, fp, &a)
 }
 
 // parseKey reads the key header: it answers the request itself (a pass-through
@@ -103,9 +103,9 @@ func (m *Middleware) parseKey(w http.ResponseWriter, r *http.Request, next http.
 }
 
 // readFingerprint reads the request body once (into c's buffer) and
-// fingerprints the request; a body too large (413) or unreadable (400) is
-// answered here, and ok is false.
-func (m *Middleware) readFingerprint(w http.ResponseWriter, r *http.Request, c *call, id store.ID) (body []byte, fpReq fingerprint.Request, fp store.Fingerprint, ok bool) {
+// fingerprints the request, whose route it returns; a body too large (413) or
+// unreadable (400) is answered here, and ok is false.
+func (m *Middleware) readFingerprint(w http.ResponseWriter, r *http.Request, c *call, id store.ID) (body []byte, route string, fp store.Fingerprint, ok bool) {
 	ctx := r.Context()
 	body, err := fingerprint.ReadBody(r.Body, r.ContentLength, m.maxRequestBody, c.reqBuf)
 	c.reqBuf = body[:0]
@@ -115,25 +115,25 @@ func (m *Middleware) readFingerprint(w http.ResponseWriter, r *http.Request, c *
 				Status: http.StatusRequestEntityTooLarge, Code: CodeRequestTooLarge,
 				Detail: fmt.Sprintf("The request body is larger than %d bytes, the most this operation fingerprints.", m.maxRequestBody)}.render(m.problemStyle()), 0)
 			m.observe(ctx, Event{Decision: BodyTooLarge, ID: id, Status: http.StatusRequestEntityTooLarge})
-			return nil, fpReq, fp, false
+			return nil, "", fp, false
 		}
 		m.writeProblem(w, c, http.StatusBadRequest, problem{Title: "Request body unreadable",
 			Status: http.StatusBadRequest, Code: CodeBodyUnreadable,
 			Detail: "The request body could not be read completely."}.render(m.problemStyle()), 0)
 		m.observe(ctx, Event{Decision: BodyUnreadable, ID: id, Status: http.StatusBadRequest, Err: err})
-		return nil, fpReq, fp, false
+		return nil, "", fp, false
 	}
-	fpReq = fingerprint.Request{Method: r.Method, Route: m.route(r), RawQuery: r.URL.RawQuery, Body: body,
+	fpReq := fingerprint.Request{Method: r.Method, Route: m.route(r), RawQuery: r.URL.RawQuery, Body: body,
 		ContentEncoding: fingerprint.ContentEncoding(r.Header)}
 	fp, err = fingerprint.Sum(fpReq, fingerprint.Options{CanonicalJSON: m.canonicalJSON, Rule: m.fpRule})
 	if err != nil && m.fpRule != nil { // the rule cannot read the body: the client's mistake
 		m.refuseBody(w, ctx, id, err)
-		return nil, fpReq, fp, false
+		return nil, "", fp, false
 	}
 	if err != nil { // invalid JSON: the handler judges the body; fingerprint its raw bytes
 		fp, _ = fingerprint.Sum(fpReq, fingerprint.Options{})
 	}
-	return body, fpReq, fp, true
+	return body, fpReq.Route, fp, true
 }
 
 // answer is the store's answer to a request's claim, and what it cost.
@@ -175,13 +175,14 @@ func (m *Middleware) claimKey(ctx context.Context, c *call, id store.ID, fp stor
 // claimFailed answers a claim the store refused or could not answer: 400 for a
 // key the store refuses, 503 (or the handler unprotected, StoreFailureRule.FailOpen) for a
 // store failure. It reports whether it answered.
-func (m *Middleware) claimFailed(w http.ResponseWriter, r *http.Request, next http.Handler, c *call, body []byte, a answer) bool {
+func (m *Middleware) claimFailed(w http.ResponseWriter, r *http.Request, next http.Handler, c *call, body []byte, a *answer) bool {
 	ctx, id, err := r.Context(), a.id, a.err
-	ev := Event{ID: id, StoreLatency: a.latency, Waited: a.waited, Err: err}
-	switch {
-	case err == nil:
+	if err == nil {
 		m.storeAnswered(ctx)
 		return false
+	}
+	ev := Event{ID: id, StoreLatency: a.latency, Waited: a.waited, Err: err}
+	switch {
 	case errors.Is(err, store.ErrInvalid):
 		// The store refused the request's own scope and key (say, longer than it
 		// can index): a client mistake, answered 400 even in fail-open mode.
@@ -219,7 +220,7 @@ func (m *Middleware) claimFailed(w http.ResponseWriter, r *http.Request, next ht
 // in flight, 422 for another fingerprint, or run the handler under the new
 // claim. It reports whether c may go back to the pool.
 func (m *Middleware) decide(w http.ResponseWriter, r *http.Request, next http.Handler, c *call, body []byte,
-	route string, fp store.Fingerprint, a answer) (reusable bool) {
+	route string, fp store.Fingerprint, a *answer) (reusable bool) {
 	ctx, id, res := r.Context(), a.id, a.res
 	switch res.Outcome {
 	case store.Completed:

@@ -4,14 +4,14 @@ import "github.com/idemkey/idemkey/store"
 
 // A shard keeps its records in blocks of blockLen entries, densely: slots
 // 1..n hold its n records. Everything else refers to a record by its slot (a
-// ref), never by a pointer: the records map, the hash chains, the expiry queue
+// ref), never by a pointer: the records index, the hash chains, the expiry queue
 // and heap hold no pointers, and a record is no heap object of its own. The
-// garbage collector then marks a block as one object and does not scan the map
+// garbage collector then marks a block as one object and does not scan the index
 // or the queue at all; with a pointer per record in each of them and an object
 // per record, marking a store of 200,000 records took several times as long
 // (BenchmarkParts/store/first in benchmarks/peers measures the store's calls).
 //
-// A removed record's slot is filled with the last record (moved: its map or
+// A removed record's slot is filled with the last record (moved: its index or
 // chain entry and its queue or heap item follow it), so the blocks stay as many
 // as the records need and an emptied block goes back to the collector (one is
 // kept spare, so a count that wavers around a block boundary allocates none).
@@ -60,7 +60,7 @@ func (sh *shard) alloc() *entry {
 	return e
 }
 
-// free empties the slot of e, which is out of the map, the chains and the
+// free empties the slot of e, which is out of the index, the chains and the
 // expiry structures, by moving the last record into it.
 func (sh *shard) free(e *entry) {
 	last := sh.at(ref(sh.n))
@@ -82,11 +82,11 @@ func (sh *shard) free(e *entry) {
 	}
 }
 
-// relink points the references to the record that was in slot old (the map or
+// relink points the references to the record that was in slot old (the index or
 // the chain before it, its queue or heap item) to its slot now, e.self.
 func (sh *shard) relink(e *entry, old ref) {
-	if head := sh.records[e.hash]; head == old {
-		sh.records[e.hash] = e.self
+	if head := sh.records.get(sh, e.hash); head == old {
+		sh.records.set(sh, e.hash, e.self)
 	} else {
 		for p := sh.at(head); ; p = sh.at(p.next) {
 			if p.next == old {

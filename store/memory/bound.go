@@ -18,8 +18,10 @@ const DefaultMaxBytes = 64 << 20
 // heap a run of records really takes.
 const (
 	// RecordOverhead is counted for every record, in flight or completed: the
-	// entry itself (176 bytes), its slot in the shard's map and its item in the
-	// expiry queue or heap (16 bytes each).
+	// entry itself (176 bytes), its word in the shard's index (index.go: 8 bytes
+	// in a table a half to a quarter full, so 16 to 32 bytes a record; 16
+	// counted, as for the map it replaced) and its item in the expiry queue or
+	// heap (16 bytes).
 	RecordOverhead = int64(unsafe.Sizeof(entry{})) + 16 + 16
 	// ReplayOverhead is counted for every completed record: the store.Record a
 	// replay is answered with (built at the first replay, or at a Fill), counted

@@ -31,7 +31,7 @@ func (s *Store) Peek(ctx context.Context, id store.ID, fp store.Fingerprint) (re
 	}
 	sh, h, at := s.lockSwept(id)
 	defer sh.mu.Unlock()
-	e := sh.find(sh.records[h], id)
+	e := sh.find(sh.records.get(sh, h), id)
 	switch {
 	case e == nil:
 		return res, false, nil
@@ -93,7 +93,7 @@ func (s *Store) put(ctx context.Context, id store.ID, replace bool, set func(e *
 	}
 	sh, h, at := s.lockSwept(id)
 	defer sh.mu.Unlock()
-	if e := sh.find(sh.records[h], id); e != nil {
+	if e := sh.find(sh.records.get(sh, h), id); e != nil {
 		if !replace {
 			return nil
 		}
@@ -105,7 +105,7 @@ func (s *Store) put(ctx context.Context, id store.ID, replace bool, set func(e *
 		sh.setExpiry(e, at+int64(ttl))
 		return nil
 	}
-	rec := entry{id: id, hash: h, next: sh.records[h], expiresAt: at + int64(ttl)}
+	rec := entry{id: id, hash: h, next: sh.records.get(sh, h), expiresAt: at + int64(ttl)}
 	set(&rec, at)
 	if !s.admit(sh, rec.size(), at) {
 		return nil
@@ -113,7 +113,7 @@ func (s *Store) put(ctx context.Context, id store.ID, replace bool, set func(e *
 	e := sh.alloc()
 	rec.self = e.self
 	*e = rec
-	sh.records[h] = e.self
+	sh.records.set(sh, h, e.self)
 	sh.push(e)
 	sh.grow(e.size())
 	return nil

@@ -25,7 +25,7 @@ func checkHeap(t *testing.T, s *Store) {
 		if len(sh.blocks) != (int(sh.n)+blockLen-1)/blockLen {
 			t.Fatalf("shard %d: %d blocks for %d records", i, len(sh.blocks), sh.n)
 		}
-		for h, r := range sh.records {
+		for h, r := range sh.records.chains(t, sh) {
 			for ; r != 0; r = sh.at(r).next {
 				e := sh.at(r)
 				if e.self != r {
@@ -59,7 +59,7 @@ func checkHeap(t *testing.T, s *Store) {
 				continue
 			}
 			e := sh.at(it.ref)
-			if !e.queued || uint32(e.index) != seq || sh.find(sh.records[e.hash], e.id) != e || it.at > e.expiresAt {
+			if !e.queued || uint32(e.index) != seq || sh.find(sh.records.get(sh, e.hash), e.id) != e || it.at > e.expiresAt {
 				t.Fatalf("shard %d: queue item %d (index %d) is not the record of %v", i, seq, e.index, e.id)
 			}
 		}
@@ -79,7 +79,7 @@ func checkHeap(t *testing.T, s *Store) {
 		}
 		for j, it := range sh.expiry {
 			e := sh.at(it.ref)
-			if e.queued || int(e.index) != j || sh.find(sh.records[e.hash], e.id) != e || it.at != e.expiresAt {
+			if e.queued || int(e.index) != j || sh.find(sh.records.get(sh, e.hash), e.id) != e || it.at != e.expiresAt {
 				t.Fatalf("shard %d: heap item %d (index %d) is not the record of %v", i, j, e.index, e.id)
 			}
 			if p := (j - 1) / 2; j > 0 && sh.expiry[p].at > it.at {
@@ -88,6 +88,29 @@ func checkHeap(t *testing.T, s *Store) {
 		}
 		sh.mu.Unlock()
 	}
+}
+
+// chains returns the index's chains, each head's hash to its slot, after
+// checking that each word's tag is its record's and that the word is found from
+// its home (get), and that the count of words in use is right.
+func (x *index) chains(t *testing.T, sh *shard) map[uint64]ref {
+	t.Helper()
+	m := make(map[uint64]ref)
+	for _, w := range x.words {
+		if w == 0 {
+			continue
+		}
+		r := ref(uint32(w))
+		h := sh.at(r).hash
+		if h>>32 != w>>32 || x.get(sh, h) != r {
+			t.Fatalf("index word %#x: its record's hash is %#x, found %d from its home", w, h, x.get(sh, h))
+		}
+		m[h] = r
+	}
+	if len(m) != x.n {
+		t.Fatalf("index: %d words in use, %d counted", len(m), x.n)
+	}
+	return m
 }
 
 // checkSwept sweeps every shard at the store's time and verifies that no record
@@ -99,7 +122,7 @@ func checkSwept(t *testing.T, s *Store) {
 		sh := &s.shards[i]
 		sh.mu.Lock()
 		sh.sweep(at)
-		for _, r := range sh.records {
+		for _, r := range sh.records.chains(t, sh) {
 			for ; r != 0; r = sh.at(r).next {
 				if e := sh.at(r); e.expiresAt <= at {
 					t.Fatalf("shard %d: %v (deadline %d) left by a sweep at %d", i, e.id, e.expiresAt, at)

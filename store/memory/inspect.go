@@ -23,7 +23,7 @@ func (s *Store) Inspect(ctx context.Context, id store.ID) (store.Info, error) {
 	sh := s.shard(h)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
-	return s.info(sh.find(sh.records[h], id), at), nil
+	return s.info(sh.find(sh.records.get(sh, h), id), at), nil
 }
 
 // Evict implements store.Inspector: the decision and the removal happen under the
@@ -37,7 +37,7 @@ func (s *Store) Evict(ctx context.Context, id store.ID, policy store.EvictPolicy
 	}
 	sh, h, at := s.lockSwept(id)
 	defer sh.mu.Unlock()
-	e := sh.find(sh.records[h], id)
+	e := sh.find(sh.records.get(sh, h), id)
 	found := s.info(e, at)
 	if !policy.Allows(found) {
 		return found, false, nil

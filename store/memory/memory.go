@@ -1,7 +1,7 @@
 // Package memory is an in-process idempotency store: the embedded default of the
 // examples and the backend of unit tests.
 //
-// Records live in a sharded map, each shard under its own lock, so claims on
+// Records live in shards, each under its own lock, so claims on
 // different keys rarely contend; a shard keeps them in blocks of entries and
 // refers to them by slot, without pointers for the garbage collector to follow
 // (arena.go). A record is found by a 64-bit seeded hash of its
@@ -56,9 +56,10 @@ var (
 
 type shard struct {
 	mu sync.Mutex
-	// records maps an ID's hash (Store.hash) to its record's slot; records of
-	// other IDs with the same hash follow it through entry.next (arena.go).
-	records map[uint64]ref
+	// records maps an ID's hash (Store.hash) to its record's slot (index.go);
+	// records of other IDs with the same hash follow it through entry.next
+	// (arena.go).
+	records index
 	blocks  []*block // the records, slots 1..n
 	spare   *block   // an emptied block kept for the next one needed
 	n       int32
@@ -134,7 +135,6 @@ func New(opts ...Option) *Store {
 	}
 	s.base = s.now()
 	for i := range s.shards {
-		s.shards[i].records = make(map[uint64]ref)
 		s.shards[i].queue.sh = &s.shards[i]
 		s.shards[i].usage = s.usage
 	}
@@ -215,7 +215,7 @@ func (s *Store) Claim(ctx context.Context, req store.ClaimRequest) (store.ClaimR
 	defer sh.mu.Unlock()
 	sh.sweep(at)
 
-	head := sh.records[h]
+	head := sh.records.get(sh, h)
 	if e := sh.find(head, req.ID); e != nil {
 		switch {
 		case e.fingerprint != req.Fingerprint:
@@ -249,7 +249,7 @@ func (s *Store) Claim(ctx context.Context, req store.ClaimRequest) (store.ClaimR
 		expiresAt:   at + int64(req.Retention),
 		createdAt:   at,
 	}
-	sh.records[h] = e.self
+	sh.records.set(sh, h, e.self)
 	sh.push(e)
 	sh.grow(e.size())
 	return store.ClaimResult{Outcome: store.Claimed, Token: e.token}, nil
@@ -322,7 +322,7 @@ func (s *Store) withHolder(ctx context.Context, id store.ID, token store.Token, 
 	}
 	sh, h, at := s.lockSwept(id)
 	defer sh.mu.Unlock()
-	e := sh.find(sh.records[h], id)
+	e := sh.find(sh.records.get(sh, h), id)
 	// An expired lease still belongs to its holder until someone takes it over.
 	if e == nil || e.token != token || e.status != 0 {
 		return store.ErrLeaseLost
@@ -344,7 +344,7 @@ func (s *Store) Wait(ctx context.Context, id store.ID) error {
 	sh := s.shard(h)
 	sh.mu.Lock()
 	sh.sweep(at)
-	e := sh.find(sh.records[h], id)
+	e := sh.find(sh.records.get(sh, h), id)
 	if e == nil || e.status != 0 || at >= e.until {
 		sh.mu.Unlock()
 		return nil
@@ -433,11 +433,11 @@ func headerFromFields(fields []byte) http.Header {
 // waiters and frees its slot (e is then another record's, or none). Called with
 // mu held.
 func (sh *shard) drop(e *entry) {
-	switch head := sh.records[e.hash]; {
+	switch head := sh.records.get(sh, e.hash); {
 	case head == e.self && e.next == 0:
-		delete(sh.records, e.hash)
+		sh.records.del(sh, e.hash)
 	case head == e.self:
-		sh.records[e.hash] = e.next
+		sh.records.set(sh, e.hash, e.next)
 	default:
 		for p := sh.at(head); ; p = sh.at(p.next) {
 			if p.next == e.self {
