@@ -2,11 +2,8 @@ package postgres
 
 import (
 	"context"
-	"encoding/binary"
 	"errors"
 	"fmt"
-	"hash/fnv"
-	"io"
 	"math"
 	"strconv"
 	"sync"
@@ -362,23 +359,7 @@ func (t *TxStore) claimOnce(ctx context.Context, req store.ClaimRequest, tok sto
 	if err != nil {
 		return store.ClaimResult{}, openTx{}, false, fmt.Errorf("idemkey/postgres: claim in transaction: %w", err)
 	}
-	lock := t.keyLock(req.ID)
-	var held bool
-	var k keyRead
-	b := &pgx.Batch{}
-	b.BeginTx(pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
-	b.Queue(tryLockSQL, lock).QueryRow(func(row pgx.Row) error { return row.Scan(&held) })
-	b.Queue(t.readSQL, args[0], args[1]).QueryRow(k.scan)
-	br := conn.SendBatch(ctx, b)
-	c := openTx{conn: conn, tx: br.Tx(), insert: true}
-	err = br.Close()
-	if err == nil && !held { // another transaction holds the key: wait for it, then read again
-		k = keyRead{}
-		b = &pgx.Batch{}
-		b.Queue(keyLockSQL, t.lockFor(ctx), lock)
-		b.Queue(t.readSQL, args[0], args[1]).QueryRow(k.scan)
-		err = c.tx.SendBatch(ctx, b).Close()
-	}
+	c, k, err := t.lockAndRead(ctx, conn, req.ID, args)
 	r := claimRow{claimed: !k.found}
 	if k.found {
 		r = k.row.judge(req.Fingerprint)
@@ -409,11 +390,51 @@ func (t *TxStore) claimOnce(ctx context.Context, req store.ClaimRequest, tok sto
 	return res, openTx{}, false, err
 }
 
-// keyRead is the read of the key's row in a claim's batch: found is false when
-// there is none.
+// lockAndRead begins the claim's transaction on conn, takes the key's lock in
+// it and reads the key's row after the lock: one round trip when the lock is
+// free (BEGIN, tryLockSQL, rowSQL), two when another transaction holds it (then
+// keyLockSQL waits, at most the lock wait, and rowSQL reads again). The
+// results are read in order, without callbacks, which would allocate.
+func (t *TxStore) lockAndRead(ctx context.Context, conn *pgxpool.Conn, id store.ID, args []any) (openTx, keyRead, error) {
+	lock := t.keyLock(id)
+	b := &pgx.Batch{}
+	b.BeginTx(pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
+	b.Queue(tryLockSQL, lock)
+	b.Queue(t.readSQL, args[0], args[1])
+	br := conn.SendBatch(ctx, b)
+	c := openTx{conn: conn, tx: br.Tx(), insert: true}
+	var k keyRead
+	_, err := br.Exec() // BEGIN
+	if err == nil {
+		err = br.QueryRow().Scan(&k.held)
+	}
+	if err == nil {
+		err = k.scan(br.QueryRow())
+	}
+	if cerr := br.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil && !k.held { // another transaction holds the key: wait for it, then read again
+		b = &pgx.Batch{}
+		b.Queue(keyLockSQL, t.lockFor(ctx), lock)
+		b.Queue(t.readSQL, args[0], args[1])
+		br = c.tx.SendBatch(ctx, b)
+		k = keyRead{held: true}
+		if _, err = br.Exec(); err == nil {
+			err = k.scan(br.QueryRow())
+		}
+		if cerr := br.Close(); err == nil {
+			err = cerr
+		}
+	}
+	return c, k, err
+}
+
+// keyRead is the key's lock and row in a claim's batch: held when the
+// transaction has the lock, found false when there is no row.
 type keyRead struct {
-	row   keyRow
-	found bool
+	row         keyRow
+	held, found bool
 }
 
 func (k *keyRead) scan(row pgx.Row) error {
@@ -426,18 +447,29 @@ func (k *keyRead) scan(row pgx.Row) error {
 }
 
 // keyLock returns the key of id's advisory lock: FNV-1a (64 bits) of the
-// table's quoted name, the scope's length and the scope and key bytes, so
-// stores on other tables, and the application's own advisory locks, meet it
-// only by a hash collision (a needless wait, never a wrong answer).
+// table's quoted name, the scope's length (a zero byte, then 8 bytes big
+// endian) and the scope and key bytes, so stores on other tables, and the
+// application's own advisory locks, meet it only by a hash collision (a
+// needless wait, never a wrong answer). Computed in place, without a
+// hash.Hash; every build must compute the same key, or a claim of one build
+// would not wait for a holder of another (TestKeyLockIsFNV1a).
 func (t *TxStore) keyLock(id store.ID) int64 {
-	h := fnv.New64a()
-	var n [9]byte
-	binary.BigEndian.PutUint64(n[1:], uint64(len(id.Scope)))
-	_, _ = io.WriteString(h, t.qualified)
-	_, _ = h.Write(n[:])
-	_, _ = io.WriteString(h, id.Scope)
-	_, _ = io.WriteString(h, id.Key)
-	return int64(h.Sum64())
+	const offset, prime = 14695981039346656037, 1099511628211
+	h := uint64(offset)
+	for i := range len(t.qualified) {
+		h = (h ^ uint64(t.qualified[i])) * prime
+	}
+	h *= prime // the zero byte
+	for shift := 56; shift >= 0; shift -= 8 {
+		h = (h ^ uint64(len(id.Scope)>>shift&0xff)) * prime
+	}
+	for i := range len(id.Scope) {
+		h = (h ^ uint64(id.Scope[i])) * prime
+	}
+	for i := range len(id.Key) {
+		h = (h ^ uint64(id.Key[i])) * prime
+	}
+	return int64(h)
 }
 
 // Complete implements store.Store. On a Route it writes the record in the
