@@ -323,13 +323,15 @@ func TxFromContext(ctx context.Context) (pgx.Tx, bool) {
 }
 
 // Claim implements store.Store. Outside a Route it is Store.Claim. On a Route it
-// begins a transaction and claims in it in one round trip (BEGIN, SET LOCAL
-// lock_timeout, the key's lock, the read of its record, RESET of the lock
-// timeout); a claim keeps the transaction open for the handler; any other
-// answer (replay, mismatch, the lock wait over: InFlight with RetryAfter the
-// lease) ends it at once. The key's lock (keyLock, a transaction-level advisory
-// lock) is what duplicates wait on: a duplicate gets it once the holder's
-// transaction has ended and then reads the committed record, if any. A key
+// begins a transaction and claims in it in one round trip when no one holds the
+// key (BEGIN, the key's lock tried, the read of its record; lockAndRead), two
+// when another transaction holds it (then the wait for the lock, at most the
+// lock wait, and the read again); a claim keeps the transaction open for the
+// handler; any other answer (replay, mismatch, the lock wait over: InFlight
+// with RetryAfter the lease) ends it at once. The key's lock (keyLock, a
+// transaction-level advisory lock) is what duplicates wait on: a duplicate gets
+// it once the holder's transaction has ended and then reads the committed
+// record, if any. A key
 // without a record claims without writing (the completion inserts the record
 // with the response); an expired record, or one whose lease lapsed, is taken
 // over by the store's claim statement in the same transaction, one round trip
