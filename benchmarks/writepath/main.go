@@ -3,14 +3,16 @@
 // each of the Postgres store's modes, over HTTP on loopback (DESIGN section 12,
 // docs/architecture.md section 9.1):
 //
-//	DATABASE_URL=... go run ./writepath -mode none|ordinary|commit|onetx -n N -c C -dup D
+//	DATABASE_URL=... go run ./writepath -mode none|record|ordinary|commit|onetx -n N -c C -dup D
 //	DATABASE_URL=... go run ./writepath -mode all -rounds 3 -n N -c C -dup D
 //
 // Modes: none (the handler alone: begin, insert, commit; no idempotency),
-// ordinary (the middleware on the Postgres store; the handler's own
+// record (none plus one row of the store's shape in its transaction, pipelined
+// with the commit: no middleware, claim, lock or read, so the least that
+// writing the record in the handler's transaction adds), ordinary (the middleware on the Postgres store; the handler's own
 // transaction, then the store's Complete), commit (postgres CommitResponse: the
 // record completed in the handler's transaction), onetx (Store.OneTx and
-// TxStore.Route: claim, row and record in one transaction). all runs the four
+// TxStore.Route: claim, row and record in one transaction). all runs the five
 // in turn, -rounds times (every other round in reverse order), and prints each
 // mode's medians and its ratio to none.
 //
@@ -54,14 +56,14 @@ import (
 // WithWaitInFlight, the one-transaction lock wait).
 const waitBound = 3 * time.Second
 
-var modes = []string{"none", "ordinary", "commit", "onetx"}
+var modes = []string{"none", "record", "ordinary", "commit", "onetx"}
 
 func main() {
-	mode := flag.String("mode", "onetx", "none, ordinary, commit, onetx, or all")
+	mode := flag.String("mode", "onetx", "none, record, ordinary, commit, onetx, or all")
 	n := flag.Int("n", 2000, "distinct keys")
 	c := flag.Int("c", 16, "client connections (and concurrent requests)")
 	dup := flag.Int("dup", 1, "concurrent copies of each key")
-	rounds := flag.Int("rounds", 1, "with -mode all: rounds of the four modes")
+	rounds := flag.Int("rounds", 1, "with -mode all: rounds of the five modes")
 	cpuprofile := flag.String("cpuprofile", "", "write this process's CPU profile (all runs) to this file")
 	memprofile := flag.String("memprofile", "", "write this process's allocation profile (all runs) to this file")
 	flag.Parse()
