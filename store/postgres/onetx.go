@@ -331,11 +331,10 @@ func TxFromContext(ctx context.Context) (pgx.Tx, bool) {
 // with RetryAfter the lease) ends it at once. The key's lock (keyLock, a
 // transaction-level advisory lock) is what duplicates wait on: a duplicate gets
 // it once the holder's transaction has ended and then reads the committed
-// record, if any. A key
-// without a record claims without writing (the completion inserts the record
-// with the response); an expired record, or one whose lease lapsed, is taken
-// over by the store's claim statement in the same transaction, one round trip
-// more. A serialization failure or deadlock, or a takeover that met a newer
+// record, if any. A key without a record claims without writing (the
+// completion inserts the record with the response); an expired record, or one
+// whose lease lapsed, is taken over by the store's claim statement in the same
+// transaction, one round trip more. A serialization failure or deadlock, or a takeover that met a newer
 // row, runs the claim again in a new transaction (at most 5 times in all).
 // Errors: store.ErrInvalid for bad arguments, otherwise the driver's errors
 // wrapped.
