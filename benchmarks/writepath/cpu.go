@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"os"
+	"runtime"
 	"strconv"
 	"strings"
 	"syscall"
@@ -17,15 +18,18 @@ const clkTck = 100
 
 // cpuSample is the CPU time used so far by this process and by the database's
 // client backends (read from /proc: only when Postgres runs on this host,
-// otherwise pg stays 0).
+// otherwise pg stays 0), and this process's heap allocations (objects).
 type cpuSample struct {
 	self, pg time.Duration
+	allocs   uint64
 }
 
 func sampleCPU(ctx context.Context, pool *pgxpool.Pool) cpuSample {
 	var ru syscall.Rusage
 	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
-	s := cpuSample{self: time.Duration(ru.Utime.Nano() + ru.Stime.Nano())}
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	s := cpuSample{self: time.Duration(ru.Utime.Nano() + ru.Stime.Nano()), allocs: ms.Mallocs}
 	rows, err := pool.Query(ctx, `SELECT pid FROM pg_stat_activity WHERE backend_type = 'client backend' AND datname = current_database()`)
 	if err != nil {
 		return s

@@ -3,14 +3,16 @@
 // each of the Postgres store's modes, over HTTP on loopback (DESIGN section 12,
 // docs/architecture.md section 9.1):
 //
-//	DATABASE_URL=... go run ./writepath -mode none|ordinary|commit|onetx -n N -c C -dup D
+//	DATABASE_URL=... go run ./writepath -mode none|record|ordinary|commit|onetx -n N -c C -dup D
 //	DATABASE_URL=... go run ./writepath -mode all -rounds 3 -n N -c C -dup D
 //
 // Modes: none (the handler alone: begin, insert, commit; no idempotency),
-// ordinary (the middleware on the Postgres store; the handler's own
+// record (none plus one row of the store's shape in its transaction, pipelined
+// with the commit: no middleware, claim, lock or read, so the least that
+// writing the record in the handler's transaction adds), ordinary (the middleware on the Postgres store; the handler's own
 // transaction, then the store's Complete), commit (postgres CommitResponse: the
 // record completed in the handler's transaction), onetx (Store.OneTx and
-// TxStore.Route: claim, row and record in one transaction). all runs the four
+// TxStore.Route: claim, row and record in one transaction). all runs the five
 // in turn, -rounds times (every other round in reverse order), and prints each
 // mode's medians and its ratio to none.
 //
@@ -22,8 +24,10 @@
 // statements and commits per first execution as pgx sent them (a commit is an
 // explicit COMMIT or a round trip outside a transaction block), and the CPU time
 // per request of this process (client and server) and of the database's
-// client backends (read from /proc: 0 unless Postgres runs on this host).
-// -cpuprofile FILE writes this process's CPU profile.
+// client backends (read from /proc: 0 unless Postgres runs on this host), and
+// this process's heap allocations per request.
+// -cpuprofile FILE writes this process's CPU profile, -memprofile FILE its
+// allocation profile (every allocation recorded, which slows the runs down).
 package main
 
 import (
@@ -35,6 +39,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"runtime"
 	"runtime/pprof"
 	"slices"
 	"strings"
@@ -51,15 +56,16 @@ import (
 // WithWaitInFlight, the one-transaction lock wait).
 const waitBound = 3 * time.Second
 
-var modes = []string{"none", "ordinary", "commit", "onetx"}
+var modes = []string{"none", "record", "ordinary", "commit", "onetx"}
 
 func main() {
-	mode := flag.String("mode", "onetx", "none, ordinary, commit, onetx, or all")
+	mode := flag.String("mode", "onetx", "none, record, ordinary, commit, onetx, or all")
 	n := flag.Int("n", 2000, "distinct keys")
 	c := flag.Int("c", 16, "client connections (and concurrent requests)")
 	dup := flag.Int("dup", 1, "concurrent copies of each key")
-	rounds := flag.Int("rounds", 1, "with -mode all: rounds of the four modes")
+	rounds := flag.Int("rounds", 1, "with -mode all: rounds of the five modes")
 	cpuprofile := flag.String("cpuprofile", "", "write this process's CPU profile (all runs) to this file")
+	memprofile := flag.String("memprofile", "", "write this process's allocation profile (all runs) to this file")
 	flag.Parse()
 	if *n < 1 || *c < 1 || *dup < 1 || *rounds < 1 {
 		log.Fatal("-n, -c, -dup and -rounds must be positive")
@@ -94,6 +100,10 @@ func main() {
 		}
 		defer pprof.StopCPUProfile()
 	}
+	if *memprofile != "" {
+		runtime.MemProfileRate = 1 // every allocation, for exact counts (and slower runs)
+		defer writeAllocs(*memprofile)
+	}
 	run := []string{*mode}
 	if *mode == "all" {
 		run = nil
@@ -106,7 +116,7 @@ func main() {
 		}
 	}
 	fmt.Printf("n=%d c=%d dup=%d\n", *n, *c, *dup)
-	fmt.Println("mode      req/s    p50      p99      firsts replays others trips/1st stmts/1st commits/1st rows  goCPU/req pgCPU/req")
+	fmt.Println("mode      req/s    p50      p99      firsts replays others trips/1st stmts/1st commits/1st rows  goCPU/req pgCPU/req allocs/req")
 	results := map[string][]result{}
 	for _, m := range run {
 		r, err := runMode(ctx, m, pool, st, *n, *c, *dup)
@@ -121,6 +131,18 @@ func main() {
 	}
 }
 
+// writeAllocs writes the allocation profile of the whole process to path.
+func writeAllocs(path string) {
+	f, err := os.Create(path)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer f.Close()
+	if err := pprof.Lookup("allocs").WriteTo(f, 0); err != nil {
+		log.Fatal(err)
+	}
+}
+
 // result is one run of one mode.
 type result struct {
 	mode                     string
@@ -130,12 +152,13 @@ type result struct {
 	trips, statements, commi float64
 	rows                     int64
 	goCPU, pgCPU             time.Duration // per request: this process (client and server), the database's backends
+	allocs                   float64       // heap allocations per request, this process (client and server)
 }
 
 func (r result) String() string {
-	return fmt.Sprintf("%-8s %8.0f %8v %8v %6d %7d %6d %9.2f %9.2f %11.2f %d %9v %9v", r.mode, r.rps,
+	return fmt.Sprintf("%-8s %8.0f %8v %8v %6d %7d %6d %9.2f %9.2f %11.2f %d %9v %9v %7.0f", r.mode, r.rps,
 		r.p50.Round(10*time.Microsecond), r.p99.Round(10*time.Microsecond), r.firsts, r.replays, r.others,
-		r.trips, r.statements, r.commi, r.rows, r.goCPU.Round(time.Microsecond), r.pgCPU.Round(time.Microsecond))
+		r.trips, r.statements, r.commi, r.rows, r.goCPU.Round(time.Microsecond), r.pgCPU.Round(time.Microsecond), r.allocs)
 }
 
 // runMode serves mode on loopback and sends the requests: a warm-up of its own
@@ -174,7 +197,8 @@ func runMode(ctx context.Context, mode string, pool *pgxpool.Pool, st *pgstore.S
 	}
 	r := result{mode: mode, rps: float64(len(lat)) / elapsed.Seconds(), p50: pct(lat, 50), p99: pct(lat, 99),
 		firsts: t.firsts.Load(), replays: t.replays.Load(), others: t.others.Load(),
-		goCPU: (cpu1.self - cpu0.self) / time.Duration(len(lat)), pgCPU: (cpu1.pg - cpu0.pg) / time.Duration(len(lat))}
+		goCPU: (cpu1.self - cpu0.self) / time.Duration(len(lat)), pgCPU: (cpu1.pg - cpu0.pg) / time.Duration(len(lat)),
+		allocs: float64(cpu1.allocs-cpu0.allocs) / float64(len(lat))}
 	if f := float64(r.firsts); f > 0 {
 		r.trips, r.statements, r.commi = float64(t.trips.Load())/f, float64(t.statements.Load())/f, float64(t.commits.Load())/f
 	}

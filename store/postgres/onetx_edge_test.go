@@ -1,8 +1,11 @@
 package postgres
 
 import (
+	"encoding/binary"
 	"errors"
+	"hash/fnv"
 	"net/http"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -10,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idemkey/idemkey/middleware"
+	"github.com/idemkey/idemkey/store"
 )
 
 // TestOneTxSavepointAfterReturn: a savepoint the handler opened (Begin on the
@@ -133,6 +137,25 @@ func heldInsert(entered chan<- struct{}, proceed <-chan struct{}) func(*oneTxEnv
 			entered <- struct{}{}
 			<-proceed
 			inner(w, r)
+		}
+	}
+}
+
+// TestKeyLockIsFNV1a: the key's lock is FNV-1a (64 bits) of the table's quoted
+// name, a zero byte, the scope's length (8 bytes big endian), the scope and
+// the key, as every earlier build computed it, so a claim waits for a holder
+// running another build.
+func TestKeyLockIsFNV1a(t *testing.T) {
+	ts := &TxStore{Store: &Store{qualified: `"s"."idemkey_records"`}}
+	for _, id := range []store.ID{{Key: "k"}, {Scope: "tenant-1", Key: "order-17"}, {Scope: strings.Repeat("é", 300), Key: "x\x00y"}} {
+		h := fnv.New64a()
+		var n [9]byte
+		binary.BigEndian.PutUint64(n[1:], uint64(len(id.Scope)))
+		h.Write([]byte(ts.qualified))
+		h.Write(n[:])
+		h.Write([]byte(id.Scope + id.Key))
+		if got, want := ts.keyLock(id), int64(h.Sum64()); got != want {
+			t.Errorf("keyLock(%q, %q) = %d, want %d", id.Scope, id.Key, got, want)
 		}
 	}
 }

@@ -327,7 +327,9 @@ func (c *trafficTracer) take() (trips, statements, commits int) {
 // TestOneTxTraffic: a first execution on a one-transaction route costs at most
 // one round trip, three statements (the key's lock, the read of its record, the
 // record) and no commit more than the same handler alone (begin, insert,
-// commit); a replay is one round trip and commits nothing.
+// commit); a claim whose key no one holds does not touch lock_timeout (the
+// lock is tried, not waited for); a replay is one round trip and commits
+// nothing.
 func TestOneTxTraffic(t *testing.T) {
 	tracer := &trafficTracer{}
 	pool := newPool(t, "", func(c *pgxpool.Config) { c.ConnConfig.Tracer = tracer; c.MaxConns = 1 })
@@ -365,6 +367,13 @@ func TestOneTxTraffic(t *testing.T) {
 		t.Fatalf("first execution: %d round trips, %d statements, %d commits; the handler alone %d, %d and %d",
 			trips, stmts, commits, aTrips, aStmts, aCommits)
 	}
+	tracer.mu.Lock()
+	for sql := range tracer.texts { // every claim so far met no holder
+		if strings.Contains(sql, "lock_timeout") {
+			t.Errorf("a claim that met no holder of its key sent %q; want the lock tried without a lock wait", sql)
+		}
+	}
+	tracer.mu.Unlock()
 	if code, h, _, err := e.post("first"); err != nil || code != 201 || h.Get("Idempotent-Replayed") != "true" {
 		t.Fatal(code, err)
 	}

@@ -152,7 +152,7 @@ func New(db Querier, opts ...Option) (*Store, error) {
 	}
 	s.qualified = s.ident(s.table)
 	t := s.qualified
-	s.readSQL = fmt.Sprintf(readSQL, t)
+	s.readSQL = fmt.Sprintf(rowSQL, t)
 	s.claimSQL = fmt.Sprintf(claimSQL, t)
 	s.channel = channelName(t)
 	s.completeSQL = fmt.Sprintf(completeSQL+notifyReturning, t, s.channel)
@@ -255,7 +255,7 @@ AND expires_at <= now()`
 )
 
 // Claim implements store.Store (see the package doc). In the plain layout it
-// first reads the key's row (readSQL, read.go): a replay, a mismatch or an
+// first reads the key's row (rowSQL, read.go): a replay, a mismatch or an
 // in-flight duplicate is answered by that read alone; a new key, an expired
 // record or a lapsed lease goes on to the claim statement, which decides again
 // on the newest row. When a concurrent claim of the same key commits after the
@@ -313,9 +313,10 @@ func (s *Store) claimLoop(req store.ClaimRequest, op string,
 	return store.ClaimResult{}, fmt.Errorf("idemkey/postgres: %s: no definite answer after %d attempts under contention", op, claimAttempts)
 }
 
-// claimRow is a row of claimSQL (or, from sameFP on, of readSQL). stale means
-// the answer must not be used: claimSQL's snapshot row was already replaced, or
-// readSQL's row may be taken over (claimSQL decides).
+// claimRow is a row of claimSQL, or the judgement of a row of rowSQL
+// (keyRow.judge). stale means the answer must not be used: claimSQL's snapshot
+// row was already replaced, or rowSQL's row may be taken over (claimSQL
+// decides).
 type claimRow struct {
 	claimed, takeover, sameFP bool
 	status                    pgtype.Int2
@@ -336,8 +337,7 @@ func claimArgs(req store.ClaimRequest, tok store.Token) []any {
 // scan reads a row of claimSQL into r.
 func (r *claimRow) scan(row pgx.Row) error { return row.Scan(r.dest()...) }
 
-// dest returns the destinations of claimSQL's columns; from the third on
-// (the fingerprint test on) they are readSQL's.
+// dest returns the destinations of claimSQL's columns.
 func (r *claimRow) dest() []any {
 	return []any{&r.claimed, &r.takeover, &r.sameFP, &r.status, &r.headers, &r.body, &r.omitted,
 		&r.created, &r.completed, &r.expires, &r.retryMS, &r.stale}

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemkey/idemkey/store"
@@ -103,4 +104,47 @@ func TestClaimReadsFirst(t *testing.T) {
 	claim("lapsed lease", req(held, "a"), store.Claimed, true, "read", "claim")
 	age(done, "expires_at")
 	claim("expired record", req(done, "b"), store.Claimed, false, "read", "claim")
+}
+
+// TestKeyRowJudge: the claim's tests on a read row, judged in Go at the row's
+// now, give what claimSQL computes: the lease's time left in whole
+// milliseconds rounded up (toward zero below it), the answer's headers and
+// body only for the same fingerprint, and a takeover for a record past its
+// retention or a lapsed lease of the same fingerprint.
+func TestKeyRowJudge(t *testing.T) {
+	now := time.Date(2030, 1, 2, 3, 4, 5, 0, time.UTC)
+	ts := func(d time.Duration) pgtype.Timestamptz { return pgtype.Timestamptz{Time: now.Add(d), Valid: true} }
+	fp := fingerprint("a")
+	inFlight := func(lease time.Duration, f store.Fingerprint) keyRow {
+		return keyRow{fingerprint: f[:], created: ts(-time.Minute), expires: ts(time.Hour), lease: ts(lease), now: now}
+	}
+	for _, c := range []struct {
+		name    string
+		row     keyRow
+		retryMS int64
+		stale   bool
+	}{
+		{"lease left 1.5ms", inFlight(1500*time.Microsecond, fp), 2, false},
+		{"lease left 2ms", inFlight(2*time.Millisecond, fp), 2, false},
+		{"lease lapsed 1.5ms ago", inFlight(-1500*time.Microsecond, fp), -1, true},
+		{"lease ends now", inFlight(0, fp), 0, true},
+		{"lease lapsed, other fingerprint", inFlight(-time.Second, fingerprint("b")), -1000, false},
+	} {
+		r := c.row.judge(fp)
+		if !r.retryMS.Valid || r.retryMS.Int64 != c.retryMS || r.stale != c.stale {
+			t.Errorf("%s: retry %v ms, stale %v; want %d, %v", c.name, r.retryMS, r.stale, c.retryMS, c.stale)
+		}
+	}
+	done := keyRow{fingerprint: fp[:], status: pgtype.Int2{Int16: 201, Valid: true}, headers: []byte("h"), body: []byte("b"),
+		created: ts(-time.Minute), completed: ts(-time.Second), expires: ts(time.Hour), now: now}
+	if r := done.judge(fp); !r.sameFP || string(r.headers) != "h" || string(r.body) != "b" || r.stale || r.retryMS.Valid {
+		t.Errorf("completed, same fingerprint: %+v", r)
+	}
+	if r := done.judge(fingerprint("b")); r.sameFP || r.headers != nil || r.body != nil || r.stale {
+		t.Errorf("completed, other fingerprint: %+v; want no headers or body", r)
+	}
+	done.expires = ts(0)
+	if r := done.judge(fingerprint("b")); !r.stale {
+		t.Errorf("past its retention: %+v; want a takeover", r)
+	}
 }

@@ -16,11 +16,12 @@ import (
 // BenchmarkReplay compares, on one connection and one completed record, the
 // round trip of a replay with that of a plain primary-key SELECT of the same row
 // (every column the claim returns): "select" is the SELECT, "readsql" the
-// claim's first statement (readSQL) alone and "claimsql" the claim statement
+// claim's first statement (rowSQL) alone and "claimsql" the claim statement
 // alone, both scanned but not decoded, "claim" Store.Claim with WithReadFirst
 // (its read and the decoding; the claim statement does not run on a replay),
-// "claimdefault" Store.Claim without it (the claim statement), "onetx" the claim batch of the one-transaction mode (BEGIN, SET
-// LOCAL, claim, RESET; its ROLLBACK is not timed, as it runs after the answer).
+// "claimdefault" Store.Claim without it (the claim statement), "onetx" the claim batch of the one-transaction mode (BEGIN, the
+// key's lock tried, the read; its ROLLBACK is not timed, as it runs after the
+// answer).
 // The six run interleaved in chunks; each reports its median ns/op over the
 // chunks and its ratio to select:
 //
@@ -63,8 +64,8 @@ FROM ` + s.Table() + ` WHERE scope = $1 AND key = $2`
 				&r.omitted, &r.created, &r.completed, &r.expires, &lease)
 		}},
 		{"readsql", func() error {
-			var r claimRow
-			return pool.QueryRow(ctx, s.readSQL, args[:3]...).Scan(r.dest()[2:]...)
+			var k keyRow
+			return pool.QueryRow(ctx, s.readSQL, args[:2]...).Scan(k.dest()...)
 		}},
 		{"claimsql", func() error {
 			var r claimRow
