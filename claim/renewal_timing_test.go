@@ -50,6 +50,48 @@ func start(t *testing.T, cl *Claimer, e *Execution, key string) (store.Token, ti
 	return res.Token, sent
 }
 
+// minLeaseClaimer returns a Claimer at the shortest lease over a renewLog.
+func minLeaseClaimer(t *testing.T) (*Claimer, *renewLog) {
+	t.Helper()
+	st := &renewLog{Store: memory.New(), at: map[store.Token][]time.Time{}}
+	cl, err := New(Config{Store: st, Lease: MinLease, Retention: time.Hour,
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cl, st
+}
+
+// renewRun is one execution: its claim's token, when the claim was sent and
+// when the execution stopped (or was released).
+type renewRun struct {
+	tok           store.Token
+	sent, stopped time.Time
+}
+
+// checkRenewedInTime fails t unless each run was renewed a third of the lease
+// (MinLease) after its send at the latest, then within a third of each
+// renewal, up to its stop, and never after it; it returns the renewals counted.
+func checkRenewedInTime(t *testing.T, st *renewLog, runs <-chan renewRun) (renewed int) {
+	t.Helper()
+	third := MinLease / 3
+	for r := range runs {
+		got := st.renewals(r.tok, r.sent)
+		renewed += len(got)
+		prev := time.Duration(0)
+		for _, at := range got {
+			if at-prev > third || at < 0 || r.sent.Add(at).After(r.stopped) {
+				t.Fatalf("claim run %v: renewals at %v after its send", r.stopped.Sub(r.sent), got)
+			}
+			prev = at
+		}
+		if r.stopped.Sub(r.sent)-prev > third {
+			t.Fatalf("claim run %v: renewals at %v after its send (a gap over a third)", r.stopped.Sub(r.sent), got)
+		}
+	}
+	return renewed
+}
+
 // Executions started one a millisecond over several leases (with pauses that
 // leave none running), at the shortest lease,
 // running for up to three leases: each is renewed a third of the lease after
@@ -57,18 +99,8 @@ func start(t *testing.T, cl *Claimer, e *Execution, key string) (store.Token, ti
 // after it stopped.
 func TestEveryPhaseRenewedInTime(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		st := &renewLog{Store: memory.New(), at: map[store.Token][]time.Time{}}
-		cl, err := New(Config{Store: st, Lease: MinLease, Retention: time.Hour,
-			Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
-		if err != nil {
-			t.Fatal(err)
-		}
-		third := MinLease / 3
-		type run struct {
-			tok           store.Token
-			sent, stopped time.Time
-		}
-		runs := make(chan run, 1000)
+		cl, st := minLeaseClaimer(t)
+		runs := make(chan renewRun, 1000)
 		var wg sync.WaitGroup
 		for i := range 400 {
 			if i%100 == 99 {
@@ -81,30 +113,14 @@ func TestEveryPhaseRenewedInTime(t *testing.T) {
 				tok, sent := start(t, cl, &e, fmt.Sprint("k", i))
 				time.Sleep(time.Duration(i*7919%300) * time.Millisecond)
 				e.Stop()
-				runs <- run{tok, sent, time.Now()}
+				runs <- renewRun{tok, sent, time.Now()}
 			})
 		}
 		wg.Wait()
 		time.Sleep(MinLease) // no renewal comes after Stop
 		synctest.Wait()
 		close(runs)
-		renewed := 0
-		for r := range runs {
-			renewed += len(st.renewals(r.tok, r.sent))
-			prev := r.sent
-			for _, at := range st.renewals(r.tok, r.sent) {
-				at := r.sent.Add(at)
-				if at.Sub(prev) > third || at.After(r.stopped) {
-					t.Fatalf("claim sent at %v, stopped %v after: renewals at %v after its send",
-						r.sent, r.stopped.Sub(r.sent), st.renewals(r.tok, r.sent))
-				}
-				prev = at
-			}
-			if r.stopped.Sub(prev) > third {
-				t.Fatalf("claim sent at %v, stopped %v after: renewals at %v after its send (a gap over a third)",
-					r.sent, r.stopped.Sub(r.sent), st.renewals(r.tok, r.sent))
-			}
-		}
+		renewed := checkRenewedInTime(t, st, runs)
 		if renewed < 1000 {
 			t.Fatalf("%d renewals in all: the executions did not run long", renewed)
 		}
@@ -118,21 +134,12 @@ func TestEveryPhaseRenewedInTime(t *testing.T) {
 // renews a later one.
 func TestPooledExecutionsRenewedInTime(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		st := &renewLog{Store: memory.New(), at: map[store.Token][]time.Time{}}
-		cl, err := New(Config{Store: st, Lease: MinLease, Retention: time.Hour,
-			Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
-		if err != nil {
-			t.Fatal(err)
-		}
+		cl, st := minLeaseClaimer(t)
 		pool := make(chan *Execution, 64)
 		for range cap(pool) {
 			pool <- new(Execution)
 		}
-		type run struct {
-			tok           store.Token
-			sent, stopped time.Time
-		}
-		runs := make(chan run, 4000)
+		runs := make(chan renewRun, 4000)
 		var wg sync.WaitGroup
 		for w := range 16 {
 			wg.Go(func() {
@@ -153,7 +160,7 @@ func TestPooledExecutionsRenewedInTime(t *testing.T) {
 						time.Sleep(time.Duration(i%40) * time.Millisecond)
 					}
 					reusable := e.Stop()
-					runs <- run{tok, sent, end}
+					runs <- renewRun{tok, sent, end}
 					if reusable {
 						e.Reset()
 						select {
@@ -171,21 +178,7 @@ func TestPooledExecutionsRenewedInTime(t *testing.T) {
 		time.Sleep(MinLease)
 		synctest.Wait()
 		close(runs)
-		third, renewed := MinLease/3, 0
-		for r := range runs {
-			got := st.renewals(r.tok, r.sent)
-			renewed += len(got)
-			prev := time.Duration(0)
-			for _, at := range got {
-				if at-prev > third || at < 0 || r.sent.Add(at).After(r.stopped) {
-					t.Fatalf("claim run %v: renewals at %v after its send", r.stopped.Sub(r.sent), got)
-				}
-				prev = at
-			}
-			if r.stopped.Sub(r.sent)-prev > third {
-				t.Fatalf("claim run %v: renewals at %v after its send (a gap over a third)", r.stopped.Sub(r.sent), got)
-			}
-		}
+		renewed := checkRenewedInTime(t, st, runs)
 		if renewed < 1000 {
 			t.Fatalf("%d renewals in all", renewed)
 		}

@@ -151,9 +151,39 @@ func testExpiryHeapStaysExact(t *testing.T, mask uint64, keys int) {
 	s.hashMask = mask
 	ctx := context.Background()
 	rng := rand.New(rand.NewPCG(1, 2))
+	randomOps(t, s, rng, &now, 20000, func() store.ID { return store.ID{Key: strconv.Itoa(rng.IntN(keys))} },
+		func(i int) {
+			if i%97 == 0 {
+				checkHeap(t, s)
+			}
+			if i%89 == 0 {
+				checkSwept(t, s)
+			}
+		})
+	checkHeap(t, s)
+	checkSwept(t, s)
+	checkHeap(t, s)
+	// Released keys leave nothing behind.
+	for range 1000 {
+		id := store.ID{Key: "cycle"}
+		res, _ := s.Claim(ctx, store.ClaimRequest{ID: id, Lease: time.Second, Retention: time.Hour})
+		if err := s.Release(ctx, id, res.Token); err != nil {
+			t.Fatal(err)
+		}
+	}
+	checkHeap(t, s)
+}
+
+// randomOps makes n random calls on s for the IDs next returns: claims (with
+// leases of 1-5 s and retentions of 5-24 s), completions, releases and renewals
+// with the latest token of each ID, and clock steps of up to 2 s on *now; check
+// runs after each call.
+func randomOps(t *testing.T, s *Store, rng *rand.Rand, now *time.Time, n int, next func() store.ID, check func(i int)) {
+	t.Helper()
+	ctx := context.Background()
 	tokens := map[store.ID]store.Token{}
-	for i := range 20000 {
-		id := store.ID{Key: strconv.Itoa(rng.IntN(keys))}
+	for i := range n {
+		id := next()
 		switch op := rng.IntN(10); {
 		case op < 4:
 			res, err := s.Claim(ctx, store.ClaimRequest{ID: id, Lease: time.Duration(1+rng.IntN(5)) * time.Second,
@@ -171,27 +201,10 @@ func testExpiryHeapStaysExact(t *testing.T, mask uint64, keys int) {
 		case op < 8:
 			s.Renew(ctx, id, tokens[id], time.Duration(1+rng.IntN(40))*time.Second)
 		default:
-			now = now.Add(time.Duration(rng.IntN(2000)) * time.Millisecond)
+			*now = now.Add(time.Duration(rng.IntN(2000)) * time.Millisecond)
 		}
-		if i%97 == 0 {
-			checkHeap(t, s)
-		}
-		if i%89 == 0 {
-			checkSwept(t, s)
-		}
+		check(i)
 	}
-	checkHeap(t, s)
-	checkSwept(t, s)
-	checkHeap(t, s)
-	// Released keys leave nothing behind.
-	for range 1000 {
-		id := store.ID{Key: "cycle"}
-		res, _ := s.Claim(ctx, store.ClaimRequest{ID: id, Lease: time.Second, Retention: time.Hour})
-		if err := s.Release(ctx, id, res.Token); err != nil {
-			t.Fatal(err)
-		}
-	}
-	checkHeap(t, s)
 }
 
 // A holder that keeps renewing is never swept, even past the claim's retention:

@@ -1,7 +1,6 @@
 package memory
 
 import (
-	"context"
 	"fmt"
 	"math/rand/v2"
 	"strconv"
@@ -108,34 +107,14 @@ func TestStoreCrowdedIndex(t *testing.T) {
 			now := time.Unix(1_700_000_000, 0)
 			s := New(WithClock(func() time.Time { return now }), WithShards(3))
 			s.hashMask = mask
-			ctx := context.Background()
 			rng := rand.New(rand.NewPCG(mask, 7))
-			tokens := map[store.ID]store.Token{}
-			for i := range 30000 {
-				id := store.ID{Key: strconv.Itoa(rng.IntN(3000)), Scope: fmt.Sprint(rng.IntN(2))}
-				switch op := rng.IntN(10); {
-				case op < 4:
-					res, err := s.Claim(ctx, store.ClaimRequest{ID: id, Lease: time.Duration(1+rng.IntN(5)) * time.Second,
-						Retention: time.Duration(5+rng.IntN(20)) * time.Second})
-					if err != nil {
-						t.Fatal(err)
-					}
-					if res.Outcome == store.Claimed {
-						tokens[id] = res.Token
-					}
-				case op < 6:
-					s.Complete(ctx, id, tokens[id], store.Response{Status: 200}, time.Duration(1+rng.IntN(30))*time.Second)
-				case op < 7:
-					s.Release(ctx, id, tokens[id])
-				case op < 8:
-					s.Renew(ctx, id, tokens[id], time.Duration(1+rng.IntN(40))*time.Second)
-				default:
-					now = now.Add(time.Duration(rng.IntN(2000)) * time.Millisecond)
-				}
+			randomOps(t, s, rng, &now, 30000, func() store.ID {
+				return store.ID{Key: strconv.Itoa(rng.IntN(3000)), Scope: fmt.Sprint(rng.IntN(2))}
+			}, func(i int) {
 				if i%500 == 0 {
 					checkHeap(t, s)
 				}
-			}
+			})
 			checkHeap(t, s)
 			now = now.Add(time.Hour)
 			checkSwept(t, s)
