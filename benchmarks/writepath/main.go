@@ -138,9 +138,18 @@ func writeAllocs(path string) {
 		log.Fatal(err)
 	}
 	defer f.Close()
-	if err := pprof.Lookup("allocs").WriteTo(f, 0); err != nil {
+	if err := writeAllocsTo(f, 0); err != nil {
 		log.Fatal(err)
 	}
+}
+
+// writeAllocsTo writes the allocation profile to w (debug as in
+// pprof.Profile.WriteTo). It collects garbage first: the runtime adds a cycle's
+// allocations to the profile only when a collection ends, so without it those
+// since the last one would be missing (as go test -memprofile does).
+func writeAllocsTo(w io.Writer, debug int) error {
+	runtime.GC()
+	return pprof.Lookup("allocs").WriteTo(w, debug)
 }
 
 // result is one run of one mode.

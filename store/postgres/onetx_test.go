@@ -466,14 +466,31 @@ func TestOneTxClaimTextConstant(t *testing.T) {
 
 // TestOneTxHandlerLockTimeout: the handler's statements run under the
 // connection's own lock_timeout (here 250ms, set at connect), not under the
-// claim's lock wait, which bounds only the wait for the key's lock.
+// claim's lock wait, which bounds only the wait for the key's lock: both for a
+// claim that met no holder (the lock tried, lock_timeout untouched) and for one
+// that waited for the key's lock (keyLockSQL sets lock_timeout and must set it
+// back): here the holder answers 500, so the duplicate that waited claims and
+// runs the handler.
 func TestOneTxHandlerLockTimeout(t *testing.T) {
 	pool := newPool(t, "", func(c *pgxpool.Config) { c.ConnConfig.RuntimeParams["lock_timeout"] = "250ms" })
+	entered, proceed := make(chan struct{}), make(chan struct{})
+	var mu sync.Mutex
+	hold := false // the next request to enter holds the key, then answers 500
 	e := newOneTxEnv(t, pool, func(*oneTxEnv) http.HandlerFunc {
 		return func(w http.ResponseWriter, r *http.Request) {
 			tx, ok := TxFromContext(r.Context())
 			if !ok {
 				http.Error(w, "no transaction", 500)
+				return
+			}
+			mu.Lock()
+			holder := hold
+			hold = false
+			mu.Unlock()
+			if holder {
+				entered <- struct{}{}
+				<-proceed
+				http.Error(w, "rolled back", 500)
 				return
 			}
 			var v string
@@ -484,9 +501,34 @@ func TestOneTxHandlerLockTimeout(t *testing.T) {
 			w.WriteHeader(201)
 			fmt.Fprint(w, v)
 		}
-	}, []TxOption{WithLockWait(3 * time.Second)})
+	}, []TxOption{WithLockWait(15 * time.Second)},
+		middleware.WithStoreFailure(middleware.StoreFailureRule{Timeouts: middleware.StoreTimeouts{Claim: 40 * time.Second}}))
 	code, _, body, err := e.post("timeout")
 	if err != nil || code != 201 || body != "250ms" {
 		t.Fatalf("%d %q %v; want 201 and the connection's lock_timeout 250ms", code, body, err)
+	}
+	release := sync.OnceFunc(func() { close(proceed) })
+	t.Cleanup(release) // before the server closes, should the test fail first
+	mu.Lock()
+	hold = true
+	mu.Unlock()
+	first := make(chan int, 1)
+	go func() {
+		code, _, _, _ := e.post("waited")
+		first <- code
+	}()
+	<-entered
+	dup := make(chan string, 1)
+	go func() {
+		code, _, body, err := e.post("waited")
+		dup <- fmt.Sprint(code, " ", body, " ", err)
+	}()
+	waitForLockWaiter(t, e, "waited")
+	release()
+	if c := <-first; c != 500 {
+		t.Fatalf("holder: %d, want 500", c)
+	}
+	if got := <-dup; got != "201 250ms <nil>" {
+		t.Fatalf("the duplicate that waited for the key's lock: %q; want 201 and the connection's lock_timeout 250ms", got)
 	}
 }
