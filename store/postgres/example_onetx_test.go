@@ -9,6 +9,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"strings"
+	"testing"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -22,7 +23,8 @@ import (
 // and the idempotency record commit together, once. The handler takes the
 // transaction from its context and answers as usual; the retry replays the
 // committed answer. It needs a server (DATABASE_URL; it uses a schema of its
-// own and drops it).
+// own and drops it), so go test compiles it without running it (an example
+// cannot skip); TestExampleStore_OneTx runs it when DATABASE_URL is set.
 func ExampleStore_OneTx() {
 	ctx := context.Background()
 	pool, err := pgxpool.New(ctx, os.Getenv("DATABASE_URL"))
@@ -86,8 +88,14 @@ func ExampleStore_OneTx() {
 	var n int
 	pool.QueryRow(ctx, `SELECT count(*) FROM `+orders).Scan(&n)
 	fmt.Println("orders:", n)
-	// Output:
-	// 201  {"order":1}
-	// 201 true {"order":1}
-	// orders: 1
+	// (no Output: it needs a server; TestExampleStore_OneTx runs it)
+	//   201  {"order":1}
+	//   201 true {"order":1}
+	//   orders: 1
+}
+
+// TestExampleStore_OneTx runs ExampleStore_OneTx against DATABASE_URL and checks
+// what it prints.
+func TestExampleStore_OneTx(t *testing.T) {
+	runServerExample(t, ExampleStore_OneTx, "201  {\"order\":1}\n201 true {\"order\":1}\norders: 1\n")
 }
