@@ -1,13 +1,11 @@
 package postgres
 
 import (
-	"fmt"
 	"math/rand/v2"
 	"net/http"
 	"net/http/httptest"
 	"os"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -71,26 +69,7 @@ func stormExecMode(t *testing.T, url string, mode pgx.QueryExecMode) {
 	})))
 	t.Cleanup(srv.Close)
 	e.url = srv.URL
-	answers := make([][copies]string, keys)
-	var wg sync.WaitGroup
-	sem := make(chan struct{}, 32)
-	for k := range keys {
-		for c := range copies {
-			wg.Go(func() {
-				sem <- struct{}{}
-				defer func() { <-sem }()
-				code, h, body, err := e.post(fmt.Sprintf("modes-%d", k))
-				if err != nil {
-					body = err.Error()
-				}
-				answers[k][c] = fmt.Sprintf("%d %s", code, body)
-				if code == 201 && h.Get("Idempotent-Replayed") == "" {
-					answers[k][c] = "first " + answers[k][c]
-				}
-			})
-		}
-	}
-	wg.Wait()
+	answers := e.storm("modes", keys, copies, 32)
 	for k, a := range answers {
 		var first string
 		for _, x := range a {

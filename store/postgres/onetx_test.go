@@ -115,24 +115,18 @@ func TestOneTxStorm(t *testing.T) {
 	e := newOneTxEnv(t, nil, insertInTx, []TxOption{WithLockWait(20 * time.Second)},
 		middleware.WithStoreFailure(middleware.StoreFailureRule{Timeouts: middleware.StoreTimeouts{Claim: 30 * time.Second}}))
 	const keys, copies = 300, 5
-	answers := make([][copies]string, keys)
-	var wg sync.WaitGroup
-	sem := make(chan struct{}, 48)
-	for k := range keys {
-		for c := range copies {
-			wg.Go(func() {
-				sem <- struct{}{}
-				defer func() { <-sem }()
-				code, _, body, err := e.post(fmt.Sprintf("storm-%d", k))
-				if err != nil {
-					body = err.Error()
-				}
-				answers[k][c] = fmt.Sprint(code, " ", body)
-			})
-		}
-	}
-	wg.Wait()
+	answers := e.storm("storm", keys, copies, 48)
 	for k, a := range answers {
+		firsts := 0
+		for c, x := range a {
+			if strings.HasPrefix(x, "first ") {
+				firsts++
+				a[c] = strings.TrimPrefix(x, "first ")
+			}
+		}
+		if firsts != 1 {
+			t.Fatalf("key %d: %d first executions among %q", k, firsts, a)
+		}
 		if !strings.HasPrefix(a[0], "201 ") {
 			t.Fatalf("key %d: first answer %q", k, a[0])
 		}
@@ -145,6 +139,36 @@ func TestOneTxStorm(t *testing.T) {
 	if rows, distinct, records := e.counts(); rows != keys || distinct != keys || records != keys {
 		t.Fatalf("%d rows over %d keys, %d records; want %d of each", rows, distinct, records, keys)
 	}
+}
+
+// storm posts keys keys (prefix-k), copies concurrent copies of each, at most
+// par at a time, and returns each copy's answer ("status body", or the error),
+// marked "first " when it is a 201 not marked as a replay.
+func (e *oneTxEnv) storm(prefix string, keys, copies, par int) [][]string {
+	answers := make([][]string, keys)
+	for k := range answers {
+		answers[k] = make([]string, copies)
+	}
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, par)
+	for k := range keys {
+		for c := range copies {
+			wg.Go(func() {
+				sem <- struct{}{}
+				defer func() { <-sem }()
+				code, h, body, err := e.post(fmt.Sprintf("%s-%d", prefix, k))
+				if err != nil {
+					body = err.Error()
+				}
+				answers[k][c] = fmt.Sprint(code, " ", body)
+				if code == 201 && h.Get("Idempotent-Replayed") == "" {
+					answers[k][c] = "first " + answers[k][c]
+				}
+			})
+		}
+	}
+	wg.Wait()
+	return answers
 }
 
 // TestOneTxHandlerErrorReleases: a handler that inserts its row and answers 500
