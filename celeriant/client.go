@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	mrand "math/rand/v2"
 	"net"
 	"sync"
 	"sync/atomic"
@@ -278,21 +279,28 @@ func (c *Client) AggregateDetails(ctx context.Context, key AggregateKey) (Aggreg
 
 // Bounds of roundTrip's retries within one request.
 const (
-	// maxLeaderHops is how many not-leader answers naming a leader one request follows.
+	// maxLeaderHops is how many not-leader answers naming a leader one request follows
+	// in a row before it waits as in an election.
 	maxLeaderHops = 3
 	// maxBusyRetries is how many times one request is re-sent after a busy answer
-	// (2012, 11000) or a not-leader answer that names no leader (an election), waiting
-	// busyBackoff, then twice, four times as long.
+	// (2012, 11000), waiting busyBackoff, then twice, four times as long.
 	maxBusyRetries = 3
 	busyBackoff    = 10 * time.Millisecond
+	// maxElectionBackoff caps the wait between two tries while no leader can be
+	// reached (an election, or a node that cannot be dialled).
+	maxElectionBackoff = 200 * time.Millisecond
 )
 
 // roundTrip sends one request and reads its answer, with the retry rules of Client:
 // once more on a fresh connection when a pooled one was dead (reads only); to the
 // leader a not-leader answer names (writes too: the server refuses a write on a
-// follower before any check, so it had no effect), up to maxLeaderHops; after a busy
-// answer or a not-leader answer without a leader, with a backoff, up to
-// maxBusyRetries (neither applied anything, docs/celeriant-protocol.md section 5).
+// follower before any check, so it had no effect), up to maxLeaderHops in a row;
+// after a busy answer, with a backoff, up to maxBusyRetries. While no leader can be
+// reached (a not-leader answer that names none, more hops than maxLeaderHops, or an
+// address that cannot be dialled, which moves the client to the next one) it backs
+// off and tries again until the request's deadline: an election ends within the
+// caller's budget, not after a fixed number of tries. None of these retries re-sends
+// a request the server may have applied (docs/celeriant-protocol.md section 5).
 func (c *Client) roundTrip(ctx context.Context, op string, isWrite bool, corr uuid.UUID, want wire.MessageType,
 	encode func(*wire.Encoder) []byte, decode func(*wire.Decoder, []byte) (uuid.UUID, error)) error {
 	if _, ok := ctx.Deadline(); !ok {
@@ -300,7 +308,7 @@ func (c *Client) roundTrip(ctx context.Context, op string, isWrite bool, corr uu
 		ctx, cancel = context.WithTimeout(ctx, c.cfg.RequestTimeout)
 		defer cancel()
 	}
-	hops, busy, mayReuse := 0, 0, true
+	hops, busy, waits, mayReuse := 0, 0, 0, true
 	for {
 		c.mu.Lock()
 		closed, addr := c.closed, c.target
@@ -321,7 +329,13 @@ func (c *Client) roundTrip(ctx context.Context, op string, isWrite bool, corr uu
 			c.mu.Unlock()
 			c.log.Debug("celeriant: following leader", "from", addr, "to", leader)
 			continue
-		case (notLeader && leader == "" || IsBusy(err)) && busy < maxBusyRetries:
+		case notLeader || unreachable(ctx, err):
+			if c.electionBackoff(ctx, waits) != nil {
+				return err
+			}
+			hops, waits = 0, waits+1
+			continue
+		case IsBusy(err) && busy < maxBusyRetries:
 			if c.backoff(ctx, busy) != nil {
 				return err
 			}
@@ -335,8 +349,28 @@ func (c *Client) roundTrip(ctx context.Context, op string, isWrite bool, corr uu
 	}
 }
 
+// unreachable reports a request that never left the process because its node could
+// not be dialled (not a refused handshake, a closed client or an invalid request),
+// while ctx still allows another try.
+func unreachable(ctx context.Context, err error) bool {
+	var se *ServerError
+	return ctx.Err() == nil && errors.Is(err, ErrNotSent) && !errors.Is(err, ErrClosed) &&
+		!errors.Is(err, ErrInvalidRequest) && !errors.As(err, &se)
+}
+
 // backoff waits busyBackoff << n, or until ctx ends.
 func (c *Client) backoff(ctx context.Context, n int) error { return sleep.Ctx(ctx, busyBackoff<<n) }
+
+// electionBackoff waits before the n-th try to reach a leader again: busyBackoff
+// doubling up to maxElectionBackoff, with the upper half jittered so that the
+// clients of many replicas do not all come back at once, or until ctx ends.
+func (c *Client) electionBackoff(ctx context.Context, n int) error {
+	d := maxElectionBackoff
+	if n < 5 {
+		d = min(busyBackoff<<n, maxElectionBackoff)
+	}
+	return sleep.Ctx(ctx, d/2+mrand.N(d/2+1))
+}
 
 // attempt performs one request on one connection. retry reports a dead pooled
 // connection on a read-only request, worth one more try on a fresh connection.
