@@ -3,6 +3,7 @@ package celeriant
 import (
 	"context"
 	"crypto/rand"
+	"crypto/rsa"
 	"crypto/tls"
 	"encoding/binary"
 	"errors"
@@ -49,7 +50,7 @@ type Config struct {
 	// a response over its limit: a read of a batch larger than that gets no answer and
 	// ends at the deadline (docs/celeriant-protocol.md section 6.6).
 	MaxResponseSize uint32
-	// Now is the clock for idle eviction; default time.Now.
+	// Now is the clock for idle eviction and the Identify nonce; default time.Now.
 	Now func() time.Time
 	// Dial replaces the TCP dialer (tests, proxies); default net.Dialer.DialContext.
 	Dial func(ctx context.Context, network, addr string) (net.Conn, error)
@@ -64,6 +65,16 @@ type Config struct {
 	// handshake delivers and the client applies. The key never appears in a log,
 	// an error or a printed Config (Secret).
 	APIKey Secret
+	// Identity, when set, is an RSA key whose public half the server verifies in the
+	// Identify handshake of every connection (docs/celeriant-protocol.md section 1.3):
+	// the client signs the current Unix time in milliseconds (RSASSA-PKCS1-v1_5,
+	// SHA-256), which the server accepts from 2 minutes old to 60 s ahead of its own
+	// clock (10001 outside; 10002 for a bad signature). The server then binds the
+	// connection to IdentityClientID of the key: every Write must carry it as its
+	// ClientID (10003 otherwise). New fails for a key whose handshake would not fit a
+	// fixed-size message (RSA keys over 2048 bits). LoadIdentity reads one from a file.
+	// Both refusals fail the request with ErrNotSent wrapping the *ServerError.
+	Identity *rsa.PrivateKey
 }
 
 // Client is a Celeriant client speaking protocol v3 (MessagePack) over TCP with a small
@@ -114,6 +125,11 @@ func New(cfg Config) (*Client, error) {
 	}
 	if cfg.APIKey != "" {
 		if err := checkAPIKey(cfg.APIKey); err != nil {
+			return nil, err
+		}
+	}
+	if cfg.Identity != nil {
+		if err := checkIdentity(cfg.Identity, cfg.APIKey); err != nil {
 			return nil, err
 		}
 	}
@@ -590,7 +606,7 @@ func (c *Client) dial(ctx context.Context, addr string) (*conn, error) {
 		nc = tc
 	}
 	cn := &conn{nc: nc, enc: wire.NewEncoder(), dec: wire.NewDecoder()}
-	if c.cfg.APIKey != "" {
+	if c.cfg.APIKey != "" || c.cfg.Identity != nil {
 		if err := c.identify(dctx, cn); err != nil {
 			_ = nc.Close()
 			return nil, fmt.Errorf("%w: identify with %s: %w", ErrNotSent, addr, err)
