@@ -313,7 +313,8 @@ const (
 // follower before any check, so it had no effect), up to maxLeaderHops in a row;
 // after a busy answer, with a backoff, up to maxBusyRetries. While no leader can be
 // reached (a not-leader answer that names none, more hops than maxLeaderHops, or an
-// address that cannot be dialled, which moves the client to the next one) it backs
+// address that cannot be dialled, which moves the client to the next one; not a node
+// that names itself) it backs
 // off and tries again until the request's deadline: an election ends within the
 // caller's budget, not after a fixed number of tries. None of these retries re-sends
 // a request the server may have applied (docs/celeriant-protocol.md section 5).
@@ -345,7 +346,7 @@ func (c *Client) roundTrip(ctx context.Context, op string, isWrite bool, corr uu
 			c.mu.Unlock()
 			c.log.Debug("celeriant: following leader", "from", addr, "to", leader)
 			continue
-		case notLeader || unreachable(ctx, err):
+		case notLeader && leader != addr || unreachable(ctx, err):
 			if c.electionBackoff(ctx, waits) != nil {
 				return err
 			}
@@ -365,13 +366,17 @@ func (c *Client) roundTrip(ctx context.Context, op string, isWrite bool, corr uu
 	}
 }
 
+// unreachableError marks a node that could not be dialled.
+type unreachableError struct{ error }
+
+func (e unreachableError) Unwrap() error { return e.error }
+
 // unreachable reports a request that never left the process because its node could
-// not be dialled (not a refused handshake, a closed client or an invalid request),
-// while ctx still allows another try.
+// not be dialled (not a refused handshake, a cut frame or a closed client), while ctx
+// still allows another try.
 func unreachable(ctx context.Context, err error) bool {
-	var se *ServerError
-	return ctx.Err() == nil && errors.Is(err, ErrNotSent) && !errors.Is(err, ErrClosed) &&
-		!errors.Is(err, ErrInvalidRequest) && !errors.As(err, &se)
+	var ue unreachableError
+	return ctx.Err() == nil && errors.As(err, &ue)
 }
 
 // backoff waits busyBackoff << n, or until ctx ends.
@@ -592,7 +597,7 @@ func (c *Client) dial(ctx context.Context, addr string) (*conn, error) {
 	defer cancel()
 	nc, err := c.cfg.Dial(dctx, "tcp", addr)
 	if err != nil {
-		return nil, fmt.Errorf("%w: dial %s: %w", ErrNotSent, addr, err)
+		return nil, fmt.Errorf("%w: dial %s: %w", ErrNotSent, addr, unreachableError{err})
 	}
 	if tc, ok := nc.(*net.TCPConn); ok {
 		_ = tc.SetNoDelay(true)
