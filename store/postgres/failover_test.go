@@ -170,7 +170,7 @@ func runFailover(t *testing.T, synchronous bool) failoverResult {
 		}
 	}
 	mode := map[bool]string{true: "synchronous", false: "asynchronous"}[synchronous]
-	t.Logf("failover with a standby in %s mode: %d keys, %d acknowledged before the crash (%d more answered with the result still being stored), "+
+	suiteReport(t, "failover with a standby in %s mode: %d keys, %d acknowledged before the crash (%d more answered with the result still being stored), "+
 		"%d re-executed acknowledged keys, %d keys run again in all; suite took %v",
 		mode, failoverKeys, r.acked, r.pending, r.reexecutedAcked, r.reexecuted, time.Since(began).Round(100*time.Millisecond))
 	return r
@@ -378,4 +378,22 @@ func childrenOf(pid int) []int {
 		}
 	}
 	return out
+}
+
+// suiteReport logs a suite's summary line and appends it to the file
+// IDEMKEY_SUITE_REPORT names, if any: .ci/run prints that file when it ends,
+// since go test shows a passing package's logs only with -v.
+func suiteReport(t *testing.T, format string, args ...any) {
+	t.Helper()
+	line := fmt.Sprintf(format, args...)
+	t.Log(line)
+	if path := os.Getenv("IDEMKEY_SUITE_REPORT"); path != "" {
+		f, err := os.OpenFile(path, os.O_APPEND|os.O_CREATE|os.O_WRONLY, 0o644)
+		if err != nil {
+			t.Errorf("suite report: %v", err)
+			return
+		}
+		defer f.Close()
+		fmt.Fprintf(f, "%s: %s\n", t.Name(), line)
+	}
 }

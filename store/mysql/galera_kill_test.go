@@ -1,0 +1,269 @@
+package mysql_test
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/idemkey/idemkey/idem"
+	"github.com/idemkey/idemkey/store"
+	"github.com/idemkey/idemkey/store/mysql"
+	"github.com/idemkey/idemkey/store/mysql/mysqltest"
+)
+
+const (
+	galeraKeys    = 3000
+	galeraWorkers = 16
+	galeraKillAt  = 1000 // acknowledged keys before the node is killed
+	galeraLease   = 2 * time.Second
+)
+
+// galeraCounts are one load's counts: keys whose call returned success with
+// the result stored, answered with the result still being stored
+// (CompletionPending), acknowledged keys whose function ran again, calls that
+// ended in store.ErrLeaseLost (always false here: no lease ends while its
+// function runs), and store errors the clients retried.
+type galeraCounts struct {
+	acked, pending, reexecutedAcked, leaseLost, storeErrors int
+	longest                                                 time.Duration // the longest call (first pass)
+}
+
+// galeraLoad sends keys [0, n) through idem.Do, galeraWorkers at a time,
+// retrying each until it has an answer, then calls every key once more (each
+// must replay). during runs when the acknowledged count reaches at (never
+// when at is 0), concurrently with the load.
+func galeraLoad(t *testing.T, s store.Store, prefix string, n, at int, during func()) galeraCounts {
+	t.Helper()
+	run, err := idem.New(s, idem.WithLease(galeraLease), idem.WithStoreTimeout(2*time.Second),
+		idem.WithLogger(slog.New(slog.DiscardHandler))) // a killed node makes every worker log
+	if err != nil {
+		t.Fatal(err)
+	}
+	execs := make([]atomic.Int32, n)
+	acked := make([]atomic.Bool, n)
+	var c galeraCounts
+	var mu sync.Mutex
+	var ackCount atomic.Int32
+	var duringDone sync.WaitGroup
+	call := func(k int, final bool) {
+		id := store.ID{Scope: "galera", Key: fmt.Sprintf("%s-%04d", prefix, k)}
+		deadline := time.Now().Add(60 * time.Second)
+		for {
+			began := time.Now()
+			res, err := run.Do(t.Context(), id, idem.Fingerprint(nil), func(context.Context) ([]byte, error) {
+				execs[k].Add(1)
+				return []byte(strconv.Itoa(k)), nil
+			})
+			var inFlight *idem.InFlightError
+			mu.Lock()
+			if !final {
+				c.longest = max(c.longest, time.Since(began))
+			}
+			switch {
+			case err == nil && res.CompletionPending:
+				c.pending++
+			case err == nil && !final && !res.Replayed:
+				acked[k].Store(true)
+				if ackCount.Add(1) == int32(at) {
+					duringDone.Go(during)
+				}
+			case errors.Is(err, store.ErrLeaseLost):
+				c.leaseLost++
+			case errors.As(err, &inFlight):
+			case err != nil:
+				c.storeErrors++
+			}
+			mu.Unlock()
+			switch {
+			case err == nil || errors.Is(err, store.ErrLeaseLost):
+				return
+			case time.Now().After(deadline):
+				t.Errorf("key %s has no answer after 60 s: %v", id.Key, err)
+				return
+			case errors.As(err, &inFlight):
+				time.Sleep(inFlight.RetryAfter)
+			default:
+				time.Sleep(20 * time.Millisecond) // the client's back-off after a 503
+			}
+		}
+	}
+	for _, final := range []bool{false, true} {
+		var next atomic.Int32
+		var wg sync.WaitGroup
+		for range galeraWorkers {
+			wg.Go(func() {
+				for k := int(next.Add(1) - 1); k < n; k = int(next.Add(1) - 1) {
+					call(k, final)
+				}
+			})
+		}
+		wg.Wait()
+		duringDone.Wait()
+	}
+	for k := range n {
+		if acked[k].Load() {
+			c.acked++
+			if execs[k].Load() > 1 {
+				c.reexecutedAcked++
+			}
+		}
+	}
+	return c
+}
+
+// TestGaleraNodeKilled: 3,000 keys through idem.Do over the round-robin
+// connector with wsrep_sync_wait=7; when 1,000 are acknowledged, the third
+// node is killed (SIGKILL). No acknowledged key runs again and no call sees a
+// false "lease lost". The node is restarted (it rejoins by IST) before the
+// test ends.
+func TestGaleraNodeKilled(t *testing.T) {
+	began := time.Now()
+	db := galeraDB(t, mysql.GaleraSyncWait)
+	s := mysqltest.Store(t, db)
+	victim := galeraDSNs(t)[2]
+	c := galeraLoad(t, s, "kill", galeraKeys, galeraKillAt, func() {
+		cmdline := killNode(t, victim)
+		t.Cleanup(func() { restartNode(t, victim, cmdline) })
+	})
+	suiteReport(t, "galera, a node killed mid-run: %d keys, %d acknowledged (%d more answered with the result still being stored), "+
+		"%d re-executed acknowledged keys, %d false lease lost, %d store errors retried; the longest call took %v; load took %v",
+		galeraKeys, c.acked, c.pending, c.reexecutedAcked, c.leaseLost, c.storeErrors,
+		c.longest.Round(10*time.Millisecond), time.Since(began).Round(100*time.Millisecond))
+	if c.reexecutedAcked != 0 || c.leaseLost != 0 {
+		t.Errorf("%d acknowledged keys ran again and %d calls lost their lease falsely, want 0 and 0", c.reexecutedAcked, c.leaseLost)
+	}
+}
+
+// killNode kills the node of dsn with SIGKILL and returns its command line.
+func killNode(t *testing.T, dsn string) []string {
+	db, err := sql.Open("mysql", dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var pidFile string
+	if err := db.QueryRowContext(t.Context(), "SELECT @@pid_file").Scan(&pidFile); err != nil {
+		t.Fatalf("pid file of the node to kill: %v", err)
+	}
+	_ = db.Close()
+	b, err := os.ReadFile(pidFile)
+	if err != nil {
+		t.Fatalf("the test must run on the cluster's machine: %v", err)
+	}
+	pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmdline, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+		t.Fatalf("kill node %d: %v", pid, err)
+	}
+	return strings.Split(strings.TrimRight(string(cmdline), "\x00"), "\x00")
+}
+
+// restartNode starts cmdline again (in its own session, outliving the test) and
+// waits until the node of dsn is Synced.
+func restartNode(t *testing.T, dsn string, cmdline []string) {
+	cmd := exec.Command(cmdline[0], cmdline[1:]...)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	if err := cmd.Start(); err != nil {
+		t.Errorf("restart the killed node: %v", err)
+		return
+	}
+	go func() { _ = cmd.Wait() }() // reaps it if it dies while the test runs
+	deadline := time.Now().Add(90 * time.Second)
+	for time.Now().Before(deadline) {
+		var name, state string
+		db, err := sql.Open("mysql", dsn)
+		if err == nil {
+			err = db.QueryRowContext(context.Background(), "SHOW STATUS LIKE 'wsrep_local_state_comment'").Scan(&name, &state)
+			_ = db.Close()
+		}
+		if err == nil && state == "Synced" {
+			return
+		}
+		time.Sleep(250 * time.Millisecond)
+	}
+	t.Errorf("the restarted node did not rejoin the cluster within 90 s")
+}
+
+// TestGaleraSyncWaitCost runs the same loads, interleaved, with
+// wsrep_sync_wait=0 and =7: 16 concurrent clients over the round-robin
+// connector (their false "lease lost" answers: what causal reads buy), and one
+// client's first executions and replays one after another (the latency causal
+// reads cost). Nothing is asserted for 0 (its counts depend on timing); 7 must
+// have no false lease lost.
+func TestGaleraSyncWaitCost(t *testing.T) {
+	const rounds, keys, serial = 3, 300, 100
+	began := time.Now()
+	causal := mysqltest.Store(t, galeraDB(t, mysql.GaleraSyncWait))
+	// The same table without causal reads: New does not check, Migrate would refuse.
+	stale, err := mysql.New(galeraDB(t, 0), mysql.WithTable(strings.Trim(causal.Table(), "`")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = stale.Close() })
+	var load, first, replay [2]time.Duration
+	var counts [2]galeraCounts
+	for r := range rounds {
+		for i, s := range []*mysql.Store{stale, causal} {
+			start := time.Now()
+			c := galeraLoad(t, s, fmt.Sprintf("cost%d-%d", r, i), keys, 0, nil)
+			load[i] += time.Since(start)
+			counts[i].leaseLost += c.leaseLost
+			counts[i].storeErrors += c.storeErrors
+			counts[i].reexecutedAcked += c.reexecutedAcked
+			f, rp := serialCalls(t, s, fmt.Sprintf("serial%d-%d", r, i), serial)
+			first[i] += f
+			replay[i] += rp
+		}
+	}
+	per := func(d time.Duration, n int) time.Duration {
+		return (d / time.Duration(rounds*n)).Round(time.Microsecond)
+	}
+	ratio := func(d [2]time.Duration) float64 { return float64(d[1]) / float64(d[0]) }
+	suiteReport(t, "galera, wsrep_sync_wait 0 vs 7, %d interleaved rounds: 16 clients over a round-robin connector, %d keys: "+
+		"%d vs %d false lease lost, %d vs %d store errors, %d vs %d re-executed acknowledged keys, %v vs %v per key (%.2fx); "+
+		"one client: first execution %v vs %v (%.2fx), replay %v vs %v (%.2fx); took %v",
+		rounds, keys, counts[0].leaseLost, counts[1].leaseLost, counts[0].storeErrors, counts[1].storeErrors,
+		counts[0].reexecutedAcked, counts[1].reexecutedAcked, per(load[0], keys), per(load[1], keys), ratio(load),
+		per(first[0], serial), per(first[1], serial), ratio(first), per(replay[0], serial), per(replay[1], serial), ratio(replay),
+		time.Since(began).Round(100*time.Millisecond))
+	if counts[1].leaseLost != 0 || counts[1].reexecutedAcked != 0 {
+		t.Errorf("with wsrep_sync_wait=7: %d false lease lost, %d re-executed acknowledged keys, want 0", counts[1].leaseLost, counts[1].reexecutedAcked)
+	}
+}
+
+// serialCalls runs n first executions, then n replays, one after another, and
+// returns the time each phase took.
+func serialCalls(t *testing.T, s store.Store, prefix string, n int) (first, replay time.Duration) {
+	t.Helper()
+	run, err := idem.New(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, phase := range []*time.Duration{&first, &replay} {
+		start := time.Now()
+		for k := range n {
+			id := store.ID{Scope: "galera", Key: fmt.Sprintf("%s-%04d", prefix, k)}
+			if _, err := run.Do(t.Context(), id, idem.Fingerprint(nil), func(context.Context) ([]byte, error) { return nil, nil }); err != nil {
+				t.Fatalf("%s: %v", id.Key, err)
+			}
+		}
+		*phase = time.Since(start)
+	}
+	return first, replay
+}
