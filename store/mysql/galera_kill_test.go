@@ -33,8 +33,9 @@ const (
 // galeraCounts are one load's counts: keys whose call returned success with
 // the result stored, answered with the result still being stored
 // (CompletionPending), acknowledged keys whose function ran again, calls that
-// ended in store.ErrLeaseLost (always false here: no lease ends while its
-// function runs), and store errors the clients retried.
+// ended in store.ErrLeaseLost, or whose completion in the background did
+// (always false here: no lease ends while its function runs), and store errors
+// the clients retried.
 type galeraCounts struct {
 	acked, pending, reexecutedAcked, leaseLost, storeErrors int
 	longest                                                 time.Duration // the longest call (first pass)
@@ -46,8 +47,9 @@ type galeraCounts struct {
 // when at is 0), concurrently with the load.
 func galeraLoad(t *testing.T, s store.Store, prefix string, n, at int, during func()) galeraCounts {
 	t.Helper()
+	var backgroundLost atomic.Int32
 	run, err := idem.New(s, idem.WithLease(galeraLease), idem.WithStoreTimeout(2*time.Second),
-		idem.WithLogger(slog.New(slog.DiscardHandler))) // a killed node makes every worker log
+		idem.WithLogger(slog.New(leaseLostLog{&backgroundLost}))) // counts the background completions' lease lost
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -112,6 +114,7 @@ func galeraLoad(t *testing.T, s store.Store, prefix string, n, at int, during fu
 		wg.Wait()
 		duringDone.Wait()
 	}
+	c.leaseLost += int(backgroundLost.Load())
 	for k := range n {
 		if acked[k].Load() {
 			c.acked++
@@ -122,6 +125,26 @@ func galeraLoad(t *testing.T, s store.Store, prefix string, n, at int, during fu
 	}
 	return c
 }
+
+// leaseLostLog counts the log records whose error is store.ErrLeaseLost: a
+// completion retried in the background (CompletionPending) that lost its
+// lease. The others are dropped (a killed node makes every worker log).
+type leaseLostLog struct{ n *atomic.Int32 }
+
+func (h leaseLostLog) Enabled(context.Context, slog.Level) bool { return true }
+
+func (h leaseLostLog) Handle(_ context.Context, r slog.Record) error {
+	r.Attrs(func(a slog.Attr) bool {
+		if err, ok := a.Value.Any().(error); ok && errors.Is(err, store.ErrLeaseLost) {
+			h.n.Add(1)
+		}
+		return true
+	})
+	return nil
+}
+
+func (h leaseLostLog) WithAttrs([]slog.Attr) slog.Handler { return h }
+func (h leaseLostLog) WithGroup(string) slog.Handler      { return h }
 
 // TestGaleraNodeKilled: 3,000 keys through idem.Do over the round-robin
 // connector with wsrep_sync_wait=7; when 1,000 are acknowledged, the third
@@ -169,10 +192,15 @@ func killNode(t *testing.T, dsn string) []string {
 	if err != nil {
 		t.Fatal(err)
 	}
+	exe, err := os.Readlink(fmt.Sprintf("/proc/%d/exe", pid)) // argv[0] may be a bare name off the test's PATH
+	if err != nil {
+		t.Fatal(err)
+	}
 	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
 		t.Fatalf("kill node %d: %v", pid, err)
 	}
-	return strings.Split(strings.TrimRight(string(cmdline), "\x00"), "\x00")
+	args := strings.Split(strings.TrimRight(string(cmdline), "\x00"), "\x00")
+	return append([]string{exe}, args[1:]...)
 }
 
 // restartNode starts cmdline again (in its own session, outliving the test) and
