@@ -33,11 +33,12 @@ const (
 // galeraCounts are one load's counts: keys whose call returned success with
 // the result stored, answered with the result still being stored
 // (CompletionPending), acknowledged keys whose function ran again, calls that
-// ended in store.ErrLeaseLost, or whose completion in the background did
-// (always false here: no lease ends while its function runs), and store errors
-// the clients retried.
+// ended in store.ErrLeaseLost (always false here: no lease ends while its
+// function runs), store errors the clients retried, completions in the
+// background that lost their lease, and keys whose function ran more than once.
 type galeraCounts struct {
 	acked, pending, reexecutedAcked, leaseLost, storeErrors int
+	backgroundLeaseLost, ranTwice                           int
 	longest                                                 time.Duration // the longest call (first pass)
 }
 
@@ -114,8 +115,11 @@ func galeraLoad(t *testing.T, s store.Store, prefix string, n, at int, during fu
 		wg.Wait()
 		duringDone.Wait()
 	}
-	c.leaseLost += int(backgroundLost.Load())
+	c.backgroundLeaseLost = int(backgroundLost.Load())
 	for k := range n {
+		if execs[k].Load() > 1 {
+			c.ranTwice++
+		}
 		if acked[k].Load() {
 			c.acked++
 			if execs[k].Load() > 1 {
@@ -127,8 +131,9 @@ func galeraLoad(t *testing.T, s store.Store, prefix string, n, at int, during fu
 }
 
 // leaseLostLog counts the log records whose error is store.ErrLeaseLost: a
-// completion retried in the background (CompletionPending) that lost its
-// lease. The others are dropped (a killed node makes every worker log).
+// completion retried in the background (CompletionPending) that found the
+// record no longer held. The others are dropped (a killed node makes every
+// worker log).
 type leaseLostLog struct{ n *atomic.Int32 }
 
 func (h leaseLostLog) Enabled(context.Context, slog.Level) bool { return true }
@@ -161,11 +166,17 @@ func TestGaleraNodeKilled(t *testing.T) {
 		t.Cleanup(func() { restartNode(t, victim, cmdline) })
 	})
 	suiteReport(t, "galera, a node killed mid-run: %d keys, %d acknowledged (%d more answered with the result still being stored), "+
-		"%d re-executed acknowledged keys, %d false lease lost, %d store errors retried; the longest call took %v; load took %v",
-		galeraKeys, c.acked, c.pending, c.reexecutedAcked, c.leaseLost, c.storeErrors,
+		"%d re-executed acknowledged keys, %d false lease lost, %d store errors retried, %d background completions found their record completed, "+
+		"%d keys ran twice; the longest call took %v; load took %v",
+		galeraKeys, c.acked, c.pending, c.reexecutedAcked, c.leaseLost, c.storeErrors, c.backgroundLeaseLost, c.ranTwice,
 		c.longest.Round(10*time.Millisecond), time.Since(began).Round(100*time.Millisecond))
-	if c.reexecutedAcked != 0 || c.leaseLost != 0 {
-		t.Errorf("%d acknowledged keys ran again and %d calls lost their lease falsely, want 0 and 0", c.reexecutedAcked, c.leaseLost)
+	// Galera loses no certified commit: every key's function ran exactly once. A
+	// completion whose reply the killed node never sent, retried in the
+	// background, finds its record completed and logs "lease lost": counted, not
+	// asserted (the record holds that execution's result).
+	if c.reexecutedAcked != 0 || c.leaseLost != 0 || c.ranTwice != 0 {
+		t.Errorf("%d acknowledged keys ran again, %d calls lost their lease falsely, %d keys ran twice; want 0, 0, 0",
+			c.reexecutedAcked, c.leaseLost, c.ranTwice)
 	}
 }
 
