@@ -1,6 +1,7 @@
 package postgres
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -91,6 +92,7 @@ func runFailover(t *testing.T, synchronous bool) failoverResult {
 	if err != nil || rep.WaitsForStandby() != synchronous || rep.SyncStandbys != map[bool]int{true: 1, false: 0}[synchronous] {
 		t.Fatalf("primary's replication %v (err %v), want waits=%t", rep, err, synchronous)
 	}
+	checkReportsElsewhere(t, primary, standby)
 
 	// Phase 1: the load on the primary, the pause and the crash.
 	var before [failoverKeys]atomic.Int32 // executions per key on the primary
@@ -224,6 +226,19 @@ func showPromotionTrap(t *testing.T, s *Store, pool *pgxpool.Pool) {
 	if err != nil || rep.Standby || rep.SynchronousStandbyNames != "*" || rep.SyncStandbys != 0 {
 		t.Fatalf("promoted standby's replication %v (err %v), want the primary's '*' and no standby", rep, err)
 	}
+	// The start-up report names the trap (Migrate, on a schema already there,
+	// writes nothing, so it does not hang itself).
+	var logs bytes.Buffer
+	fresh, err := New(pool, WithLogger(slog.New(slog.NewTextHandler(&logs, nil))))
+	if err != nil {
+		t.Fatal(err)
+	}
+	mctx, cancel := context.WithTimeout(t.Context(), 500*time.Millisecond)
+	err = fresh.Migrate(mctx)
+	cancel()
+	if err != nil || !strings.Contains(logs.String(), "no synchronous standby is connected") {
+		t.Fatalf("Migrate on the promoted standby: %v, log %q; want the trap's warning", err, logs.String())
+	}
 	probe := func(i int) error { // a claim of a new key: one commit
 		ctx, cancel := context.WithTimeout(t.Context(), 500*time.Millisecond)
 		defer cancel()
@@ -248,6 +263,35 @@ func showPromotionTrap(t *testing.T, s *Store, pool *pgxpool.Pool) {
 		if time.Now().After(deadline) {
 			t.Fatalf("commits still hang after the fix: %v", err)
 		}
+	}
+}
+
+// checkReportsElsewhere: a role without pg_read_all_stats cannot see the
+// standby's sync state (SyncStandbys -1), and a store on the standby reports
+// it (Standby) and is refused by WithSynchronousStandby.
+func checkReportsElsewhere(t *testing.T, primary, standby *cluster) {
+	t.Helper()
+	primary.sql(t, "CREATE ROLE idemkey_plain LOGIN")
+	plain := newPool(t, strings.Replace(primary.url(), "postgres@", "idemkey_plain@", 1))
+	defer plain.Close()
+	ps, err := New(plain)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep, err := ps.Replication(t.Context()); err != nil || rep.SyncStandbys != -1 {
+		t.Errorf("an unprivileged role's report %v (err %v), want SyncStandbys -1", rep, err)
+	}
+	sb := newPool(t, standby.url())
+	defer sb.Close()
+	ss, err := New(sb, WithSynchronousStandby())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep, err := ss.Replication(t.Context()); err != nil || !rep.Standby || rep.WaitsForStandby() {
+		t.Errorf("the standby's report %v (err %v), want Standby and no wait", rep, err)
+	}
+	if err := ss.Migrate(t.Context()); !errors.Is(err, ErrNotSynchronous) {
+		t.Errorf("Migrate on the standby with WithSynchronousStandby: %v, want ErrNotSynchronous", err)
 	}
 }
 
