@@ -26,8 +26,8 @@ import (
 const (
 	galeraKeys    = 3000
 	galeraWorkers = 16
-	galeraKillAt  = 1000 // acknowledged keys before the node is killed
-	galeraLease   = 2 * time.Second
+	galeraKillAt  = 1000            // acknowledged keys before the node is killed
+	galeraLease   = 6 * time.Second // longer than the write stall of a node's loss (about 2 s), so a completion retried in the background succeeds within it
 )
 
 // galeraCounts are one load's counts: keys whose call returned success with
