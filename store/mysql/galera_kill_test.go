@@ -161,9 +161,19 @@ func TestGaleraNodeKilled(t *testing.T) {
 	db := galeraDB(t, mysql.GaleraSyncWait)
 	s := mysqltest.Store(t, db)
 	victim := galeraDSNs(t)[2]
+	pid, cmdline := nodeProcess(t, victim)
+	var killed atomic.Bool
+	t.Cleanup(func() {
+		if killed.Load() {
+			restartNode(t, victim, cmdline)
+		}
+	})
 	c := galeraLoad(t, s, "kill", galeraKeys, galeraKillAt, func() {
-		cmdline := killNode(t, victim)
-		t.Cleanup(func() { restartNode(t, victim, cmdline) })
+		if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+			t.Errorf("kill node %d: %v", pid, err)
+			return
+		}
+		killed.Store(true)
 	})
 	suiteReport(t, "galera, a node killed mid-run: %d keys, %d acknowledged (%d more answered with the result still being stored), "+
 		"%d re-executed acknowledged keys, %d false lease lost, %d store errors retried, %d background completions found their record completed, "+
@@ -180,20 +190,26 @@ func TestGaleraNodeKilled(t *testing.T) {
 	}
 }
 
-// killNode kills the node of dsn with SIGKILL and returns its command line.
-func killNode(t *testing.T, dsn string) []string {
+// nodeProcess returns the process id and command line of the node of dsn, which
+// must run on this machine (its pid file is read).
+func nodeProcess(t *testing.T, dsn string) (int, []string) {
+	t.Helper()
 	db, err := sql.Open("mysql", dsn)
 	if err != nil {
 		t.Fatal(err)
 	}
 	var pidFile string
-	if err := db.QueryRowContext(t.Context(), "SELECT @@pid_file").Scan(&pidFile); err != nil {
+	err = db.QueryRowContext(t.Context(), "SELECT @@pid_file").Scan(&pidFile)
+	_ = db.Close()
+	if err != nil {
 		t.Fatalf("pid file of the node to kill: %v", err)
 	}
-	_ = db.Close()
 	b, err := os.ReadFile(pidFile)
 	if err != nil {
-		t.Fatalf("the test must run on the cluster's machine: %v", err)
+		if os.Getenv("CI") == "true" {
+			t.Fatalf("the node's pid file: %v", err)
+		}
+		t.Skipf("the node's pid file is not readable here (%v): the kill test runs on the cluster's machine", err)
 	}
 	pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
 	if err != nil {
@@ -207,11 +223,8 @@ func killNode(t *testing.T, dsn string) []string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
-		t.Fatalf("kill node %d: %v", pid, err)
-	}
 	args := strings.Split(strings.TrimRight(string(cmdline), "\x00"), "\x00")
-	return append([]string{exe}, args[1:]...)
+	return pid, append([]string{exe}, args[1:]...)
 }
 
 // restartNode starts cmdline again (in its own session, outliving the test) and
