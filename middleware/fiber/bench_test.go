@@ -55,10 +55,14 @@ func BenchmarkReplayNetHTTP(b *testing.B) {
 
 // BenchmarkReplayFiber is the same through Fiber and the adapter (and the
 // test's net/http-to-fasthttp bridge, serve).
-func BenchmarkReplayFiber(b *testing.B) { decisiontest.BenchReplay(b, benchFiber(b, idemfiber.Middleware)) }
+func BenchmarkReplayFiber(b *testing.B) {
+	decisiontest.BenchReplay(b, benchFiber(b, idemfiber.Middleware))
+}
 
 // BenchmarkReplayFiberAdaptor is the replay through the adaptor-based variant.
-func BenchmarkReplayFiberAdaptor(b *testing.B) { decisiontest.BenchReplay(b, benchFiber(b, viaAdaptor)) }
+func BenchmarkReplayFiberAdaptor(b *testing.B) {
+	decisiontest.BenchReplay(b, benchFiber(b, viaAdaptor))
+}
 
 // BenchmarkExecuteNetHTTP is the core alone on the first-execution path.
 func BenchmarkExecuteNetHTTP(b *testing.B) {
@@ -67,7 +71,9 @@ func BenchmarkExecuteNetHTTP(b *testing.B) {
 
 // BenchmarkExecuteFiber is the first-execution path (a new key every
 // iteration) through Fiber and the adapter.
-func BenchmarkExecuteFiber(b *testing.B) { decisiontest.BenchExecute(b, benchFiber(b, idemfiber.Middleware)) }
+func BenchmarkExecuteFiber(b *testing.B) {
+	decisiontest.BenchExecute(b, benchFiber(b, idemfiber.Middleware))
+}
 
 // BenchmarkExecuteFiberAdaptor is the first execution through the
 // adaptor-based variant.

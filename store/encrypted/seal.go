@@ -2,12 +2,12 @@ package encrypted
 
 import (
 	"crypto/aes"
-	"encoding/base64"
-	"net/http"
 	"crypto/cipher"
+	"encoding/base64"
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"net/http"
 	"sync"
 
 	"github.com/idemkey/idemkey/store"
@@ -97,7 +97,7 @@ func newSealer(k Key) (*sealer, error) {
 // once the call returns.
 var buffers = sync.Pool{New: func() any { b := make([]byte, 0, 1024); return &b }}
 
-func getBuf() *[]byte  { return buffers.Get().(*[]byte) }
+func getBuf() *[]byte { return buffers.Get().(*[]byte) }
 func putBuf(b *[]byte) {
 	if cap(*b) <= maxPooled {
 		*b = (*b)[:0]
