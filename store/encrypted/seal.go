@@ -135,11 +135,11 @@ func (s *sealer) seal(buf *[]byte, id store.ID, resp store.Response) store.Respo
 	out := s.aead.Seal((*buf)[:0], nil, *plain, *aad) // nonce, body, headers, tag
 	*buf = out
 	nb := len(resp.Body)
-	sealed := make([]byte, 0, base64.RawStdEncoding.EncodedLen(len(s.prefix)+len(out)-nb))
-	hdr := append(append(append([]byte(nil), s.prefix...), out[:12]...), out[12+nb:]...)
-	sealed = base64.RawStdEncoding.AppendEncode(sealed, hdr)
+	line := *plain // free again: the line is prefix, nonce, the rest after the body
+	line = append(append(append(line[:0], s.prefix...), out[:12]...), out[12+nb:]...)
+	*plain = line
 	sealedResp := store.Response{Status: resp.Status, BodyOmitted: resp.BodyOmitted,
-		Header: http.Header{SealedHeader: {string(sealed)}}}
+		Header: http.Header{SealedHeader: {base64.RawStdEncoding.EncodeToString(line)}}}
 	if nb > 0 {
 		sealedResp.Body = out[12 : 12+nb]
 	}
