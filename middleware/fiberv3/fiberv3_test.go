@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"testing"
 
 	"github.com/gofiber/fiber/v3"
@@ -166,5 +167,37 @@ func TestHeadersAndContext(t *testing.T) {
 	}
 	if fmt.Sprint(seen) != "[outer hk]" || answers[0] != "202 [a b] 2 ok" || answers[1] != "202 [a b] 0 ok" {
 		t.Errorf("handler saw %v; answers %q", seen, answers)
+	}
+}
+
+// TestThroughFasthttpServer sends requests through fasthttp's own server
+// (app.Test), not the test bridge: a request with two Idempotency-Key lines
+// is 400 (the adapter kept both), and the replay carries the stored answer.
+func TestThroughFasthttpServer(t *testing.T) {
+	m, err := middleware.New(memory.New(), middleware.GlobalScope)
+	if err != nil {
+		t.Fatal(err)
+	}
+	app := fiber.New()
+	runs := 0
+	app.Post("/pay", idemfiber.Middleware(m), func(c fiber.Ctx) error {
+		runs++
+		return c.Status(http.StatusCreated).SendString(string(c.Body()))
+	})
+	var got []string
+	for _, keys := range [][]string{{"a", "b"}, {"k"}, {"k"}} {
+		r := httptest.NewRequest("POST", "/pay", strings.NewReader(`{"amountCents":1}`))
+		for _, k := range keys {
+			r.Header.Add("Idempotency-Key", k)
+		}
+		resp, err := app.Test(r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		got = append(got, fmt.Sprint(resp.StatusCode, " ", resp.Header.Get("Idempotent-Replayed"), " ", string(body)))
+	}
+	if got[0][:3] != "400" || got[1] != `201  {"amountCents":1}` || got[2] != `201 true {"amountCents":1}` || runs != 1 {
+		t.Errorf("got %q, runs %d", got, runs)
 	}
 }
