@@ -31,12 +31,15 @@
 //     (KeyFromContext, or middleware.KeyFromContext(c.UserContext())) and the
 //     core's deadlines; it is restored when the adapter returns, also on a
 //     re-raised panic (a recover middleware outside then answers 500).
-//   - Fiber's own 404 or 405 (no later route matched) is marked
+//   - Fiber's own 404 or 405 (no route ran after the adapter's) is marked
 //     middleware.Unrouted, so it releases the key and the corrected request
-//     with the same key runs. A handler's own 404 is stored and replayed.
+//     with the same key runs. A handler's own 404 is stored and replayed, and
+//     so is Fiber's 404 after a later app.Use middleware ran: register the
+//     adapter last among app.Use, or on the group or route.
 //
 // fasthttp does not tell a handler that its client went away, so the core sees
-// no disconnect; the store timeouts bound every store call regardless.
+// no disconnect (middleware.WithCancelOnDisconnect has no effect); the store
+// timeouts bound every store call regardless.
 package idemfiber
 
 import (
