@@ -72,7 +72,7 @@ func TestNewRejectsMisconfiguration(t *testing.T) {
 }
 
 // complete claims id on st and completes it with resp.
-func complete(t *testing.T, st store.Store, id store.ID, resp store.Response) {
+func complete(t testing.TB, st store.Store, id store.ID, resp store.Response) {
 	t.Helper()
 	res, err := st.Claim(ctx, store.ClaimRequest{ID: id, Lease: time.Minute, Retention: time.Hour})
 	if err != nil || res.Outcome != store.Claimed {
