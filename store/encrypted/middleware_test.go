@@ -2,9 +2,11 @@ package encrypted_test
 
 import (
 	"bytes"
+	"fmt"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -66,5 +68,56 @@ func TestMiddlewareFailsClosedOnTamperedRecord(t *testing.T) {
 	}
 	if w := send("changed"); w.Code != http.StatusServiceUnavailable || runs != 1 || strings.Contains(w.Body.String(), "4242") {
 		t.Errorf("tampered record: %d %q, runs %d; want 503 and no run", w.Code, w.Body, runs)
+	}
+}
+
+// benchHandler is the middleware over st (plain or sealed), answering 201
+// with a body of n bytes, as a request through the whole HTTP path.
+func benchHandler(b *testing.B, st store.Store, n int) http.Handler {
+	m, err := middleware.New(st, middleware.GlobalScope)
+	if err != nil {
+		b.Fatal(err)
+	}
+	answer := secretResponse(n).Body
+	return m.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusCreated)
+		w.Write(answer)
+	}))
+}
+
+func benchSend(b *testing.B, h http.Handler, key string) {
+	r := httptest.NewRequest("POST", "/pay", strings.NewReader(`{"amountCents":100}`))
+	r.Header.Set("Idempotency-Key", key)
+	w := httptest.NewRecorder()
+	h.ServeHTTP(w, r)
+	if w.Code != http.StatusCreated {
+		b.Fatal(w.Code)
+	}
+}
+
+// BenchmarkHTTP is the wrapper's cost on a whole request through the
+// middleware over the memory store: first executions (a new key each time)
+// and replays, plain and sealed, 128 B and 1 KiB answers.
+func BenchmarkHTTP(b *testing.B) {
+	for _, path := range []string{"execute", "replay"} {
+		for _, n := range []int{128, 1024} {
+			for _, name := range []string{"plain", "sealed"} {
+				b.Run(fmt.Sprintf("%s/%s/%dB", path, name, n), func(b *testing.B) {
+					h := benchHandler(b, benchStores(b)[name], n)
+					benchSend(b, h, "k")
+					b.ReportAllocs()
+					i := 0
+					for b.Loop() {
+						key := "k"
+						if path == "execute" {
+							i++
+							key = "k" + strconv.Itoa(i)
+						}
+						benchSend(b, h, key)
+					}
+				})
+			}
+		}
 	}
 }
