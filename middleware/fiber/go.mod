@@ -2,8 +2,6 @@ module github.com/idemkey/idemkey/middleware/fiber
 
 go 1.26.0
 
-replace github.com/idemkey/idemkey => ../..
-
 require (
 	github.com/gofiber/fiber/v2 v2.52.15
 	github.com/idemkey/idemkey v0.1.0

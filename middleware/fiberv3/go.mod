@@ -2,8 +2,6 @@ module github.com/idemkey/idemkey/middleware/fiberv3
 
 go 1.26.0
 
-replace github.com/idemkey/idemkey => ../..
-
 require (
 	github.com/gofiber/fiber/v3 v3.1.0
 	github.com/idemkey/idemkey v0.1.0
