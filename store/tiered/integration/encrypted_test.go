@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/rand"
+	"errors"
 	"fmt"
 	"net/http"
 	"testing"
@@ -206,4 +207,45 @@ func redisDump(t *testing.T, c *goredis.Client, prefix string) []byte {
 		}
 	}
 	return dump
+}
+
+// TestEncryptedRecordMovedInPostgres: an operator (or an attacker with write
+// access) copies a sealed record's columns onto another key's row with SQL;
+// the claim of that key fails with store.ErrCorrupt (503), never replaying
+// the other key's answer, and the original still replays.
+func TestEncryptedRecordMovedInPostgres(t *testing.T) {
+	pool := pgPool(t)
+	schema := "idemkey_enc_" + store.NewToken().String()[:12]
+	t.Cleanup(func() {
+		if _, err := pool.Exec(context.Background(), "DROP SCHEMA IF EXISTS "+pgx.Identifier{schema}.Sanitize()+" CASCADE"); err != nil {
+			t.Errorf("drop schema %s: %v", schema, err)
+		}
+	})
+	st := sealedStore(t, postgresBackstop(t, pool, postgres.WithSchema(schema)))
+	ctx := t.Context()
+	claim := func(key string) (store.ClaimResult, error) {
+		return st.Claim(ctx, store.ClaimRequest{ID: store.ID{Scope: "tenant", Key: key}, Fingerprint: fingerprint("same"), Lease: time.Minute, Retention: time.Hour})
+	}
+	for _, key := range []string{"victim", "other"} {
+		res, err := claim(key)
+		if err != nil || res.Outcome != store.Claimed {
+			t.Fatal(res.Outcome, err)
+		}
+		body := []byte(`{"answer for":"` + key + `"}`)
+		if err := st.Complete(ctx, store.ID{Scope: "tenant", Key: key}, res.Token, store.Response{Status: 201, Body: body}, time.Hour); err != nil {
+			t.Fatal(err)
+		}
+	}
+	table := pgx.Identifier{schema, postgres.DefaultTable}.Sanitize()
+	tag, err := pool.Exec(ctx, "UPDATE "+table+" AS t SET status = s.status, headers = s.headers, body = s.body, body_omitted = s.body_omitted FROM "+table+
+		" AS s WHERE t.key = 'other'::bytea AND s.key = 'victim'::bytea")
+	if err != nil || tag.RowsAffected() != 1 {
+		t.Fatalf("copy the sealed columns: %v %v", tag, err)
+	}
+	if res, err := claim("other"); !errors.Is(err, encrypted.ErrTampered) || !errors.Is(err, store.ErrCorrupt) || res.Record != nil {
+		t.Errorf("moved record: %+v, %v; want ErrTampered", res, err)
+	}
+	if res, err := claim("victim"); err != nil || res.Outcome != store.Completed || string(res.Record.Body) != `{"answer for":"victim"}` {
+		t.Errorf("the original: %+v, %v", res, err)
+	}
 }
