@@ -231,3 +231,23 @@ func TestMovedOrChangedRecordRefused(t *testing.T) {
 		t.Errorf("the original still replays: %v", err)
 	}
 }
+
+// TestSealForCompletionOutsideTheWrapper: a response completed directly on
+// the wrapped store (as store/postgres CompleteTx does inside a handler's
+// transaction) replays through the wrapper when it was given as Seal's
+// result, sealed for the same ID.
+func TestSealForCompletionOutsideTheWrapper(t *testing.T) {
+	inner := memory.New()
+	st := wrap(t, inner, newKey(t, "k1"))
+	id := store.ID{Scope: "s", Key: "in-tx"}
+	resp := secretResponse(300)
+	complete(t, inner, id, st.Seal(id, resp))
+	rec, err := replay(st, id)
+	if err != nil || !bytes.Equal(rec.Body, resp.Body) || fmt.Sprint(rec.Header) != fmt.Sprint(resp.Header) {
+		t.Fatalf("replay of a Seal'd response: %v", err)
+	}
+	raw, _ := replay(inner, id)
+	if w := leak(append(raw.Body, raw.Header.Get(encrypted.SealedHeader)...), resp.Body); w != "" {
+		t.Errorf("Seal left %q in clear", w)
+	}
+}
