@@ -247,7 +247,7 @@ func TestSealForCompletionOutsideTheWrapper(t *testing.T) {
 		t.Fatalf("replay of a Seal'd response: %v", err)
 	}
 	raw, _ := replay(inner, id)
-	if w := leak(append(raw.Body, raw.Header.Get(encrypted.SealedHeader)...), resp.Body); w != "" {
+	if w := leak(append(bytes.Clone(raw.Body), raw.Header.Get(encrypted.SealedHeader)...), resp.Body); w != "" {
 		t.Errorf("Seal left %q in clear", w)
 	}
 }
