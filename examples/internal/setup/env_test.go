@@ -178,8 +178,8 @@ func TestLoadIdentity(t *testing.T) {
 	pkcs8, _ := x509.MarshalPKCS8PrivateKey(key)
 	dir := t.TempDir()
 	files := map[string][]byte{
-		"pkcs8.pem": pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: pkcs8}),
-		"pkcs1.pem": pem.EncodeToMemory(&pem.Block{Type: "RSA PRIVATE KEY", Bytes: x509.MarshalPKCS1PrivateKey(key)}),
+		"pkcs8.pem":   pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: pkcs8}),
+		"pkcs1.pem":   pem.EncodeToMemory(&pem.Block{Type: "RSA PRIVATE KEY", Bytes: x509.MarshalPKCS1PrivateKey(key)}),
 		"private_key": []byte(base64.StdEncoding.EncodeToString(pkcs8) + "\n"),
 	}
 	for name, data := range files {
