@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/idemkey/idemkey/claim"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
@@ -116,17 +117,17 @@ func ExampleWithProblems() {
 }
 
 // A failed validation is kept ten minutes, a payment thirty days: the handler
-// decides (SetRetention), within the middleware's maximum.
+// decides (claim.SetRetention), within the middleware's maximum.
 func ExampleWithRecordRetention() {
 	m, _ := middleware.New(memory.New(), middleware.GlobalScope, middleware.WithRecordRetention(middleware.RetentionRule{Max: 30 * 24 * time.Hour}))
 	h := m.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if !strings.Contains(r.Header.Get("Content-Type"), "json") {
-			middleware.SetRetention(r.Context(), 10*time.Minute)
+			claim.SetRetention(r.Context(), 10*time.Minute)
 			w.WriteHeader(http.StatusUnprocessableEntity)
 			return
 		}
-		middleware.SetRetention(r.Context(), 30*24*time.Hour)
-		c, _ := middleware.ClaimFromContext(r.Context())
+		claim.SetRetention(r.Context(), 30*24*time.Hour)
+		c, _ := claim.FromContext(r.Context())
 		fmt.Println("kept for", c.Retention)
 		w.WriteHeader(http.StatusCreated)
 	}))
@@ -177,7 +178,7 @@ func ExampleWithStoreFailure() {
 	quiet := middleware.WithLogger(slog.New(slog.DiscardHandler))
 	closed, _ := middleware.New(downStore{memory.New()}, middleware.GlobalScope, quiet,
 		middleware.WithStoreFailure(middleware.StoreFailureRule{
-			Timeouts:   middleware.StoreTimeouts{Claim: 2 * time.Second},
+			Timeouts:   claim.Timeouts{Claim: 2 * time.Second},
 			RetryAfter: 5 * time.Second,
 		}))
 	w := send(closed.Handler(ok), "k-1", "{}")

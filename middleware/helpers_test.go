@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"github.com/idemkey/idemkey/claim"
 	"io"
 	"log/slog"
 	"net/http"
@@ -46,7 +47,7 @@ type fakeTimer struct {
 	armed bool
 }
 
-func (c *fakeClock) AfterFunc(d time.Duration, f func()) Timer {
+func (c *fakeClock) AfterFunc(d time.Duration, f func()) claim.Timer {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	t := &fakeTimer{c: c, d: d, f: f, armed: true}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/idemkey/idemkey/claim"
 	"io"
 	"log/slog"
 	"net/http"
@@ -298,7 +299,7 @@ func TestBodyLimitEdges(t *testing.T) {
 // its claim through background renewal; duplicates get 409 the whole time,
 // never a takeover. The lease is 1 s, so a renewal (every third of it) may be
 // late by up to 0.67 s on a loaded machine before the lease runs out: with
-// MinLease (100 ms) this failed 3 to 4 times in 15 under load. The fake-clock
+// claim.MinLease (100 ms) this failed 3 to 4 times in 15 under load. The fake-clock
 // tests cover the renewal schedule itself.
 func TestSlowHandlerRenewsOnRealClock(t *testing.T) {
 	if testing.Short() {
@@ -359,7 +360,7 @@ func TestStaleHolderFinishingFirstIsNotStored(t *testing.T) {
 	done := [2]chan *httptest.ResponseRecorder{make(chan *httptest.ResponseRecorder), make(chan *httptest.ResponseRecorder)}
 	go func() { done[0] <- e.do(req("POST", "/x", "k", "b")) }()
 	<-entered
-	e.now.Add(DefaultLease + time.Second) // the first holder stalls past its lease
+	e.now.Add(claim.DefaultLease + time.Second) // the first holder stalls past its lease
 	go func() { done[1] <- e.do(req("POST", "/x", "k", "b")) }()
 	<-entered
 	close(gates[0])
@@ -451,7 +452,7 @@ func TestReleasedResponseHeldUntilReleased(t *testing.T) {
 	}
 }
 
-// blockingClaim holds each Claim until gone is closed, then claims unless its
+// blockingClaim holds each claim.Claim until gone is closed, then claims unless its
 // context is done by then (as a driver whose query was cancelled does).
 type blockingClaim struct {
 	store.Store

@@ -46,7 +46,7 @@
 //	response incomplete: body shorter than    release the claim (no truncated answer
 //	  its Content-Length                        for every retry)
 //	handler completed the record in its own   nothing more stored; the committed
-//	  transaction (MarkCompleted)               record is what retries replay
+//	  transaction (claim.MarkCompleted)               record is what retries replay
 //	response body over the cap (1 MiB)        streamed untouched, stored with body
 //	                                          omitted; replay adds
 //	                                          "Idempotency-Replay: omitted"
@@ -78,11 +78,10 @@
 // WithKey, WithRequestFingerprint, WithLease, WithRecordRetention, WithReplay,
 // WithRelease, WithStoreFailure, WithWaitInFlight, WithCancelOnDisconnect,
 // WithObserver, WithLogger, WithProblems and WithClock. Those taking a rule (a
-// struct) keep the setting of each field left zero. The options of v0.1.0 they
-// replace are deprecated and go in the next minor release.
+// struct) keep the setting of each field left zero.
 //
 // The handler reads the scope and key with KeyFromContext, and its claim (fencing
-// token included) with ClaimFromContext.
+// token included) with claim.FromContext.
 //
 // # Which guarantee holds for which handler
 //
@@ -93,7 +92,7 @@
 //
 //   - Own Postgres data: exactly once. The handler completes the record in its own
 //     transaction with the response it sends (store/postgres CommitResponse, or
-//     CompleteTx and MarkCompleted), fenced by the claim's token: the rows and the
+//     CompleteTx and claim.MarkCompleted), fenced by the claim's token: the rows and the
 //     record commit together, and a holder whose lease was taken over cannot commit.
 //   - External side effects (a payment provider): pass the key, or a key derived
 //     from it, downstream; the provider deduplicates on it.

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/idemkey/idemkey/claim"
 	"io"
 	"log"
 	"log/slog"
@@ -35,7 +36,7 @@ func TestNewRequiresStoreAndScope(t *testing.T) {
 		{"nil scope", st, nil, nil},
 		{"zero lease", st, GlobalScope, []Option{WithLease(0)}},
 		{"lease of 1ns", st, GlobalScope, []Option{WithLease(time.Nanosecond)}},
-		{"lease under MinLease", st, GlobalScope, []Option{WithLease(MinLease - time.Millisecond)}},
+		{"lease under claim.MinLease", st, GlobalScope, []Option{WithLease(claim.MinLease - time.Millisecond)}},
 		{"retention below lease", st, GlobalScope, []Option{WithLease(time.Minute), WithRecordRetention(RetentionRule{Default: time.Second})}},
 		{"negative body limit", st, GlobalScope, []Option{WithReplay(ReplayRule{MaxBody: -1})}},
 		// No request carries it: every client would get a 400 for a missing key.
@@ -47,8 +48,8 @@ func TestNewRequiresStoreAndScope(t *testing.T) {
 		{"no methods", st, GlobalScope, []Option{WithMethods()}},
 		{"empty method", st, GlobalScope, []Option{WithMethods("POST", "")}},
 		{"method with a space", st, GlobalScope, []Option{WithMethods("POST ")}},
-		{"negative store timeout", st, GlobalScope, []Option{WithStoreFailure(StoreFailureRule{Timeouts: StoreTimeouts{Complete: -time.Second}})}},
-		{"renewal timeout over the lease", st, GlobalScope, []Option{WithLease(time.Second), WithStoreFailure(StoreFailureRule{Timeouts: StoreTimeouts{Renew: 2 * time.Second}})}},
+		{"negative store timeout", st, GlobalScope, []Option{WithStoreFailure(StoreFailureRule{Timeouts: claim.Timeouts{Complete: -time.Second}})}},
+		{"renewal timeout over the lease", st, GlobalScope, []Option{WithLease(time.Second), WithStoreFailure(StoreFailureRule{Timeouts: claim.Timeouts{Renew: 2 * time.Second}})}},
 		{"negative request body limit", st, GlobalScope, []Option{WithRequestFingerprint(FingerprintRule{MaxBody: -1})}},
 		{"nil clock", st, GlobalScope, []Option{WithClock(nil)}},
 	}
@@ -61,10 +62,10 @@ func TestNewRequiresStoreAndScope(t *testing.T) {
 		t.Fatalf("defaults: %v", err)
 	}
 	for name, opts := range map[string][]Option{
-		"MinLease":                 {WithLease(MinLease)},
+		"claim.MinLease":           {WithLease(claim.MinLease)},
 		"retention equal to lease": {WithLease(time.Minute), WithRecordRetention(RetentionRule{Default: time.Minute})},
-		"zero store timeouts":      {WithStoreFailure(StoreFailureRule{Timeouts: StoreTimeouts{}})},
-		"renewal timeout = lease":  {WithLease(time.Second), WithStoreFailure(StoreFailureRule{Timeouts: StoreTimeouts{Renew: time.Second}})},
+		"zero store timeouts":      {WithStoreFailure(StoreFailureRule{Timeouts: claim.Timeouts{}})},
+		"renewal timeout = lease":  {WithLease(time.Second), WithStoreFailure(StoreFailureRule{Timeouts: claim.Timeouts{Renew: time.Second}})},
 		"custom header names":      {WithKey(KeyRule{Header: "X-Idem-Key"}), WithReplay(ReplayRule{ReplayedHeader: "Idempotency-Replayed"})},
 	} {
 		if _, err := New(st, GlobalScope, opts...); err != nil {
@@ -222,7 +223,7 @@ func FuzzParseKey(f *testing.F) {
 			}
 			return
 		}
-		if k == "" || len(k) > MaxKeyLen {
+		if k == "" || len(k) > store.MaxKeyLen {
 			t.Fatalf("accepted key of %d bytes", len(k))
 		}
 		for i := 0; i < len(k); i++ {
@@ -581,7 +582,7 @@ func (e *env) claimAsDeadHolder(method, path, body, key string) store.Token {
 		e.t.Fatal(err)
 	}
 	res, err := e.mem.Claim(context.Background(), store.ClaimRequest{
-		ID: store.ID{Scope: "anonymous", Key: key}, Fingerprint: fp, Lease: DefaultLease, Retention: DefaultRetention})
+		ID: store.ID{Scope: "anonymous", Key: key}, Fingerprint: fp, Lease: claim.DefaultLease, Retention: claim.DefaultRetention})
 	if err != nil || res.Outcome != store.Claimed {
 		e.t.Fatalf("claim: %+v %v", res, err)
 	}
@@ -594,7 +595,7 @@ func TestTakeoverAfterLeaseExpiry(t *testing.T) {
 	e := newEnv(t, echoHandler)
 	stale := e.claimAsDeadHolder("POST", "/x", "b", "k")
 	checkProblem(t, e.do(req("POST", "/x", "k", "b")), http.StatusConflict, CodeInFlight)
-	e.now.Add(DefaultLease + time.Millisecond)
+	e.now.Add(claim.DefaultLease + time.Millisecond)
 	w := e.do(req("POST", "/x", "k", "b"))
 	if w.Code != http.StatusCreated || e.calls.Load() != 1 {
 		t.Fatalf("takeover: %d calls %d", w.Code, e.calls.Load())
@@ -634,7 +635,7 @@ func TestStaleHolderCompletionRefused(t *testing.T) {
 	done := make(chan *httptest.ResponseRecorder)
 	go func() { done <- e.do(req("POST", "/x", "k", "b")) }()
 	<-entered
-	e.now.Add(DefaultLease + time.Second)
+	e.now.Add(claim.DefaultLease + time.Second)
 	if w := e.do(req("POST", "/x", "k", "b")); w.Body.String() != "fresh" {
 		t.Fatalf("takeover answered %q", w.Body)
 	}
@@ -1159,10 +1160,10 @@ func TestRenewalStopsOnLeaseLost(t *testing.T) {
 	go e.do(req("POST", "/x", "k", "first"))
 	<-entered
 	// Another process takes the key over after the lease expires.
-	e.now.Add(DefaultLease + time.Second)
+	e.now.Add(claim.DefaultLease + time.Second)
 	fp, _ := fingerprint.Sum(fingerprint.Request{Method: "POST", Route: "/x", Body: []byte("first")}, fingerprint.Options{})
 	res, err := e.mem.Claim(context.Background(), store.ClaimRequest{ID: store.ID{Scope: "anonymous", Key: "k"},
-		Fingerprint: fp, Lease: DefaultLease, Retention: DefaultRetention})
+		Fingerprint: fp, Lease: claim.DefaultLease, Retention: claim.DefaultRetention})
 	if err != nil || !res.Takeover {
 		t.Fatalf("takeover %+v %v", res, err)
 	}

@@ -20,15 +20,6 @@ const (
 	// DefaultOmittedHeader is set to "omitted" on a replay whose body was over the
 	// storage cap.
 	DefaultOmittedHeader = "Idempotency-Replay"
-	// DefaultLease is how long a claim is exclusive without renewal
-	// (claim.DefaultLease).
-	DefaultLease = claim.DefaultLease
-	// MinLease is the shortest lease New accepts (claim.MinLease): the lease is
-	// renewed every third of it, and a shorter one would make renewals spin and
-	// duplicates take over a live handler's key.
-	MinLease = claim.MinLease
-	// DefaultRetention is how long a record is kept and replayed.
-	DefaultRetention = claim.DefaultRetention
 	// DefaultMaxRequestBody is the fingerprint limit in bytes (1 MiB); a larger
 	// request body is answered 413.
 	DefaultMaxRequestBody int64 = 1 << 20
@@ -37,17 +28,7 @@ const (
 	DefaultMaxStoredBody = 1 << 20
 	// DefaultStoreRetryAfter is the Retry-After of a 503 when the store fails.
 	DefaultStoreRetryAfter = time.Second
-	// DefaultStoreTimeout bounds each Claim, Complete and Release call
-	// (StoreFailureRule.Timeouts); Renew's default is a third of the lease, at most this.
-	DefaultStoreTimeout = claim.DefaultStoreTimeout
 )
-
-// StoreTimeouts bound the store calls (StoreFailureRule.Timeouts; claim.Timeouts). A
-// zero field keeps its default; a call that runs out of time is a store error: a
-// claim is answered 503 store_unavailable with Retry-After, a completion is
-// retried while the lease is held, a release or renewal is logged (the lease then
-// ends on its own).
-type StoreTimeouts = claim.Timeouts
 
 // DefaultDenyHeaders are never stored for replay, whatever the allow list says:
 // cookies, Date, Content-Length (recomputed for the replayed body), the hop-by-hop
@@ -83,13 +64,13 @@ type config struct {
 	failOpen        bool
 	releaseUnrouted bool
 	storeRetryAfter time.Duration
-	timeouts        StoreTimeouts
+	timeouts        claim.Timeouts
 	cancelOnGone    bool
 	wait            time.Duration
 	observer        Observer
 	problemMembers  func(code, detail string) map[string]any
 	logger          *slog.Logger
-	clock           Clock
+	clock           claim.Clock
 	featureConfig   // FingerprintRule.Body, ReplayRule.OnReplay, KeyRule.Validate, ProblemRule.TypeBase, RetentionRule.Max
 }
 
@@ -98,8 +79,8 @@ func defaultConfig() config {
 		keyHeader:       DefaultKeyHeader,
 		methods:         []string{http.MethodPost, http.MethodPatch},
 		required:        true,
-		lease:           DefaultLease,
-		retention:       DefaultRetention,
+		lease:           claim.DefaultLease,
+		retention:       claim.DefaultRetention,
 		maxRequestBody:  DefaultMaxRequestBody,
 		maxStoredBody:   DefaultMaxStoredBody,
 		route:           defaultRoute,
@@ -172,7 +153,7 @@ func WithMethods(methods ...string) Option {
 	return func(c *config) { c.methods = append([]string(nil), methods...) }
 }
 
-// WithLease sets the claim lease (default 10s; at least MinLease, at most the
+// WithLease sets the claim lease (default claim.DefaultLease; at least claim.MinLease, at most the
 // retention; New refuses others).
 // The lease is renewed every third of it while the handler runs.
 func WithLease(d time.Duration) Option { return func(c *config) { c.lease = d } }
@@ -203,19 +184,13 @@ func WithLogger(l *slog.Logger) Option { return func(c *config) { c.logger = l }
 // one; New refuses nil). Tests use it to fire renewals without sleeping. If clk also has a method
 // Now() time.Time, it measures handler durations too (the estimate behind a
 // 409's Retry-After).
-func WithClock(clk Clock) Option { return func(c *config) { c.clock = clk } }
+func WithClock(clk claim.Clock) Option { return func(c *config) { c.clock = clk } }
 
 // nowOf returns clk's Now if it has one, else monotonic: the middleware only
 // subtracts its readings.
-func nowOf(clk Clock, monotonic func() time.Time) func() time.Time {
+func nowOf(clk claim.Clock, monotonic func() time.Time) func() time.Time {
 	if n, ok := clk.(interface{ Now() time.Time }); ok {
 		return n.Now
 	}
 	return monotonic
 }
-
-// Clock schedules lease renewals and completion back-offs (claim.Clock).
-type Clock = claim.Clock
-
-// Timer is a scheduled call, like *time.Timer (claim.Timer).
-type Timer = claim.Timer

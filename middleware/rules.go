@@ -5,6 +5,7 @@ import (
 	"net/textproto"
 	"time"
 
+	"github.com/idemkey/idemkey/claim"
 	"github.com/idemkey/idemkey/fingerprint"
 )
 
@@ -16,26 +17,6 @@ import (
 // zero of each field is documented beside it; a value that is not zero and
 // invalid (a header name that is no token, a negative duration or size) makes
 // New fail. See docs/options.md.
-
-// fields marks the fields of a rule that the deprecated single-value options
-// (deprecated.go) set, zero values included, so that WithKeyHeader("") still
-// makes New fail and WithKeyRequired(true) still undoes WithKeyRequired(false).
-// It goes with them.
-type fields uint8
-
-// sets reports whether a rule's field is to be applied: it is not zero, or a
-// deprecated option set it.
-func (f fields) sets(bit fields, nonZero bool) bool { return nonZero || f&bit != 0 }
-
-// The bits of fields, by the field's position in its rule.
-const (
-	field1 fields = 1 << iota
-	field2
-	field3
-	field4
-	field5
-	field6
-)
 
 // KeyRule says where a request's idempotency key is read and which keys are
 // accepted (WithKey).
@@ -57,21 +38,19 @@ type KeyRule struct {
 	// runs on each protected request with a key, concurrently, before the claim.
 	// nil: no rule beyond ParseKey's. See docs/request-rules.md section 3.
 	Validate func(key string) error
-
-	set fields
 }
 
 // WithKey sets where the key is read and which keys are accepted (see KeyRule;
 // its zero fields keep their settings).
 func WithKey(k KeyRule) Option {
 	return func(c *config) {
-		if k.set.sets(field1, k.Header != "") {
+		if k.Header != "" {
 			c.keyHeader = textproto.CanonicalMIMEHeaderKey(k.Header)
 		}
-		if k.set.sets(field2, k.Optional) {
+		if k.Optional {
 			c.required = !k.Optional
 		}
-		if k.set.sets(field3, k.Validate != nil) {
+		if k.Validate != nil {
 			c.keyValidator = k.Validate
 		}
 	}
@@ -117,24 +96,22 @@ type FingerprintRule struct {
 	// larger body is answered 413 request_too_large. 0: DefaultMaxRequestBody
 	// (1 MiB). New refuses a negative limit.
 	MaxBody int64
-
-	set fields
 }
 
 // WithRequestFingerprint sets what makes a retry the same request (see
 // FingerprintRule; its zero fields keep their settings).
 func WithRequestFingerprint(f FingerprintRule) Option {
 	return func(c *config) {
-		if f.set.sets(field1, f.Route != nil) {
+		if f.Route != nil {
 			c.route = f.Route
 		}
-		if f.set.sets(field2, f.Body != nil) {
+		if f.Body != nil {
 			c.fpRule = f.Body
 		}
-		if f.set.sets(field3, f.CanonicalJSON) {
+		if f.CanonicalJSON {
 			c.canonicalJSON = f.CanonicalJSON
 		}
-		if f.set.sets(field4, f.MaxBody != 0) {
+		if f.MaxBody != 0 {
 			c.maxRequestBody = f.MaxBody
 		}
 	}
@@ -146,22 +123,20 @@ type RetentionRule struct {
 	// completion on the store's clock. 0: DefaultRetention (24 h). New refuses a
 	// retention shorter than the lease.
 	Default time.Duration
-	// Max is the longest retention SetRetention may give a record. 0: Default, so
+	// Max is the longest retention claim.SetRetention may give a record. 0: Default, so
 	// a handler may only shorten its record's life. New refuses a maximum shorter
 	// than Default, or negative.
 	Max time.Duration
-
-	set fields
 }
 
 // WithRecordRetention sets how long records are kept and replayed (see
 // RetentionRule; its zero fields keep their settings).
 func WithRecordRetention(r RetentionRule) Option {
 	return func(c *config) {
-		if r.set.sets(field1, r.Default != 0) {
+		if r.Default != 0 {
 			c.retention = r.Default
 		}
-		if r.set.sets(field2, r.Max != 0) {
+		if r.Max != 0 {
 			c.maxRetention = r.Max
 		}
 	}
@@ -204,28 +179,26 @@ type ReplayRule struct {
 	// concurrently for concurrent replays. nil: no hook. See
 	// docs/request-rules.md section 2.
 	OnReplay func(r *http.Request, h http.Header)
-
-	set fields
 }
 
 // WithReplay sets what a replay carries and how it is marked (see ReplayRule;
 // its zero fields keep their settings, DenyHeaders adds to the list).
 func WithReplay(p ReplayRule) Option {
 	return func(c *config) {
-		if p.set.sets(field1, p.Headers != nil) {
+		if p.Headers != nil {
 			c.allow = append([]string{}, p.Headers...)
 		}
 		c.deny = append(c.deny, p.DenyHeaders...)
-		if p.set.sets(field3, p.MaxBody != 0) {
+		if p.MaxBody != 0 {
 			c.maxStoredBody = p.MaxBody
 		}
-		if p.set.sets(field4, p.ReplayedHeader != "") {
+		if p.ReplayedHeader != "" {
 			c.replayedHeader = textproto.CanonicalMIMEHeaderKey(p.ReplayedHeader)
 		}
-		if p.set.sets(field5, p.OmittedHeader != "") {
+		if p.OmittedHeader != "" {
 			c.omittedHeader = textproto.CanonicalMIMEHeaderKey(p.OmittedHeader)
 		}
-		if p.set.sets(field6, p.OnReplay != nil) {
+		if p.OnReplay != nil {
 			c.onReplay = p.OnReplay
 		}
 	}
@@ -245,18 +218,16 @@ type ReleaseRule struct {
 	// so a client whose first try had the wrong method or path can send the
 	// corrected request with the same key.
 	StoreUnrouted bool
-
-	set fields
 }
 
 // WithRelease sets which answers release the claim (see ReleaseRule; its zero
 // fields keep their settings).
 func WithRelease(r ReleaseRule) Option {
 	return func(c *config) {
-		if r.set.sets(field1, r.Status != nil) {
+		if r.Status != nil {
 			c.release = r.Status
 		}
-		if r.set.sets(field2, r.StoreUnrouted) {
+		if r.StoreUnrouted {
 			c.releaseUnrouted = !r.StoreUnrouted
 		}
 	}
@@ -265,12 +236,12 @@ func WithRelease(r ReleaseRule) Option {
 // StoreFailureRule says how long the store may take and what a request gets when
 // it fails (WithStoreFailure).
 type StoreFailureRule struct {
-	// Timeouts are the deadlines of the store calls (see StoreTimeouts; its zero
-	// fields are the defaults, negative ones make New fail; a zero StoreTimeouts
+	// Timeouts are the deadlines of the store calls (see claim.Timeouts; its zero
+	// fields are the defaults, negative ones make New fail; a zero claim.Timeouts
 	// keeps the setting). A hung store then answers 503 within the Claim bound
 	// instead of holding the request for the client's whole timeout. Stores that
 	// never wait on I/O (store.InProcess, the memory store) run without deadlines.
-	Timeouts StoreTimeouts
+	Timeouts claim.Timeouts
 	// RetryAfter is the Retry-After of the 503 answered when the store fails,
 	// sent in whole seconds, rounded down as every Retry-After the middleware
 	// sends, and at least 1. 0: DefaultStoreRetryAfter (1 s). New refuses a
@@ -282,21 +253,19 @@ type StoreFailureRule struct {
 	// deduplicates. A store that answers but is full (store.ErrFull) is still
 	// answered 503: a flood of new keys must not turn the protection off.
 	FailOpen bool
-
-	set fields
 }
 
 // WithStoreFailure sets the store calls' deadlines and the answer when the store
 // fails (see StoreFailureRule; its zero fields keep their settings).
 func WithStoreFailure(s StoreFailureRule) Option {
 	return func(c *config) {
-		if s.set.sets(field1, s.Timeouts != StoreTimeouts{}) {
+		if s.Timeouts != (claim.Timeouts{}) {
 			c.timeouts = s.Timeouts
 		}
-		if s.set.sets(field2, s.RetryAfter != 0) {
+		if s.RetryAfter != 0 {
 			c.storeRetryAfter = s.RetryAfter
 		}
-		if s.set.sets(field3, s.FailOpen) {
+		if s.FailOpen {
 			c.failOpen = s.FailOpen
 		}
 	}
@@ -339,18 +308,16 @@ type ProblemRule struct {
 	// reference page, which shows "message" and branches on "error"
 	// (docs/account-service.md section 1.3). nil: none.
 	Members func(code, detail string) map[string]any
-
-	set fields
 }
 
 // WithProblems sets the type base and extension members of the middleware's
 // problems (see ProblemRule; its zero fields keep their settings).
 func WithProblems(p ProblemRule) Option {
 	return func(c *config) {
-		if p.set.sets(field1, p.TypeBase != "") {
+		if p.TypeBase != "" {
 			c.typeBase = p.TypeBase
 		}
-		if p.set.sets(field2, p.Members != nil) {
+		if p.Members != nil {
 			c.problemMembers = p.Members
 		}
 	}

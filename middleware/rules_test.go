@@ -1,6 +1,8 @@
 package middleware
 
 import (
+	"fmt"
+	"github.com/idemkey/idemkey/claim"
 	"net/http"
 	"reflect"
 	"testing"
@@ -28,7 +30,7 @@ func TestNewRefusesInvalidRules(t *testing.T) {
 		"stored body cap negative":        WithReplay(ReplayRule{MaxBody: -1}),
 		"replayed header not a token":     WithReplay(ReplayRule{ReplayedHeader: "Replayed\r\nX"}),
 		"omitted header not a token":      WithReplay(ReplayRule{OmittedHeader: "a b"}),
-		"store timeout negative":          WithStoreFailure(StoreFailureRule{Timeouts: StoreTimeouts{Claim: -time.Second}}),
+		"store timeout negative":          WithStoreFailure(StoreFailureRule{Timeouts: claim.Timeouts{Claim: -time.Second}}),
 		"store Retry-After negative":      WithStoreFailure(StoreFailureRule{RetryAfter: -time.Second}),
 		"problem type base relative":      WithProblems(ProblemRule{TypeBase: "/problems/"}),
 		"problem members naming code": WithProblems(ProblemRule{Members: func(string, string) map[string]any {
@@ -71,4 +73,52 @@ func TestRulesMerge(t *testing.T) {
 	if c.keyHeader != "X-Key" || c.required || len(c.deny) != 2 || c.maxStoredBody != 9 || c.releaseUnrouted || c.release(http.StatusInternalServerError) {
 		t.Fatalf("merged: header %q required %v deny %v cap %d unrouted %v", c.keyHeader, c.required, c.deny, c.maxStoredBody, c.releaseUnrouted)
 	}
+}
+
+// diffConfig names the first field where two configs differ ("" if none).
+func diffConfig(a, b reflect.Value, path string) string {
+	switch a.Kind() {
+	case reflect.Struct:
+		for i := range a.NumField() {
+			if d := diffConfig(a.Field(i), b.Field(i), path+"."+a.Type().Field(i).Name); d != "" {
+				return d
+			}
+		}
+	case reflect.Slice:
+		if a.IsNil() != b.IsNil() || a.Len() != b.Len() {
+			return fmt.Sprintf("%s: %d items (nil %v) vs %d (nil %v)", path, a.Len(), a.IsNil(), b.Len(), b.IsNil())
+		}
+		for i := range a.Len() {
+			if d := diffConfig(a.Index(i), b.Index(i), fmt.Sprintf("%s[%d]", path, i)); d != "" {
+				return d
+			}
+		}
+	case reflect.Func, reflect.Pointer:
+		if a.Pointer() != b.Pointer() {
+			return path + ": another value"
+		}
+	case reflect.Interface:
+		if a.IsNil() || b.IsNil() {
+			if a.IsNil() != b.IsNil() {
+				return path + ": nil on one side"
+			}
+			return ""
+		}
+		return diffConfig(a.Elem(), b.Elem(), path)
+	case reflect.String:
+		if a.String() != b.String() {
+			return fmt.Sprintf("%s: %q vs %q", path, a.String(), b.String())
+		}
+	case reflect.Bool:
+		if a.Bool() != b.Bool() {
+			return fmt.Sprintf("%s: %v vs %v", path, a.Bool(), b.Bool())
+		}
+	case reflect.Int, reflect.Int64:
+		if a.Int() != b.Int() {
+			return fmt.Sprintf("%s: %d vs %d", path, a.Int(), b.Int())
+		}
+	default:
+		return path + ": kind " + a.Kind().String() + " not compared"
+	}
+	return ""
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/idemkey/idemkey/claim"
 	"net/http"
 	"net/http/httptest"
 	"strconv"
@@ -377,7 +378,7 @@ func TestWaitInFlightReclaimBounded(t *testing.T) {
 		st := hangingReclaim{&waitCounter{Store: memory.New()}}
 		gate := make(chan struct{})
 		m, err := New(st, GlobalScope, WithWaitInFlight(time.Minute), WithLogger(discardLogger()),
-			WithStoreFailure(StoreFailureRule{Timeouts: StoreTimeouts{Claim: time.Second}}))
+			WithStoreFailure(StoreFailureRule{Timeouts: claim.Timeouts{Claim: time.Second}}))
 		if err != nil {
 			t.Fatal(err)
 		}

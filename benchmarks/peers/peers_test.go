@@ -6,6 +6,7 @@ import (
 	"crypto/sha256"
 	"flag"
 	"fmt"
+	"github.com/idemkey/idemkey/claim"
 	"io"
 	"log/slog"
 	"net/http"
@@ -225,7 +226,7 @@ func BenchmarkParts(b *testing.B) {
 	resp := store.Response{Status: http.StatusCreated, Header: http.Header{"Content-Type": {"application/json"}}, Body: answer}
 	claim := func(s *memory.Store, key string) store.ClaimResult {
 		res, err := s.Claim(ctx, store.ClaimRequest{ID: store.ID{Scope: "tenant-1", Key: key}, Fingerprint: fp,
-			Lease: middleware.DefaultLease, Retention: lifetime})
+			Lease: claim.DefaultLease, Retention: lifetime})
 		if err != nil {
 			b.Fatal(err)
 		}

@@ -3,6 +3,7 @@ package postgres
 import (
 	"context"
 	"errors"
+	"github.com/idemkey/idemkey/claim"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -66,7 +67,7 @@ func TestCommitResponseBoundedOnHungServer(t *testing.T) {
 	}
 	const complete, release = 500 * time.Millisecond, 500 * time.Millisecond
 	m, err := middleware.New(s, middleware.GlobalScope, middleware.WithStoreFailure(middleware.StoreFailureRule{
-		Timeouts: middleware.StoreTimeouts{Complete: complete, Release: release}}))
+		Timeouts: claim.Timeouts{Complete: complete, Release: release}}))
 	if err != nil {
 		t.Fatal(err)
 	}

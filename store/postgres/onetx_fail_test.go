@@ -2,6 +2,7 @@ package postgres
 
 import (
 	"context"
+	"github.com/idemkey/idemkey/claim"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -213,7 +214,7 @@ func TestOneTxOutlivesLease(t *testing.T) {
 		t.Fatal(err)
 	}
 	rc := &renewCounter{TxStore: ts, renewed: make(chan struct{})}
-	m, err := middleware.New(rc, middleware.GlobalScope, middleware.WithLease(middleware.MinLease))
+	m, err := middleware.New(rc, middleware.GlobalScope, middleware.WithLease(claim.MinLease))
 	if err != nil {
 		t.Fatal(err)
 	}

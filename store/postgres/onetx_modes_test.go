@@ -1,6 +1,7 @@
 package postgres
 
 import (
+	"github.com/idemkey/idemkey/claim"
 	"math/rand/v2"
 	"net/http"
 	"net/http/httptest"
@@ -53,7 +54,7 @@ func stormExecMode(t *testing.T, url string, mode pgx.QueryExecMode) {
 	s := newStore(t, admin, pool)
 	side := sideTable(t, admin, s, "")
 	ts, m := oneTxMiddleware(t, s, pool, []TxOption{WithLockWait(20 * time.Second)},
-		middleware.WithStoreFailure(middleware.StoreFailureRule{Timeouts: middleware.StoreTimeouts{Claim: 45 * time.Second}}))
+		middleware.WithStoreFailure(middleware.StoreFailureRule{Timeouts: claim.Timeouts{Claim: 45 * time.Second}}))
 	e := &oneTxEnv{t: t, pool: admin, st: s, ts: ts, side: side,
 		client: &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 64}}}
 	inner := insertInTx(e)

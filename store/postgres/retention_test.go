@@ -1,6 +1,7 @@
 package postgres
 
 import (
+	"github.com/idemkey/idemkey/claim"
 	"net/http"
 	"testing"
 	"time"
@@ -10,14 +11,14 @@ import (
 )
 
 // TestSetRetentionInTransaction: a handler that sets its record's retention
-// (middleware.SetRetention) and completes it in its own transaction
+// (claim.SetRetention) and completes it in its own transaction
 // (CommitResponse) has the record kept that long.
 func TestSetRetentionInTransaction(t *testing.T) {
 	const keep = 30 * 24 * time.Hour
 	e := newTxEnv(t, func(e *txEnv) http.HandlerFunc {
 		inner := insertAndCommit(e)
 		return func(w http.ResponseWriter, r *http.Request) {
-			if err := middleware.SetRetention(r.Context(), keep); err != nil {
+			if err := claim.SetRetention(r.Context(), keep); err != nil {
 				t.Error(err)
 			}
 			inner(w, r)

@@ -2,6 +2,7 @@ package storetest
 
 import (
 	"context"
+	"github.com/idemkey/idemkey/claim"
 	"io"
 	"log/slog"
 	"net/http"
@@ -31,7 +32,7 @@ func HungWhileHandlerRuns(t *testing.T, st store.Store, pause, resume func()) {
 	events := make(chan middleware.Event, 16)
 	m, err := middleware.New(st, middleware.GlobalScope, middleware.WithLease(lease),
 		middleware.WithLogger(slog.New(slog.DiscardHandler)),
-		middleware.WithStoreFailure(middleware.StoreFailureRule{Timeouts: middleware.StoreTimeouts{Claim: bound, Complete: bound, Release: bound}}),
+		middleware.WithStoreFailure(middleware.StoreFailureRule{Timeouts: claim.Timeouts{Claim: bound, Complete: bound, Release: bound}}),
 		middleware.WithObserver(middleware.ObserverFunc(func(_ context.Context, ev middleware.Event) {
 			if ev.ID.Key == "hung" && ev.Decision == middleware.Executed {
 				events <- ev

@@ -13,6 +13,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/idemkey/idemkey/claim"
 	"log/slog"
 	"net/http"
 	"strconv"
@@ -221,7 +222,7 @@ func (a *App) accountVersion(ctx context.Context, acct uuid.UUID) (uint64, error
 // expired lease: the previous holder may have written before it died, so the service
 // searches the stream for the request's event before writing.
 func takeoverFromRequest(r *http.Request) bool {
-	c, ok := middleware.ClaimFromContext(r.Context())
+	c, ok := claim.FromContext(r.Context())
 	return ok && c.Takeover
 }
 
