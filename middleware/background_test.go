@@ -3,6 +3,7 @@ package middleware
 import (
 	"context"
 	"github.com/idemkey/idemkey/claim"
+	"github.com/idemkey/idemkey/policy"
 	"io"
 	"net/http"
 	"strings"
@@ -129,7 +130,7 @@ const handlerTime = 4 * time.Second
 func newHungEnv(t *testing.T, status int, chunked bool) *hungEnv {
 	e := &hungEnv{st: &gateStore{Store: memory.New()}, evs: make(chan Event, 8), bound: time.Second}
 	m, err := New(e.st, GlobalScope, WithLease(9*time.Second), WithLogger(discardLogger()),
-		WithStoreFailure(StoreFailureRule{Timeouts: claim.Timeouts{Claim: e.bound, Complete: e.bound, Release: e.bound}}),
+		WithStoreFailure(policy.StoreFailureRule{Timeouts: claim.Timeouts{Claim: e.bound, Complete: e.bound, Release: e.bound}}),
 		WithObserver(ObserverFunc(func(_ context.Context, ev Event) { e.evs <- ev })))
 	if err != nil {
 		t.Fatal(err)

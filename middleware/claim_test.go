@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"github.com/idemkey/idemkey/claim"
+	"github.com/idemkey/idemkey/policy"
 	"net/http"
 	"net/http/httptest"
 	"sync"
@@ -40,7 +41,7 @@ func TestMarkCompleted(t *testing.T) {
 		calls  int
 		events []Event
 	)
-	m, err := New(ns, GlobalScope, WithRecordRetention(RetentionRule{Default: time.Hour}), WithClock(&fakeClock{}), WithLogger(discardLogger()),
+	m, err := New(ns, GlobalScope, WithRecordRetention(policy.RetentionRule{Default: time.Hour}), WithClock(&fakeClock{}), WithLogger(discardLogger()),
 		WithObserver(ObserverFunc(func(_ context.Context, ev Event) { events = append(events, ev) })))
 	if err != nil {
 		t.Fatal(err)
@@ -299,11 +300,11 @@ func TestStoreTimeouts(t *testing.T) {
 		want      map[string]time.Duration
 	}{
 		{"defaults", false, nil, map[string]time.Duration{"claim": d, "complete": d, "release": d, "renew": d}},
-		{"zero fields", false, []Option{WithStoreFailure(StoreFailureRule{Timeouts: claim.Timeouts{}})}, map[string]time.Duration{"claim": d, "complete": d, "release": d, "renew": d}},
+		{"zero fields", false, []Option{WithStoreFailure(policy.StoreFailureRule{Timeouts: claim.Timeouts{}})}, map[string]time.Duration{"claim": d, "complete": d, "release": d, "renew": d}},
 		{"short lease", false, []Option{WithLease(3 * time.Second)}, map[string]time.Duration{"claim": d, "complete": d, "release": d, "renew": time.Second}},
-		{"some set", false, []Option{WithStoreFailure(StoreFailureRule{Timeouts: claim.Timeouts{Claim: time.Second, Renew: 2 * time.Second}})},
+		{"some set", false, []Option{WithStoreFailure(policy.StoreFailureRule{Timeouts: claim.Timeouts{Claim: time.Second, Renew: 2 * time.Second}})},
 			map[string]time.Duration{"claim": time.Second, "complete": d, "release": d, "renew": 2 * time.Second}},
-		{"in process", true, []Option{WithStoreFailure(StoreFailureRule{Timeouts: claim.Timeouts{Claim: time.Second}})},
+		{"in process", true, []Option{WithStoreFailure(policy.StoreFailureRule{Timeouts: claim.Timeouts{Claim: time.Second}})},
 			map[string]time.Duration{"claim": 0, "complete": 0, "release": 0, "renew": 0}},
 	}
 	for _, tt := range tests {

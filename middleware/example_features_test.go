@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"github.com/idemkey/idemkey/claim"
+	"github.com/idemkey/idemkey/policy"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
@@ -81,7 +82,7 @@ func ExampleWithReplay() {
 // validator's text as the problem's detail. The header and whether a key is
 // required are the other fields of the rule.
 func ExampleWithKey() {
-	m, _ := middleware.New(memory.New(), middleware.GlobalScope, middleware.WithKey(middleware.KeyRule{Validate: middleware.UUIDKeys}))
+	m, _ := middleware.New(memory.New(), middleware.GlobalScope, middleware.WithKey(policy.KeyRule{Validate: middleware.UUIDKeys}))
 	h := m.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusCreated) }))
 	fmt.Println(send(h, "order-42", "{}").Code)
 	fmt.Println(send(h, `"8e03978e-40d5-43e8-bc93-6894a57f9324"`, "{}").Code)
@@ -91,7 +92,7 @@ func ExampleWithKey() {
 		}
 		return nil
 	}
-	m2, _ := middleware.New(memory.New(), middleware.GlobalScope, middleware.WithKey(middleware.KeyRule{Validate: short}))
+	m2, _ := middleware.New(memory.New(), middleware.GlobalScope, middleware.WithKey(policy.KeyRule{Validate: short}))
 	w := send(m2.Handler(http.NotFoundHandler()), "abc", "{}")
 	fmt.Println(w.Code, strings.Contains(w.Body.String(), `"detail":"an idempotency key has at least 16 characters"`))
 	// Output:
@@ -119,7 +120,7 @@ func ExampleWithProblems() {
 // A failed validation is kept ten minutes, a payment thirty days: the handler
 // decides (claim.SetRetention), within the middleware's maximum.
 func ExampleWithRecordRetention() {
-	m, _ := middleware.New(memory.New(), middleware.GlobalScope, middleware.WithRecordRetention(middleware.RetentionRule{Max: 30 * 24 * time.Hour}))
+	m, _ := middleware.New(memory.New(), middleware.GlobalScope, middleware.WithRecordRetention(policy.RetentionRule{Max: 30 * 24 * time.Hour}))
 	h := m.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if !strings.Contains(r.Header.Get("Content-Type"), "json") {
 			claim.SetRetention(r.Context(), 10*time.Minute)
@@ -177,14 +178,14 @@ func ExampleWithStoreFailure() {
 	ok := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusCreated) })
 	quiet := middleware.WithLogger(slog.New(slog.DiscardHandler))
 	closed, _ := middleware.New(downStore{memory.New()}, middleware.GlobalScope, quiet,
-		middleware.WithStoreFailure(middleware.StoreFailureRule{
+		middleware.WithStoreFailure(policy.StoreFailureRule{
 			Timeouts:   claim.Timeouts{Claim: 2 * time.Second},
 			RetryAfter: 5 * time.Second,
 		}))
 	w := send(closed.Handler(ok), "k-1", "{}")
 	fmt.Println(w.Code, w.Header().Get("Retry-After"))
 	open, _ := middleware.New(downStore{memory.New()}, middleware.GlobalScope, quiet,
-		middleware.WithStoreFailure(middleware.StoreFailureRule{FailOpen: true}))
+		middleware.WithStoreFailure(policy.StoreFailureRule{FailOpen: true}))
 	fmt.Println(send(open.Handler(ok), "k-1", "{}").Code)
 	// Output:
 	// 503 5

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"github.com/idemkey/idemkey/claim"
+	"github.com/idemkey/idemkey/policy"
 	"io"
 	"log/slog"
 	"net/http"
@@ -179,12 +180,12 @@ func TestShortBodyAgainstContentLengthReleases(t *testing.T) {
 // negative one makes New fail: TestNewRefusesInvalidRules).
 func TestStoreErrorRetryAfterAtLeastOneSecond(t *testing.T) {
 	for _, d := range []time.Duration{0, time.Millisecond} {
-		e := newEnv(t, echoHandler, WithStoreFailure(StoreFailureRule{RetryAfter: d}))
+		e := newEnv(t, echoHandler, WithStoreFailure(policy.StoreFailureRule{RetryAfter: d}))
 		e.st.claimErr = errors.New("down")
 		w := e.do(req("POST", "/x", "k", "b"))
 		checkProblem(t, w, http.StatusServiceUnavailable, CodeStoreUnavailable)
 		if got := w.Header().Get("Retry-After"); got != "1" {
-			t.Errorf("WithStoreFailure(StoreFailureRule{RetryAfter: %v}): Retry-After %q, want 1", d, got)
+			t.Errorf("WithStoreFailure(policy.StoreFailureRule{RetryAfter: %v}): Retry-After %q, want 1", d, got)
 		}
 	}
 }
@@ -482,7 +483,7 @@ func TestHangUpDuringClaim(t *testing.T) {
 			logs := &logRecorder{}
 			var events []Event
 			var runs atomic.Int32
-			m, err := New(bs, GlobalScope, WithClock(&fakeClock{}), WithLogger(slog.New(logs)), WithStoreFailure(StoreFailureRule{FailOpen: true}),
+			m, err := New(bs, GlobalScope, WithClock(&fakeClock{}), WithLogger(slog.New(logs)), WithStoreFailure(policy.StoreFailureRule{FailOpen: true}),
 				WithCancelOnDisconnect(cancelOnGone), WithObserver(ObserverFunc(func(_ context.Context, ev Event) { events = append(events, ev) })))
 			if err != nil {
 				t.Fatal(err)

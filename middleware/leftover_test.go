@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"github.com/idemkey/idemkey/claim"
+	"github.com/idemkey/idemkey/policy"
 	"math/rand/v2"
 	"net/http"
 	"net/http/httptest"
@@ -40,7 +41,7 @@ func leftoverStress(t *testing.T, seed uint64) {
 		each    = 40
 	)
 	mem := memory.New()
-	m, err := New(mem, GlobalScope, WithLease(100*time.Millisecond), WithRecordRetention(RetentionRule{Default: time.Hour}), WithLogger(discardLogger()))
+	m, err := New(mem, GlobalScope, WithLease(100*time.Millisecond), WithRecordRetention(policy.RetentionRule{Default: time.Hour}), WithLogger(discardLogger()))
 	if err != nil {
 		t.Fatal(err)
 	}

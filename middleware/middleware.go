@@ -74,11 +74,14 @@
 //
 // # Options
 //
-// New takes fourteen options, one per decision (docs/options.md): WithMethods,
-// WithKey, WithRequestFingerprint, WithLease, WithRecordRetention, WithReplay,
-// WithRelease, WithStoreFailure, WithWaitInFlight, WithCancelOnDisconnect,
-// WithObserver, WithLogger, WithProblems and WithClock. Those taking a rule (a
-// struct) keep the setting of each field left zero.
+// New takes one option per decision (docs/options.md). The decisions every entry
+// point makes are package policy's: WithKey, WithLease, WithRecordRetention,
+// WithStoreFailure and WithWaitInFlight, or all of them at once with
+// WithPolicy(policy.Config), the value the gRPC interceptor and idem take too.
+// The HTTP ones are WithMethods, WithRequestFingerprint, WithReplay, WithRelease,
+// WithProblems, WithCancelOnDisconnect, WithObserver, WithLogger and WithClock.
+// Each option sets its whole decision: a zero field is the documented default,
+// and a later option replaces an earlier one (docs/architecture.md section 3.1).
 //
 // The handler reads the scope and key with KeyFromContext, and its claim (fencing
 // token included) with claim.FromContext.

@@ -5,16 +5,16 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"net/textproto"
 	"time"
 
 	"github.com/idemkey/idemkey/claim"
 	"github.com/idemkey/idemkey/internal/httpfield"
+	"github.com/idemkey/idemkey/policy"
 )
 
 // Defaults of the options.
 const (
-	// DefaultKeyHeader is the request header carrying the key (IETF draft section 2).
-	DefaultKeyHeader = "Idempotency-Key"
 	// DefaultReplayedHeader marks a replayed response with the value "true".
 	DefaultReplayedHeader = "Idempotent-Replayed"
 	// DefaultOmittedHeader is set to "omitted" on a replay whose body was over the
@@ -26,8 +26,6 @@ const (
 	// DefaultMaxStoredBody is the storage cap in bytes (1 MiB); a larger response
 	// streams through and is stored with its body omitted.
 	DefaultMaxStoredBody = 1 << 20
-	// DefaultStoreRetryAfter is the Retry-After of a 503 when the store fails.
-	DefaultStoreRetryAfter = time.Second
 )
 
 // DefaultDenyHeaders are never stored for replay, whatever the allow list says:
@@ -47,6 +45,8 @@ var DefaultDenyHeaders = []string{
 type Option func(*config)
 
 type config struct {
+	pol policy.Config // the shared decisions as the options set them; New resolves them into the fields below
+
 	keyHeader       string
 	methods         []string
 	required        bool
@@ -76,11 +76,7 @@ type config struct {
 
 func defaultConfig() config {
 	return config{
-		keyHeader:       DefaultKeyHeader,
 		methods:         []string{http.MethodPost, http.MethodPatch},
-		required:        true,
-		lease:           claim.DefaultLease,
-		retention:       claim.DefaultRetention,
 		maxRequestBody:  DefaultMaxRequestBody,
 		maxStoredBody:   DefaultMaxStoredBody,
 		route:           defaultRoute,
@@ -88,7 +84,6 @@ func defaultConfig() config {
 		omittedHeader:   DefaultOmittedHeader,
 		release:         DefaultReleasePolicy,
 		releaseUnrouted: true,
-		storeRetryAfter: DefaultStoreRetryAfter,
 		clock:           claim.RealClock{},
 	}
 }
@@ -97,24 +92,30 @@ func defaultConfig() config {
 // (FingerprintRule.Route).
 func defaultRoute(r *http.Request) string { return r.URL.EscapedPath() }
 
-// validate checks what package claim does not (it checks the lease, the
-// retention and the store timeouts): the HTTP knobs.
+// validate checks the shared decisions (policy.Config.Validate) and the HTTP
+// ones, then resolves the shared ones into the fields the requests read.
 func (c *config) validate() error {
+	if err := c.pol.Validate(); err != nil {
+		return fmt.Errorf("idemkey/middleware: %w", err)
+	}
+	p := c.pol.WithDefaults()
+	c.keyHeader = textproto.CanonicalMIMEHeaderKey(p.Key.Header)
+	c.required, c.keyValidator = !p.Key.Optional, p.Key.Validate
+	c.lease, c.retention, c.maxRetention = p.Lease, p.Retention.Default, p.Retention.Max
+	c.timeouts, c.storeRetryAfter, c.failOpen = p.StoreFailure.Timeouts, p.StoreFailure.RetryAfter, p.StoreFailure.FailOpen
+	c.wait = p.WaitInFlight
 	switch {
-	case c.maxRequestBody < 0 || c.maxStoredBody < 0:
-		return fmt.Errorf("idemkey/middleware: negative body limit (request %d, stored %d bytes)", c.maxRequestBody, c.maxStoredBody)
-	case !httpfield.ValidName(c.keyHeader) || !httpfield.ValidName(c.replayedHeader) || !httpfield.ValidName(c.omittedHeader):
-		// A key header no request can carry would answer every client 400.
-		return fmt.Errorf("idemkey/middleware: header names %q, %q, %q: each must be a token (RFC 9110 section 5.1)",
-			c.keyHeader, c.replayedHeader, c.omittedHeader)
+	case c.maxRequestBody < 0:
+		return fmt.Errorf("idemkey/middleware: FingerprintRule.MaxBody %d must not be negative", c.maxRequestBody)
+	case c.maxStoredBody < 0:
+		return fmt.Errorf("idemkey/middleware: ReplayRule.MaxBody %d must not be negative", c.maxStoredBody)
+	case !httpfield.ValidName(c.replayedHeader) || !httpfield.ValidName(c.omittedHeader):
+		return fmt.Errorf("idemkey/middleware: ReplayRule.ReplayedHeader %q and OmittedHeader %q must be tokens (RFC 9110 section 5.1)",
+			c.replayedHeader, c.omittedHeader)
 	case len(c.methods) == 0:
 		return errors.New("idemkey/middleware: no protected method (WithMethods)")
-	case c.route == nil || c.release == nil || c.clock == nil:
-		return errors.New("idemkey/middleware: nil route, release policy or clock")
-	case c.wait < 0:
-		return fmt.Errorf("idemkey/middleware: wait bound %v must not be negative", c.wait)
-	case c.storeRetryAfter < 0:
-		return fmt.Errorf("idemkey/middleware: store Retry-After %v must not be negative", c.storeRetryAfter)
+	case c.clock == nil:
+		return errors.New("idemkey/middleware: WithClock(nil)")
 	}
 	for _, meth := range c.methods {
 		if !httpfield.ValidName(meth) { // a method is a token too (RFC 9110 section 9.1)
@@ -126,7 +127,7 @@ func (c *config) validate() error {
 	for _, list := range [][]string{c.allow, c.deny} {
 		for _, h := range list {
 			if !httpfield.ValidName(h) {
-				return fmt.Errorf("idemkey/middleware: replay header %q is not a header field name (RFC 9110 section 5.1)", h)
+				return fmt.Errorf("idemkey/middleware: ReplayRule header %q is not a header field name (RFC 9110 section 5.1)", h)
 			}
 		}
 	}
@@ -153,10 +154,10 @@ func WithMethods(methods ...string) Option {
 	return func(c *config) { c.methods = append([]string(nil), methods...) }
 }
 
-// WithLease sets the claim lease (default claim.DefaultLease; at least claim.MinLease, at most the
-// retention; New refuses others).
-// The lease is renewed every third of it while the handler runs.
-func WithLease(d time.Duration) Option { return func(c *config) { c.lease = d } }
+// WithLease sets the claim lease (policy.Config.Lease: 0 is claim.DefaultLease,
+// else at least claim.MinLease and at most the retention; renewed every third of
+// it while the handler runs).
+func WithLease(d time.Duration) Option { return func(c *config) { c.pol.Lease = d } }
 
 // WithCancelOnDisconnect(true) gives the handler the request's own context, which
 // net/http cancels when the client disconnects. The default (false) keeps the

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"github.com/idemkey/idemkey/claim"
+	"github.com/idemkey/idemkey/policy"
 	"net/http"
 	"testing"
 	"time"
@@ -32,7 +33,7 @@ func TestSetRetention(t *testing.T) {
 		claimed = append(claimed, c.Retention)
 		w.WriteHeader(http.StatusUnprocessableEntity)
 	}
-	e := newEnv(t, handler, WithRecordRetention(RetentionRule{Max: 30 * 24 * time.Hour}))
+	e := newEnv(t, handler, WithRecordRetention(policy.RetentionRule{Max: 30 * 24 * time.Hour}))
 	e.do(req("POST", "/p", "short", "x", "X-Keep", "10m"))
 	e.do(req("POST", "/p", "long", "x", "X-Keep", "720h"))
 	e.do(req("POST", "/p", "over", "x", "X-Keep", "9000h"))
@@ -57,7 +58,7 @@ func TestSetRetentionDefaultMaximumIsTheRetention(t *testing.T) {
 		if err := claim.SetRetention(r.Context(), 30*24*time.Hour); err != nil {
 			t.Error(err)
 		}
-	}, WithRecordRetention(RetentionRule{Default: 2 * time.Hour}))
+	}, WithRecordRetention(policy.RetentionRule{Default: 2 * time.Hour}))
 	e.do(req("POST", "/p", "k", "x"))
 	if got := e.kept(t, "k"); got != 2*time.Hour {
 		t.Fatalf("kept %v, want the retention (2h): the default maximum", got)

@@ -7,6 +7,7 @@ import (
 	"flag"
 	"fmt"
 	"github.com/idemkey/idemkey/claim"
+	"github.com/idemkey/idemkey/policy"
 	"io"
 	"log/slog"
 	"net/http"
@@ -149,7 +150,7 @@ func BenchmarkIdemkey(b *testing.B) {
 		// "first" keeps every key of a run: a bound far above it (the default
 		// 64 MiB fills in a long run), still checked on every new key.
 		m, err := middleware.New(memory.New(memory.WithMaxBytes(1<<40)), middleware.ScopeFromHeader("X-Client-ID", "anonymous"),
-			middleware.WithRecordRetention(middleware.RetentionRule{Default: lifetime}), middleware.WithLogger(slog.New(slog.DiscardHandler)))
+			middleware.WithRecordRetention(policy.RetentionRule{Default: lifetime}), middleware.WithLogger(slog.New(slog.DiscardHandler)))
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -264,7 +265,7 @@ func BenchmarkParts(b *testing.B) {
 	})
 	b.Run("nullstore/first", func(b *testing.B) {
 		m, err := middleware.New(nullStore{}, middleware.ScopeFromHeader("X-Client-ID", "anonymous"),
-			middleware.WithRecordRetention(middleware.RetentionRule{Default: lifetime}), middleware.WithLogger(slog.New(slog.DiscardHandler)))
+			middleware.WithRecordRetention(policy.RetentionRule{Default: lifetime}), middleware.WithLogger(slog.New(slog.DiscardHandler)))
 		if err != nil {
 			b.Fatal(err)
 		}

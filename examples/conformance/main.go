@@ -29,6 +29,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"github.com/idemkey/idemkey/policy"
 	"io"
 	"log/slog"
 	"net/http"
@@ -78,7 +79,7 @@ func newHandler(env setup.Env, st store.Store, forget forgetFunc, logger *slog.L
 	f := makeFixture(forget)
 	opts := []middleware.Option{
 		middleware.WithLease(env.Lease),
-		middleware.WithRecordRetention(middleware.RetentionRule{Default: env.Retention}),
+		middleware.WithRecordRetention(policy.RetentionRule{Default: env.Retention}),
 		middleware.WithLogger(logger),
 	}
 	if env.ReplayHeader != "" {

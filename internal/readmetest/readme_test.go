@@ -1,6 +1,7 @@
 package readmetest_test
 
 import (
+	"github.com/idemkey/idemkey/policy"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -69,7 +70,7 @@ func TestOpenAPIFragment(t *testing.T) {
 	}
 	doc := string(b)
 	for _, want := range []string{
-		"name: " + middleware.DefaultKeyHeader, middleware.DefaultReplayedHeader + ":", middleware.DefaultOmittedHeader + ":",
+		"name: " + policy.DefaultKeyHeader, middleware.DefaultReplayedHeader + ":", middleware.DefaultOmittedHeader + ":",
 		"Retry-After:", "application/problem+json:", middleware.ProblemTypePrefix,
 		"- " + middleware.CodeKeyMissing, "- " + middleware.CodeKeyInvalid, "- " + middleware.CodeBodyUnreadable,
 		"- " + middleware.CodeRequestTooLarge, "- " + middleware.CodeInFlight, "- " + middleware.CodeMismatch,

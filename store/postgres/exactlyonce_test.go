@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"github.com/idemkey/idemkey/claim"
+	"github.com/idemkey/idemkey/policy"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -184,7 +185,7 @@ func TestHungPostgres(t *testing.T) {
 	}
 	const bound = time.Second
 	var runs atomic.Int32
-	m, err := middleware.New(s, middleware.GlobalScope, middleware.WithStoreFailure(middleware.StoreFailureRule{Timeouts: claim.Timeouts{Claim: bound}}))
+	m, err := middleware.New(s, middleware.GlobalScope, middleware.WithStoreFailure(policy.StoreFailureRule{Timeouts: claim.Timeouts{Claim: bound}}))
 	if err != nil {
 		t.Fatal(err)
 	}

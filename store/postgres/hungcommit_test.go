@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"github.com/idemkey/idemkey/claim"
+	"github.com/idemkey/idemkey/policy"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -66,7 +67,7 @@ func TestCommitResponseBoundedOnHungServer(t *testing.T) {
 		t.Fatal(err)
 	}
 	const complete, release = 500 * time.Millisecond, 500 * time.Millisecond
-	m, err := middleware.New(s, middleware.GlobalScope, middleware.WithStoreFailure(middleware.StoreFailureRule{
+	m, err := middleware.New(s, middleware.GlobalScope, middleware.WithStoreFailure(policy.StoreFailureRule{
 		Timeouts: claim.Timeouts{Complete: complete, Release: release}}))
 	if err != nil {
 		t.Fatal(err)

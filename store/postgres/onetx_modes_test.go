@@ -2,6 +2,7 @@ package postgres
 
 import (
 	"github.com/idemkey/idemkey/claim"
+	"github.com/idemkey/idemkey/policy"
 	"math/rand/v2"
 	"net/http"
 	"net/http/httptest"
@@ -54,7 +55,7 @@ func stormExecMode(t *testing.T, url string, mode pgx.QueryExecMode) {
 	s := newStore(t, admin, pool)
 	side := sideTable(t, admin, s, "")
 	ts, m := oneTxMiddleware(t, s, pool, []TxOption{WithLockWait(20 * time.Second)},
-		middleware.WithStoreFailure(middleware.StoreFailureRule{Timeouts: claim.Timeouts{Claim: 45 * time.Second}}))
+		middleware.WithStoreFailure(policy.StoreFailureRule{Timeouts: claim.Timeouts{Claim: 45 * time.Second}}))
 	e := &oneTxEnv{t: t, pool: admin, st: s, ts: ts, side: side,
 		client: &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 64}}}
 	inner := insertInTx(e)

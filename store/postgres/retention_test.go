@@ -2,6 +2,7 @@ package postgres
 
 import (
 	"github.com/idemkey/idemkey/claim"
+	"github.com/idemkey/idemkey/policy"
 	"net/http"
 	"testing"
 	"time"
@@ -23,7 +24,7 @@ func TestSetRetentionInTransaction(t *testing.T) {
 			}
 			inner(w, r)
 		}
-	}, middleware.WithRecordRetention(middleware.RetentionRule{Max: keep}))
+	}, middleware.WithRecordRetention(policy.RetentionRule{Max: keep}))
 	if code, _, _ := e.post("k1", "x"); code != 201 {
 		t.Fatalf("first: %d", code)
 	}

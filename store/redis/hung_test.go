@@ -3,6 +3,7 @@ package redis_test
 import (
 	"fmt"
 	"github.com/idemkey/idemkey/claim"
+	"github.com/idemkey/idemkey/policy"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -31,7 +32,7 @@ func TestHungRedisThroughMiddleware(t *testing.T) {
 	t.Cleanup(func() { _ = c.Close() })
 	const bound = 500 * time.Millisecond
 	var runs atomic.Int32
-	m, err := middleware.New(redis.New(c), middleware.GlobalScope, middleware.WithStoreFailure(middleware.StoreFailureRule{Timeouts: claim.Timeouts{Claim: bound}}))
+	m, err := middleware.New(redis.New(c), middleware.GlobalScope, middleware.WithStoreFailure(policy.StoreFailureRule{Timeouts: claim.Timeouts{Claim: bound}}))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -3,6 +3,7 @@ package storetest
 import (
 	"context"
 	"github.com/idemkey/idemkey/claim"
+	"github.com/idemkey/idemkey/policy"
 	"io"
 	"log/slog"
 	"net/http"
@@ -32,7 +33,7 @@ func HungWhileHandlerRuns(t *testing.T, st store.Store, pause, resume func()) {
 	events := make(chan middleware.Event, 16)
 	m, err := middleware.New(st, middleware.GlobalScope, middleware.WithLease(lease),
 		middleware.WithLogger(slog.New(slog.DiscardHandler)),
-		middleware.WithStoreFailure(middleware.StoreFailureRule{Timeouts: claim.Timeouts{Claim: bound, Complete: bound, Release: bound}}),
+		middleware.WithStoreFailure(policy.StoreFailureRule{Timeouts: claim.Timeouts{Claim: bound, Complete: bound, Release: bound}}),
 		middleware.WithObserver(middleware.ObserverFunc(func(_ context.Context, ev middleware.Event) {
 			if ev.ID.Key == "hung" && ev.Decision == middleware.Executed {
 				events <- ev

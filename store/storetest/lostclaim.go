@@ -2,6 +2,7 @@ package storetest
 
 import (
 	"github.com/idemkey/idemkey/claim"
+	"github.com/idemkey/idemkey/policy"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -25,7 +26,7 @@ func LostClaimReleased(t *testing.T, st store.Store, pause, resume func()) {
 	t.Helper()
 	var runs atomic.Int32
 	m, err := middleware.New(st, middleware.GlobalScope, middleware.WithLease(10*time.Second),
-		middleware.WithStoreFailure(middleware.StoreFailureRule{Timeouts: claim.Timeouts{Claim: 500 * time.Millisecond, Release: time.Second}}))
+		middleware.WithStoreFailure(policy.StoreFailureRule{Timeouts: claim.Timeouts{Claim: 500 * time.Millisecond, Release: time.Second}}))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -12,6 +12,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/idemkey/idemkey/policy"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
@@ -423,7 +424,7 @@ var rows = []row{
 			t.Errorf("GET handler ran %d times, want 2", n)
 		}
 	}},
-	{name: "optional key: a request without one runs unprotected", opts: []middleware.Option{middleware.WithKey(middleware.KeyRule{Optional: true})}, run: func(t *testing.T, hs *harness) {
+	{name: "optional key: a request without one runs unprotected", opts: []middleware.Option{middleware.WithKey(policy.KeyRule{Optional: true})}, run: func(t *testing.T, hs *harness) {
 		for range 2 {
 			w := hs.do(req{method: "POST", path: "/api/pay/1", body: "{}"})
 			if w.Code != 201 || w.Header().Get("Idempotent-Replayed") != "" || !strings.Contains(w.Body.String(), `"keyed":false`) {
