@@ -67,7 +67,7 @@ func (s *Store) useLayout() error {
 	switch {
 	case s.epoch < MinEpoch || s.epoch > MaxEpoch || s.epoch%time.Second != 0:
 		return fmt.Errorf("%w: postgres: partition epoch %v must be whole seconds from %v to %v", store.ErrInvalid, s.epoch, MinEpoch, MaxEpoch)
-	case s.forceMode.Load():
+	case s.forceMode:
 		return fmt.Errorf("%w: postgres: the partitioned layout needs session connections for its sweep, not WithTransactionPooler or WithQueryExecMode", store.ErrInvalid)
 	case strings.Contains(s.schema+s.table, "$idemkey$"):
 		return fmt.Errorf("%w: postgres: names containing $idemkey$ cannot be used with the partitioned layout", store.ErrInvalid)

@@ -29,8 +29,8 @@ import (
 // (QueryExecModeCacheStatement) each statement is prepared once per connection and
 // then costs one round trip. Behind a transaction-pooling proxy (PgBouncer in
 // transaction mode) give New WithTransactionPooler, which sends every statement
-// with QueryExecModeExec and makes Wait poll; without it the store detects the
-// pooler at its first failed statement or listener (pooler.go).
+// with QueryExecModeExec and makes Wait poll; without it a statement that meets
+// the pooler fails with ErrTransactionPooler (pooler.go).
 type Querier interface {
 	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
 	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
@@ -70,10 +70,11 @@ type Store struct {
 
 	readSQL, claimSQL, completeSQL, releaseSQL, renewSQL, sweepSQL, waitSQL, pollSQL string
 
-	// execMode is sent with every statement once forceMode is set (pooler.go);
-	// polling makes Wait poll with pollFirst and pollMax.
+	// execMode is sent with every statement when forceMode is set (pooler.go);
+	// polling makes Wait poll with pollFirst and pollMax. Both are set by New's
+	// options only.
 	execMode           pgx.QueryExecMode
-	forceMode, polling atomic.Bool
+	forceMode, polling bool
 	pollFirst, pollMax time.Duration
 
 	// channel is the notification channel of Wait; waiters its waiters.
@@ -276,14 +277,12 @@ func (s *Store) Claim(ctx context.Context, req store.ClaimRequest) (store.ClaimR
 		var r claimRow
 		err := r.scan(s.db.QueryRow(ctx, s.claimSQL, s.withMode(args...)...))
 		switch {
-		case err != nil && s.detectPooler(err):
-			return store.ClaimResult{}, true, nil // a transaction pooler: the statement did not run; send it without the cache
 		case err != nil && s.partitionMissing(ctx, err):
 			return store.ClaimResult{}, true, nil // partitioned layout: the current epoch's partition was created, again
 		case errors.Is(err, pgx.ErrNoRows):
 			return store.ClaimResult{}, true, nil // the key was committed after our snapshot: look again
 		case err != nil:
-			return store.ClaimResult{}, false, fmt.Errorf("idemkey/postgres: claim: %w", err)
+			return store.ClaimResult{}, false, fmt.Errorf("idemkey/postgres: claim: %w", poolerErr(err))
 		case r.stale:
 			return store.ClaimResult{}, true, nil // our snapshot's row was already replaced: look again
 		}
@@ -537,15 +536,8 @@ type beginner interface {
 // processes creating the same object at the same instant may see a unique
 // violation, so run Migrate once, or retry it). A database at a newer version is left as it is; a
 // records table dropped by hand is created again. Behind a transaction pooler
-// whose leftover prepared statements abort the transaction, Migrate runs once
-// more without the statement cache (see WithTransactionPooler).
-func (s *Store) Migrate(ctx context.Context) error {
-	err := s.migrate(ctx)
-	if err != nil && s.detectPooler(err) {
-		err = s.migrate(ctx)
-	}
-	return err
-}
+// the store was not configured for, it fails with ErrTransactionPooler.
+func (s *Store) Migrate(ctx context.Context) error { return poolerErr(s.migrate(ctx)) }
 
 func (s *Store) migrate(ctx context.Context) (err error) {
 	ms, err := s.layoutMigrations()

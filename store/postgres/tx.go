@@ -50,10 +50,7 @@ func (s *Store) CompleteTx(ctx context.Context, tx pgx.Tx, id store.ID, token st
 		return err
 	}
 	tag, err := tx.Exec(ctx, s.completeSQL, s.withMode(s.completeArgs(id, token, resp, retention)...)...)
-	if err != nil {
-		s.detectPooler(err) // a pooler: later statements skip the cache (this tx is aborted)
-	}
-	return holderResult("complete in transaction", tag, err)
+	return holderResult("complete in transaction", tag, poolerErr(err))
 }
 
 // CommitResponse is the common end of a handler that writes its own rows in tx: it
