@@ -4,70 +4,12 @@
 //
 // For a protected request (POST and PATCH by default) the middleware parses the
 // key, fingerprints the request (package fingerprint), and claims (scope, key)
-// in a store.Store with a lease. Then, one row of the decision table applies:
-//
-//	method not protected                      pass through, key ignored
-//	key missing, required (default)           400 idempotency_key_missing
-//	key missing, optional                     pass through, nothing stored
-//	key invalid (empty, only spaces, over      400 idempotency_key_invalid
-//	  255 bytes) or several header lines,
-//	  or refused by the store (ErrInvalid)
-//	scope over store.MaxScopeLen (1024 bytes) 400 idempotency_scope_invalid
-//	  or ScopeFromHeader's header on several
-//	  lines
-//	request body over the limit (1 MiB)       413 request_too_large
-//	new key, or expired lease (takeover)      run the handler once, store the response
-//	same key and fingerprint, completed       replay status, headers, exact body bytes
-//	                                          + "Idempotent-Replayed: true"
-//	same key and fingerprint, lease live      409 request_in_flight, Retry-After:
-//	                                          the route's recent handler duration
-//	                                          (whole seconds, rounded up), at least
-//	                                          1 s, at most the rest of the lease
-//	same key and fingerprint, lease live,     wait up to the bound for the original:
-//	  WithWaitInFlight                          its replay, or run if it released the
-//	                                            key or its lease expired; past the
-//	                                            bound 409 as above
-//	same key, other fingerprint               422 key_reused_with_different_payload
-//	same key, record made under another        422 fingerprint_rule_changed
-//	  fingerprint rule (FingerprintRule.Body)
-//	body not JSON under a JSON rule            400 request_body_not_json
-//	key refused by KeyRule.Validate            400 idempotency_key_invalid
-//	handler answers 5xx/408/409/425/429,      release the claim, then send the
-//	  panics (re-panicked) or hijacks           response (held until released, so an
-//	                                            immediate retry runs, never a 409)
-//	no application route answered (a         release the claim; the corrected
-//	  ServeMux's own 404/405, or a router's     request with the same key runs
-//	  answer wrapped with Unrouted)
-//	client hangs up while the handler runs    the handler's context is not cancelled;
-//	                                            its whole response is stored and
-//	                                            replayed (WithCancelOnDisconnect:
-//	                                            cancelled, and released when it stops
-//	                                            early)
-//	response incomplete: body shorter than    release the claim (no truncated answer
-//	  its Content-Length                        for every retry)
-//	handler completed the record in its own   nothing more stored; the committed
-//	  transaction (claim.MarkCompleted)               record is what retries replay
-//	response body over the cap (1 MiB)        streamed untouched, stored with body
-//	                                          omitted; replay adds
-//	                                          "Idempotency-Replay: omitted"
-//	store error or hung store (no answer      503 store_unavailable, Retry-After
-//	  within the claim bound, 5 s)              (or run unprotected: WithStoreFailure,
-//	                                            FailOpen);
-//	                                          logged once per outage (its start, a
-//	                                          count every minute, its end), each
-//	                                          request at debug level
-//	completion fails (store error, or no      the response goes out after that one
-//	  answer within the complete bound)         attempt; completion is retried in the
-//	                                            background while the lease is held,
-//	                                            for at most one lease; duplicates get
-//	                                            409 meanwhile (Event.CompletionPending)
-//	release fails (store error or hung)       the answer goes out after that one
-//	                                            attempt; released in the background,
-//	                                            fenced by the token
-//	lease lost while the handler runs         its context is cancelled with cause
-//	  (a renewal finds it taken over)           store.ErrLeaseLost; its response is
-//	                                            not stored (package claim)
-//	completion refused (lease taken over)     logged with slog; nothing overwritten
+// in a store.Store with a lease; then exactly one row of the decision table of
+// docs/architecture.md section 3 applies (a new key runs the handler once and
+// stores its answer, a retry gets the replay, a duplicate in flight 409, another
+// payload under the key 422, a missing or invalid key 400, a store that cannot
+// answer 503). That table is the one normative statement of the decisions; the
+// tests check it row by row.
 //
 // Errors are RFC 9457 application/problem+json with type, title, status, detail
 // and a stable code member (see the Code constants).

@@ -11,8 +11,8 @@
 // option always wins, back to the default included. docs/architecture.md section
 // 3.1 argues the choice; section 3 is the decision table these rules feed.
 //
-// The package imports neither net/http nor gRPC: idem and the gRPC interceptor
-// take it without the HTTP layer.
+// The package imports neither the HTTP layer (package middleware) nor gRPC, only
+// claim and store: idem and the gRPC interceptor take it without them.
 package policy
 
 import (

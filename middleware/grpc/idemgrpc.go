@@ -7,22 +7,12 @@
 // fingerprints the full method name and the request message (deterministic
 // protobuf encoding), claims (scope, key) in a store.Store, runs the handler,
 // stores its response message or status, and replays it to every retry, with
-// the header metadata "idempotent-replayed: true". One answer per situation, the
-// HTTP middleware's decision table in gRPC status codes:
-//
-//	situation                               HTTP        gRPC
-//	key missing (required by default)       400         INVALID_ARGUMENT, ErrorInfo idempotency_key_missing
-//	key invalid, or refused by the          400         INVALID_ARGUMENT, ErrorInfo idempotency_key_invalid
-//	  validator or the store
-//	same key, other method or request       422         FAILED_PRECONDITION, ErrorInfo key_reused_with_different_payload
-//	same key, lease live (in flight)        409         ABORTED, RetryInfo (the remaining lease, at least 1 s),
-//	                                                      ErrorInfo request_in_flight
-//	store failed or did not answer          503         UNAVAILABLE, RetryInfo (StoreFailure.RetryAfter),
-//	                                                      ErrorInfo store_unavailable
-//	completed                               replay      the stored message, or the stored status (code,
-//	                                                      message, details); "idempotent-replayed: true"
-//	handler answers a retryable code        release     the status passes through; the next call runs
-//	  (see DefaultReleasePolicy), or panics
+// the header metadata "idempotent-replayed: true". Each situation of the HTTP
+// middleware's decision table (docs/architecture.md section 3) gets its gRPC
+// twin, listed in docs/grpc.md section 2: INVALID_ARGUMENT for a missing or
+// invalid key, FAILED_PRECONDITION for another request under the key, ABORTED
+// with RetryInfo for a call in flight, UNAVAILABLE with RetryInfo when the store
+// fails; a retryable code (DefaultReleasePolicy) or a panic releases the key.
 //
 // ErrorInfo and RetryInfo are the google.rpc error details (package
 // google.golang.org/genproto/googleapis/rpc/errdetails), with the domain
