@@ -3,7 +3,6 @@ package middleware
 import (
 	"bytes"
 	"context"
-	"github.com/idemkey/idemkey/claim"
 	"io"
 	"net/http"
 	"strconv"
@@ -11,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemkey/idemkey/claim"
 	"github.com/idemkey/idemkey/fingerprint"
 	"github.com/idemkey/idemkey/internal/testclock"
 	"github.com/idemkey/idemkey/store"

@@ -3,14 +3,14 @@ package middleware
 import (
 	"context"
 	"errors"
-	"github.com/idemkey/idemkey/claim"
-	"github.com/idemkey/idemkey/policy"
 	"net/http"
 	"net/http/httptest"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/idemkey/idemkey/claim"
+	"github.com/idemkey/idemkey/policy"
 	"github.com/idemkey/idemkey/store"
 	"github.com/idemkey/idemkey/store/memory"
 )

@@ -5,8 +5,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/idemkey/idemkey/claim"
-	"github.com/idemkey/idemkey/policy"
 	"hash/fnv"
 	"io"
 	"net"
@@ -20,6 +18,8 @@ import (
 	"testing/synctest"
 	"time"
 
+	"github.com/idemkey/idemkey/claim"
+	"github.com/idemkey/idemkey/policy"
 	"github.com/idemkey/idemkey/store"
 	"github.com/idemkey/idemkey/store/memory"
 )

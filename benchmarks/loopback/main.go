@@ -31,7 +31,6 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"github.com/idemkey/idemkey/policy"
 	"io"
 	"log"
 	"log/slog"
@@ -48,6 +47,7 @@ import (
 	"time"
 
 	"github.com/idemkey/idemkey/middleware"
+	"github.com/idemkey/idemkey/policy"
 	"github.com/idemkey/idemkey/store/memory"
 )
 

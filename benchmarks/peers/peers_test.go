@@ -6,8 +6,6 @@ import (
 	"crypto/sha256"
 	"flag"
 	"fmt"
-	"github.com/idemkey/idemkey/claim"
-	"github.com/idemkey/idemkey/policy"
 	"io"
 	"log/slog"
 	"net/http"
@@ -22,8 +20,10 @@ import (
 	idem3 "github.com/gofiber/fiber/v3/middleware/idempotency"
 	"github.com/valyala/fasthttp"
 
+	"github.com/idemkey/idemkey/claim"
 	"github.com/idemkey/idemkey/fingerprint"
 	"github.com/idemkey/idemkey/middleware"
+	"github.com/idemkey/idemkey/policy"
 	"github.com/idemkey/idemkey/store"
 	"github.com/idemkey/idemkey/store/memory"
 )

@@ -22,7 +22,6 @@ package main
 import (
 	"context"
 	"fmt"
-	"github.com/idemkey/idemkey/policy"
 	"log/slog"
 	"net/http"
 	"time"
@@ -35,6 +34,7 @@ import (
 	"github.com/idemkey/idemkey/examples/internal/setup"
 	"github.com/idemkey/idemkey/middleware"
 	idemprom "github.com/idemkey/idemkey/observer/prometheus"
+	"github.com/idemkey/idemkey/policy"
 	"github.com/idemkey/idemkey/store"
 	"github.com/idemkey/idemkey/store/memory"
 	"github.com/idemkey/idemkey/store/postgres"

@@ -3,10 +3,11 @@ package main
 import (
 	"errors"
 	"fmt"
-	"github.com/idemkey/idemkey/claim"
 	"regexp"
 	"strings"
 	"time"
+
+	"github.com/idemkey/idemkey/claim"
 )
 
 // errConfig reports an environment the server cannot run with; main exits 2.

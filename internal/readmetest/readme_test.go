@@ -1,7 +1,6 @@
 package readmetest_test
 
 import (
-	"github.com/idemkey/idemkey/policy"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -9,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/idemkey/idemkey/middleware"
+	"github.com/idemkey/idemkey/policy"
 )
 
 const top = "../.."

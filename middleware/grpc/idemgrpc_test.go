@@ -3,8 +3,6 @@ package idemgrpc_test
 import (
 	"context"
 	"errors"
-	"github.com/idemkey/idemkey/claim"
-	"github.com/idemkey/idemkey/policy"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -17,8 +15,10 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
+	"github.com/idemkey/idemkey/claim"
 	"github.com/idemkey/idemkey/middleware"
 	idemgrpc "github.com/idemkey/idemkey/middleware/grpc"
+	"github.com/idemkey/idemkey/policy"
 	"github.com/idemkey/idemkey/store"
 	"github.com/idemkey/idemkey/store/memory"
 )

@@ -3,8 +3,6 @@ package postgres
 import (
 	"encoding/binary"
 	"errors"
-	"github.com/idemkey/idemkey/claim"
-	"github.com/idemkey/idemkey/policy"
 	"hash/fnv"
 	"net/http"
 	"strings"
@@ -14,7 +12,9 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/idemkey/idemkey/claim"
 	"github.com/idemkey/idemkey/middleware"
+	"github.com/idemkey/idemkey/policy"
 	"github.com/idemkey/idemkey/store"
 )
 

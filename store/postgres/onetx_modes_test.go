@@ -1,8 +1,6 @@
 package postgres
 
 import (
-	"github.com/idemkey/idemkey/claim"
-	"github.com/idemkey/idemkey/policy"
 	"math/rand/v2"
 	"net/http"
 	"net/http/httptest"
@@ -14,7 +12,9 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/idemkey/idemkey/claim"
 	"github.com/idemkey/idemkey/middleware"
+	"github.com/idemkey/idemkey/policy"
 )
 
 // TestOneTxStormExecModes: concurrent copies of many keys on a one-transaction

@@ -1,8 +1,6 @@
 package storetest
 
 import (
-	"github.com/idemkey/idemkey/claim"
-	"github.com/idemkey/idemkey/policy"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -11,7 +9,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemkey/idemkey/claim"
 	"github.com/idemkey/idemkey/middleware"
+	"github.com/idemkey/idemkey/policy"
 	"github.com/idemkey/idemkey/store"
 )
 

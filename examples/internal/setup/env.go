@@ -42,7 +42,6 @@ import (
 	"encoding/base64"
 	"errors"
 	"fmt"
-	"github.com/idemkey/idemkey/claim"
 	"strconv"
 	"strings"
 	"time"
@@ -50,6 +49,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/idemkey/idemkey/celeriant"
+	"github.com/idemkey/idemkey/claim"
 	"github.com/idemkey/idemkey/store/memory"
 	"github.com/idemkey/idemkey/store/postgres"
 	"github.com/idemkey/idemkey/store/redis"
