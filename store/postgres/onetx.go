@@ -109,7 +109,7 @@ func (s *Store) OneTx(pool *pgxpool.Pool, opts ...TxOption) (*TxStore, error) {
 	if pool == nil {
 		return nil, fmt.Errorf("%w: postgres: nil pool for the one-transaction mode", store.ErrInvalid)
 	}
-	if s.epoch > 0 {
+	if s.part != nil {
 		return nil, errPartitionedOneTx // partition.go
 	}
 	wait := DefaultLockWait

@@ -65,8 +65,8 @@ type Store struct {
 	sweepBatch int
 	maxBody    int
 	logger     *slog.Logger
-	epoch      time.Duration // the partitioned layout's epoch (WithPartitions); 0: the plain table
-	readFirst  bool          // Claim reads the key's row before the claim statement (WithReadFirst)
+	part       *partitioned // the partitioned layout (WithPartitions); nil: the plain table
+	readFirst  bool         // Claim reads the key's row before the claim statement (WithReadFirst)
 
 	readSQL, claimSQL, completeSQL, releaseSQL, renewSQL, sweepSQL, waitSQL, pollSQL string
 
@@ -97,13 +97,11 @@ type Option func(*Store)
 // WithReadFirst makes Claim read the key's row before it sends the claim
 // statement (plain layout only; docs/stores.md section 3.2). A replay, a
 // mismatch or an in-flight duplicate is then answered by that lock-free
-// primary-key read, about 1.1x the round trip of a plain SELECT of the row
-// instead of about 1.5x; a new key, an expired record or a lapsed lease pays the
-// read as one more round trip before the claim statement (no commit, no WAL),
-// which cost first executions 10-20% of their throughput in the write-path
-// benchmark. Off by default: turn it on where retries are frequent and Postgres
-// answers them without a cache in front (the tiered store replays from its
-// cache).
+// primary-key read instead of the claim statement; a new key, an expired record
+// or a lapsed lease pays the read as one more round trip before the claim
+// statement (no commit, no WAL); docs/stores.md section 3.2 has the costs. Off by
+// default: turn it on where retries are frequent and Postgres answers them
+// without a cache in front (the tiered store replays from its cache).
 func WithReadFirst() Option { return func(s *Store) { s.readFirst = true } }
 
 // WithTable sets the records table's name (default DefaultTable), so several
@@ -266,7 +264,10 @@ AND expires_at <= now()`
 // core limits, ID.Validate), store.ErrCorrupt for undecodable rows, otherwise the
 // driver's error (connection, timeout, cancellation) wrapped.
 func (s *Store) Claim(ctx context.Context, req store.ClaimRequest) (store.ClaimResult, error) {
-	read := s.readFirst && s.epoch == 0 // the partitioned layout's claim function reads the row itself
+	if s.part != nil {
+		return s.part.claim(ctx, req) // partition.go
+	}
+	read := s.readFirst
 	return s.claimLoop(req, "claim", func(tok store.Token, args []any) (store.ClaimResult, bool, error) {
 		if read {
 			read = false
@@ -277,8 +278,6 @@ func (s *Store) Claim(ctx context.Context, req store.ClaimRequest) (store.ClaimR
 		var r claimRow
 		err := r.scan(s.db.QueryRow(ctx, s.claimSQL, s.withMode(args...)...))
 		switch {
-		case err != nil && s.partitionMissing(ctx, err):
-			return store.ClaimResult{}, true, nil // partitioned layout: the current epoch's partition was created, again
 		case errors.Is(err, pgx.ErrNoRows):
 			return store.ClaimResult{}, true, nil // the key was committed after our snapshot: look again
 		case err != nil:
@@ -451,8 +450,8 @@ func bytesOf(s string) []byte {
 // only reclaims space; run it from a cron job or StartSweeper. On a driver error it
 // returns the rows deleted so far and the error, wrapped.
 func (s *Store) Sweep(ctx context.Context, limit int) (int64, error) {
-	if s.epoch > 0 {
-		return s.sweepPartitions(ctx) // partition_sweep.go
+	if s.part != nil {
+		return s.part.sweep(ctx) // partition_sweep.go
 	}
 	var total int64
 	for limit <= 0 || total < int64(limit) {
@@ -514,8 +513,8 @@ func (s *Store) MigrationSQL() string {
 	if err != nil {
 		return "-- " + err.Error()
 	}
-	sql := migrate.SQL(s.target(), ms, s.renderPartitioned)
-	if s.epoch > 0 {
+	sql := migrate.SQL(s.target(), ms, s.renderLayout)
+	if s.part != nil {
 		sql += "-- the partitions of the current and next epochs (Sweep keeps creating them)\nSELECT " +
 			s.ident(s.table+"_ensure") + "(" + strconv.Itoa(partitionsAhead) + ");\n"
 	}
@@ -560,11 +559,11 @@ func (s *Store) migrate(ctx context.Context) (err error) {
 		}()
 		q = modeQuerier{tx, s}
 	}
-	if err = migrate.Apply(ctx, q, tx != nil, s.target(), ms, s.renderPartitioned); err != nil {
+	if err = migrate.Apply(ctx, q, tx != nil, s.target(), ms, s.renderLayout); err != nil {
 		return fmt.Errorf("idemkey/postgres: migrate: %w", err)
 	}
-	if s.epoch > 0 {
-		if _, err = s.ensurePartitions(ctx, q); err != nil {
+	if s.part != nil {
+		if _, err = s.part.ensure(ctx, q); err != nil {
 			return fmt.Errorf("idemkey/postgres: migrate: create partitions: %w", err)
 		}
 	}
