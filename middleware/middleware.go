@@ -198,14 +198,12 @@ const preRetryAfter = 120
 
 // New returns a middleware claiming keys in s, scoped by scope, configured by
 // opts (docs/options.md). Both s and scope are required: a global scope must be
-// chosen explicitly (GlobalScope). It fails on a nil store or scope, a lease
-// under MinLease, a retention shorter than the lease or a maximum retention
-// shorter than the retention, negative body limits, store timeouts or
-// Retry-After, a renewal timeout longer than the lease, no protected method, a
-// header name (the key's, the replay marks', the replay allow and deny lists')
-// or method that is not an RFC 9110 token, a negative wait bound, a nil route,
-// release policy or clock, a problem type base that is not an absolute URI, or
-// problem members that cannot be rendered (ProblemRule.Members).
+// chosen explicitly (GlobalScope). It fails on a nil store or scope, on a
+// policy value out of range (policy.Config.Validate), and on an HTTP setting out
+// of range: a negative body limit, no protected method, a replay header name or
+// method that is not an RFC 9110 token, a nil clock, a problem type base that is
+// not an absolute URI, problem members that cannot be rendered. The error names
+// the field or option.
 func New(s store.Store, scope ScopeFunc, opts ...Option) (*Middleware, error) {
 	if s == nil {
 		return nil, errors.New("idemkey/middleware: nil store")

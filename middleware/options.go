@@ -71,7 +71,7 @@ type config struct {
 	problemMembers  func(code, detail string) map[string]any
 	logger          *slog.Logger
 	clock           claim.Clock
-	featureConfig   // FingerprintRule.Body, ReplayRule.OnReplay, KeyRule.Validate, ProblemRule.TypeBase, RetentionRule.Max
+	featureConfig   // features.go
 }
 
 func defaultConfig() config {
