@@ -191,3 +191,24 @@ func ExampleWithStoreFailure() {
 	// 503 5
 	// 201
 }
+
+// One policy.Config is the shared default of a service (the gRPC interceptor
+// and idem take the same value); a route overrides one decision with a later
+// option, which replaces that whole decision: here fail-open goes back to the
+// default, fail closed.
+func ExampleWithPolicy() {
+	ok := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusCreated) })
+	shared := policy.Config{
+		Key:          policy.KeyRule{Validate: middleware.UUIDKeys},
+		StoreFailure: policy.StoreFailureRule{FailOpen: true, RetryAfter: 2 * time.Second},
+	}
+	quiet := middleware.WithLogger(slog.New(slog.DiscardHandler))
+	payments, _ := middleware.New(downStore{memory.New()}, middleware.GlobalScope, quiet,
+		middleware.WithPolicy(shared), middleware.WithStoreFailure(policy.StoreFailureRule{RetryAfter: 2 * time.Second}))
+	w := send(payments.Handler(ok), "8e03978e-40d5-43e8-bc93-6894a57f9324", "{}")
+	fmt.Println(w.Code, w.Header().Get("Retry-After"))
+	fmt.Println(send(payments.Handler(ok), "not-a-uuid", "{}").Code)
+	// Output:
+	// 503 2
+	// 400
+}
