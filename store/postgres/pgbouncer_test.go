@@ -89,7 +89,10 @@ func TestWaitingThroughPgBouncer(t *testing.T) {
 // sent twice), and Wait still listens (nothing switches it to polling).
 func TestPgBouncerWithoutTheOption(t *testing.T) {
 	admin, bouncer := newPool(t, ""), pgbouncerPool(t)
-	s := bouncedStore(t, admin, bouncer, WithListenerIdle(0))
+	// Migrated directly: PgBouncer's server connections keep the statements
+	// earlier clients prepared, so an unconfigured Migrate through it may fail
+	// too (with ErrTransactionPooler); this test is about the claims.
+	s := newStore(t, admin, bouncer, WithListenerIdle(0))
 	ctx := t.Context()
 	var wg sync.WaitGroup
 	errs := make(chan error, 64)
@@ -113,11 +116,34 @@ func TestPgBouncerWithoutTheOption(t *testing.T) {
 			t.Errorf("claim through PgBouncer: %v, want ErrTransactionPooler", err)
 		}
 	}
-	// Whether a claim met a server connection without its statement depends on
-	// PgBouncer's assignment; every failure must name the option.
-	t.Logf("%d of 64 claims met the pooler", failed)
+	// Whether a concurrent claim met a server connection without its statement
+	// depends on PgBouncer's assignment; every failure must name the option.
+	t.Logf("%d of 64 concurrent claims met the pooler", failed)
 	if st := s.Stats(); st.Polling || st.PoolerExecMode {
 		t.Fatalf("the store switched modes on its own: %+v", st)
+	}
+	// Two clients, one after the other: PgBouncer hands the second the server
+	// connection the first just prepared the claim statement on (it reuses the
+	// last one freed), so the second's prepare meets it (42P05).
+	u := os.Getenv("PGBOUNCER_URL")
+	var errs2 []error
+	for range 2 {
+		c, err := New(newPool(t, u, func(c *pgxpool.Config) { c.MaxConns = 1 }), WithSchema(s.schema))
+		if err != nil {
+			t.Fatal(err)
+		}
+		id := store.ID{Scope: "tenant", Key: "seq-" + store.NewToken().String()[:8]}
+		if _, err := c.Claim(ctx, store.ClaimRequest{ID: id, Fingerprint: fingerprint("a"), Lease: time.Minute, Retention: time.Hour}); err != nil {
+			errs2 = append(errs2, err)
+		}
+	}
+	if len(errs2) == 0 {
+		t.Fatal("two clients prepared the claim statement on one server connection without an error")
+	}
+	for _, err := range errs2 {
+		if !errors.Is(err, ErrTransactionPooler) {
+			t.Errorf("sequential claim through PgBouncer: %v, want ErrTransactionPooler", err)
+		}
 	}
 }
 
