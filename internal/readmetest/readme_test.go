@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/idemkey/idemkey/middleware"
+	"github.com/idemkey/idemkey/policy"
 )
 
 const top = "../.."
@@ -71,7 +72,7 @@ func TestOpenAPIFragment(t *testing.T) {
 	}
 	doc := string(b)
 	for _, want := range []string{
-		"name: " + middleware.DefaultKeyHeader, middleware.DefaultReplayedHeader + ":", middleware.DefaultOmittedHeader + ":",
+		"name: " + policy.DefaultKeyHeader, middleware.DefaultReplayedHeader + ":", middleware.DefaultOmittedHeader + ":",
 		"Retry-After:", "application/problem+json:", middleware.ProblemTypePrefix,
 		"- " + middleware.CodeKeyMissing, "- " + middleware.CodeKeyInvalid, "- " + middleware.CodeBodyUnreadable,
 		"- " + middleware.CodeRequestTooLarge, "- " + middleware.CodeInFlight, "- " + middleware.CodeMismatch,

@@ -17,7 +17,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemkey/idemkey/claim"
 	"github.com/idemkey/idemkey/idem"
+	"github.com/idemkey/idemkey/policy"
 	"github.com/idemkey/idemkey/store"
 	"github.com/idemkey/idemkey/store/mysql"
 	"github.com/idemkey/idemkey/store/mysql/mysqltest"
@@ -49,7 +51,7 @@ type galeraCounts struct {
 func galeraLoad(t *testing.T, s store.Store, prefix string, n, at int, during func()) galeraCounts {
 	t.Helper()
 	var backgroundLost atomic.Int32
-	run, err := idem.New(s, idem.WithLease(galeraLease), idem.WithStoreTimeout(2*time.Second),
+	run, err := idem.New(s, idem.WithLease(galeraLease), idem.WithStoreFailure(policy.StoreFailureRule{Timeouts: claim.Timeouts{Claim: 2 * time.Second, Complete: 2 * time.Second, Release: 2 * time.Second}}),
 		idem.WithLogger(slog.New(leaseLostLog{&backgroundLost}))) // counts the background completions' lease lost
 	if err != nil {
 		t.Fatal(err)

@@ -18,7 +18,9 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/idemkey/idemkey/claim"
 	"github.com/idemkey/idemkey/idem"
+	"github.com/idemkey/idemkey/policy"
 	"github.com/idemkey/idemkey/store"
 )
 
@@ -191,7 +193,7 @@ func failoverID(k int) store.ID { return store.ID{Scope: "failover", Key: fmt.Sp
 
 func failoverRunner(t *testing.T, s *Store) *idem.Runner {
 	t.Helper()
-	r, err := idem.New(s, idem.WithLease(failoverLease), idem.WithStoreTimeout(time.Second),
+	r, err := idem.New(s, idem.WithLease(failoverLease), idem.WithStoreFailure(policy.StoreFailureRule{Timeouts: claim.Timeouts{Claim: time.Second, Complete: time.Second, Release: time.Second}}),
 		idem.WithLogger(slog.New(slog.DiscardHandler))) // the crash makes every worker log
 	if err != nil {
 		t.Fatal(err)

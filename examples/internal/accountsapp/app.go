@@ -26,6 +26,7 @@ import (
 
 	"github.com/idemkey/idemkey/celeriant"
 	"github.com/idemkey/idemkey/celeriant/celeriantsim"
+	"github.com/idemkey/idemkey/claim"
 	"github.com/idemkey/idemkey/examples/accounts"
 	"github.com/idemkey/idemkey/examples/accounts/httpapi"
 	"github.com/idemkey/idemkey/examples/accounts/watchfeed"
@@ -222,7 +223,7 @@ func (a *App) accountVersion(ctx context.Context, acct uuid.UUID) (uint64, error
 // expired lease: the previous holder may have written before it died, so the service
 // searches the stream for the request's event before writing.
 func takeoverFromRequest(r *http.Request) bool {
-	c, ok := middleware.ClaimFromContext(r.Context())
+	c, ok := claim.FromContext(r.Context())
 	return ok && c.Takeover
 }
 

@@ -55,7 +55,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/idemkey/idemkey/celeriant"
-	"github.com/idemkey/idemkey/middleware"
+	"github.com/idemkey/idemkey/claim"
 	"github.com/idemkey/idemkey/store/memory"
 	"github.com/idemkey/idemkey/store/postgres"
 	"github.com/idemkey/idemkey/store/redis"
@@ -185,8 +185,8 @@ func Load(getenv func(string) string) (Env, error) {
 	if err := parseBytes(getenv, "IDEM_MEMORY_MAX_BYTES", &e.MemoryMaxBytes); err != nil {
 		return e, err
 	}
-	if e.Lease < middleware.MinLease {
-		return e, fmt.Errorf("%w: IDEM_LEASE=%v is under the minimum lease %v (it is renewed every third of it)", ErrConfig, e.Lease, middleware.MinLease)
+	if e.Lease < claim.MinLease {
+		return e, fmt.Errorf("%w: IDEM_LEASE=%v is under the minimum lease %v (it is renewed every third of it)", ErrConfig, e.Lease, claim.MinLease)
 	}
 	if e.Retention < e.Lease {
 		return e, fmt.Errorf("%w: IDEM_RETENTION (%v) must be at least IDEM_LEASE (%v)", ErrConfig, e.Retention, e.Lease)
