@@ -2,7 +2,10 @@ package dynamodb_test
 
 import (
 	"bytes"
+	"encoding/json"
 	"errors"
+	"fmt"
+	"io"
 	"net/http"
 	"strings"
 	"sync"
@@ -99,57 +102,88 @@ func TestMigrate(t *testing.T) {
 }
 
 // counter is an http.RoundTripper that counts the requests to DynamoDB by
-// operation (the X-Amz-Target header).
+// operation (the X-Amz-Target header) and, since it asks for them
+// (ReturnConsumedCapacity TOTAL, added to each request), sums the capacity
+// units the server reports (a refused write reports none).
 type counter struct {
-	mu  sync.Mutex
-	ops map[string]int
+	mu    sync.Mutex
+	ops   map[string]int
+	units map[string]float64
 }
 
 func (c *counter) RoundTrip(r *http.Request) (*http.Response, error) {
-	c.mu.Lock()
 	op := r.Header.Get("X-Amz-Target")
-	c.ops[op[strings.IndexByte(op, '.')+1:]]++
+	op = op[strings.IndexByte(op, '.')+1:]
+	var in map[string]any
+	if b, err := io.ReadAll(r.Body); err != nil || json.Unmarshal(b, &in) != nil {
+		return nil, fmt.Errorf("counter: request body: %v", err)
+	}
+	in["ReturnConsumedCapacity"] = "TOTAL"
+	b, _ := json.Marshal(in)
+	r = r.Clone(r.Context())
+	r.Body, r.ContentLength = io.NopCloser(bytes.NewReader(b)), int64(len(b))
+	resp, err := http.DefaultTransport.RoundTrip(r)
+	if err != nil {
+		return nil, err
+	}
+	body, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	resp.Body = io.NopCloser(bytes.NewReader(body))
+	var out struct {
+		ConsumedCapacity struct{ CapacityUnits float64 }
+	}
+	_ = json.Unmarshal(body, &out) // errors carry none
+	c.mu.Lock()
+	c.ops[op]++
+	c.units[op] += out.ConsumedCapacity.CapacityUnits
 	c.mu.Unlock()
-	return http.DefaultTransport.RoundTrip(r)
+	return resp, err
 }
 
-func (c *counter) take() map[string]int {
+func (c *counter) take() (map[string]int, map[string]float64) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	ops := c.ops
-	c.ops = map[string]int{}
-	return ops
+	ops, units := c.ops, c.units
+	c.ops, c.units = map[string]int{}, map[string]float64{}
+	return ops, units
 }
 
-// TestRoundTrips counts the requests of each path (docs/stores.md quotes them):
-// a first execution is one PutItem and one UpdateItem; a replay or a duplicate
-// in flight is one PutItem refused, plus one GetItem on a server that does not
-// return the refusing item (dynalite; DynamoDB returns it); a takeover adds one
-// UpdateItem.
+// TestRoundTrips counts the requests of each path, and the capacity units the
+// server reports, for a realistic key and a 1 KiB JSON response
+// (docs/stores.md quotes them): a first execution is one PutItem and one
+// UpdateItem; a replay or a duplicate in flight is one PutItem refused, plus
+// one GetItem on a server that does not return the refusing item (dynalite;
+// DynamoDB returns it); a takeover adds one UpdateItem.
 func TestRoundTrips(t *testing.T) {
-	cnt := &counter{ops: map[string]int{}}
+	cnt := &counter{ops: map[string]int{}, units: map[string]float64{}}
 	c := dynamotest.Client(t, cnt)
 	now := time.Now()
 	var mu sync.Mutex
 	clock := func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
 	s := dynamotest.Store(t, c, dynamotest.Table(t, c), dynamodb.WithClock(clock))
 	cnt.take()
-	id := store.ID{Key: "rt-" + store.NewToken().String()}
+	id := store.ID{Scope: "tenant-42", Key: "5b0e7c1e-8f4f-4b7e-9d7a-" + store.NewToken().String()[:12]}
 	r := store.ClaimRequest{ID: id, Lease: time.Second, Retention: time.Hour}
+	resp := store.Response{Status: 201, Header: http.Header{"Content-Type": {"application/json"}, "Location": {"/payments/42"}},
+		Body: bytes.Repeat([]byte("x"), 1024)}
 	step := func(name string, want string, do func() error) {
 		t.Helper()
 		if err := do(); err != nil {
 			t.Fatalf("%s: %v", name, err)
 		}
-		got := cnt.take()
-		var parts []string
+		got, units := cnt.take()
+		var parts, cu []string
 		for _, op := range []string{"PutItem", "GetItem", "UpdateItem", "DeleteItem"} {
+			for range got[op] {
+				parts = append(parts, op)
+			}
 			if got[op] > 0 {
-				parts = append(parts, strings.Repeat(op+" ", got[op]))
+				cu = append(cu, fmt.Sprintf("%s %g", op, units[op]))
 			}
 		}
-		t.Logf("%-22s %s", name, strings.Join(parts, ""))
-		if g := strings.TrimSpace(strings.Join(parts, "")); g != want {
+		g := strings.Join(parts, " ")
+		t.Logf("%-20s %-28s capacity units reported: %s", name, g, strings.Join(cu, ", "))
+		if g != want {
 			t.Errorf("%s: requests %q, want %q", name, g, want)
 		}
 	}
@@ -172,8 +206,13 @@ func TestRoundTrips(t *testing.T) {
 	now = now.Add(2 * time.Second)
 	mu.Unlock()
 	step("takeover", "PutItem GetItem UpdateItem", claim(store.Claimed))
-	step("complete", "UpdateItem", func() error {
-		return s.Complete(t.Context(), id, tok, store.Response{Status: 201, Body: make([]byte, 1024)}, time.Hour)
-	})
+	holder := tok
+	step("complete", "UpdateItem", func() error { return s.Complete(t.Context(), id, holder, resp, time.Hour) })
 	step("replay", "PutItem GetItem", claim(store.Completed))
+	step("release refused", "DeleteItem", func() error {
+		if err := s.Release(t.Context(), id, holder); !errors.Is(err, store.ErrLeaseLost) {
+			return fmt.Errorf("release after complete: %v", err)
+		}
+		return nil
+	})
 }
