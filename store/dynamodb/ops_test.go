@@ -106,6 +106,7 @@ func TestMigrate(t *testing.T) {
 // (ReturnConsumedCapacity TOTAL, added to each request), sums the capacity
 // units the server reports (a refused write reports none).
 type counter struct {
+	next  http.RoundTripper
 	mu    sync.Mutex
 	ops   map[string]int
 	units map[string]float64
@@ -122,7 +123,7 @@ func (c *counter) RoundTrip(r *http.Request) (*http.Response, error) {
 	b, _ := json.Marshal(in)
 	r = r.Clone(r.Context())
 	r.Body, r.ContentLength = io.NopCloser(bytes.NewReader(b)), int64(len(b))
-	resp, err := http.DefaultTransport.RoundTrip(r)
+	resp, err := c.next.RoundTrip(r)
 	if err != nil {
 		return nil, err
 	}
@@ -150,12 +151,23 @@ func (c *counter) take() (map[string]int, map[string]float64) {
 
 // TestRoundTrips counts the requests of each path, and the capacity units the
 // server reports, for a realistic key and a 1 KiB JSON response
-// (docs/stores.md quotes them): a first execution is one PutItem and one
-// UpdateItem; a replay or a duplicate in flight is one PutItem refused, plus
-// one GetItem on a server that does not return the refusing item (dynalite;
-// DynamoDB returns it); a takeover adds one UpdateItem.
+// (docs/stores.md quotes them), on dynalite and as on DynamoDB, whose refusal
+// carries the refusing item (returnsItem): a first execution is one PutItem
+// and one UpdateItem; a replay or a duplicate in flight is one PutItem refused,
+// plus one GetItem on dynalite; a takeover adds one UpdateItem.
 func TestRoundTrips(t *testing.T) {
-	cnt := &counter{ops: map[string]int{}, units: map[string]float64{}}
+	t.Run("dynalite", func(t *testing.T) {
+		roundTrips(t, http.DefaultTransport, "PutItem GetItem")
+	})
+	t.Run("item returned with the refusal", func(t *testing.T) {
+		roundTrips(t, &returnsItem{next: http.DefaultTransport}, "PutItem")
+	})
+}
+
+// roundTrips checks the requests of each path over transport, where a refused
+// claim costs refused.
+func roundTrips(t *testing.T, transport http.RoundTripper, refused string) {
+	cnt := &counter{next: transport, ops: map[string]int{}, units: map[string]float64{}}
 	c := dynamotest.Client(t, cnt)
 	now := time.Now()
 	var mu sync.Mutex
@@ -200,15 +212,15 @@ func TestRoundTrips(t *testing.T) {
 	}
 	step("first claim", "PutItem", claim(store.Claimed))
 	held := tok
-	step("duplicate in flight", "PutItem GetItem", claim(store.InFlight))
+	step("duplicate in flight", refused, claim(store.InFlight))
 	step("renew", "UpdateItem", func() error { return s.Renew(t.Context(), id, held, time.Second) })
 	mu.Lock()
 	now = now.Add(2 * time.Second)
 	mu.Unlock()
-	step("takeover", "PutItem GetItem UpdateItem", claim(store.Claimed))
+	step("takeover", refused+" UpdateItem", claim(store.Claimed))
 	holder := tok
 	step("complete", "UpdateItem", func() error { return s.Complete(t.Context(), id, holder, resp, time.Hour) })
-	step("replay", "PutItem GetItem", claim(store.Completed))
+	step("replay", refused, claim(store.Completed))
 	step("release refused", "DeleteItem", func() error {
 		if err := s.Release(t.Context(), id, holder); !errors.Is(err, store.ErrLeaseLost) {
 			return fmt.Errorf("release after complete: %v", err)
