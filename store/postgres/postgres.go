@@ -83,6 +83,8 @@ type Store struct {
 	// claimRetries counts claim statements re-run because of the READ COMMITTED
 	// hazard (observed by tests).
 	claimRetries atomic.Int64
+
+	repl replicationPolicy // Migrate's replication check (replication.go)
 }
 
 var (
@@ -538,8 +540,14 @@ type beginner interface {
 // violation, so run Migrate once, or retry it). A database at a newer version is left as it is; a
 // records table dropped by hand is created again. Behind a transaction pooler
 // whose leftover prepared statements abort the transaction, Migrate runs once
-// more without the statement cache (see WithTransactionPooler).
+// more without the statement cache (see WithTransactionPooler). First it reads
+// the server's replication settings (Replication): it logs one warning when
+// commits do not wait for a synchronous standby, or fails with
+// ErrNotSynchronous under WithSynchronousStandby (replication.go).
 func (s *Store) Migrate(ctx context.Context) error {
+	if err := s.checkReplication(ctx); err != nil { // replication.go
+		return err
+	}
 	err := s.migrate(ctx)
 	if err != nil && s.detectPooler(err) {
 		err = s.migrate(ctx)
