@@ -84,7 +84,7 @@ func (s *Store) Evict(ctx context.Context, id store.ID, policy store.EvictPolicy
 
 // Wait implements store.Waiter by polling: DynamoDB has no notifications, so
 // Wait reads whether id holds a live claim (one strongly consistent GetItem of
-// four small attributes) at once and then with back-off (WithPollInterval,
+// three small attributes) at once and then with back-off (WithPollInterval,
 // through waitset.Poll) until it does not (nil) or ctx ends (ctx.Err()).
 // Errors: store.ErrInvalid for an invalid ID, ctx.Err(), the SDK's wrapped.
 func (s *Store) Wait(ctx context.Context, id store.ID) error {

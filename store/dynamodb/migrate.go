@@ -18,8 +18,9 @@ import (
 // enables DynamoDB's TTL on the ttl attribute. A server without TTL
 // (UpdateTimeToLive unknown, as on dynalite) is tolerated: expired records are
 // then never deleted, but the store treats them as absent all the same, and
-// TTLEnabled reports false. It is idempotent. Errors are the SDK's, wrapped.
-func (s *Store) Migrate(ctx context.Context) (TTLEnabled bool, err error) {
+// ttl is false. ttl is true when TTL is on (now or before). It is idempotent.
+// Errors are the SDK's, wrapped.
+func (s *Store) Migrate(ctx context.Context) (ttl bool, err error) {
 	_, err = s.db.CreateTable(ctx, &dynamodb.CreateTableInput{
 		TableName:            &s.table,
 		BillingMode:          types.BillingModePayPerRequest,
