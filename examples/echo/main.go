@@ -107,7 +107,7 @@ func routes(a *accountsapp.App, idem *middleware.Middleware) http.Handler {
 // newStore builds the idempotency store IDEM_STORE names on the shared
 // connections, and what of it the metrics export. Postgres decides every claim
 // of the postgres and tiered stores; tiered puts Redis in front as a cache;
-// mysql keeps the records in MySQL or MariaDB (MYSQL_DSN).
+// mysql keeps the records in MySQL or MariaDB (MYSQL_DSN), dynamodb in DynamoDB.
 func newStore(ctx context.Context, env setup.Env, conns *setup.Conns, logger *slog.Logger) (store.Store, []idemprom.CollectorOption, error) {
 	switch env.Store {
 	case "memory":
@@ -122,6 +122,12 @@ func newStore(ctx context.Context, env setup.Env, conns *setup.Conns, logger *sl
 			return nil, nil, err
 		}
 		return ms, []idemprom.CollectorOption{idemprom.WithClaimRetries(func() int64 { return ms.Stats().ClaimRetries })}, nil
+	case "dynamodb":
+		ds, err := setup.DynamoDBStore(ctx, env, logger)
+		if err != nil {
+			return nil, nil, err
+		}
+		return ds, nil, nil
 	}
 	pg, err := postgres.New(conns.Pool, postgres.WithTable(env.IdemTable), postgres.WithLogger(logger))
 	if err == nil {

@@ -7,10 +7,14 @@
 // Environment (docs/architecture.md section 6, plus the test-only names):
 //
 //	ADDR                   listen address, default 127.0.0.1:8080
-//	IDEM_STORE             memory (default), postgres, redis, tiered or mysql
+//	IDEM_STORE             memory (default), postgres, redis, tiered, mysql or dynamodb
 //	DATABASE_URL           Postgres: the store (postgres, tiered) and PROJECTION=postgres
 //	REDIS_URL              Redis: the store (redis, tiered)
 //	MYSQL_DSN              MySQL or MariaDB (go-sql-driver DSN): the mysql store
+//	AWS_REGION             DynamoDB's region (the dynamodb store; credentials as the
+//	                       AWS SDK finds them)
+//	DYNAMODB_ENDPOINT      a DynamoDB-compatible endpoint (dynalite, DynamoDB Local)
+//	                       instead of AWS's; region us-east-1 unless AWS_REGION
 //	IDEM_LEASE             claim lease, Go duration, at least 100ms, default 10s
 //	IDEM_RETENTION         how long responses are replayed, default 24h
 //	IDEM_WAIT              how long a duplicate of a request in flight waits for its
@@ -18,7 +22,7 @@
 //	                       5s; 0 answers 409 at once (the account examples)
 //	IDEM_MEMORY_MAX_BYTES  the memory store's bound on the bytes it keeps
 //	                       (memory.WithMaxBytes), default 67108864 (64 MiB); 0: none
-//	IDEM_TABLE             the Postgres or MySQL store's table, default idemkey_records
+//	IDEM_TABLE             the Postgres, MySQL or DynamoDB store's table, default idemkey_records
 //	IDEM_REDIS_PREFIX      the Redis store's key prefix, default idemkey:
 //	CELERIANT_ADDR         Celeriant wire address host:port, or a cluster's nodes
 //	                       separated by commas; empty: in-process simulator
@@ -77,7 +81,8 @@ type Env struct {
 	// Addr is the listen address (ADDR); port 0 picks a free port.
 	Addr string
 	// Store is the idempotency store (IDEM_STORE): "memory", "postgres", "redis",
-	// "tiered" (Redis in front of Postgres) or "mysql" (MySQL or MariaDB).
+	// "tiered" (Redis in front of Postgres), "mysql" (MySQL or MariaDB) or
+	// "dynamodb".
 	Store string
 	// DatabaseURL is the Postgres connection string (DATABASE_URL); required by
 	// the postgres and tiered stores and by PROJECTION=postgres.
@@ -89,6 +94,9 @@ type Env struct {
 	// (MYSQL_DSN), such as app@tcp(127.0.0.1:3306)/app; required by the mysql
 	// store.
 	MySQLDSN string
+	// AWSRegion (AWS_REGION) and DynamoDBEndpoint (DYNAMODB_ENDPOINT) locate the
+	// dynamodb store's table; it needs one of them.
+	AWSRegion, DynamoDBEndpoint string
 	// Lease and Retention are the middleware's claim lease and record retention
 	// (IDEM_LEASE, IDEM_RETENTION); Retention >= Lease > 0.
 	Lease, Retention time.Duration
@@ -167,6 +175,7 @@ func Load(getenv func(string) string) (Env, error) {
 		TablePrefix:    getenv("ACCOUNTS_TABLE_PREFIX"),
 		ReplayHeader:   strings.TrimSpace(getenv("IDEM_REPLAY_HEADER")),
 	}
+	e.AWSRegion, e.DynamoDBEndpoint = strings.TrimSpace(getenv("AWS_REGION")), strings.TrimSpace(getenv("DYNAMODB_ENDPOINT"))
 	if v := strings.TrimSpace(getenv("ADDR")); v != "" {
 		e.Addr = v
 	}
@@ -229,9 +238,9 @@ func (e *Env) check() error {
 	switch e.Store {
 	case "":
 		e.Store = "memory"
-	case "memory", "postgres", "redis", "tiered", "mysql":
+	case "memory", "postgres", "redis", "tiered", "mysql", "dynamodb":
 	default:
-		return fmt.Errorf("%w: IDEM_STORE=%q is not one of memory, postgres, redis, tiered, mysql", ErrConfig, e.Store)
+		return fmt.Errorf("%w: IDEM_STORE=%q is not one of memory, postgres, redis, tiered, mysql, dynamodb", ErrConfig, e.Store)
 	}
 	switch e.Projection {
 	case "":
@@ -245,6 +254,9 @@ func (e *Env) check() error {
 	}
 	if e.Store == "mysql" && e.MySQLDSN == "" {
 		return fmt.Errorf("%w: IDEM_STORE=mysql needs MYSQL_DSN", ErrConfig)
+	}
+	if e.Store == "dynamodb" && e.AWSRegion == "" && e.DynamoDBEndpoint == "" {
+		return fmt.Errorf("%w: IDEM_STORE=dynamodb needs AWS_REGION or DYNAMODB_ENDPOINT", ErrConfig)
 	}
 	if e.NeedsRedis() && e.RedisURL == "" {
 		return fmt.Errorf("%w: IDEM_STORE=%s needs REDIS_URL", ErrConfig, e.Store)

@@ -53,6 +53,11 @@ func TestLoad(t *testing.T) {
 		{name: "mysql store", env: map[string]string{"IDEM_STORE": "MySQL", "MYSQL_DSN": "root@tcp(db:3306)/app"},
 			want: with(func(e *Env) { e.Store, e.MySQLDSN = "mysql", "root@tcp(db:3306)/app" })},
 		{name: "mysql store without a DSN", env: map[string]string{"IDEM_STORE": "mysql"}, wantErr: "IDEM_STORE=mysql needs MYSQL_DSN"},
+		{name: "dynamodb store", env: map[string]string{"IDEM_STORE": "dynamodb", "AWS_REGION": "eu-west-1", "DYNAMODB_ENDPOINT": "http://127.0.0.1:8000"},
+			want: with(func(e *Env) {
+				e.Store, e.AWSRegion, e.DynamoDBEndpoint = "dynamodb", "eu-west-1", "http://127.0.0.1:8000"
+			})},
+		{name: "dynamodb store without a region", env: map[string]string{"IDEM_STORE": "dynamodb"}, wantErr: "IDEM_STORE=dynamodb needs AWS_REGION or DYNAMODB_ENDPOINT"},
 		{name: "redis store without Redis", env: map[string]string{"IDEM_STORE": "redis"}, wantErr: "REDIS_URL"},
 		{name: "unknown projection", env: map[string]string{"PROJECTION": "mysql"}, wantErr: "PROJECTION"},
 		{name: "postgres projection without a database", env: map[string]string{"PROJECTION": "postgres"}, wantErr: "PROJECTION=postgres needs DATABASE_URL"},
