@@ -11,11 +11,10 @@ import (
 	goredis "github.com/redis/go-redis/v9"
 
 	"github.com/idemkey/idemkey/store"
-	"github.com/idemkey/idemkey/store/codec"
 	"github.com/idemkey/idemkey/store/redis/redistest"
 )
 
-// BenchmarkTransitions compares the store with the ceiling: the same scripts called
+// BenchmarkTransitions compares the store with the ceiling: the same commands sent
 // directly through go-redis with prebuilt arguments and no reply decoding. One op is
 // three transitions on a fresh key: Claim (new), Complete, Claim (replay). Run both
 // at concurrency 1 and 16 against a private redis-server; transitions/s is reported.
@@ -43,17 +42,26 @@ func BenchmarkTransitions(b *testing.B) {
 		_, err = s.Claim(ctx, store.ClaimRequest{ID: id, Fingerprint: fp, Lease: 10 * time.Second, Retention: time.Minute})
 		return err
 	}
-	head := codec.EncodeHeader(resp.Header)
+	tail, flags := responseTail(resp)
 	tok := store.NewToken()
+	m := make([]byte, markerLen)
+	putMarker(m, fp, tok, 60000, 50000)
+	claim := func(key string) error {
+		err := c.SetArgs(ctx, key, m, goredis.SetArgs{Mode: "NX", TTL: time.Minute, Get: true}).Err()
+		if err == goredis.Nil {
+			return nil
+		}
+		return err
+	}
 	direct := func() error {
-		keys := []string{"bench:{5:benchd" + strconv.FormatInt(seq.Add(1), 10) + "}"}
-		if err := claimScript.Run(ctx, c, keys, fp[:], tok[:], 10000, 60000).Err(); err != nil {
+		key := "bench:{5:benchd" + strconv.FormatInt(seq.Add(1), 10) + "}"
+		if err := claim(key); err != nil {
 			return err
 		}
-		if err := completeScript.Run(ctx, c, keys, tok[:], 60000, "201", head, resp.Body, "", tok[:]).Err(); err != nil {
+		if err := completeScript.Run(ctx, c, []string{key}, tok[:], tok[:], 60000, flags, tail, resp.Body, "ch").Err(); err != nil {
 			return err
 		}
-		return claimScript.Run(ctx, c, keys, fp[:], tok[:], 10000, 60000).Err()
+		return claim(key)
 	}
 	for _, conc := range []int{1, 16} {
 		b.Run("c="+strconv.Itoa(conc), func(b *testing.B) {
