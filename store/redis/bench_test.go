@@ -122,3 +122,32 @@ func runConcurrent(conc, n int, op func() error) (time.Duration, error) {
 	}
 	return d, nil
 }
+
+// BenchmarkReplay reports the store's own allocations per replay (a Claim that
+// finds the completed record), against a private redis-server:
+//
+//	go test -run '^$' -bench Replay -benchmem ./store/redis/
+func BenchmarkReplay(b *testing.B) {
+	srv := redistest.StartServer(b)
+	c := goredis.NewClient(&goredis.Options{Addr: srv.Addr})
+	b.Cleanup(func() { _ = c.Close() })
+	ctx := context.Background()
+	s := New(c, WithPrefix("bench:"))
+	req := store.ClaimRequest{ID: store.ID{Scope: "tenant-1", Key: "0b6f0d2c-3d4e-4c8a-9d1e-2f3a4b5c6d7e"},
+		Fingerprint: store.Fingerprint{1, 2, 3}, Lease: 10 * time.Second, Retention: time.Hour}
+	r, err := s.Claim(ctx, req)
+	if err != nil {
+		b.Fatal(err)
+	}
+	resp := store.Response{Status: 201, Header: map[string][]string{"Content-Type": {"application/json"}},
+		Body: []byte(`{"balanceCents":98766,"aggregateVersion":42}`)}
+	if err := s.Complete(ctx, req.ID, r.Token, resp, time.Hour); err != nil {
+		b.Fatal(err)
+	}
+	b.ReportAllocs()
+	for b.Loop() {
+		if res, err := s.Claim(ctx, req); err != nil || res.Outcome != store.Completed {
+			b.Fatal(res, err)
+		}
+	}
+}
