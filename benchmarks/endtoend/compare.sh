@@ -29,7 +29,7 @@ git -C "$root" archive "$old" | tar -x -C "$src"
 rm -rf "$src/benchmarks/endtoend"
 cp -r "$root/benchmarks/endtoend" "$src/benchmarks/endtoend"
 cp "$root/benchmarks/go.mod" "$root/benchmarks/go.sum" "$src/benchmarks/"
-(cd "$src/benchmarks" && GOWORK=off go build -o "$out/endtoend-old" ./endtoend/)
+(cd "$src/benchmarks" && go build -o "$out/endtoend-old" ./endtoend/)
 (cd "$root/benchmarks" && go build -o "$out/endtoend-new" ./endtoend/)
 
 # One private Redis for both versions.
@@ -37,7 +37,7 @@ port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); p
 redis-server --port "$port" --bind 127.0.0.1 --save '' --appendonly no --dir "$out" \
 	--maxmemory-policy noeviction >"$out/redis.log" 2>&1 &
 redis_pid=$!
-trap 'kill $redis_pid' EXIT
+trap 'kill $redis_pid' EXIT INT TERM
 sleep 0.5
 
 i=0

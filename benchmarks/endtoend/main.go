@@ -15,12 +15,14 @@
 // time and prints Redis's main-thread CPU per request and, per command, calls
 // per request and usec_per_call (INFO commandstats) for them: one at a time, no
 // subject gains from the batching that concurrent clients give Redis. The floor
-// a request's Redis cost is compared with is measured alike, in the same round:
-// the subjects get and getset are the bare handler doing a plain GET of the
-// record idemkey stored for its replay (get), or that GET and a SET of it (getset),
-// on the same Redis, at the pace of HTTP requests. Each round also ends with
-// -seq plain GETs and SETs of that record in a loop from this process (the
-// cheapest Redis can do; the HTTP pacing alone costs Redis more per command).
+// a request's Redis cost is compared with is measured alike and interleaved
+// with it: every server also serves the bare handler behind a plain GET of the
+// record idemkey's Redis store keeps for the answer (/floor/get, the floor of a
+// replay) or that GET and a SET of it (/floor/getset, of a first execution),
+// and the sequential phase alternates batches of 100 requests of the subject
+// and of its floor. Each round also ends with -seq plain GETs and SETs of that
+// record in a loop from this process (the cheapest Redis can do; HTTP pacing
+// alone costs Redis more per command).
 // Then, from the medians of the rounds' ratios, the figures
 // docs/architecture.md's performance section quotes.
 //
@@ -48,7 +50,7 @@ import (
 
 // subjects in the order a round runs them; bare ones run once, the others in
 // both modes.
-var subjects = []string{"bare", "fiber-bare", "memory", "fiber-memory", "redis", "fiber-redis", "get", "getset", "postgres", "tiered"}
+var subjects = []string{"bare", "fiber-bare", "memory", "fiber-memory", "redis", "fiber-redis", "postgres", "tiered"}
 
 func main() {
 	sub := flag.String("serve", "", "internal: serve this subject on 127.0.0.1 until stdin closes")
@@ -57,6 +59,7 @@ func main() {
 	flag.StringVar(&cfg.pgURL, "pg", "", "Postgres URL for the postgres and tiered subjects (left out when empty)")
 	flag.StringVar(&cfg.schema, "schema", "", "internal: the Postgres schema")
 	flag.StringVar(&cfg.prefix, "prefix", "", "internal: the Redis key prefix")
+	flag.StringVar(&cfg.floorKey, "floor", "", "internal: the key of the floor's value")
 	rounds := flag.Int("rounds", 4, "rounds")
 	d := flag.Duration("d", 0, "measured time of each run (default 3s)")
 	c := flag.Int("c", 32, "client connections")
@@ -101,6 +104,9 @@ func main() {
 	b := bench{cfg: cfg, rc: rc, body: jsonBody(max(*size, 80)), c: *c, d: *d, seq: max(*seq, 1)}
 	fmt.Printf("endtoend: %d rounds of %v per run, %d connections, %d-byte body, Redis %s\n",
 		*rounds, *d, *c, len(b.body), cfg.redisAddr)
+	if err := b.setFloor(); err != nil {
+		log.Fatal(err)
+	}
 	var all []roundResult
 	for r := range *rounds {
 		all = append(all, b.round(r+1, runList))

@@ -60,6 +60,18 @@ type redisStats struct {
 	usec    map[string]int64
 }
 
+// add adds what Redis spent between before and after to st.
+func (st *redisStats) add(before, after redisStats) {
+	if st.calls == nil {
+		st.calls, st.usec = map[string]int64{}, map[string]int64{}
+	}
+	st.mainCPU += after.mainCPU - before.mainCPU
+	for name, c := range after.calls {
+		st.calls[name] += c - before.calls[name]
+		st.usec[name] += after.usec[name] - before.usec[name]
+	}
+}
+
 // readStats reads INFO cpu and INFO commandstats.
 func readStats(c *goredis.Client) (redisStats, error) {
 	ctx := context.Background()

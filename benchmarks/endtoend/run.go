@@ -28,6 +28,9 @@ type bench struct {
 	c    int
 	d    time.Duration
 	seq  int // requests of the sequential phase
+	// floorKey holds the record idemkey's Redis store keeps for the run's
+	// answer: the value the floor endpoints read and write.
+	floorKey string
 }
 
 // runResult is one (subject, mode) run.
@@ -35,6 +38,7 @@ type runResult struct {
 	rps, cpuPerReq float64    // requests/s seen by the client; server CPU, µs per request
 	redis          redisDelta // Redis under the concurrent load
 	seq            redisDelta // Redis per request, one request at a time
+	floor          redisDelta // the same for the floor (GET or GET+SET), interleaved with seq
 }
 
 // roundResult is one round: every run, and the plain GET and SET floor (one
@@ -44,54 +48,61 @@ type roundResult struct {
 	get, set redisDelta
 }
 
-// round runs every subject once (bare) or in both modes, then the plain
-// commands on the record the Redis subject stored.
+// round runs every subject once (bare) or in both modes, then plain commands
+// on the floor's value in a loop.
 func (b *bench) round(n int, subs []string) roundResult {
 	res := roundResult{runs: map[string]runResult{}}
-	fmt.Printf("\nround %d\n%-20s %9s %11s %9s %9s  %s\n", n, "run", "req/s", "cpu-us/req", "redis-us", "seq-us",
+	fmt.Printf("\nround %d\n%-20s %9s %11s %9s %9s %9s  %s\n", n, "run", "req/s", "cpu-us/req", "redis-us", "seq-us", "floor-us",
 		"redis commands per request, one at a time (usec_per_call)")
-	var record string
 	for _, s := range subs {
 		modes := []string{"first", "replay"}
-		if strings.HasSuffix(s, "bare") || s == "get" || s == "getset" {
+		if strings.HasSuffix(s, "bare") {
 			modes = []string{"bare"}
 		}
 		for _, mode := range modes {
-			prefix := "endtoend:" + store.NewToken().String()[:8] + ":"
-			if s == "get" || s == "getset" {
-				if record == "" {
-					record = string(answer) // no Redis subject ran: the answer alone
-				}
-				prefix += "floor"
-				if err := b.rc.Set(context.Background(), prefix, record, time.Hour).Err(); err != nil {
-					fmt.Fprintf(os.Stderr, "round %d: %v\n", n, err)
-					os.Exit(1)
-				}
-			}
-			r, err := b.run(s, mode, prefix)
+			r, err := b.run(s, mode, "endtoend:"+store.NewToken().String()[:8]+":")
 			if err != nil {
 				fmt.Fprintf(os.Stderr, "round %d, %s/%s: %v\n", n, s, mode, err)
 				os.Exit(1)
 			}
-			if s == "redis" && mode == "replay" {
-				record = storedRecord(b.rc, prefix)
-			}
 			res.runs[s+"/"+mode] = r
-			fmt.Printf("%-20s %9.0f %11.1f %9.2f %9.2f  %s\n", s+"/"+mode, r.rps, r.cpuPerReq, r.redis.cpuPerReq, r.seq.cpuPerReq, r.seq.commands())
+			fmt.Printf("%-20s %9.0f %11.1f %9.2f %9.2f %9.2f  %s\n", s+"/"+mode, r.rps, r.cpuPerReq, r.redis.cpuPerReq,
+				r.seq.cpuPerReq, r.floor.cpuPerReq, r.seq.commands())
 		}
 	}
-	if record == "" {
-		record = string(answer) // no Redis subject ran: the answer alone
-	}
+	record, _ := b.rc.Get(context.Background(), b.floorKey).Result()
 	get, set, err := plainOps(b.cfg.redisAddr, record, 1, b.seq)
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "plain commands: %v\n", err)
 		os.Exit(1)
 	}
 	res.get, res.set = get, set
-	fmt.Printf("%-20s %9s %11s %9s %9.2f  %s (value of %d bytes)\n", "plain GET", "", "", "", get.cpuPerReq, get.commands(), len(record))
-	fmt.Printf("%-20s %9s %11s %9s %9.2f  %s\n", "plain SET", "", "", "", set.cpuPerReq, set.commands())
+	fmt.Printf("%-20s %9s %11s %9s %9.2f %9s  %s (value of %d bytes)\n", "plain GET loop", "", "", "", get.cpuPerReq, "", get.commands(), len(record))
+	fmt.Printf("%-20s %9s %11s %9s %9.2f %9s  %s\n", "plain SET loop", "", "", "", set.cpuPerReq, "", set.commands())
 	return res
+}
+
+// setFloor stores, under a key of its own, the value idemkey's Redis store
+// keeps for the run's answer: one request through a Redis subject, then its
+// record (the fields' values joined, for a record kept as a hash).
+func (b *bench) setFloor() error {
+	prefix := "endtoend:" + store.NewToken().String()[:8] + ":"
+	srv, err := b.start("redis", prefix)
+	if err != nil {
+		return err
+	}
+	err = send(srv.cl, srv.url, newKey(rand.Uint32(), 0, 0), b.body)
+	srv.stop()
+	if err != nil {
+		return err
+	}
+	v := storedRecord(b.rc, prefix)
+	if v == "" {
+		return fmt.Errorf("no record under %s", prefix)
+	}
+	b.floorKey = prefix + "floor"
+	b.cfg.floorKey = b.floorKey
+	return b.rc.Set(context.Background(), b.floorKey, v, 24*time.Hour).Err()
 }
 
 // storedRecord returns the value the Redis subject keeps for its replayed key.
@@ -102,41 +113,70 @@ func storedRecord(c *goredis.Client, prefix string) string {
 		if v, err := c.Get(ctx, k).Result(); err == nil {
 			return v
 		}
+		if h, err := c.HGetAll(ctx, k).Result(); err == nil && len(h) > 0 {
+			var sb strings.Builder
+			for f, v := range h {
+				sb.WriteString(f + v)
+			}
+			return sb.String()
+		}
 	}
 	return ""
 }
 
-// run starts a server process for subject, warms it up, sends requests for
-// b.d, stops the server and returns what it and Redis measured.
-func (b *bench) run(subject, mode, prefix string) (runResult, error) {
+// server is a running server process of one subject.
+type server struct {
+	cl        *http.Client
+	base, url string
+	stop      func()
+}
+
+// start starts a server process for subject and waits until it listens.
+func (b *bench) start(subject, prefix string) (*server, error) {
 	self, err := os.Executable()
 	if err != nil {
-		return runResult{}, err
+		return nil, err
 	}
 	cmd := exec.Command(self, "-serve", subject, "-redis", b.cfg.redisAddr, "-pg", b.cfg.pgURL,
-		"-schema", b.cfg.schema, "-prefix", prefix)
+		"-schema", b.cfg.schema, "-prefix", prefix, "-floor", b.cfg.floorKey)
 	stdin, err := cmd.StdinPipe()
 	if err != nil {
-		return runResult{}, err
+		return nil, err
 	}
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {
-		return runResult{}, err
+		return nil, err
 	}
 	cmd.Stderr = os.Stderr
 	if err := cmd.Start(); err != nil {
-		return runResult{}, err
+		return nil, err
 	}
-	defer cmd.Process.Kill() // after Wait: a no-op
+	tr := &http.Transport{MaxIdleConnsPerHost: b.c, MaxConnsPerHost: b.c, DisableCompression: true}
+	stop := func() {
+		tr.CloseIdleConnections()
+		stdin.Close()
+		_ = cmd.Wait()
+	}
 	lines := bufio.NewScanner(stdout)
 	if !lines.Scan() || !strings.HasPrefix(lines.Text(), "listening on http://") {
-		return runResult{}, fmt.Errorf("server did not start: %q", lines.Text())
+		_ = cmd.Process.Kill()
+		stop()
+		return nil, fmt.Errorf("server did not start: %q", lines.Text())
 	}
 	base := strings.TrimPrefix(lines.Text(), "listening on ")
-	url := base + "/api/transfers"
-	tr := &http.Transport{MaxIdleConnsPerHost: b.c, MaxConnsPerHost: b.c, DisableCompression: true}
-	defer tr.CloseIdleConnections()
-	cl := &http.Client{Transport: tr}
+	return &server{cl: &http.Client{Transport: tr}, base: base, url: base + "/api/transfers", stop: stop}, nil
+}
+
+// run starts a server process for subject, warms it up, sends requests for
+// b.d, then b.seq one at a time, alternating batches with the floor's, stops
+// the server and returns what it and Redis measured.
+func (b *bench) run(subject, mode, prefix string) (runResult, error) {
+	srv, err := b.start(subject, prefix)
+	if err != nil {
+		return runResult{}, err
+	}
+	defer srv.stop()
+	cl, url := srv.cl, srv.url
 	replayKey := newKey(rand.Uint32(), 0, 0)
 	if mode == "replay" {
 		if err := send(cl, url, replayKey, b.body); err != nil {
@@ -146,7 +186,7 @@ func (b *bench) run(subject, mode, prefix string) (runResult, error) {
 	if _, err := b.load(cl, url, mode, replayKey, b.d/10); err != nil {
 		return runResult{}, err
 	}
-	cpu0, err := serverCPU(cl, base)
+	cpu0, err := serverCPU(cl, srv.base)
 	if err != nil {
 		return runResult{}, err
 	}
@@ -154,7 +194,6 @@ func (b *bench) run(subject, mode, prefix string) (runResult, error) {
 	if err != nil {
 		return runResult{}, err
 	}
-	rs0Load := rs0
 	start := time.Now()
 	n, err := b.load(cl, url, mode, replayKey, b.d)
 	if err != nil {
@@ -165,35 +204,56 @@ func (b *bench) run(subject, mode, prefix string) (runResult, error) {
 	if err != nil {
 		return runResult{}, err
 	}
-	cpu1, err := serverCPU(cl, base)
+	cpu1, err := serverCPU(cl, srv.base)
 	if err != nil {
 		return runResult{}, err
 	}
-	// One request at a time: Redis's CPU per request without the batching that
-	// concurrent clients give it, comparable with plain commands sent alike.
-	if rs0, err = readStats(b.rc); err != nil {
-		return runResult{}, err
+	res := runResult{rps: float64(n) / elapsed.Seconds(), cpuPerReq: float64(cpu1-cpu0) / float64(n) / 1e3,
+		redis: delta(rs0, rs1, n)}
+	if mode == "bare" {
+		return res, nil // no Redis to measure
 	}
+	floorURL := srv.base + "/floor/get"
+	if mode != "replay" {
+		floorURL = srv.base + "/floor/getset"
+	}
+	res.seq, res.floor, err = b.sequential(cl, url, floorURL, mode, replayKey)
+	return res, err
+}
+
+// sequential sends b.seq requests to url one at a time, in batches alternating
+// with as many to floorURL, and returns Redis's cost per request of each.
+func (b *bench) sequential(cl *http.Client, url, floorURL, mode, replayKey string) (subject, floor redisDelta, err error) {
+	const batch = 100
+	var acc [2]redisStats
 	run := rand.Uint32()
-	for i := range b.seq {
-		key := replayKey
-		if mode != "replay" {
-			key = newKey(run, 0, i)
+	done := 0
+	for done < b.seq {
+		k := min(batch, b.seq-done)
+		for side, u := range []string{url, floorURL} {
+			before, err := readStats(b.rc)
+			if err != nil {
+				return subject, floor, err
+			}
+			for i := range k {
+				key := replayKey
+				if mode != "replay" || side == 1 {
+					key = newKey(run, side+1, done+i)
+				}
+				if err := send(cl, u, key, b.body); err != nil {
+					return subject, floor, err
+				}
+			}
+			after, err := readStats(b.rc)
+			if err != nil {
+				return subject, floor, err
+			}
+			acc[side].add(before, after)
 		}
-		if err := send(cl, url, key, b.body); err != nil {
-			return runResult{}, err
-		}
+		done += k
 	}
-	seqStats, err := readStats(b.rc)
-	if err != nil {
-		return runResult{}, err
-	}
-	stdin.Close()
-	if err := cmd.Wait(); err != nil {
-		return runResult{}, err
-	}
-	return runResult{rps: float64(n) / elapsed.Seconds(), cpuPerReq: float64(cpu1-cpu0) / float64(n) / 1e3,
-		redis: delta(rs0Load, rs1, n), seq: delta(rs0, seqStats, int64(b.seq))}, nil
+	n := int64(b.seq)
+	return delta(redisStats{}, acc[0], n), delta(redisStats{}, acc[1], n), nil
 }
 
 // newKey returns a 36-character key (Fiber's default key check wants the

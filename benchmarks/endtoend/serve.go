@@ -32,6 +32,7 @@ var answer = []byte(`{"balanceCents":98766,"aggregateVersion":42}`)
 // serveConfig is what a server process needs besides its subject.
 type serveConfig struct {
 	redisAddr, pgURL, schema, prefix string
+	floorKey                         string // holds the value the floor endpoints read
 }
 
 // serve runs subject on a free loopback port, prints its address, and exits
@@ -51,11 +52,8 @@ func serve(subject string, cfg serveConfig) {
 		w.WriteHeader(http.StatusCreated)
 		_, _ = w.Write(answer)
 	}))
-	switch subject {
-	case "get", "getset":
-		handler = floor(subject, cfg, handler)
-	case "bare":
-	default:
+	bare := handler
+	if subject != "bare" {
 		m, err := middleware.New(idemStore(subject, cfg), middleware.ScopeFromHeader("X-Client-ID", "anonymous"),
 			middleware.WithRecordRetention(middleware.RetentionRule{Default: 24 * time.Hour}),
 			middleware.WithLogger(slog.New(slog.DiscardHandler)))
@@ -66,6 +64,9 @@ func serve(subject string, cfg serveConfig) {
 	}
 	mux := http.NewServeMux()
 	mux.Handle("POST /api/transfers", handler)
+	fl := newFloor(cfg)
+	mux.Handle("POST /floor/get", fl.handler(false, bare))
+	mux.Handle("POST /floor/getset", fl.handler(true, bare))
 	mux.HandleFunc("GET /cpu", func(w http.ResponseWriter, r *http.Request) { fmt.Fprintln(w, int64(cpuTime())) })
 	fmt.Printf("listening on http://%s\n", ln.Addr())
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
@@ -78,19 +79,32 @@ func serve(subject string, cfg serveConfig) {
 	}
 }
 
-// floor wraps the bare handler with plain commands on the value stored under
-// cfg.prefix (the record idemkey's Redis subject stored for its replay): GET for
-// "get", GET and then SET of it under a key of the request's for "getset". They
-// are what a replay and a first execution cannot do with less, sent at the
-// pace of HTTP requests like the subjects' commands.
-func floor(subject string, cfg serveConfig, next http.Handler) http.Handler {
-	c := goredis.NewClient(&goredis.Options{Addr: cfg.redisAddr, PoolSize: 64})
+// floor is the Redis work a request cannot do with less, served beside the
+// subject by the same process: a plain GET of the value under cfg.floorKey (the
+// record idemkey's Redis store keeps for the run's answer), or that GET and a
+// SET of it under a key of the request's. The sequential phase alternates
+// batches of subject and floor requests, so both meet the same load.
+type floor struct {
+	c   *goredis.Client
+	key string
+}
+
+func newFloor(cfg serveConfig) *floor {
+	return &floor{c: goredis.NewClient(&goredis.Options{Addr: cfg.redisAddr, PoolSize: 64}), key: cfg.floorKey}
+}
+
+// do runs the floor's commands for a request with idempotency key k.
+func (f *floor) do(ctx context.Context, set bool, k string) error {
+	v, err := f.c.Get(ctx, f.key).Result()
+	if err == nil && set {
+		err = f.c.Set(ctx, f.key+":"+k, v, time.Hour).Err()
+	}
+	return err
+}
+
+func (f *floor) handler(set bool, next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		v, err := c.Get(r.Context(), cfg.prefix).Result()
-		if err == nil && subject == "getset" {
-			err = c.Set(r.Context(), cfg.prefix+":"+r.Header.Get("Idempotency-Key"), v, time.Hour).Err()
-		}
-		if err != nil {
+		if err := f.do(r.Context(), set, r.Header.Get("Idempotency-Key")); err != nil {
 			http.Error(w, err.Error(), http.StatusServiceUnavailable)
 			return
 		}
@@ -141,21 +155,32 @@ func idemStore(subject string, cfg serveConfig) store.Store {
 // (gofiber/storage/redis/v3) on the same Redis.
 func serveFiber(subject string, cfg serveConfig, ln net.Listener) {
 	app := fiber.New(fiber.Config{DisableStartupMessage: true})
+	var chain []fiber.Handler // the middleware on the subject's route only
 	switch subject {
 	case "fiber-memory":
-		app.Use(idem2.New(idem2.Config{KeyHeader: "Idempotency-Key", Lifetime: 24 * time.Hour}))
+		chain = append(chain, idem2.New(idem2.Config{KeyHeader: "Idempotency-Key", Lifetime: 24 * time.Hour}))
 	case "fiber-redis":
 		st := fiberredis.New(fiberredis.Config{Addrs: []string{cfg.redisAddr}, PoolSize: 64})
-		app.Use(idem2.New(idem2.Config{KeyHeader: "Idempotency-Key", Lifetime: 24 * time.Hour, Storage: st}))
+		chain = append(chain, idem2.New(idem2.Config{KeyHeader: "Idempotency-Key", Lifetime: 24 * time.Hour, Storage: st}))
 	case "fiber-bare":
 	default:
 		log.Fatalf("unknown subject %q", subject)
 	}
-	app.Post("/api/transfers", func(c *fiber.Ctx) error {
+	handler := func(c *fiber.Ctx) error {
 		_ = c.Body()
 		c.Set("Content-Type", "application/json")
 		return c.Status(http.StatusCreated).Send(answer)
-	})
+	}
+	app.Post("/api/transfers", append(chain, handler)...)
+	fl := newFloor(cfg)
+	for path, set := range map[string]bool{"/floor/get": false, "/floor/getset": true} {
+		app.Post(path, func(c *fiber.Ctx) error {
+			if err := fl.do(c.UserContext(), set, c.Get("Idempotency-Key")); err != nil {
+				return c.Status(http.StatusServiceUnavailable).SendString(err.Error())
+			}
+			return handler(c)
+		})
+	}
 	app.Get("/cpu", func(c *fiber.Ctx) error { return c.SendString(fmt.Sprintln(int64(cpuTime()))) })
 	fmt.Printf("listening on http://%s\n", ln.Addr())
 	go func() {
