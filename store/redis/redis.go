@@ -259,6 +259,9 @@ func millis(ms int64) time.Duration { return time.Duration(ms) * time.Millisecon
 // isWrongType reports whether err is Redis's WRONGTYPE: the key holds a legacy
 // hash (or foreign data of another type).
 func isWrongType(err error) bool {
+	if err == nil {
+		return false // and no allocation for errors.As
+	}
 	var re goredis.Error
 	return errors.As(err, &re) && strings.HasPrefix(re.Error(), "WRONGTYPE")
 }
