@@ -54,6 +54,20 @@ func TestConformanceCluster(t *testing.T) {
 	}
 }
 
+// TestConformanceSentinel runs the suite through a Sentinel failover client
+// (redis.NewFailoverClient) on a private master and Sentinel.
+func TestConformanceSentinel(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a redis-server and a Sentinel")
+	}
+	c := redistest.StartSentinel(t)
+	storetest.Run(t, func(t *testing.T) storetest.Subject {
+		s := redis.New(c, redis.WithPrefix(redistest.Prefix(t, c)))
+		t.Cleanup(s.StopSubscriber)
+		return storetest.Subject{Store: s}
+	})
+}
+
 var (
 	fpA = store.Fingerprint{1}
 	fpB = store.Fingerprint{2}
