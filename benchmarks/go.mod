@@ -5,6 +5,7 @@ go 1.26.0
 require (
 	github.com/gofiber/fiber/v2 v2.52.15
 	github.com/gofiber/fiber/v3 v3.1.0
+	github.com/gofiber/storage/redis/v3 v3.4.3
 	github.com/idemkey/idemkey v0.1.0
 	github.com/idemkey/idemkey/store/mysql v0.1.0
 	github.com/idemkey/idemkey/store/postgres v0.1.0
