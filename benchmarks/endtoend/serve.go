@@ -19,6 +19,7 @@ import (
 	goredis "github.com/redis/go-redis/v9"
 
 	"github.com/idemkey/idemkey/middleware"
+	"github.com/idemkey/idemkey/policy"
 	"github.com/idemkey/idemkey/store"
 	"github.com/idemkey/idemkey/store/memory"
 	"github.com/idemkey/idemkey/store/postgres"
@@ -55,7 +56,7 @@ func serve(subject string, cfg serveConfig) {
 	bare := handler
 	if subject != "bare" {
 		m, err := middleware.New(idemStore(subject, cfg), middleware.ScopeFromHeader("X-Client-ID", "anonymous"),
-			middleware.WithRecordRetention(middleware.RetentionRule{Default: 24 * time.Hour}),
+			middleware.WithRecordRetention(policy.RetentionRule{Default: 24 * time.Hour}),
 			middleware.WithLogger(slog.New(slog.DiscardHandler)))
 		if err != nil {
 			log.Fatal(err)
