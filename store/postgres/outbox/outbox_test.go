@@ -1,0 +1,268 @@
+package outbox_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemkey/idemkey/store"
+	"github.com/idemkey/idemkey/store/postgres/outbox"
+)
+
+// pool connects to DATABASE_URL (a failure when CI=true and it is unset, a skip
+// otherwise) and closes the pool when the test ends.
+func pool(t *testing.T) *pgxpool.Pool {
+	t.Helper()
+	u := os.Getenv("DATABASE_URL")
+	if u == "" {
+		if os.Getenv("CI") == "true" {
+			t.Fatal("DATABASE_URL is not set; CI=true requires a Postgres server")
+		}
+		t.Skip("DATABASE_URL is not set; skipping tests that need Postgres")
+	}
+	p, err := pgxpool.New(context.Background(), u)
+	if err != nil {
+		t.Fatalf("connect: %v", err)
+	}
+	t.Cleanup(p.Close)
+	return p
+}
+
+// newOutbox returns a migrated outbox in a schema of its own, dropped at the end.
+func newOutbox(t *testing.T, p *pgxpool.Pool, opts ...outbox.Option) *outbox.Outbox {
+	t.Helper()
+	schema := "idemkey_outbox_test_" + store.NewToken().String()[:12]
+	ob, err := outbox.New(p, append([]outbox.Option{outbox.WithSchema(schema)}, opts...)...)
+	if err != nil {
+		t.Fatalf("New: %v", err)
+	}
+	t.Cleanup(func() {
+		if _, err := p.Exec(context.Background(), "DROP SCHEMA IF EXISTS "+pgx.Identifier{schema}.Sanitize()+" CASCADE"); err != nil {
+			t.Errorf("drop schema %s: %v", schema, err)
+		}
+	})
+	if err := ob.Migrate(t.Context()); err != nil {
+		t.Fatalf("Migrate: %v", err)
+	}
+	if err := ob.Migrate(t.Context()); err != nil { // idempotent
+		t.Fatalf("Migrate again: %v", err)
+	}
+	return ob
+}
+
+// enqueue commits messages ids in one transaction, or rolls it back.
+func enqueue(t *testing.T, p *pgxpool.Pool, ob *outbox.Outbox, commit bool, ids ...string) {
+	t.Helper()
+	ctx := t.Context()
+	tx, err := p.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	for _, id := range ids {
+		ok, err := ob.Enqueue(ctx, tx, outbox.Message{ID: id, Topic: "t." + id, Payload: []byte("body of " + id)})
+		if err != nil || !ok {
+			t.Fatalf("Enqueue(%s) = %v, %v", id, ok, err)
+		}
+	}
+	if commit {
+		if err := tx.Commit(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// recorder is a PublishFunc that records what it was given.
+type recorder struct {
+	mu   sync.Mutex
+	msgs []outbox.Message
+	fail func(outbox.Message) error
+}
+
+func (r *recorder) publish(_ context.Context, m outbox.Message) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.fail != nil {
+		if err := r.fail(m); err != nil {
+			return err
+		}
+	}
+	r.msgs = append(r.msgs, m)
+	return nil
+}
+
+func (r *recorder) ids() []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	out := make([]string, len(r.msgs))
+	for i, m := range r.msgs {
+		out[i] = m.ID
+	}
+	return out
+}
+
+func ids(prefix string, n int) []string {
+	out := make([]string, n)
+	for i := range out {
+		out[i] = fmt.Sprintf("%s-%04d", prefix, i)
+	}
+	return out
+}
+
+// TestRolledBackSendsNothing: messages enqueued in transactions that roll back
+// are never published; those of committed ones are, in order, with their topic
+// and payload, and are gone afterwards.
+func TestRolledBackSendsNothing(t *testing.T) {
+	p := pool(t)
+	ob := newOutbox(t, p)
+	enqueue(t, p, ob, false, ids("rolled-back", 20)...)
+	var r recorder
+	if n, err := ob.RelayBatch(t.Context(), r.publish); n != 0 || err != nil || len(r.ids()) != 0 {
+		t.Fatalf("RelayBatch after a rollback = %d, %v, published %v; want nothing", n, err, r.ids())
+	}
+	enqueue(t, p, ob, true, "a", "b")
+	enqueue(t, p, ob, false, "c")
+	enqueue(t, p, ob, true, "d")
+	if n, err := ob.RelayBatch(t.Context(), r.publish); n != 3 || err != nil {
+		t.Fatalf("RelayBatch = %d, %v; want 3", n, err)
+	}
+	if got := fmt.Sprint(r.ids()); got != "[a b d]" {
+		t.Fatalf("published %s, want [a b d]", got)
+	}
+	if m := r.msgs[2]; m.Topic != "t.d" || string(m.Payload) != "body of d" || m.CreatedAt.IsZero() {
+		t.Fatalf("published %+v", m)
+	}
+	if n, err := ob.Pending(t.Context()); n != 0 || err != nil {
+		t.Fatalf("Pending = %d, %v; want 0", n, err)
+	}
+}
+
+// TestPublishFailureKeepsTheRest: a publish that fails on one message of a batch
+// deletes those before it and keeps it and the rest, which the next batch
+// publishes in order: every message is published, none is lost.
+func TestPublishFailureKeepsTheRest(t *testing.T) {
+	p := pool(t)
+	ob := newOutbox(t, p, outbox.WithBatchSize(10))
+	all := ids("m", 25)
+	enqueue(t, p, ob, true, all...)
+	errBroker := errors.New("broker down")
+	failed := map[string]bool{}
+	r := recorder{fail: func(m outbox.Message) error {
+		if (m.ID == "m-0004" || m.ID == "m-0017") && !failed[m.ID] {
+			failed[m.ID] = true
+			return errBroker
+		}
+		return nil
+	}}
+	var counts []int
+	for range 10 {
+		n, err := ob.RelayBatch(t.Context(), r.publish)
+		if err != nil && !errors.Is(err, errBroker) {
+			t.Fatal(err)
+		}
+		counts = append(counts, n)
+		if n == 0 && err == nil {
+			break
+		}
+	}
+	if got, want := fmt.Sprint(r.ids()), fmt.Sprint(all); got != want {
+		t.Fatalf("published %s\nwant %s (batches %v)", got, want, counts)
+	}
+	if fmt.Sprint(counts) != "[4 10 3 8 0]" {
+		t.Fatalf("batches published %v, want [4 10 3 8 0]", counts)
+	}
+}
+
+// TestEnqueueDuplicateID: a second message with the ID of one still waiting is
+// not enqueued (the first stays), and bad messages are refused.
+func TestEnqueueDuplicateID(t *testing.T) {
+	p := pool(t)
+	ob := newOutbox(t, p)
+	enqueue(t, p, ob, true, "once")
+	ok, err := ob.Enqueue(t.Context(), p, outbox.Message{ID: "once", Topic: "other"})
+	if ok || err != nil {
+		t.Fatalf("Enqueue of a waiting ID = %v, %v; want false, nil", ok, err)
+	}
+	for _, m := range []outbox.Message{{Topic: "t"}, {ID: "x"}, {ID: "a\x00b", Topic: "t"}, {ID: "\xff", Topic: "t"}} {
+		if _, err := ob.Enqueue(t.Context(), p, m); !errors.Is(err, store.ErrInvalid) {
+			t.Fatalf("Enqueue(%+v) = %v; want store.ErrInvalid", m, err)
+		}
+	}
+}
+
+// TestConcurrentRelays: four relays on one outbox while producers enqueue
+// publish every committed message exactly once (no crash: SKIP LOCKED shares
+// the rows, nothing is published twice) and none of the rolled-back ones.
+func TestConcurrentRelays(t *testing.T) {
+	p := pool(t)
+	ob := newOutbox(t, p, outbox.WithBatchSize(7), outbox.WithPollInterval(5*time.Millisecond))
+	var r recorder
+	ctx, cancel := context.WithCancel(t.Context())
+	var wg sync.WaitGroup
+	for range 4 {
+		wg.Go(func() { _ = ob.Relay(ctx, r.publish) })
+	}
+	const producers, each = 4, 50
+	var pw sync.WaitGroup
+	for w := range producers {
+		pw.Go(func() {
+			for i := range each {
+				enqueue(t, p, ob, i%5 != 0, fmt.Sprintf("w%d-%d", w, i))
+			}
+		})
+	}
+	pw.Wait()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		n, err := ob.Pending(t.Context())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d messages still pending", n)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	cancel()
+	wg.Wait()
+	seen := map[string]int{}
+	for _, id := range r.ids() {
+		seen[id]++
+	}
+	for w := range producers {
+		for i := range each {
+			id, want := fmt.Sprintf("w%d-%d", w, i), 1
+			if i%5 == 0 {
+				want = 0
+			}
+			if seen[id] != want {
+				t.Fatalf("%s published %d times, want %d", id, seen[id], want)
+			}
+		}
+	}
+}
+
+// TestNewRefusesBadOptions: misconfigurations fail at construction.
+func TestNewRefusesBadOptions(t *testing.T) {
+	for _, opts := range [][]outbox.Option{
+		{outbox.WithTable("")}, {outbox.WithTable(string(make([]byte, 49)))}, {outbox.WithBatchSize(0)},
+		{outbox.WithPollInterval(0)}, {outbox.WithRetryDelay(-1)}, {outbox.WithSchema("a\x00")},
+	} {
+		if _, err := outbox.New(&pgxpool.Pool{}, opts...); !errors.Is(err, store.ErrInvalid) {
+			t.Fatalf("New with bad options = %v; want store.ErrInvalid", err)
+		}
+	}
+	if _, err := outbox.New(nil); !errors.Is(err, store.ErrInvalid) {
+		t.Fatalf("New(nil) = %v", err)
+	}
+}
