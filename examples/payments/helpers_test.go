@@ -19,6 +19,7 @@ import (
 	"github.com/idemkey/idemkey/examples/payments/internal/fakegateway"
 	"github.com/idemkey/idemkey/store"
 	"github.com/idemkey/idemkey/store/postgres"
+	"github.com/idemkey/idemkey/store/postgres/outbox"
 )
 
 // databaseURL returns DATABASE_URL; without it the test fails under CI=true and
@@ -46,10 +47,12 @@ func testPool(t testing.TB) (*pgxpool.Pool, string) {
 	prefix := "pay" + store.NewToken().String()[:10] + "_"
 	t.Cleanup(func() {
 		defer pool.Close()
-		_, err := pool.Exec(context.Background(), "DROP TABLE IF EXISTS "+
-			pgx.Identifier{prefix + "payments"}.Sanitize()+", "+
-			pgx.Identifier{prefix + "idemkey_records"}.Sanitize()+", "+
-			pgx.Identifier{prefix + "idemkey_records_migrations"}.Sanitize())
+		var tables []string
+		for _, name := range []string{"payments", "payment_transitions", "idemkey_records", "idemkey_records_migrations",
+			"webhook_inbox", "webhook_inbox_migrations", "outbox", "outbox_migrations", "receipts", "receipts_inbox", "receipts_inbox_migrations"} {
+			tables = append(tables, pgx.Identifier{prefix + name}.Sanitize())
+		}
+		_, err := pool.Exec(context.Background(), "DROP TABLE IF EXISTS "+strings.Join(tables, ", "))
 		if err != nil {
 			t.Errorf("dropping the test's tables: %v", err)
 		}
@@ -66,6 +69,7 @@ type testServer struct {
 	pool     *pgxpool.Pool
 	prefix   string
 	payments *payments
+	outbox   *outbox.Outbox
 }
 
 // newTestServer serves the payments API on fresh tables; cfg's zero fields get
@@ -109,8 +113,14 @@ func (ts *testServer) start(t *testing.T, env map[string]string, gatewayURL stri
 	if err != nil {
 		t.Fatal(err)
 	}
+	ob, hooks, err := openOutboxInbox(ctx, ts.pool, cfg.tablePrefix)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ts.outbox = ob
 	logger := slog.New(slog.NewTextHandler(io.Discard, nil))
-	h, err := newHandler(cfg, &api{pool: ts.pool, records: records, payments: ts.payments, gateway: gw, logger: logger}, logger)
+	h, err := newHandler(cfg, &api{pool: ts.pool, records: records, payments: ts.payments, gateway: gw, logger: logger,
+		outbox: ob, webhooks: hooks, webhookSecret: []byte(cfg.webhookSecret), webhookTolerance: cfg.webhookTolerance}, logger)
 	if err != nil {
 		t.Fatal(err)
 	}

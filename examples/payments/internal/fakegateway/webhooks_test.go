@@ -1,0 +1,104 @@
+package fakegateway
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// TestWebhooksAtLeastOnce: every event (a charge's capture, its refund; a
+// second refund emits nothing) reaches the receiver Deliveries times, signed
+// with the secret, each copy retried until it is answered 2xx.
+func TestWebhooksAtLeastOnce(t *testing.T) {
+	var (
+		mu       sync.Mutex
+		received = map[string]int{} // event id -> 2xx answers
+		failed   = map[string]bool{}
+	)
+	recv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		sig := r.Header.Get(SignatureHeader)
+		ts := strings.TrimPrefix(strings.Split(sig, ",")[0], "t=")
+		var ev Event
+		_ = json.Unmarshal(body, &ev)
+		var sec int64
+		for _, c := range ts {
+			sec = sec*10 + int64(c-'0')
+		}
+		if Sign([]byte("s3cret"), time.Unix(sec, 0), body) != sig {
+			t.Errorf("bad signature %q", sig)
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		if !failed[ev.ID] { // the first copy of each event fails once
+			failed[ev.ID] = true
+			w.WriteHeader(http.StatusServiceUnavailable)
+			return
+		}
+		received[ev.ID+" "+ev.Type]++
+	}))
+	defer recv.Close()
+	g := New(Faults{}, nil)
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	if err := g.StartWebhooks(ctx, Webhooks{URL: recv.URL, Secret: "s3cret", Deliveries: 3, Shuffle: true}); err != nil {
+		t.Fatal(err)
+	}
+	c, _, _ := g.chargeOnce("k", ChargeRequest{AmountCents: 5, Currency: "EUR"})
+	if _, refunded, ok := g.Refund(c.ID); !refunded || !ok {
+		t.Fatal("first refund refused")
+	}
+	if _, refunded, ok := g.Refund(c.ID); refunded || !ok {
+		t.Fatal("second refund refunded again")
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for s := g.WebhookStats(); s.Pending > 0; s = g.WebhookStats() {
+		if time.Now().After(deadline) {
+			t.Fatalf("not delivered: %+v", s)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	evs := g.Events()
+	if s := g.WebhookStats(); len(evs) != 2 || s.Delivered != 6 || s.Attempts != 8 || s.GaveUp != 0 {
+		t.Fatalf("events %+v, stats %+v; want 2 events, 6 delivered in 8 attempts", evs, s)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if received[evs[0].ID+" "+EventChargeSucceeded] != 3 || received[evs[1].ID+" "+EventChargeRefunded] != 3 || !evs[1].Data.Refunded {
+		t.Fatalf("received %v for events %+v; want each 3 times", received, evs)
+	}
+}
+
+func TestWebhooksFromEnv(t *testing.T) {
+	env := func(kv ...string) func(string) string {
+		m := map[string]string{}
+		for i := 0; i+1 < len(kv); i += 2 {
+			m[kv[i]] = kv[i+1]
+		}
+		return func(k string) string { return m[k] }
+	}
+	w, err := WebhooksFromEnv(env("GATEWAY_WEBHOOK_URL", "http://127.0.0.1:8080/webhooks", "GATEWAY_WEBHOOK_SECRET", "s",
+		"GATEWAY_WEBHOOK_DELIVERIES", "3", "GATEWAY_WEBHOOK_SHUFFLE", "1"))
+	if err != nil || w.Deliveries != 3 || !w.Shuffle || w.Secret != "s" {
+		t.Fatalf("%+v %v", w, err)
+	}
+	if w, err := WebhooksFromEnv(env()); err != nil || w.URL != "" || w.Deliveries != 1 {
+		t.Fatalf("empty env: %+v %v", w, err)
+	}
+	for _, bad := range [][]string{
+		{"GATEWAY_WEBHOOK_URL", "http://x/"}, // no secret
+		{"GATEWAY_WEBHOOK_URL", "ftp://x/", "GATEWAY_WEBHOOK_SECRET", "s"},
+		{"GATEWAY_WEBHOOK_DELIVERIES", "0"},
+		{"GATEWAY_WEBHOOK_SHUFFLE", "maybe"},
+	} {
+		if _, err := WebhooksFromEnv(env(bad...)); err == nil {
+			t.Fatalf("%v accepted", bad)
+		}
+	}
+}
