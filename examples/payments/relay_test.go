@@ -1,0 +1,187 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"os"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/idemkey/idemkey/examples/internal/proctest"
+	"github.com/idemkey/idemkey/store"
+)
+
+// natsURL returns NATS_URL; without it the test fails under CI=true and is
+// skipped otherwise.
+func natsURL(t testing.TB) string {
+	t.Helper()
+	url := os.Getenv("NATS_URL")
+	if url == "" {
+		if os.Getenv("CI") == "true" {
+			t.Fatal("NATS_URL is not set; CI=true requires a NATS JetStream server")
+		}
+		t.Skip("NATS_URL is not set")
+	}
+	return url
+}
+
+// TestRelayKilledMidBatch: payments are made through the payments process
+// (three of them rolled back: the process is SIGKILLed before their commit and
+// the keys never retried), then the relay, a process, publishes the outbox to
+// a JetStream stream of the test's own in batches of 50, stalls after 120
+// publishes (in its third batch, uncommitted) and is SIGKILLed there; restarted,
+// it publishes the rest, re-publishing the 20 messages the dead batch had sent.
+// The receipts consumer, a process, must end with exactly one row per committed
+// payment and none for a rolled-back one. Two JetStream duplicate windows:
+// JetStream's 2 minutes (it drops the re-publishes) and its minimum, 100 ms
+// (they reach the stream, and the consumer's inbox drops them).
+func TestRelayKilledMidBatch(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		window time.Duration
+	}{{"jetstream-dedup", 0}, {"inbox-dedup", 100 * time.Millisecond}} {
+		t.Run(tc.name, func(t *testing.T) { relayKilledMidBatch(t, tc.window) })
+	}
+}
+
+func relayKilledMidBatch(t *testing.T, window time.Duration) {
+	const payments, batch, stallAfter = 300, 50, 120
+	nurl := natsURL(t)
+	s := startStack(t, 1, nil, []string{"PAYMENTS_FAULTS=1"})
+	ctx := context.Background()
+
+	// Rolled back: the process dies before the commit, the client never retries.
+	for i := range 3 {
+		if _, err := do(http.DefaultClient, http.MethodPost, s.payments[len(s.payments)-1].URL+"/payments", payBody,
+			"Authorization", "Bearer demo", "Idempotency-Key", fmt.Sprintf(`"rolled-back-%d"`, i), "X-Fault", "crash-before-commit"); err == nil {
+			t.Fatal("the crash-before-commit request was answered")
+		}
+		s.payments[len(s.payments)-1].Kill()
+		s.start(t)
+	}
+	base := s.payments[len(s.payments)-1].URL
+	var wg sync.WaitGroup
+	keys := make(chan int)
+	for range 8 {
+		wg.Go(func() {
+			for i := range keys {
+				if a := pay(t, base, fmt.Sprintf("receipt-%d", i), fmt.Sprintf(`{"amountCents":%d,"currency":"EUR","customerId":"c-%d"}`, 100+i, i)); a.Status != http.StatusCreated {
+					t.Errorf("payment %d: %d %s", i, a.Status, a.Body)
+				}
+			}
+		})
+	}
+	for i := range payments {
+		keys <- i
+	}
+	close(keys)
+	wg.Wait()
+	if t.Failed() {
+		return
+	}
+	if n := s.ts.rows(t); n != payments {
+		t.Fatalf("%d payments, want %d (the rolled-back ones absent)", n, payments)
+	}
+
+	suffix := strings.ToUpper(store.NewToken().String()[:10])
+	env := []string{"DATABASE_URL=" + databaseURL(t), "NATS_URL=" + nurl, "PAYMENTS_TABLE_PREFIX=" + s.ts.prefix,
+		"PAYMENTS_NATS_STREAM=PAYTEST_" + suffix, "PAYMENTS_NATS_SUBJECT_PREFIX=paytest" + suffix + "."}
+	if window > 0 {
+		env = append(env, "PAYMENTS_NATS_DUPLICATE_WINDOW="+window.String())
+	}
+	js := testStream(t, nurl, "PAYTEST_"+suffix)
+	receipts := proctest.StartReady(t, proctest.Build(t, "./receipts", "receipts"), "consuming nats", env...)
+	_ = receipts
+	relayBin := proctest.Build(t, "./relay", "relay")
+	relay := proctest.StartReady(t, relayBin, "relaying to nats",
+		append(env, fmt.Sprintf("RELAY_BATCH=%d", batch), fmt.Sprintf("RELAY_FAULT_STALL_AFTER=%d", stallAfter))...)
+	count := func(sql string) int {
+		var n int
+		if err := s.ts.pool.QueryRow(ctx, fmt.Sprintf(sql, s.ts.prefix)).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	waitFor(t, "the stalled relay's receipts at the consumer", func() bool {
+		return count(`SELECT count(*) FROM "%sreceipts"`) >= stallAfter
+	})
+	relay.Kill()
+	// The re-publishes must fall outside the stream's duplicate window, a span
+	// of the server's clock, to reach the consumer: the stalled publishes are
+	// older than the receipts they produced, so one window from now suffices.
+	time.Sleep(window)
+	if pending := count(`SELECT count(*) FROM "%soutbox"`); pending != payments-2*batch {
+		t.Fatalf("%d messages in the outbox after the kill, want %d: two batches committed, the third (%d published) not",
+			pending, payments-2*batch, stallAfter-2*batch)
+	}
+	proctest.StartReady(t, relayBin, "relaying to nats", env...)
+	waitFor(t, "the outbox drained and every receipt consumed", func() bool {
+		info, err := js.Consumer(ctx, "PAYTEST_"+suffix, "payment-receipts")
+		if err != nil {
+			t.Fatal(err)
+		}
+		ci, err := info.Info(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return count(`SELECT count(*) FROM "%soutbox"`) == 0 && ci.NumPending == 0 && ci.NumAckPending == 0
+	})
+	if n := count(`SELECT count(*) FROM "%sreceipts"`); n != payments {
+		t.Fatalf("%d receipts at the consumer, want %d: one per committed payment", n, payments)
+	}
+	if n := count(`SELECT count(*) FROM "%[1]spayments" p WHERE (SELECT count(*) FROM "%[1]sreceipts" r WHERE r.payment_id = p.id::text) = 1`); n != payments {
+		t.Fatalf("%d payments with exactly one receipt, want %d", n, payments)
+	}
+	st, err := js.Stream(ctx, "PAYTEST_"+suffix)
+	if err != nil {
+		t.Fatal(err)
+	}
+	si, err := st.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("stream messages %d (re-published after the kill: %d), receipts %d", si.State.Msgs, si.State.Msgs-payments, payments)
+	if window > 0 && si.State.Msgs <= payments || window == 0 && si.State.Msgs != payments {
+		t.Fatalf("%d messages in the stream with a %v duplicate window, want %s %d", si.State.Msgs, window,
+			map[bool]string{true: "more than", false: "exactly"}[window > 0], payments)
+	}
+}
+
+// testStream returns JetStream on url and deletes the stream name at cleanup
+// (the processes create it).
+func testStream(t *testing.T, url, name string) jetstream.JetStream {
+	t.Helper()
+	nc, err := nats.Connect(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := js.DeleteStream(context.Background(), name); err != nil {
+			t.Errorf("deleting stream %s: %v", name, err)
+		}
+		nc.Close()
+	})
+	return js
+}
+
+// waitFor polls cond, another process's state, every 20ms for up to a minute.
+func waitFor(t testing.TB, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(time.Minute)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
