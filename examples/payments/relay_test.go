@@ -71,8 +71,10 @@ func relayKilledMidBatch(t *testing.T, window time.Duration) {
 	for range 8 {
 		wg.Go(func() {
 			for i := range keys {
-				if a := pay(t, base, fmt.Sprintf("receipt-%d", i), fmt.Sprintf(`{"amountCents":%d,"currency":"EUR","customerId":"c-%d"}`, 100+i, i)); a.Status != http.StatusCreated {
-					t.Errorf("payment %d: %d %s", i, a.Status, a.Body)
+				a, err := do(http.DefaultClient, http.MethodPost, base+"/payments", fmt.Sprintf(`{"amountCents":%d,"currency":"EUR","customerId":"c-%d"}`, 100+i, i),
+					"Authorization", "Bearer demo", "Idempotency-Key", fmt.Sprintf(`"receipt-%d"`, i))
+				if err != nil || a.Status != http.StatusCreated {
+					t.Errorf("payment %d: %v %d %s", i, err, a.Status, a.Body)
 				}
 			}
 		})
@@ -96,8 +98,7 @@ func relayKilledMidBatch(t *testing.T, window time.Duration) {
 		env = append(env, "PAYMENTS_NATS_DUPLICATE_WINDOW="+window.String())
 	}
 	js := testStream(t, nurl, "PAYTEST_"+suffix)
-	receipts := proctest.StartReady(t, proctest.Build(t, "./receipts", "receipts"), "consuming nats", env...)
-	_ = receipts
+	proctest.StartReady(t, proctest.Build(t, "./receipts", "receipts"), "consuming nats", env...)
 	relayBin := proctest.Build(t, "./relay", "relay")
 	relay := proctest.StartReady(t, relayBin, "relaying to nats",
 		append(env, fmt.Sprintf("RELAY_BATCH=%d", batch), fmt.Sprintf("RELAY_FAULT_STALL_AFTER=%d", stallAfter))...)

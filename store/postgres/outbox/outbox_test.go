@@ -60,23 +60,28 @@ func newOutbox(t *testing.T, p *pgxpool.Pool, opts ...outbox.Option) *outbox.Out
 // enqueue commits messages ids in one transaction, or rolls it back.
 func enqueue(t *testing.T, p *pgxpool.Pool, ob *outbox.Outbox, commit bool, ids ...string) {
 	t.Helper()
-	ctx := t.Context()
+	if err := tryEnqueue(t.Context(), p, ob, commit, ids...); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// tryEnqueue is enqueue returning its error, for other goroutines than the test's.
+func tryEnqueue(ctx context.Context, p *pgxpool.Pool, ob *outbox.Outbox, commit bool, ids ...string) error {
 	tx, err := p.Begin(ctx)
 	if err != nil {
-		t.Fatal(err)
+		return err
 	}
 	defer tx.Rollback(ctx)
 	for _, id := range ids {
 		ok, err := ob.Enqueue(ctx, tx, outbox.Message{ID: id, Topic: "t." + id, Payload: []byte("body of " + id)})
 		if err != nil || !ok {
-			t.Fatalf("Enqueue(%s) = %v, %v", id, ok, err)
+			return fmt.Errorf("Enqueue(%s) = %v, %v", id, ok, err)
 		}
 	}
 	if commit {
-		if err := tx.Commit(ctx); err != nil {
-			t.Fatal(err)
-		}
+		return tx.Commit(ctx)
 	}
+	return nil
 }
 
 // recorder is a PublishFunc that records what it was given.
@@ -214,7 +219,9 @@ func TestConcurrentRelays(t *testing.T) {
 	for w := range producers {
 		pw.Go(func() {
 			for i := range each {
-				enqueue(t, p, ob, i%5 != 0, fmt.Sprintf("w%d-%d", w, i))
+				if err := tryEnqueue(t.Context(), p, ob, i%5 != 0, fmt.Sprintf("w%d-%d", w, i)); err != nil {
+					t.Error(err)
+				}
 			}
 		})
 	}
