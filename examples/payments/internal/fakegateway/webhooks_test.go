@@ -102,3 +102,43 @@ func TestWebhooksFromEnv(t *testing.T) {
 		}
 	}
 }
+
+// TestRefundAndEventRoutes: POST /charges/{id}/refund refunds once (a second
+// call answers the same charge, marked replayed), 404 for an unknown charge;
+// GET /events lists the capture and the refund; GET /webhooks counts them.
+func TestRefundAndEventRoutes(t *testing.T) {
+	g := New(Faults{}, nil)
+	srv := httptest.NewServer(g)
+	defer srv.Close()
+	c, _, _ := g.chargeOnce("k", ChargeRequest{AmountCents: 7, Currency: "EUR"})
+	get := func(method, path string) (int, string, string) {
+		req, _ := http.NewRequest(method, srv.URL+path, nil)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, resp.Header.Get("Idempotent-Replayed"), string(b)
+	}
+	for i, want := range []string{"", "true"} {
+		status, replayed, body := get(http.MethodPost, "/charges/"+c.ID+"/refund")
+		var got Charge
+		_ = json.Unmarshal([]byte(body), &got)
+		if status != http.StatusOK || replayed != want || !got.Refunded || got.ID != c.ID {
+			t.Fatalf("refund %d: %d replayed=%q %s", i, status, replayed, body)
+		}
+	}
+	if status, _, body := get(http.MethodPost, "/charges/ch_nope/refund"); status != http.StatusNotFound {
+		t.Fatalf("unknown charge: %d %s", status, body)
+	}
+	var evs []Event
+	_, _, body := get(http.MethodGet, "/events")
+	if err := json.Unmarshal([]byte(body), &evs); err != nil || len(evs) != 2 || evs[0].Type != EventChargeSucceeded ||
+		evs[1].Type != EventChargeRefunded || evs[0].ID == evs[1].ID || evs[1].Data.ID != c.ID {
+		t.Fatalf("events: %s (%v)", body, err)
+	}
+	if _, _, body := get(http.MethodGet, "/webhooks"); !strings.Contains(body, `"events":2`) {
+		t.Fatalf("webhooks: %s", body)
+	}
+}
