@@ -85,6 +85,8 @@ const (
 	MaxIDBytes = 1024
 	// SchemaVersion is the newest schema version this build's Migrate installs.
 	SchemaVersion = 1
+	// finishTimeout bounds a batch's DELETE and COMMIT, which outlive its context.
+	finishTimeout = 10 * time.Second
 	// maxTableName leaves room for the "_message_id_key" suffix within
 	// Postgres's 63-byte identifiers.
 	maxTableName = 48
@@ -247,6 +249,10 @@ func (o *Outbox) RelayBatch(ctx context.Context, publish PublishFunc) (int, erro
 	if len(done) == 0 {
 		return 0, pubErr
 	}
+	// What the broker has is deleted even when ctx ended meanwhile (a relay
+	// stopping): not re-publishing it spares the consumers a duplicate.
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), finishTimeout)
+	defer cancel()
 	if _, err := tx.Exec(ctx, o.deleteSQL, done); err != nil {
 		return 0, errors.Join(pubErr, fmt.Errorf("idemkey/outbox: delete published: %w", err))
 	}

@@ -308,3 +308,26 @@ func BenchmarkRelay(b *testing.B) {
 		})
 	}
 }
+
+// TestStoppedRelayKeepsWhatWasPublished: a relay whose context ends in the
+// middle of a batch (a graceful stop) still deletes the messages the broker
+// took, so a restart does not publish them again; the rest stay.
+func TestStoppedRelayKeepsWhatWasPublished(t *testing.T) {
+	p := pool(t)
+	ob := newOutbox(t, p)
+	enqueue(t, p, ob, true, ids("s", 10)...)
+	ctx, cancel := context.WithCancel(t.Context())
+	r := recorder{fail: func(m outbox.Message) error {
+		if m.ID == "s-0004" {
+			cancel() // the stop arrives while the fifth message is being published
+			return context.Canceled
+		}
+		return nil
+	}}
+	if n, err := ob.RelayBatch(ctx, r.publish); n != 4 || !errors.Is(err, context.Canceled) {
+		t.Fatalf("RelayBatch = %d, %v; want 4, context.Canceled", n, err)
+	}
+	if n, err := ob.Pending(t.Context()); n != 6 || err != nil {
+		t.Fatalf("Pending = %d, %v; want the 6 unpublished", n, err)
+	}
+}
