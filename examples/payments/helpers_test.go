@@ -4,12 +4,14 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"os"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -210,3 +212,57 @@ func pay(t testing.TB, base, key, body string, headers ...string) answer {
 }
 
 const payBody = `{"amountCents":1250,"currency":"EUR","customerId":"cust-1"}`
+
+// payConcurrently makes n payments on base from 8 goroutines, payment i with
+// amount 100+i and Idempotency-Key "<keyPrefix>-<i>", and calls then (if not
+// nil, from those goroutines) with each 201's payment; any other answer is a
+// test error.
+func payConcurrently(t *testing.T, base string, n int, keyPrefix string, then func(i int, p Payment)) {
+	t.Helper()
+	var wg sync.WaitGroup
+	keys := make(chan int)
+	for range 8 {
+		wg.Go(func() {
+			for i := range keys {
+				a, err := do(http.DefaultClient, http.MethodPost, base+"/payments",
+					fmt.Sprintf(`{"amountCents":%d,"currency":"EUR","customerId":"c-%d"}`, 100+i, i),
+					"Authorization", "Bearer demo", "Idempotency-Key", fmt.Sprintf(`"%s-%d"`, keyPrefix, i))
+				if err != nil || a.Status != http.StatusCreated {
+					t.Errorf("payment %d: %v %d %s", i, err, a.Status, a.Body)
+					continue
+				}
+				if then != nil {
+					var p Payment
+					if err := json.Unmarshal([]byte(a.Body), &p); err != nil {
+						t.Errorf("payment %d: %v in %s", i, err, a.Body)
+						continue
+					}
+					then(i, p)
+				}
+			}
+		})
+	}
+	for i := range n {
+		keys <- i
+	}
+	close(keys)
+	wg.Wait()
+}
+
+// waitFor polls cond (state another process or the gateway's delivery
+// goroutines change, with nothing to wait on) every 20ms, until the test's
+// deadline less a margin to report it, or for 5 minutes without -timeout: a
+// busy machine slows the test down, it does not fail it.
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Minute)
+	if d, ok := t.Deadline(); ok {
+		deadline = d.Add(-10 * time.Second)
+	}
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}

@@ -165,48 +165,25 @@ func TestWebhooksAtLeastOnceOutOfOrder(t *testing.T) {
 	var (
 		mu       sync.Mutex
 		refunded = map[string]bool{} // payment id -> refunded
-		wg       sync.WaitGroup
-		keys     = make(chan int)
 	)
-	for range 8 {
-		wg.Go(func() {
-			for i := range keys {
-				a, err := do(http.DefaultClient, http.MethodPost, ts.URL+"/payments",
-					fmt.Sprintf(`{"amountCents":%d,"currency":"EUR","customerId":"c-%d"}`, 100+i, i),
-					"Authorization", "Bearer demo", "Idempotency-Key", fmt.Sprintf(`"wh-%d"`, i))
-				if err != nil || a.Status != http.StatusCreated {
-					t.Errorf("payment %d: %v %d %s", i, err, a.Status, a.Body)
-					continue
-				}
-				var p Payment
-				_ = json.Unmarshal([]byte(a.Body), &p)
-				if i%2 == 0 {
-					if _, ok, _ := ts.gateway.Refund(p.ProviderChargeID); !ok {
-						t.Errorf("refund of %s: unknown charge", p.ProviderChargeID)
-					}
-				}
-				mu.Lock()
-				refunded[p.ID] = i%2 == 0
-				mu.Unlock()
+	payConcurrently(t, ts.URL, payments, "wh", func(i int, p Payment) {
+		if i%2 == 0 {
+			if _, ok, _ := ts.gateway.Refund(p.ProviderChargeID); !ok {
+				t.Errorf("refund of %s: unknown charge", p.ProviderChargeID)
 			}
-		})
-	}
-	for i := range payments {
-		keys <- i
-	}
-	close(keys)
-	wg.Wait()
+		}
+		mu.Lock()
+		refunded[p.ID] = i%2 == 0
+		mu.Unlock()
+	})
 	if t.Failed() {
 		return
 	}
 	events := payments + payments/2
-	deadline := time.Now().Add(90 * time.Second)
-	for s := ts.gateway.WebhookStats(); s.Events != events || s.Pending > 0; s = ts.gateway.WebhookStats() {
-		if time.Now().After(deadline) {
-			t.Fatalf("webhooks not all delivered: %+v", s)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	waitFor(t, "every webhook copy answered 2xx", func() bool {
+		s := ts.gateway.WebhookStats()
+		return s.Events == events && s.Pending == 0
+	})
 	stats := ts.gateway.WebhookStats()
 	if stats.Delivered != deliveries*events || stats.GaveUp != 0 {
 		t.Fatalf("delivery stats %+v, want %d delivered, none given up", stats, deliveries*events)
