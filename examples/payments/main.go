@@ -8,8 +8,9 @@
 //
 //	POST /payments       {"amountCents": n, "currency": "EUR", "customerId": "..."}
 //	                     Idempotency-Key required; 201 {"id", "status", "amountCents",
-//	                     "currency", "customerId", "providerChargeId"}
-//	GET  /payments/{id}  200, the same JSON; 404 for another principal's payment
+//	                     "currency", "customerId", "providerChargeId", "state"}
+//	GET  /payments/{id}  200, the same JSON (the state now); 404 for another
+//	                     principal's payment
 //	POST /webhooks       the provider's signed events (charge.succeeded,
 //	                     charge.refunded), each transition once (webhook.go)
 //	GET  /               a checkout page (no external assets)
@@ -71,6 +72,7 @@ import (
 	"github.com/idemkey/idemkey/store/postgres"
 	"github.com/idemkey/idemkey/store/postgres/inbox"
 	"github.com/idemkey/idemkey/store/postgres/outbox"
+	"github.com/idemkey/idemkey/store/sweep"
 )
 
 func main() {
@@ -115,7 +117,10 @@ func run(ctx context.Context, cfg config, stdout io.Writer, logger *slog.Logger)
 	if err != nil {
 		return err
 	}
-	go sweepInbox(ctx, hooks, logger)
+	// Event ids past the inbox's retention (7 days, longer than the provider
+	// redelivers) are removed every hour.
+	defer sweep.Start(ctx, time.Hour, func(ctx context.Context) (int64, error) { return hooks.Sweep(ctx, 0) },
+		logger, "webhook inbox")()
 
 	gatewayURL := cfg.gatewayURL
 	if gatewayURL == "" {
@@ -201,21 +206,4 @@ func openOutboxInbox(ctx context.Context, pool *pgxpool.Pool, prefix string) (*o
 		return nil, nil, fmt.Errorf("webhook inbox: %w", err)
 	}
 	return ob, in, nil
-}
-
-// sweepInbox removes webhook event ids past the inbox's retention (7 days, longer
-// than the provider redelivers) every hour until ctx is done.
-func sweepInbox(ctx context.Context, in *inbox.Inbox, logger *slog.Logger) {
-	t := time.NewTicker(time.Hour)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-		if n, err := in.Sweep(ctx, 0); err != nil && ctx.Err() == nil {
-			logger.Warn("webhook inbox sweep failed; retrying in an hour", "deleted", n, "err", err)
-		}
-	}
 }

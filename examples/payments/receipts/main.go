@@ -33,6 +33,7 @@ import (
 	"github.com/idemkey/idemkey/examples/internal/serve"
 	"github.com/idemkey/idemkey/examples/payments/internal/natsenv"
 	"github.com/idemkey/idemkey/store/postgres/inbox"
+	"github.com/idemkey/idemkey/store/sweep"
 )
 
 // consumerName is the receipts handler's name in the inbox.
@@ -65,6 +66,9 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer, logg
 	if err := in.Migrate(ctx); err != nil {
 		return err
 	}
+	// Without it the inbox would grow by one row per receipt forever.
+	defer sweep.Start(ctx, time.Hour, func(ctx context.Context) (int64, error) { return in.Sweep(ctx, 0) },
+		logger, "receipts inbox")()
 	table := pgx.Identifier{prefix + "receipts"}.Sanitize()
 	// No unique constraint of its own: the inbox alone keeps one row per receipt.
 	if _, err := pool.Exec(ctx, `CREATE TABLE IF NOT EXISTS `+table+` (
