@@ -50,6 +50,10 @@ func TestVerifySignature(t *testing.T) {
 			"short v1":        {good[:len(good)-2], body, errBadSignature},
 			"not hex":         {good[:len(good)-1] + "z", body, errBadSignature},
 			"timestamp moved": {strings.Replace(good, "t=1", "t=2", 1), body, errStaleSignature},
+			// The MAC binds the timestamp: a fresh t beside an old signature,
+			// or a second t after the signed one, matches nothing.
+			"timestamp shifted": {strings.Replace(fakegateway.Sign(secret, now, body), "t=1800000000,", "t=1800000001,", 1), body, errWrongSignature},
+			"second t": {fakegateway.Sign(secret, now.Add(-tol-time.Hour), body) + ",t=" + fmt.Sprint(now.Unix()), body, errWrongSignature},
 			"no equals":       {"garbage", body, errBadSignature},
 		} {
 			if err := verifySignature(secret, c.header, c.body, now, tol); err != c.want {
