@@ -125,7 +125,11 @@ func (a *api) record(ctx context.Context, w http.ResponseWriter, f fault, princi
 	if err != nil {
 		return err
 	}
-	if created { // the receipt commits with the payment, or neither does
+	// The receipt commits with the payment, or neither does. A row the
+	// natural-key safety net found (created false) had its receipt enqueued by
+	// the transaction that inserted it, and maybe published and deleted since:
+	// enqueuing it again would send it twice.
+	if created {
 		if err := a.enqueueReceipt(ctx, tx, principal, pay); err != nil {
 			return err
 		}

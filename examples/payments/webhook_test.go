@@ -53,8 +53,8 @@ func TestVerifySignature(t *testing.T) {
 			// The MAC binds the timestamp: a fresh t beside an old signature,
 			// or a second t after the signed one, matches nothing.
 			"timestamp shifted": {strings.Replace(fakegateway.Sign(secret, now, body), "t=1800000000,", "t=1800000001,", 1), body, errWrongSignature},
-			"second t": {fakegateway.Sign(secret, now.Add(-tol-time.Hour), body) + ",t=" + fmt.Sprint(now.Unix()), body, errWrongSignature},
-			"no equals":       {"garbage", body, errBadSignature},
+			"second t":          {fakegateway.Sign(secret, now.Add(-tol-time.Hour), body) + ",t=" + fmt.Sprint(now.Unix()), body, errWrongSignature},
+			"no equals":         {"garbage", body, errBadSignature},
 		} {
 			if err := verifySignature(secret, c.header, c.body, now, tol); err != c.want {
 				t.Fatalf("%s (%q): %v, want %v", name, c.header, err, c.want)

@@ -27,6 +27,9 @@
 //	before its commit              published again, with the same ID
 //	publish fails                  the messages published before it are deleted, the
 //	                               rest stay; the relay retries after WithRetryDelay
+//	publish always fails for one   it and every message after it wait (in order):
+//	message (too large, no stream  Pending grows and Relay logs each failed batch;
+//	takes its topic)               fix the broker or delete the row
 //
 // Delivery is at least once: the consumer makes it once with the message's ID,
 // the broker's duplicate window (JetStream's Nats-Msg-Id) and, for good, an inbox

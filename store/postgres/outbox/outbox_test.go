@@ -334,3 +334,33 @@ func TestStoppedRelayKeepsWhatWasPublished(t *testing.T) {
 		t.Fatalf("Pending = %d, %v; want the 6 unpublished", n, err)
 	}
 }
+
+// TestAlwaysRefusedMessageHoldsTheRest: a message the broker always refuses
+// keeps its place, and every later message waits behind it (the relay keeps
+// the order), visible in Pending, until the row or the broker is fixed.
+func TestAlwaysRefusedMessageHoldsTheRest(t *testing.T) {
+	p := pool(t)
+	ob := newOutbox(t, p, outbox.WithBatchSize(2))
+	enqueue(t, p, ob, true, "a", "poison", "b", "c")
+	errTooLarge := errors.New("message too large")
+	r := recorder{fail: func(m outbox.Message) error {
+		if m.ID == "poison" {
+			return errTooLarge
+		}
+		return nil
+	}}
+	for range 3 {
+		if _, err := ob.RelayBatch(t.Context(), r.publish); err != nil && !errors.Is(err, errTooLarge) {
+			t.Fatal(err)
+		}
+	}
+	if n, err := ob.Pending(t.Context()); fmt.Sprint(r.ids()) != "[a]" || n != 3 || err != nil {
+		t.Fatalf("published %v, %d pending (%v); want [a] and 3 waiting behind the refused one", r.ids(), n, err)
+	}
+	if _, err := p.Exec(t.Context(), `DELETE FROM `+ob.Table()+` WHERE message_id = 'poison'`); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := ob.RelayBatch(t.Context(), r.publish); n != 2 || err != nil || fmt.Sprint(r.ids()) != "[a b c]" {
+		t.Fatalf("after deleting it: RelayBatch = %d, %v, published %v; want the rest", n, err, r.ids())
+	}
+}
