@@ -24,16 +24,23 @@ import (
 	"github.com/idemkey/idemkey/store/postgres/outbox"
 )
 
-// databaseURL returns DATABASE_URL; without it the test fails under CI=true and
-// is skipped otherwise.
+// databaseURL returns DATABASE_URL (see serverURL).
 func databaseURL(t testing.TB) string {
 	t.Helper()
-	url := os.Getenv("DATABASE_URL")
+	return serverURL(t, "DATABASE_URL", "a Postgres server")
+}
+
+// serverURL returns the environment variable name, the address of a server the
+// test needs (what); without it the test fails under CI=true and is skipped
+// otherwise, naming the variable.
+func serverURL(t testing.TB, name, what string) string {
+	t.Helper()
+	url := os.Getenv(name)
 	if url == "" {
 		if os.Getenv("CI") == "true" {
-			t.Fatal("DATABASE_URL is not set; CI=true requires a Postgres server")
+			t.Fatalf("%s is not set; CI=true requires %s", name, what)
 		}
-		t.Skip("DATABASE_URL is not set")
+		t.Skipf("%s is not set", name)
 	}
 	return url
 }

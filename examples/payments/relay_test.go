@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"net/http"
-	"os"
 	"strings"
 	"testing"
 	"time"
@@ -15,20 +14,6 @@ import (
 	"github.com/idemkey/idemkey/examples/internal/proctest"
 	"github.com/idemkey/idemkey/store"
 )
-
-// natsURL returns NATS_URL; without it the test fails under CI=true and is
-// skipped otherwise.
-func natsURL(t testing.TB) string {
-	t.Helper()
-	url := os.Getenv("NATS_URL")
-	if url == "" {
-		if os.Getenv("CI") == "true" {
-			t.Fatal("NATS_URL is not set; CI=true requires a NATS JetStream server")
-		}
-		t.Skip("NATS_URL is not set")
-	}
-	return url
-}
 
 // TestRelayKilledMidBatch: payments are made through the payments process
 // (three of them rolled back: the process is SIGKILLed before their commit and
@@ -53,7 +38,7 @@ func TestRelayKilledMidBatch(t *testing.T) {
 
 func relayKilledMidBatch(t *testing.T, window time.Duration, streamDedup bool) {
 	const payments, batch, stallAfter, stalled = 300, 50, 120, 120 - 2*50
-	nurl := natsURL(t)
+	nurl := serverURL(t, "NATS_URL", "a NATS JetStream server")
 	s := startStack(t, 1, nil, []string{"PAYMENTS_FAULTS=1"})
 	ctx := context.Background()
 
