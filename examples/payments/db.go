@@ -70,16 +70,33 @@ func (p *payments) migrate(ctx context.Context) error {
 		}
 		// state follows the provider's webhooks (webhook.go); every transition
 		// that happened is logged once in the transitions table.
-		_, err = tx.Exec(ctx, fmt.Sprintf(`ALTER TABLE %s ADD COLUMN IF NOT EXISTS state text NOT NULL DEFAULT 'authorized';
-CREATE TABLE IF NOT EXISTS %s (
+		if err := p.addStateColumn(ctx, tx); err != nil {
+			return err
+		}
+		_, err = tx.Exec(ctx, fmt.Sprintf(`CREATE TABLE IF NOT EXISTS %s (
 	payment_id uuid NOT NULL,
 	event_id   text NOT NULL,
 	from_state text NOT NULL,
 	to_state   text NOT NULL,
 	at         timestamptz NOT NULL DEFAULT now()
-)`, p.table, p.transitions))
+)`, p.transitions))
 		return err
 	})
+}
+
+// addStateColumn adds the state column to a payments table that predates it.
+// The catalog is asked first because ALTER TABLE ... ADD COLUMN IF NOT EXISTS
+// takes an ACCESS EXCLUSIVE lock even when the column exists: every start of
+// a server would queue behind the transactions using the table, and every
+// payment behind it.
+func (p *payments) addStateColumn(ctx context.Context, tx pgx.Tx) error {
+	var exists bool
+	if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = $1::regclass AND attname = 'state' AND NOT attisdropped)`,
+		p.table).Scan(&exists); err != nil || exists {
+		return err
+	}
+	_, err := tx.Exec(ctx, fmt.Sprintf(`ALTER TABLE %s ADD COLUMN state text NOT NULL DEFAULT 'authorized'`, p.table))
+	return err
 }
 
 // insert adds the payment of a charge in tx. If a row for the same provider
