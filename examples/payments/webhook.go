@@ -27,7 +27,8 @@ import (
 //  1. the signature (fakegateway.SignatureHeader: HMAC-SHA256 with
 //     PAYMENTS_WEBHOOK_SECRET over "<t>.<body>") is checked in constant time,
 //     and t must be within PAYMENTS_WEBHOOK_TOLERANCE of the server's clock: a
-//     forged or replayed-from-the-wire body changes nothing (400);
+//     forged body, or a captured one replayed after the tolerance, is refused
+//     (400); one replayed within it is a duplicate for step 2;
 //  2. the provider's event id goes through the inbox (store/postgres/inbox) in
 //     the transaction of the transition: a duplicate, even one arriving while
 //     the first copy's transaction is open, is answered 200 and changes nothing;
