@@ -15,14 +15,17 @@ const MaxJSONDepth = 512
 //
 //   - insignificant whitespace is removed;
 //   - object members are sorted by their key's bytes as sent (between the
-//     quotes, escapes not decoded), with a stable sort: duplicate keys are kept in
-//     the order sent;
+//     quotes, escapes not decoded);
 //   - strings and numbers are kept exactly as sent (no escape or number
 //     normalisation), arrays are never reordered.
 //
 // src must hold exactly one value, optionally surrounded by whitespace, nested at
 // most MaxJSONDepth deep, with strings in valid UTF-8. Otherwise it returns dst
-// unchanged and a *JSONError (wrapping ErrInvalidJSON). It never panics.
+// unchanged and a *JSONError (wrapping ErrInvalidJSON). An object whose member
+// names repeat once escapes are decoded and case folded, as encoding/json
+// matches them, has no canonical form: a *NameError (wrapping
+// ErrDuplicateName), since decoders disagree on which duplicate counts and
+// sorting would hide the order that decides it. It never panics.
 func AppendCanonicalJSON(dst, src []byte) ([]byte, error) {
 	var c canonicalizer
 	out, err := c.run(src)
@@ -40,11 +43,13 @@ type canonicalizer struct {
 	out   []byte
 	tmp   []byte
 	spans []member
+	fold  []byte     // folded member names of one object (checkNames)
+	folds []foldSpan // their spans
 }
 
 // member locates one object member written to out: key contents [k0,k1), the
-// whole member "key":value [k0-1, end).
-type member struct{ k0, k1, end int }
+// whole member "key":value [k0-1, end); src is the key's offset in the body.
+type member struct{ k0, k1, end, src int }
 
 func (c *canonicalizer) run(src []byte) ([]byte, error) {
 	c.src, c.pos, c.depth = src, 0, 0
@@ -184,7 +189,7 @@ func (c *canonicalizer) object() error {
 		if c.pos >= len(c.src) || c.src[c.pos] != '"' {
 			return c.unexpected()
 		}
-		k0 := len(c.out) + 1
+		k0, src := len(c.out)+1, c.pos
 		if err := c.str(); err != nil {
 			return err
 		}
@@ -199,7 +204,7 @@ func (c *canonicalizer) object() error {
 		if err := c.value(); err != nil {
 			return err
 		}
-		c.spans = append(c.spans, member{k0: k0, k1: k1, end: len(c.out)})
+		c.spans = append(c.spans, member{k0: k0, k1: k1, end: len(c.out), src: src})
 		c.skipSpace()
 		if c.pos >= len(c.src) {
 			return c.unexpected()
@@ -217,6 +222,9 @@ func (c *canonicalizer) object() error {
 	}
 	// Members were written back to back without commas; lay them out sorted.
 	members := c.spans[base:]
+	if err := c.checkNames(members); err != nil {
+		return err
+	}
 	out := c.out
 	slices.SortStableFunc(members, func(a, b member) int {
 		return bytes.Compare(out[a.k0:a.k1], out[b.k0:b.k1])

@@ -95,7 +95,8 @@ func OnlyJSONFields(paths ...string) (*Rule, error) {
 	if err != nil {
 		return nil, err
 	}
-	r, err := NewRule(id, func(dst, body []byte) ([]byte, error) { return appendOnly(dst, body, ptrs) })
+	only := newOnlyPaths(ptrs)
+	r, err := NewRule(id, func(dst, body []byte) ([]byte, error) { return appendOnly(dst, body, only) })
 	if r != nil {
 		r.appends = true
 	}
@@ -148,7 +149,7 @@ func (r *Rule) sum(s *state, req Request) (store.Fingerprint, error) {
 	}
 	out, err := r.apply(s.canon.out[:0], req.Body)
 	if err != nil {
-		if errors.Is(err, ErrInvalidJSON) {
+		if errors.Is(err, ErrInvalidJSON) || errors.Is(err, ErrDuplicateName) {
 			return store.Fingerprint{}, err
 		}
 		return store.Fingerprint{}, fmt.Errorf("idemkey/fingerprint: rule %s: %w", r.id, err)

@@ -2,6 +2,7 @@ package middleware
 
 import (
 	"context"
+	"errors"
 	"net/http"
 	"strings"
 
@@ -16,6 +17,13 @@ const (
 	// one JSON value (or the rule refused it). Nothing is stored and the handler
 	// does not run: the client's mistake, which a retry repeats.
 	CodeBodyNotJSON = "request_body_not_json"
+	// CodeBodyDuplicateName: 400, the operation fingerprints JSON members and an
+	// object of the body holds two member names that are one name once escapes
+	// are decoded and case is folded, as encoding/json matches them
+	// (fingerprint.ErrDuplicateName): decoders disagree on which one counts, so
+	// the body has no one meaning to fingerprint. Nothing is stored and the
+	// handler does not run.
+	CodeBodyDuplicateName = "request_body_duplicate_name"
 	// CodeRuleChanged: 422, the key's record was made under another fingerprint
 	// rule than the operation's (or under none), so this request cannot be
 	// compared with the first; the stored record is untouched. Told apart from
@@ -24,12 +32,18 @@ const (
 	CodeRuleChanged = "fingerprint_rule_changed"
 )
 
-// refuseBody answers 400 request_body_not_json for a body the rule cannot read.
+// refuseBody answers 400 for a body the rule cannot read: request_body_not_json,
+// or request_body_duplicate_name for colliding member names.
 func (m *Middleware) refuseBody(w http.ResponseWriter, ctx context.Context, id store.ID, err error) {
-	m.writeProblem(w, nil, http.StatusBadRequest, problem{Title: "Request body is not JSON",
-		Status: http.StatusBadRequest, Code: CodeBodyNotJSON,
+	p := problem{Title: "Request body is not JSON", Status: http.StatusBadRequest, Code: CodeBodyNotJSON,
 		Detail: "This operation fingerprints members of a JSON request body, and this body is not one JSON value: " +
-			strings.TrimPrefix(err.Error(), "idemkey/fingerprint: ") + "."}.render(m.problemStyle()), 0)
+			strings.TrimPrefix(err.Error(), "idemkey/fingerprint: ") + "."}
+	if errors.Is(err, fingerprint.ErrDuplicateName) {
+		p.Title, p.Code = "Request body repeats a member name", CodeBodyDuplicateName
+		p.Detail = "This operation fingerprints members of a JSON request body, and an object of this body names one member twice: " +
+			strings.TrimPrefix(err.Error(), "idemkey/fingerprint: ") + ". Send each member once."
+	}
+	m.writeProblem(w, nil, http.StatusBadRequest, p.render(m.problemStyle()), 0)
 	m.observe(ctx, Event{Decision: BodyUnreadable, ID: id, Status: http.StatusBadRequest, Err: err})
 }
 

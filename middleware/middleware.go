@@ -31,6 +31,8 @@
 //	same key, record made under another        422 fingerprint_rule_changed
 //	  fingerprint rule (FingerprintRule.Body)
 //	body not JSON under a JSON rule            400 request_body_not_json
+//	a member name twice under a JSON rule      400 request_body_duplicate_name
+//	  (after escapes and case folding)
 //	key refused by KeyRule.Validate            400 idempotency_key_invalid
 //	handler answers 5xx/408/409/425/429,      release the claim, then send the
 //	  panics (re-panicked) or hijacks           response (held until released, so an

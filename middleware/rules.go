@@ -327,8 +327,9 @@ type ProblemRule struct {
 	// constants) and detail and returns the members to add (nil or empty: none),
 	// which are rendered after the problem's own, in the order of their names.
 	// The problems whose detail never varies are rendered once, in New; for the
-	// four whose detail does (CodeKeyInvalid on a malformed or refused key,
-	// CodeBodyUnreadable, CodeRequestTooLarge, CodeBodyNotJSON) Members is called
+	// ones whose detail does (CodeKeyInvalid on a malformed or refused key,
+	// CodeBodyUnreadable, CodeRequestTooLarge, CodeBodyNotJSON,
+	// CodeBodyDuplicateName) Members is called
 	// on each such request, concurrently, so it must be safe for concurrent use
 	// and should return the same members for the same code. New calls it for
 	// every code (a sample detail for the variable ones) and fails when it
