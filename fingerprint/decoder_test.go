@@ -27,6 +27,7 @@ var nameClasses = [][]string{
 	{"trace", "Trace", `tr\u0061ce`},
 	{"src"},
 	{`\ud800`, `\udbff`, `\ufffd`, "\ufffd"}, // lone surrogates read as U+FFFD
+	{"x\xff", "x\xfe", `x\ufffd`}, // invalid UTF-8 reads as U+FFFD
 	{"x"},
 }
 
@@ -334,6 +335,33 @@ func TestOnlyJSONFieldsFoldsCase(t *testing.T) {
 			if one == two {
 				t.Errorf("%s: %q with 5 and 7 share a fingerprint", path, sp)
 			}
+		}
+	}
+}
+
+// TestCanonicalJSONAcceptsWhatEncodingJSONAccepts: over generated bodies at
+// and around the depth limits, and with invalid UTF-8 at each place of a
+// string, a JSON rule reads a body exactly when json.Valid accepts it.
+func TestCanonicalJSONAcceptsWhatEncodingJSONAccepts(t *testing.T) {
+	var bodies []string
+	for _, d := range []int{1, 2, 511, 512, 513, 1000, 9999, 10000, 10001, 12000} {
+		bodies = append(bodies,
+			strings.Repeat("[", d)+strings.Repeat("]", d),
+			strings.Repeat(`{"a":`, d)+"1"+strings.Repeat("}", d),
+			strings.Repeat(`[{"a":`, d/2)+"[]"+strings.Repeat("}]", d/2))
+	}
+	for _, bad := range []string{"\xff", "\xc3", "\xed\xa0\x80", "\xf4\x90\x80\x80", "\x80"} {
+		for _, at := range []string{`{"%s":1}`, `{"a":"%s"}`, `["x%sy"]`, `"%s"`} {
+			bodies = append(bodies, strings.Replace(at, "%s", bad, 1))
+		}
+	}
+	only := mustRule(t)(OnlyJSONFields("/a"))
+	for _, b := range bodies {
+		want := json.Valid([]byte(b))
+		_, err := AppendCanonicalJSON(nil, []byte(b))
+		_, errRule := Sum(Request{Body: []byte(b)}, Options{Rule: only})
+		if (err == nil) != want || (errRule == nil) != want {
+			t.Errorf("%.40q (%d bytes): json.Valid %v, canonical error %v, rule error %v", b, len(b), want, err, errRule)
 		}
 	}
 }

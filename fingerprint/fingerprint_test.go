@@ -129,7 +129,7 @@ func TestCanonicalJSON(t *testing.T) {
 func TestCanonicalJSONInvalid(t *testing.T) {
 	for _, in := range []string{
 		``, ` `, `{`, `}`, `{"a"}`, `{"a":}`, `{"a":1,}`, `[1,]`, `[1 2]`, `01`, `1.`, `1e`, `-`, `+1`,
-		`tru`, `nul`, `"abc`, "\"a\x01\"", `"\x"`, `"\u12G4"`, "\"\xff\"", `{"a":1} x`, `{} {}`, `{1:2}`,
+		`tru`, `nul`, `"abc`, "\"a\x01\"", `"\x"`, `"\u12G4"`, `{"a":1} x`, `{} {}`, `{1:2}`,
 		strings.Repeat("[", MaxJSONDepth+1) + strings.Repeat("]", MaxJSONDepth+1),
 	} {
 		_, err := AppendCanonicalJSON(nil, []byte(in))

@@ -3,12 +3,12 @@ package fingerprint
 import (
 	"bytes"
 	"slices"
-	"unicode/utf8"
 )
 
 // MaxJSONDepth is the deepest nesting of arrays and objects AppendCanonicalJSON
-// accepts; deeper input is a *JSONError.
-const MaxJSONDepth = 512
+// accepts; deeper input is a *JSONError. It is encoding/json's own limit, so a
+// JSON rule never refuses a body encoding/json decodes for its depth.
+const MaxJSONDepth = 10000
 
 // AppendCanonicalJSON appends the canonical form of the JSON value src (RFC 8259)
 // to dst:
@@ -20,7 +20,10 @@ const MaxJSONDepth = 512
 //     normalisation), arrays are never reordered.
 //
 // src must hold exactly one value, optionally surrounded by whitespace, nested at
-// most MaxJSONDepth deep, with strings in valid UTF-8. Otherwise it returns dst
+// most MaxJSONDepth deep: the grammar and limits of encoding/json's Unmarshal.
+// Like encoding/json it accepts invalid UTF-8 in strings (which decode it as
+// U+FFFD); such bytes are kept as sent, so they never equal U+FFFD or another
+// invalid byte here. Otherwise it returns dst
 // unchanged and a *JSONError (wrapping ErrInvalidJSON). An object whose member
 // names repeat once escapes are decoded and case folded, as encoding/json
 // matches them, has no canonical form: a *NameError (wrapping
@@ -243,7 +246,7 @@ func (c *canonicalizer) object() error {
 	return nil
 }
 
-// str copies one string token, validating escapes, control bytes and UTF-8.
+// str copies one string token, validating escapes and control bytes.
 func (c *canonicalizer) str() error {
 	begin := c.pos
 	c.pos++ // opening quote
@@ -252,10 +255,6 @@ func (c *canonicalizer) str() error {
 		switch {
 		case b == '"':
 			c.pos++
-			if !utf8.Valid(c.src[begin:c.pos]) {
-				c.pos = begin
-				return c.fail("string is not valid UTF-8")
-			}
 			c.out = append(c.out, c.src[begin:c.pos]...)
 			return nil
 		case b < 0x20:
