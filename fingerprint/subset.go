@@ -143,7 +143,7 @@ func SameRule(stored store.Fingerprint, r *Rule) bool {
 }
 
 // sum is Sum under r: the body's part the rule keeps, behind the rule's ID.
-func (r *Rule) sum(s *state, req Request) (store.Fingerprint, error) {
+func (r *Rule) sum(s *state, req Request, v1 bool) (store.Fingerprint, error) {
 	if r.apply == nil {
 		return store.Fingerprint{}, fmt.Errorf("%w: the zero Rule (use a constructor)", ErrInvalidRule)
 	}
@@ -157,7 +157,7 @@ func (r *Rule) sum(s *state, req Request) (store.Fingerprint, error) {
 	if r.appends && cap(out) <= 4<<20 { // do not pool huge buffers, nor a custom rule's
 		s.canon.out = out[:0]
 	}
-	e := append(s.enc[:0], version...)
+	e := append(s.enc[:0], versionPrefix(v1)...)
 	e = append(e, 'S')
 	e = appendField(e, r.id)
 	e = appendField(e, req.Method)
@@ -168,6 +168,9 @@ func (r *Rule) sum(s *state, req Request) (store.Fingerprint, error) {
 	s.h.Write(e)
 	s.h.Write(out)
 	e = appendContentEncoding(e[:0], req.ContentEncoding)
+	if !v1 {
+		e = appendMediaType(e, req.ContentType)
+	}
 	s.enc = e
 	s.h.Write(e)
 	s.h.Sum(s.digest[:0])

@@ -66,3 +66,40 @@ func (m *Middleware) mismatchBody(parent context.Context, id store.ID) []byte {
 	}
 	return m.ruleChangedBody
 }
+
+// sum returns the fingerprint of r (its body read, its route named) in format
+// version v (0: the current one): under the rule, or in canonical JSON form,
+// or, for a body that is not JSON without a rule, its raw bytes (the handler
+// judges the body). An error is the rule's: the body is refused.
+func (m *Middleware) sum(r *http.Request, body []byte, route string, v int) (store.Fingerprint, error) {
+	req := fingerprint.Request{Method: r.Method, Route: route, RawQuery: r.URL.RawQuery, Body: body,
+		ContentEncoding: fingerprint.ContentEncoding(r.Header), ContentType: fingerprint.ContentType(r.Header)}
+	fp, err := fingerprint.Sum(req, fingerprint.Options{CanonicalJSON: m.canonicalJSON, Rule: m.fpRule, Version: v})
+	if err != nil && m.fpRule == nil {
+		return fingerprint.Sum(req, fingerprint.Options{Version: v})
+	}
+	return fp, err
+}
+
+// claimAsV1 judges a record stored before the fingerprint covered the
+// Content-Type (format version 1; fingerprint.Options.Version): when the claim
+// was a mismatch, it claims again with the request's version-1 fingerprint,
+// which the store compares with the record's as it did before the upgrade. So a
+// retry across an upgrade replays (or waits for) its record, neither 422 nor a
+// re-run; a record stored under the current version is a mismatch for both.
+// One more round trip, on the mismatch path only. The second answer replaces
+// the first (its latency added): a store failure there is a 503, since the
+// record may be this request's.
+func (m *Middleware) claimAsV1(ctx context.Context, c *call, r *http.Request, body []byte, route string, a *answer) {
+	if a.err != nil || a.res.Outcome != store.Mismatch {
+		return
+	}
+	old, err := m.sum(r, body, route, 1)
+	if err != nil {
+		return
+	}
+	b := m.claimKey(ctx, c, a.id, old)
+	b.latency += a.latency
+	b.waited += a.waited
+	*a = b
+}
