@@ -302,7 +302,7 @@ func TestNewRefusesFeatureOptions(t *testing.T) {
 			t.Errorf("%s: New accepted it", name)
 		}
 	}
-	if _, err := New(memory.New(), GlobalScope, WithProblems(ProblemRule{TypeBase: "urn:example:problem:"}), WithRecordRetention(RetentionRule{Max: 48 * time.Hour})); err != nil {
+	if _, err := New(memory.New(), GlobalScope, WithProblems(ProblemRule{TypeBase: "https://api.example.com/problems/"}), WithRecordRetention(RetentionRule{Max: 48 * time.Hour})); err != nil {
 		t.Errorf("valid options refused: %v", err)
 	}
 }
