@@ -17,13 +17,35 @@ import (
 // function.
 var ErrInvalidRule = errors.New("idemkey/fingerprint: invalid body rule")
 
+// ErrRulePanicked is wrapped by Sum's error when a custom rule's BodyFunc
+// panicked: the panic is contained, and the request has no fingerprint.
+var ErrRulePanicked = errors.New("idemkey/fingerprint: body rule panicked")
+
+// RuleError is Sum's error when a custom rule's BodyFunc returned an error
+// that does not wrap ErrInvalidJSON: the rule refused the body. Err is the
+// rule's own error, Rule its ID.
+type RuleError struct {
+	Rule string
+	Err  error
+}
+
+func (e *RuleError) Error() string {
+	return "idemkey/fingerprint: rule " + e.Rule + ": " + e.Err.Error()
+}
+
+// Unwrap returns Err.
+func (e *RuleError) Unwrap() error { return e.Err }
+
 // BodyFunc is a custom body rule: it appends to dst the bytes of body that the
 // fingerprint covers and returns them. It is called with the complete body as
 // sent (see Request.Body), must not modify or retain body, and must be a pure
 // function of body (the same bytes always give the same result), safe for
 // concurrent use. An error wrapping ErrInvalidJSON says the body is not what
 // the rule reads (the middleware answers 400 request_body_not_json); any other
-// error is the rule's and is answered the same way, with its text.
+// error is the rule's refusal, which Sum returns as a *RuleError (the
+// middleware answers 400 request_body_refused with its text). A panic is
+// contained: Sum returns an error wrapping ErrRulePanicked (the middleware
+// answers 500, nothing claimed).
 type BodyFunc func(dst, body []byte) ([]byte, error)
 
 // Rule says which part of a request body the fingerprint covers; the method,
@@ -147,12 +169,12 @@ func (r *Rule) sum(s *state, req Request, v1 bool) (store.Fingerprint, error) {
 	if r.apply == nil {
 		return store.Fingerprint{}, fmt.Errorf("%w: the zero Rule (use a constructor)", ErrInvalidRule)
 	}
-	out, err := r.apply(s.canon.out[:0], req.Body)
+	out, err := r.run(s.canon.out[:0], req.Body)
 	if err != nil {
-		if errors.Is(err, ErrInvalidJSON) || errors.Is(err, ErrDuplicateName) {
+		if errors.Is(err, ErrInvalidJSON) || errors.Is(err, ErrDuplicateName) || errors.Is(err, ErrRulePanicked) {
 			return store.Fingerprint{}, err
 		}
-		return store.Fingerprint{}, fmt.Errorf("idemkey/fingerprint: rule %s: %w", r.id, err)
+		return store.Fingerprint{}, &RuleError{Rule: r.id, Err: err}
 	}
 	if r.appends && cap(out) <= 4<<20 { // do not pool huge buffers, nor a custom rule's
 		s.canon.out = out[:0]
@@ -178,6 +200,20 @@ func (r *Rule) sum(s *state, req Request, v1 bool) (store.Fingerprint, error) {
 	copy(fp[:], r.tag[:])
 	copy(fp[ruleTagLen:], s.digest[:])
 	return fp, nil
+}
+
+// run applies the rule, containing a custom BodyFunc's panic (the JSON rules
+// never panic: FuzzCanonicalJSON, TestRuleNeverPanics).
+func (r *Rule) run(dst, body []byte) (out []byte, err error) {
+	if r.appends {
+		return r.apply(dst, body)
+	}
+	defer func() {
+		if p := recover(); p != nil {
+			out, err = nil, fmt.Errorf("%w: rule %s: %v", ErrRulePanicked, r.id, p)
+		}
+	}()
+	return r.apply(dst, body)
 }
 
 // parsePointers checks paths, returns them split into unescaped tokens, and the

@@ -3,8 +3,10 @@ package middleware
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"net/http"
 	"strings"
+	"unicode/utf8"
 
 	"github.com/idemkey/idemkey/fingerprint"
 	"github.com/idemkey/idemkey/store"
@@ -24,6 +26,15 @@ const (
 	// the body has no one meaning to fingerprint. Nothing is stored and the
 	// handler does not run.
 	CodeBodyDuplicateName = "request_body_duplicate_name"
+	// CodeBodyRefused: 400, the operation's custom fingerprint rule
+	// (fingerprint.NewRule) refused the body with its own error, whose text is
+	// the detail (at most 512 bytes). Nothing is stored and the handler does
+	// not run.
+	CodeBodyRefused = "request_body_refused"
+	// CodeRuleFailed: 500, the operation's custom fingerprint rule panicked
+	// (fingerprint.ErrRulePanicked): the panic is contained and logged, nothing
+	// is claimed, the handler does not run.
+	CodeRuleFailed = "fingerprint_rule_failed"
 	// CodeRuleChanged: 422, the key's record was made under another fingerprint
 	// rule than the operation's (or under none), so this request cannot be
 	// compared with the first; the stored record is untouched. Told apart from
@@ -32,19 +43,49 @@ const (
 	CodeRuleChanged = "fingerprint_rule_changed"
 )
 
-// refuseBody answers 400 for a body the rule cannot read: request_body_not_json,
-// or request_body_duplicate_name for colliding member names.
+// maxDetail bounds a problem detail that quotes an error (a rule's, a key
+// validator's), in bytes: a detail is for a person, and an error may quote a
+// whole body.
+const maxDetail = 512
+
+// boundDetail cuts s to maxDetail bytes, at a rune boundary, marked with "...".
+func boundDetail(s string) string {
+	if len(s) <= maxDetail {
+		return s
+	}
+	cut := maxDetail - 3
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return s[:cut] + "..."
+}
+
+// refuseBody answers a body the rule could not fingerprint: 400
+// request_body_not_json (not JSON), request_body_duplicate_name (colliding
+// member names) or request_body_refused (a custom rule's own error, its text
+// as the detail); 500 when a custom rule panicked. Nothing was claimed yet.
 func (m *Middleware) refuseBody(w http.ResponseWriter, ctx context.Context, id store.ID, err error) {
+	text := strings.TrimPrefix(err.Error(), "idemkey/fingerprint: ")
 	p := problem{Title: "Request body is not JSON", Status: http.StatusBadRequest, Code: CodeBodyNotJSON,
-		Detail: "This operation fingerprints members of a JSON request body, and this body is not one JSON value: " +
-			strings.TrimPrefix(err.Error(), "idemkey/fingerprint: ") + "."}
-	if errors.Is(err, fingerprint.ErrDuplicateName) {
+		Detail: "This operation fingerprints members of a JSON request body, and this body is not one JSON value: " + text + "."}
+	var re *fingerprint.RuleError
+	switch {
+	case errors.Is(err, fingerprint.ErrRulePanicked):
+		p = problem{Title: "Fingerprint rule failed", Status: http.StatusInternalServerError, Code: CodeRuleFailed,
+			Detail: "This operation's fingerprint rule failed on this request; nothing ran. Retrying will not help until the service is fixed."}
+		m.logger.LogAttrs(ctx, slog.LevelError, "idempotency fingerprint rule panicked; answering 500, nothing claimed",
+			slog.String("scope", id.Scope), slog.String("key", id.Key), slog.Any("error", err))
+	case errors.Is(err, fingerprint.ErrDuplicateName):
 		p.Title, p.Code = "Request body repeats a member name", CodeBodyDuplicateName
 		p.Detail = "This operation fingerprints members of a JSON request body, and an object of this body names one member twice: " +
-			strings.TrimPrefix(err.Error(), "idemkey/fingerprint: ") + ". Send each member once."
+			text + ". Send each member once."
+	case errors.As(err, &re) && !errors.Is(err, fingerprint.ErrInvalidJSON):
+		p.Title, p.Code = "Request body refused", CodeBodyRefused
+		p.Detail = re.Err.Error()
 	}
-	m.writeProblem(w, nil, http.StatusBadRequest, p.render(m.problemStyle()), 0)
-	m.observe(ctx, Event{Decision: BodyUnreadable, ID: id, Status: http.StatusBadRequest, Err: err})
+	p.Detail = boundDetail(p.Detail)
+	m.writeProblem(w, nil, p.Status, p.render(m.problemStyle()), 0)
+	m.observe(ctx, Event{Decision: BodyUnreadable, ID: id, Status: p.Status, Err: err})
 }
 
 // mismatchBody returns the body of a 422 for a key whose claim was a mismatch:

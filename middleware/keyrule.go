@@ -54,7 +54,7 @@ func UUIDKeys(key string) error {
 
 // refuseKey answers 400 idempotency_key_invalid for a key the validator refused.
 func (m *Middleware) refuseKey(w http.ResponseWriter, ctx context.Context, err error) {
-	detail := err.Error()
+	detail := boundDetail(err.Error())
 	if detail == "" {
 		detail = "The " + m.keyHeader + " header does not have the form this operation requires."
 	}
