@@ -27,7 +27,7 @@ var nameClasses = [][]string{
 	{"trace", "Trace", `tr\u0061ce`},
 	{"src"},
 	{`\ud800`, `\udbff`, `\ufffd`, "\ufffd"}, // lone surrogates read as U+FFFD
-	{"x\xff", "x\xfe", `x\ufffd`}, // invalid UTF-8 reads as U+FFFD
+	{"x\xff", "x\xfe", `x\ufffd`},            // invalid UTF-8 reads as U+FFFD
 	{"x"},
 }
 

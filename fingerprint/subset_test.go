@@ -106,10 +106,10 @@ func TestOnlyJSONFields(t *testing.T) {
 	differ := []string{
 		`{"amount":501,"to":"acc-2","items":[{"sku":"x"},{"sku":"y"}],"a/b":1,"m~n":2}`,
 		`{"amount":500,"to":"acc-2","items":[{"sku":"x"},{"sku":"z"}],"a/b":1,"m~n":2}`,
-		`{"amount":500,"to":"acc-2","items":[{"sku":"y"}],"a/b":1,"m~n":2}`,                          // index 1 absent
-		`{"amount":500,"to":"acc-2","items":[{"sku":"x"},{"sku":"y"}],"a/b":1}`,                      // m~n absent
-		`{"amount":500,"to":"acc-2","items":[{"sku":"x"},{"sku":"y"}],"a/b":1,"m~n":null}`,           // null is not absent
-		`{"amount":500,"to":"acc-2","items":[{"sku":"x"},{"sku":"y"}],"a~1b":1,"m~n":2}`,             // names are not pointers
+		`{"amount":500,"to":"acc-2","items":[{"sku":"y"}],"a/b":1,"m~n":2}`,                // index 1 absent
+		`{"amount":500,"to":"acc-2","items":[{"sku":"x"},{"sku":"y"}],"a/b":1}`,            // m~n absent
+		`{"amount":500,"to":"acc-2","items":[{"sku":"x"},{"sku":"y"}],"a/b":1,"m~n":null}`, // null is not absent
+		`{"amount":500,"to":"acc-2","items":[{"sku":"x"},{"sku":"y"}],"a~1b":1,"m~n":2}`,   // names are not pointers
 		`[500,"acc-2"]`,
 	}
 	for _, b := range differ {

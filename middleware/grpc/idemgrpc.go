@@ -49,6 +49,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"sync/atomic"
 	"time"
 
 	"google.golang.org/grpc"
@@ -64,8 +65,14 @@ import (
 
 // Metadata names (lowercase, as gRPC carries them).
 const (
-	// KeyMetadata carries the idempotency key.
+	// KeyMetadata carries the idempotency key, as text.
 	KeyMetadata = "idempotency-key"
+	// KeyMetadataBin is the binary form a gRPC client may send a key in
+	// (the "-bin" suffix). It is refused, INVALID_ARGUMENT
+	// idempotency_key_invalid: a key has one text form, and bytes mapped to
+	// text would let one key have two spellings; ignoring it would run the
+	// call unprotected on every retry.
+	KeyMetadataBin = KeyMetadata + "-bin"
 	// ReplayedMetadata is set to "true" in the header metadata of a replay.
 	ReplayedMetadata = "idempotent-replayed"
 )
@@ -172,8 +179,9 @@ func DefaultReleasePolicy(c codes.Code) bool {
 // concurrent use.
 type Interceptor struct {
 	config
-	runner *idem.Runner
-	scope  ScopeFunc
+	runner      *idem.Runner
+	scope       ScopeFunc
+	streamAsked atomic.Bool // Stream was called (Check)
 }
 
 // New returns an interceptor claiming keys in st, scoped by scope (required: a
@@ -260,6 +268,9 @@ func (ic *Interceptor) intercept(ctx context.Context, req any, info *grpc.UnaryS
 func (ic *Interceptor) key(ctx context.Context) (key string, present bool, err error) {
 	md, _ := metadata.FromIncomingContext(ctx)
 	vals := md.Get(KeyMetadata)
+	if len(md.Get(KeyMetadataBin)) > 0 {
+		return "", false, invalidKey("sent in binary form (" + KeyMetadataBin + "); send it as text in " + KeyMetadata)
+	}
 	switch {
 	case len(vals) == 0 && ic.required:
 		return "", false, problem(codes.InvalidArgument, codeKeyMissing,
