@@ -63,6 +63,11 @@ func New(route func(scope string) store.Store, shards ...store.Store) (*Store, e
 		if v := reflect.ValueOf(s); s == nil || v.Kind() == reflect.Pointer && v.IsNil() {
 			return nil, fmt.Errorf("%w: sharded: shard %d is nil", store.ErrInvalid, i)
 		}
+		if !reflect.TypeOf(s).Comparable() {
+			// Shard tells a listed store by ==, which such a value would make
+			// panic; every store of this module is a pointer.
+			return nil, fmt.Errorf("%w: sharded: shard %d is a %T, which is not comparable (use a pointer)", store.ErrInvalid, i, s)
+		}
 	}
 	return &Store{route: route, shards: append([]store.Store(nil), shards...)}, nil
 }
@@ -74,10 +79,9 @@ func New(route func(scope string) store.Store, shards ...store.Store) (*Store, e
 // gives none, or a store New was not given.
 func (s *Store) Shard(scope string) (store.Store, error) {
 	sh := s.route(scope)
-	if sh != nil {
-		if !reflect.TypeOf(sh).Comparable() {
-			return sh, nil // == would panic; such a value is no nil pointer either
-		}
+	// A value of a type that is not comparable is none of the shards (New
+	// refuses such shards), and == would panic on it.
+	if sh != nil && reflect.TypeOf(sh).Comparable() {
 		for _, x := range s.shards {
 			if x == sh {
 				return sh, nil
