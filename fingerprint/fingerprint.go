@@ -216,6 +216,11 @@ func Sum(req Request, opts Options) (store.Fingerprint, error) {
 		// digests of every other query stay as they were.
 		e[len(version)] = mode - 'a' + 'A'
 	}
+	if !v1 {
+		// Version 2: the codings and the media type before the length-prefixed
+		// body, so the digest reads the header in one write.
+		e = appendMediaType(appendContentEncoding(e, req.ContentEncoding), req.ContentType)
+	}
 	e = binary.AppendUvarint(e, uint64(len(body)))
 	s.enc = e
 	s.h.Reset()
@@ -223,9 +228,6 @@ func Sum(req Request, opts Options) (store.Fingerprint, error) {
 	s.h.Write(body)
 	switch {
 	case !v1:
-		e = appendMediaType(appendContentEncoding(e[:0], req.ContentEncoding), req.ContentType)
-		s.enc = e
-		s.h.Write(e)
 	case req.ContentEncoding != "":
 		// After the length-delimited body, so an absent encoding adds nothing.
 		e = appendContentEncoding(e[:0], req.ContentEncoding)

@@ -79,23 +79,62 @@ func appendFolded(dst, s []byte) []byte {
 // folds to folded, a name already folded (appendFolded).
 func nameFolds(k []byte, folded string) bool {
 	k = k[1 : len(k)-1]
-	ascii := bytes.IndexByte(k, '\\') < 0
-	for i := 0; i < len(k) && ascii; i++ {
-		ascii = k[i] < utf8.RuneSelf
+	if len(k) == len(folded) {
+		same, ascii := asciiFoldsTo(k, folded)
+		if ascii {
+			return same
+		}
+	} else if simpleName(k) {
+		return false // ASCII folding keeps the length
 	}
-	if !ascii {
-		var buf [64]byte
-		return string(appendFoldedName(buf[:0], k)) == folded
-	}
-	if len(k) != len(folded) {
-		return false
-	}
+	var buf [64]byte
+	return string(appendFoldedName(buf[:0], k)) == folded
+}
+
+// asciiFoldsTo reports whether k, upper-cased, is folded; ascii is false when
+// k holds a byte that is not ASCII or a '\' (same is then meaningless).
+func asciiFoldsTo(k []byte, folded string) (same, ascii bool) {
+	same = true
 	for i, c := range k {
+		if c >= utf8.RuneSelf || c == '\\' {
+			return false, false
+		}
 		if 'a' <= c && c <= 'z' {
 			c -= 'a' - 'A'
 		}
-		if c != folded[i] {
+		same = same && c == folded[i]
+	}
+	return same, true
+}
+
+// simpleName reports whether the raw name k is ASCII without escapes: its
+// folded form is then its upper-cased bytes, as long as k.
+func simpleName(k []byte) bool {
+	for _, c := range k {
+		if c >= utf8.RuneSelf || c == '\\' {
 			return false
+		}
+	}
+	return true
+}
+
+// asciiEqualFold reports whether the simple names a and b fold alike.
+func asciiEqualFold(a, b []byte) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i, c := range a {
+		d := b[i]
+		if c != d {
+			if 'a' <= c && c <= 'z' {
+				c -= 'a' - 'A'
+			}
+			if 'a' <= d && d <= 'z' {
+				d -= 'a' - 'A'
+			}
+			if c != d {
+				return false
+			}
 		}
 	}
 	return true
@@ -117,6 +156,18 @@ func foldRune(r rune) rune {
 // members are compared pairwise, larger ones sorted.
 func (c *canonicalizer) checkNames(members []member) error {
 	if len(members) < 2 {
+		return nil
+	}
+	if len(members) <= 8 && c.simpleNames(members) {
+		// The common case: short objects of ASCII names without escapes,
+		// compared pairwise in place.
+		for i := 1; i < len(members); i++ {
+			for j := range i {
+				if asciiEqualFold(c.out[members[i].k0:members[i].k1], c.out[members[j].k0:members[j].k1]) {
+					return c.nameError(members[i])
+				}
+			}
+		}
 		return nil
 	}
 	c.fold, c.folds = c.fold[:0], c.folds[:0]
@@ -153,7 +204,20 @@ func (c *canonicalizer) checkNames(members []member) error {
 	if dup < 0 {
 		return nil
 	}
-	m := members[dup]
+	return c.nameError(members[dup])
+}
+
+func (c *canonicalizer) simpleNames(members []member) bool {
+	for _, m := range members {
+		if !simpleName(c.out[m.k0:m.k1]) {
+			return false
+		}
+	}
+	return true
+}
+
+// nameError reports m's name as a repeat of an earlier one.
+func (c *canonicalizer) nameError(m member) error {
 	n := c.out[m.k0:m.k1]
 	if len(n) > 64 {
 		n = n[:64]

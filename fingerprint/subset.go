@@ -185,16 +185,19 @@ func (r *Rule) sum(s *state, req Request, v1 bool) (store.Fingerprint, error) {
 	e = appendField(e, req.Method)
 	e = appendField(e, req.Route)
 	e = s.appendQuery(e, req.RawQuery)
+	if !v1 {
+		// Version 2: the codings and the media type before the body (one write).
+		e = appendMediaType(appendContentEncoding(e, req.ContentEncoding), req.ContentType)
+	}
 	e = binary.AppendUvarint(e, uint64(len(out)))
 	s.h.Reset()
 	s.h.Write(e)
 	s.h.Write(out)
-	e = appendContentEncoding(e[:0], req.ContentEncoding)
-	if !v1 {
-		e = appendMediaType(e, req.ContentType)
+	if v1 {
+		e = appendContentEncoding(e[:0], req.ContentEncoding)
+		s.h.Write(e)
 	}
 	s.enc = e
-	s.h.Write(e)
 	s.h.Sum(s.digest[:0])
 	var fp store.Fingerprint
 	copy(fp[:], r.tag[:])
