@@ -64,7 +64,7 @@ func (c *canonicalizer) run(src []byte) ([]byte, error) {
 	}
 	c.skipSpace()
 	if c.pos != len(c.src) {
-		return nil, c.fail("data after the JSON value")
+		return nil, c.fail("data after the JSON value (the whole body must be one value, as for json.Unmarshal; a json.Decoder would read only the first)")
 	}
 	return c.out, nil
 }
