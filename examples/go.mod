@@ -2,20 +2,6 @@ module github.com/idemkey/idemkey/examples
 
 go 1.26.0
 
-replace github.com/idemkey/idemkey => ..
-
-replace github.com/idemkey/idemkey/store/postgres => ../store/postgres
-
-replace github.com/idemkey/idemkey/store/redis => ../store/redis
-
-replace github.com/idemkey/idemkey/store/mysql => ../store/mysql
-
-replace github.com/idemkey/idemkey/middleware/echo => ../middleware/echo
-
-replace github.com/idemkey/idemkey/celeriant => ../celeriant
-
-replace github.com/idemkey/idemkey/observer/prometheus => ../observer/prometheus
-
 require (
 	github.com/chromedp/chromedp v0.23.0
 	github.com/go-sql-driver/mysql v1.10.1

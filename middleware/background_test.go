@@ -11,7 +11,9 @@ import (
 	"testing/synctest"
 	"time"
 
+	"github.com/idemkey/idemkey/claim"
 	"github.com/idemkey/idemkey/fingerprint"
+	"github.com/idemkey/idemkey/policy"
 	"github.com/idemkey/idemkey/store"
 	"github.com/idemkey/idemkey/store/memory"
 )
@@ -128,7 +130,7 @@ const handlerTime = 4 * time.Second
 func newHungEnv(t *testing.T, status int, chunked bool) *hungEnv {
 	e := &hungEnv{st: &gateStore{Store: memory.New()}, evs: make(chan Event, 8), bound: time.Second}
 	m, err := New(e.st, GlobalScope, WithLease(9*time.Second), WithLogger(discardLogger()),
-		WithStoreFailure(StoreFailureRule{Timeouts: StoreTimeouts{Claim: e.bound, Complete: e.bound, Release: e.bound}}),
+		WithStoreFailure(policy.StoreFailureRule{Timeouts: claim.Timeouts{Claim: e.bound, Complete: e.bound, Release: e.bound}}),
 		WithObserver(ObserverFunc(func(_ context.Context, ev Event) { e.evs <- ev })))
 	if err != nil {
 		t.Fatal(err)

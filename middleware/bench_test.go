@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemkey/idemkey/claim"
 	"github.com/idemkey/idemkey/fingerprint"
 	"github.com/idemkey/idemkey/internal/testclock"
 	"github.com/idemkey/idemkey/store"
@@ -107,7 +108,7 @@ func BenchmarkMiddleware(b *testing.B) {
 		b.ReportAllocs()
 		i := 0
 		for b.Loop() {
-			now.Add(DefaultRetention / liveKeys)
+			now.Add(claim.DefaultRetention / liveKeys)
 			w.reset()
 			h.ServeHTTP(w, br.next(keys[i%len(keys)]))
 			i++
@@ -198,7 +199,7 @@ func BenchmarkHandlerRequest(b *testing.B) {
 	m := newBenchMiddleware(b, nullStore{})
 	c := m.pool.Get().(*call)
 	r := newBenchReq().next("k")
-	claim := Claim{ID: store.ID{Scope: "tenant-1", Key: "k"}, Token: store.Token{1}, Retention: DefaultRetention}
+	claim := claim.Claim{ID: store.ID{Scope: "tenant-1", Key: "k"}, Token: store.Token{1}, Retention: claim.DefaultRetention}
 	b.ReportAllocs()
 	for b.Loop() {
 		if hr := c.handlerRequest(r, claim, c, benchBody); hr.Context() == r.Context() {

@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/idemkey/idemkey/fingerprint"
+	"github.com/idemkey/idemkey/policy"
 	"github.com/idemkey/idemkey/store"
 )
 
@@ -88,7 +89,7 @@ func TestCustomRuleRefusalUsesItsMessage(t *testing.T) {
 // A key validator's message is bounded the same way.
 func TestKeyValidatorDetailBounded(t *testing.T) {
 	long := strings.Repeat("é", 1<<19)
-	e := newEnv(t, echoHandler, WithKey(KeyRule{Validate: func(string) error { return errors.New(long) }}))
+	e := newEnv(t, echoHandler, WithKey(policy.KeyRule{Validate: func(string) error { return errors.New(long) }}))
 	p := checkProblem(t, e.do(req("POST", "/p", "k", "x")), http.StatusBadRequest, CodeKeyInvalid)
 	if len(p.Detail) > maxDetail || !strings.HasPrefix(long, strings.TrimSuffix(p.Detail, "...")) {
 		t.Fatalf("detail %d bytes", len(p.Detail))

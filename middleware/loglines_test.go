@@ -8,6 +8,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/idemkey/idemkey/claim"
 	"github.com/idemkey/idemkey/store"
 	"github.com/idemkey/idemkey/store/memory"
 )
@@ -17,12 +18,12 @@ import (
 // over, the line says the token no longer holds it, never that another request
 // took it over.
 func TestLeaseLostLogNamesNoUnseenCause(t *testing.T) {
-	for name, lose := range map[string]func(*memory.Store, Claim) error{
-		"evicted": func(mem *memory.Store, cl Claim) error {
+	for name, lose := range map[string]func(*memory.Store, claim.Claim) error{
+		"evicted": func(mem *memory.Store, cl claim.Claim) error {
 			_, _, err := mem.Evict(context.Background(), cl.ID, store.EvictAny)
 			return err
 		},
-		"released": func(mem *memory.Store, cl Claim) error {
+		"released": func(mem *memory.Store, cl claim.Claim) error {
 			return mem.Release(context.Background(), cl.ID, cl.Token)
 		},
 	} {
@@ -35,7 +36,7 @@ func TestLeaseLostLogNamesNoUnseenCause(t *testing.T) {
 				t.Fatal(err)
 			}
 			h := m.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-				cl, _ := ClaimFromContext(r.Context())
+				cl, _ := claim.FromContext(r.Context())
 				lostErr = lose(mem, cl)
 				w.WriteHeader(http.StatusCreated)
 			}))

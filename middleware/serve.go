@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/idemkey/idemkey/claim"
 	"github.com/idemkey/idemkey/fingerprint"
 	"github.com/idemkey/idemkey/store"
 )
@@ -200,7 +201,7 @@ func (m *Middleware) claimFailed(w http.ResponseWriter, r *http.Request, next ht
 		m.logger.LogAttrs(ctx, slog.LevelDebug, "idempotency store failed; running the handler unprotected (fail open)",
 			slog.String("scope", id.Scope), slog.String("key", id.Key), slog.Any("error", err))
 		sw := &statusWriter{ResponseWriter: w}
-		next.ServeHTTP(sw, c.handlerRequest(r, Claim{ID: id}, nil, body))
+		next.ServeHTTP(sw, c.handlerRequest(r, claim.Claim{ID: id}, nil, body))
 		ev.Decision, ev.Status = FailOpen, sw.status()
 	default:
 		m.storeFailed(ctx, err)
@@ -230,7 +231,7 @@ func (m *Middleware) decide(w http.ResponseWriter, r *http.Request, next http.Ha
 		m.writeProblem(w, c, http.StatusUnprocessableEntity, m.mismatchBody(context.WithoutCancel(ctx), id), 0)
 		m.observe(ctx, Event{Decision: Mismatch, ID: id, Status: http.StatusUnprocessableEntity, StoreLatency: a.latency, Waited: a.waited})
 	case store.Claimed:
-		cl := Claim{ID: id, Token: res.Token, Fingerprint: fp, Takeover: res.Takeover, Retention: m.retention,
+		cl := claim.Claim{ID: id, Token: res.Token, Fingerprint: fp, Takeover: res.Takeover, Retention: m.retention,
 			CompleteTimeout: m.timeouts.Complete}
 		c.route = route
 		return m.execute(c, w, c.handlerRequest(r, cl, c, body), next, a)
@@ -309,7 +310,7 @@ func (c *call) headerValues(n int) []string {
 // WithCancelOnDisconnect is on: a hang-up must not stop a side effect half way.
 // A lost lease cancels it, with cause store.ErrLeaseLost (package claim: the
 // claim's context cancels itself when detached).
-func (c *call) handlerRequest(r *http.Request, cl0 Claim, cl *call, body []byte) *http.Request {
+func (c *call) handlerRequest(r *http.Request, cl0 claim.Claim, cl *call, body []byte) *http.Request {
 	parent := r.Context()
 	hr := &handlerReq{}
 	switch {

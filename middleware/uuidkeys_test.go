@@ -6,13 +6,15 @@ import (
 	"net/http"
 	"strings"
 	"testing"
+
+	"github.com/idemkey/idemkey/policy"
 )
 
 // Over generated UUIDs: the lower-case spelling is accepted, every spelling
 // with an upper-case hex digit is refused, so one UUID is one key and a retry
 // that changed its case is a 400, never a second run.
 func TestUUIDKeysOneSpellingPerUUID(t *testing.T) {
-	e := newEnv(t, echoHandler, WithKey(KeyRule{Validate: UUIDKeys}))
+	e := newEnv(t, echoHandler, WithKey(policy.KeyRule{Validate: UUIDKeys}))
 	for i := range 200 {
 		var u [16]byte
 		rand.Read(u[:])

@@ -37,6 +37,7 @@ import (
 	"github.com/idemkey/idemkey/examples/internal/serve"
 	"github.com/idemkey/idemkey/examples/internal/setup"
 	"github.com/idemkey/idemkey/middleware"
+	"github.com/idemkey/idemkey/policy"
 	"github.com/idemkey/idemkey/store"
 	"github.com/idemkey/idemkey/store/memory"
 	"github.com/idemkey/idemkey/store/postgres"
@@ -78,7 +79,7 @@ func newHandler(env setup.Env, st store.Store, forget forgetFunc, logger *slog.L
 	f := makeFixture(forget)
 	opts := []middleware.Option{
 		middleware.WithLease(env.Lease),
-		middleware.WithRecordRetention(middleware.RetentionRule{Default: env.Retention}),
+		middleware.WithRecordRetention(policy.RetentionRule{Default: env.Retention}),
 		middleware.WithLogger(logger),
 	}
 	if env.ReplayHeader != "" {

@@ -27,6 +27,7 @@ import (
 	"github.com/idemkey/idemkey/middleware"
 	idemecho "github.com/idemkey/idemkey/middleware/echo"
 	idemprom "github.com/idemkey/idemkey/observer/prometheus"
+	"github.com/idemkey/idemkey/policy"
 	"github.com/idemkey/idemkey/store"
 	"github.com/idemkey/idemkey/store/memory"
 	"github.com/idemkey/idemkey/store/postgres"
@@ -59,7 +60,7 @@ func wire(ctx context.Context, env setup.Env, conns *setup.Conns, logger *slog.L
 
 	// Keys are scoped by the principal accountsapp.ClientID puts in the context.
 	idem, err := middleware.New(st, middleware.ScopeFromPrincipal(accountsapp.AnonymousScope),
-		middleware.WithLease(env.Lease), middleware.WithRecordRetention(middleware.RetentionRule{Default: env.Retention}),
+		middleware.WithLease(env.Lease), middleware.WithRecordRetention(policy.RetentionRule{Default: env.Retention}),
 		// A retry racing the original waits for its answer (IDEM_WAIT, default 5s).
 		middleware.WithWaitInFlight(env.Wait),
 		// Its problems carry error and message too, as the API's own (the

@@ -7,7 +7,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/idemkey/idemkey/middleware"
+	"github.com/idemkey/idemkey/claim"
 )
 
 // errConfig reports an environment the server cannot run with; main exits 2.
@@ -75,8 +75,8 @@ func loadConfig(getenv func(string) string) (config, error) {
 		}
 		*d.dst = parsed
 	}
-	if c.lease < middleware.MinLease {
-		return c, fmt.Errorf("%w: IDEM_LEASE=%v is under the minimum lease %v (it is renewed every third of it)", errConfig, c.lease, middleware.MinLease)
+	if c.lease < claim.MinLease {
+		return c, fmt.Errorf("%w: IDEM_LEASE=%v is under the minimum lease %v (it is renewed every third of it)", errConfig, c.lease, claim.MinLease)
 	}
 	if c.retention < c.lease {
 		return c, fmt.Errorf("%w: IDEM_RETENTION (%v) must be at least IDEM_LEASE (%v)", errConfig, c.retention, c.lease)

@@ -14,7 +14,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/idemkey/idemkey/middleware"
+	"github.com/idemkey/idemkey/claim"
 	"github.com/idemkey/idemkey/store"
 	"github.com/idemkey/idemkey/store/postgres"
 )
@@ -56,7 +56,7 @@ type api struct {
 //     fenced by the claim's token (store/postgres CommitResponse): the row and
 //     the record commit together or not at all.
 func (a *api) createPayment(w http.ResponseWriter, r *http.Request) {
-	claim, ok := middleware.ClaimFromContext(r.Context())
+	cl, ok := claim.FromContext(r.Context())
 	principal, _ := principalFrom(r.Context())
 	if !ok {
 		a.logger.Error("POST /payments ran without an idempotency claim: the route must be behind the middleware")
@@ -72,7 +72,7 @@ func (a *api) createPayment(w http.ResponseWriter, r *http.Request) {
 	// then replays them. Each step has its own deadline instead.
 	ctx := context.WithoutCancel(r.Context())
 
-	ch, err := a.gateway.charge(ctx, providerKey(claim.ID), pay.AmountCents, pay.Currency)
+	ch, err := a.gateway.charge(ctx, providerKey(cl.ID), pay.AmountCents, pay.Currency)
 	var refused *gatewayRefused
 	switch {
 	case errors.As(err, &refused):
@@ -87,7 +87,7 @@ func (a *api) createPayment(w http.ResponseWriter, r *http.Request) {
 	}
 	pay.ProviderChargeID, pay.Status = ch.ID, "succeeded"
 
-	if err := a.record(ctx, w, faultFrom(r.Context()), principal, claim.ID.Key, pay); err != nil {
+	if err := a.record(ctx, w, faultFrom(r.Context()), principal, cl.ID.Key, pay); err != nil {
 		if errors.Is(err, store.ErrLeaseLost) {
 			a.logger.Warn("idempotency lease lost before the commit; rolled back", "principal", principal)
 			writeProblem(w, http.StatusConflict, codeLeaseLost,

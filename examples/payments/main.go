@@ -61,6 +61,7 @@ import (
 	"github.com/idemkey/idemkey/examples/internal/serve"
 	"github.com/idemkey/idemkey/examples/payments/internal/fakegateway"
 	"github.com/idemkey/idemkey/middleware"
+	"github.com/idemkey/idemkey/policy"
 	"github.com/idemkey/idemkey/store/postgres"
 )
 
@@ -130,7 +131,7 @@ func run(ctx context.Context, cfg config, stdout io.Writer, logger *slog.Logger)
 // the middleware.
 func newHandler(cfg config, a *api, logger *slog.Logger) (http.Handler, error) {
 	m, err := middleware.New(a.records, scope,
-		middleware.WithLease(cfg.lease), middleware.WithRecordRetention(middleware.RetentionRule{Default: cfg.retention}), middleware.WithLogger(logger))
+		middleware.WithLease(cfg.lease), middleware.WithRecordRetention(policy.RetentionRule{Default: cfg.retention}), middleware.WithLogger(logger))
 	if err != nil {
 		return nil, err
 	}

@@ -22,7 +22,7 @@ func (ic *Interceptor) Stream() grpc.StreamServerInterceptor {
 	ic.streamAsked.Store(true)
 	return func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
 		md, _ := metadata.FromIncomingContext(ss.Context())
-		if len(md.Get(KeyMetadata)) > 0 || len(md.Get(KeyMetadataBin)) > 0 {
+		if len(md.Get(ic.keyMD)) > 0 || len(md.Get(ic.keyMD+"-bin")) > 0 {
 			return problem(codes.InvalidArgument, codeKeyInvalid, fmt.Sprintf(
 				"%s is a streaming method, which idempotency keys do not protect; send the key on a unary call", info.FullMethod), 0)
 		}

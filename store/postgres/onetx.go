@@ -90,10 +90,10 @@ type TxOption func(*TxStore) time.Duration
 // WithLockWait sets how long a duplicate of a request in flight waits for its
 // key's lock (default DefaultLockWait; from 1 ms to 24 days, whole milliseconds,
 // rounded up). A claim whose context has a deadline (the middleware's claim
-// timeout, middleware.StoreFailureRule.Timeouts, 5 s by default) waits at most half of
+// timeout, policy.StoreFailureRule.Timeouts, 5 s by default) waits at most half of
 // the time left to it, so the lock wait ends first and the duplicate is
 // answered 409, not 503 (a claim cut short by its deadline counts as a store
-// outage, and with middleware.StoreFailureRule.FailOpen would run the handler unprotected).
+// outage, and with policy.StoreFailureRule.FailOpen would run the handler unprotected).
 func WithLockWait(d time.Duration) TxOption { return func(*TxStore) time.Duration { return d } }
 
 // OneTx returns the one-transaction mode of s on pool, the pool of s's database
@@ -109,7 +109,7 @@ func (s *Store) OneTx(pool *pgxpool.Pool, opts ...TxOption) (*TxStore, error) {
 	if pool == nil {
 		return nil, fmt.Errorf("%w: postgres: nil pool for the one-transaction mode", store.ErrInvalid)
 	}
-	if s.epoch > 0 {
+	if s.part != nil {
 		return nil, errPartitionedOneTx // partition.go
 	}
 	wait := DefaultLockWait
@@ -295,7 +295,7 @@ func (s *txSlot) hasFailed() bool {
 // (Route) runs in, under the claim of ctx (claim.FromContext): its statements commit together with the idempotency record,
 // or not at all. ok is false outside such a route, and when the handler runs
 // without a claim (a method the middleware does not protect, no key where keys
-// are optional, middleware.StoreFailureRule.FailOpen during a store outage): it then works
+// are optional, policy.StoreFailureRule.FailOpen during a store outage): it then works
 // in a transaction of its own, or answers 5xx.
 //
 // The transaction is the middleware's: its Commit and Rollback return

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemkey/idemkey/claim"
 	"github.com/idemkey/idemkey/middleware"
 	"github.com/idemkey/idemkey/store"
 )
@@ -213,7 +214,7 @@ func TestOneTxOutlivesLease(t *testing.T) {
 		t.Fatal(err)
 	}
 	rc := &renewCounter{TxStore: ts, renewed: make(chan struct{})}
-	m, err := middleware.New(rc, middleware.GlobalScope, middleware.WithLease(middleware.MinLease))
+	m, err := middleware.New(rc, middleware.GlobalScope, middleware.WithLease(claim.MinLease))
 	if err != nil {
 		t.Fatal(err)
 	}

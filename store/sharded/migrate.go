@@ -24,12 +24,12 @@ import (
 // (the longest a record lives), then switch to New(next, ...): every record of
 // the previous placement has expired by then.
 //
-// Rollout: every instance must consult the previous placement before any of
-// them claims on the next one; an instance still on New(prev, ...) claims new
-// keys on the previous shard, and the same key sent at the same moment to an
-// instance of each kind could run twice. So deploy NewMigration(prev, prev,
-// ...) first if needed (it behaves as New(prev, ...)), then NewMigration(prev,
-// next, ...), which only adds reads of the previous shard.
+// Rollout: while the change rolls out, an instance still on New(prev, ...)
+// claims new keys on the previous shard and an upgraded one on the next, so
+// one new key sent at the same moment to an instance of each kind could run
+// twice; a retry sent after the first attempt was claimed is judged on the
+// previous shard. Where two concurrent first attempts matter, roll out while
+// the moved scopes' writes are paused.
 //
 // Shard answers the next placement. A handler completing its record in its own
 // transaction (store/postgres CompleteTx) on a moved scope writes to the next

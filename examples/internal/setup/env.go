@@ -20,7 +20,8 @@
 //	                       (memory.WithMaxBytes), default 67108864 (64 MiB); 0: none
 //	IDEM_TABLE             the Postgres or MySQL store's table, default idemkey_records
 //	IDEM_REDIS_PREFIX      the Redis store's key prefix, default idemkey:
-//	CELERIANT_ADDR         Celeriant wire address host:port; empty: in-process simulator
+//	CELERIANT_ADDR         Celeriant wire address host:port, or a cluster's nodes
+//	                       separated by commas; empty: in-process simulator
 //	CELERIANT_TIMESTAMP_PRECISION
 //	                       the Celeriant server's --timestamp-precision: ms (default),
 //	                       us or ns; the simulator stamps in it; a server that stamps
@@ -28,8 +29,12 @@
 //	CELERIANT_API_KEY      API key (standard base64 of 32 bytes) sent in the Identify
 //	                       handshake of every connection; empty: no handshake. Never
 //	                       logged
+//	CELERIANT_IDENTITY_KEY a file holding an RSA private key (PEM, or Celeriant's base64
+//	                       PKCS#8) the client proves in the Identify handshake of every
+//	                       connection; the service then writes under its client id
 //	CELERIANT_CLIENT_ID    the Celeriant client id (a UUID) the account service writes
-//	                       under, shared by all its replicas; default the service's own
+//	                       under, shared by all its replicas; default the identity's,
+//	                       else the service's own
 //	PROJECTION             memory (default) or postgres
 //	ACCOUNTS_TABLE_PREFIX  prefix of the Postgres projection's tables, default none
 //	CELERIANT_SIM_DELAY    latency the in-process simulator adds to every call after
@@ -39,6 +44,7 @@
 package setup
 
 import (
+	"crypto/rsa"
 	"encoding/base64"
 	"errors"
 	"fmt"
@@ -49,7 +55,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/idemkey/idemkey/celeriant"
-	"github.com/idemkey/idemkey/middleware"
+	"github.com/idemkey/idemkey/claim"
 	"github.com/idemkey/idemkey/store/memory"
 	"github.com/idemkey/idemkey/store/postgres"
 	"github.com/idemkey/idemkey/store/redis"
@@ -98,9 +104,10 @@ type Env struct {
 	IdemTable string
 	// RedisPrefix prefixes the Redis store's keys (IDEM_REDIS_PREFIX).
 	RedisPrefix string
-	// CeleriantAddr is the Celeriant wire address (CELERIANT_ADDR); empty runs the
-	// in-process simulator, whose log lives and dies with the process.
-	CeleriantAddr string
+	// CeleriantAddrs are the Celeriant nodes' wire addresses (CELERIANT_ADDR, comma
+	// separated); none runs the in-process simulator, whose log lives and dies with
+	// the process.
+	CeleriantAddrs []string
 	// TimestampPrecision is the Celeriant server's timestamp precision
 	// (CELERIANT_TIMESTAMP_PRECISION: ms, us or ns; default ms): the protocol does
 	// not carry it (docs/celeriant-protocol.md section 6.8).
@@ -108,6 +115,8 @@ type Env struct {
 	// APIKey is the Celeriant API key (CELERIANT_API_KEY), sent in the Identify
 	// handshake; it formats and logs as [redacted].
 	APIKey celeriant.Secret
+	// Identity is the RSA key of CELERIANT_IDENTITY_KEY, nil without one.
+	Identity *rsa.PrivateKey
 	// ClientID is the Celeriant client id the account service writes under
 	// (CELERIANT_CLIENT_ID); uuid.Nil keeps the service's default. Every replica must
 	// use the same one, and it must not change once events exist
@@ -153,7 +162,7 @@ func Load(getenv func(string) string) (Env, error) {
 		MemoryMaxBytes: memory.DefaultMaxBytes,
 		IdemTable:      getenv("IDEM_TABLE"),
 		RedisPrefix:    getenv("IDEM_REDIS_PREFIX"),
-		CeleriantAddr:  strings.TrimSpace(getenv("CELERIANT_ADDR")),
+		CeleriantAddrs: splitAddrs(getenv("CELERIANT_ADDR")),
 		Projection:     strings.ToLower(strings.TrimSpace(getenv("PROJECTION"))),
 		TablePrefix:    getenv("ACCOUNTS_TABLE_PREFIX"),
 		ReplayHeader:   strings.TrimSpace(getenv("IDEM_REPLAY_HEADER")),
@@ -176,13 +185,13 @@ func Load(getenv func(string) string) (Env, error) {
 	if err := parseBytes(getenv, "IDEM_MEMORY_MAX_BYTES", &e.MemoryMaxBytes); err != nil {
 		return e, err
 	}
-	if e.Lease < middleware.MinLease {
-		return e, fmt.Errorf("%w: IDEM_LEASE=%v is under the minimum lease %v (it is renewed every third of it)", ErrConfig, e.Lease, middleware.MinLease)
+	if e.Lease < claim.MinLease {
+		return e, fmt.Errorf("%w: IDEM_LEASE=%v is under the minimum lease %v (it is renewed every third of it)", ErrConfig, e.Lease, claim.MinLease)
 	}
 	if e.Retention < e.Lease {
 		return e, fmt.Errorf("%w: IDEM_RETENTION (%v) must be at least IDEM_LEASE (%v)", ErrConfig, e.Retention, e.Lease)
 	}
-	if e.SimDelay > 0 && e.CeleriantAddr != "" {
+	if e.SimDelay > 0 && len(e.CeleriantAddrs) > 0 {
 		return e, fmt.Errorf("%w: CELERIANT_SIM_DELAY applies to the in-process simulator only, not CELERIANT_ADDR", ErrConfig)
 	}
 	err := e.check() // defaults the store and projection: before e is returned
@@ -264,7 +273,32 @@ func (e *Env) loadCeleriant(getenv func(string) string) error {
 		}
 		e.ClientID = id
 	}
+	if v := strings.TrimSpace(getenv("CELERIANT_IDENTITY_KEY")); v != "" {
+		key, err := celeriant.LoadIdentity(v)
+		if err != nil {
+			return fmt.Errorf("%w: CELERIANT_IDENTITY_KEY: %w", ErrConfig, err)
+		}
+		id, err := celeriant.IdentityClientID(&key.PublicKey)
+		if err != nil {
+			return fmt.Errorf("%w: CELERIANT_IDENTITY_KEY: %w", ErrConfig, err)
+		}
+		if e.ClientID != uuid.Nil && e.ClientID != id {
+			return fmt.Errorf("%w: CELERIANT_CLIENT_ID=%s but the server binds CELERIANT_IDENTITY_KEY's connections to client id %s (unset CELERIANT_CLIENT_ID)", ErrConfig, e.ClientID, id)
+		}
+		e.Identity, e.ClientID = key, id
+	}
 	return nil
+}
+
+// splitAddrs splits CELERIANT_ADDR's comma-separated nodes, dropping blanks.
+func splitAddrs(v string) []string {
+	var addrs []string
+	for a := range strings.SplitSeq(v, ",") {
+		if a = strings.TrimSpace(a); a != "" {
+			addrs = append(addrs, a)
+		}
+	}
+	return addrs
 }
 
 // postgresUser names the setting that needs Postgres, for errors.

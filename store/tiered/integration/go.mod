@@ -2,14 +2,6 @@ module github.com/idemkey/idemkey/store/tiered/integration
 
 go 1.26.0
 
-replace github.com/idemkey/idemkey => ../../..
-
-replace github.com/idemkey/idemkey/store/postgres => ../../postgres
-
-replace github.com/idemkey/idemkey/store/redis => ../../redis
-
-replace github.com/idemkey/idemkey/store/mysql => ../../mysql
-
 require (
 	github.com/idemkey/idemkey v0.1.0
 	github.com/idemkey/idemkey/store/mysql v0.1.0
