@@ -534,7 +534,7 @@ func (c *Client) failover(addr string) {
 		}
 	}
 	c.target = next
-	c.log.Debug("celeriant: address unreachable, moving on", "from", addr, "to", next)
+	c.log.Debug("celeriant: dialling the address failed, moving on", "from", addr, "to", next)
 }
 
 // alive reports whether a pooled plaintext connection is still open: a read with an

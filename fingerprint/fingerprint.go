@@ -33,8 +33,16 @@
 //     canonical JSON form (see [AppendCanonicalJSON]), or under a [Rule]
 //     ([Options.Rule]: [OnlyJSONFields], [IgnoreJSONFields], [NewRule]) the part
 //     the rule keeps, behind the rule's identity;
-//   - the Content-Encoding, when the request has one (see [Request]): a gzip body
-//     and its plain twin are different requests.
+//   - the Content-Encoding (see [Request]): a gzip body and its plain twin are
+//     different requests;
+//   - the Content-Type's media type, normalised (see [Request.ContentType]): the
+//     same bytes sent as text/plain and as a form are read differently.
+//
+// The format has a version ([Options.Version]). Version 2, the default, covers
+// the Content-Type; version 1 did not. A store compares fingerprints byte for
+// byte, so a record stored under version 1 would be a mismatch for every
+// request after an upgrade: the middleware judges such a record by version 1
+// (docs/request-rules.md section 1, "Content-Type and the format version").
 //
 // A body read with [ReadBody] or [FromRequest] is read once, into one buffer, and
 // never more than limit+1 bytes; a larger body is a [*TooLargeError] (the
@@ -115,6 +123,11 @@ type Options struct {
 	// MaxBody is the body limit of FromRequest in bytes; 0 means DefaultMaxBody,
 	// a negative value means no limit.
 	MaxBody int64
+	// Version is the format version: 0 or 2 for the current one, 1 for the
+	// format before the Content-Type counted (Request.ContentType is then
+	// ignored), to judge records stored before an upgrade. Other values are
+	// taken as 2.
+	Version int
 }
 
 // Request holds the parts of a request that the fingerprint covers.
@@ -133,13 +146,25 @@ type Request struct {
 	// ContentEncoding is the request's Content-Encoding field value(s), joined by
 	// ','; "" when absent. Coding names are case-insensitive (RFC 9110 section
 	// 8.4.1) and spaces around the commas do not count, so "GZIP" equals "gzip".
-	// An absent Content-Encoding leaves the digest as it was before the field
-	// existed.
+	// Under version 1 an absent Content-Encoding left the digest as it was
+	// before the field existed.
 	ContentEncoding string
+	// ContentType is the request's Content-Type field value ("" when absent;
+	// see ContentType). Its media type counts normalised: type, subtype and
+	// parameter names case-insensitive, parameters in any order, whitespace
+	// around ';' and quotes around a value ignored, the charset's value
+	// case-insensitive; every parameter counts, since charset changes how a text
+	// or form body is read and boundary how a multipart body is split. A value
+	// that is not a media type counts as sent. Ignored by version 1.
+	ContentType string
 }
 
-// version prefixes every encoding; change it if the encoding ever changes.
-const version = "idemkey/fingerprint/v1\x00"
+// version and versionV1 prefix every encoding of their format; add a version if
+// the encoding ever changes.
+const (
+	version   = "idemkey/fingerprint/v2\x00"
+	versionV1 = "idemkey/fingerprint/v1\x00"
+)
 
 // state holds the scratch buffers of one computation; pooled.
 type state struct {
@@ -169,7 +194,7 @@ func Sum(req Request, opts Options) (store.Fingerprint, error) {
 	s := statePool.Get().(*state)
 	defer statePool.Put(s)
 	if opts.Rule != nil {
-		return opts.Rule.sum(s, req)
+		return opts.Rule.sum(s, req, opts.Version == 1)
 	}
 	body := req.Body
 	mode := byte('r')
@@ -180,7 +205,8 @@ func Sum(req Request, opts Options) (store.Fingerprint, error) {
 		}
 		body, mode = out, 'j'
 	}
-	e := append(s.enc[:0], version...)
+	v1 := opts.Version == 1
+	e := append(s.enc[:0], versionPrefix(v1)...)
 	e = append(e, mode)
 	e = appendField(e, req.Method)
 	e = appendField(e, req.Route)
@@ -190,12 +216,19 @@ func Sum(req Request, opts Options) (store.Fingerprint, error) {
 		// digests of every other query stay as they were.
 		e[len(version)] = mode - 'a' + 'A'
 	}
+	if !v1 {
+		// Version 2: the codings and the media type before the length-prefixed
+		// body, so the digest reads the header in one write.
+		e = appendMediaType(appendContentEncoding(e, req.ContentEncoding), req.ContentType)
+	}
 	e = binary.AppendUvarint(e, uint64(len(body)))
 	s.enc = e
 	s.h.Reset()
 	s.h.Write(e)
 	s.h.Write(body)
-	if req.ContentEncoding != "" {
+	switch {
+	case !v1:
+	case req.ContentEncoding != "":
 		// After the length-delimited body, so an absent encoding adds nothing.
 		e = appendContentEncoding(e[:0], req.ContentEncoding)
 		s.enc = e
@@ -275,6 +308,13 @@ func appendQueryText(dst, b []byte) []byte {
 		}
 	}
 	return dst
+}
+
+func versionPrefix(v1 bool) string {
+	if v1 {
+		return versionV1
+	}
+	return version
 }
 
 func appendField(e []byte, s string) []byte {
@@ -471,7 +511,7 @@ func FromRequest(r *http.Request, route string, opts Options) (store.Fingerprint
 		return store.Fingerprint{}, err
 	}
 	return Sum(Request{Method: r.Method, Route: route, RawQuery: r.URL.RawQuery, Body: body,
-		ContentEncoding: ContentEncoding(r.Header)}, opts)
+		ContentEncoding: ContentEncoding(r.Header), ContentType: ContentType(r.Header)}, opts)
 }
 
 // ContentEncoding returns h's Content-Encoding as Request.ContentEncoding takes

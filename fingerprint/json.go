@@ -3,26 +3,32 @@ package fingerprint
 import (
 	"bytes"
 	"slices"
-	"unicode/utf8"
 )
 
 // MaxJSONDepth is the deepest nesting of arrays and objects AppendCanonicalJSON
-// accepts; deeper input is a *JSONError.
-const MaxJSONDepth = 512
+// accepts; deeper input is a *JSONError. It is encoding/json's own limit, so a
+// JSON rule never refuses a body encoding/json decodes for its depth.
+const MaxJSONDepth = 10000
 
 // AppendCanonicalJSON appends the canonical form of the JSON value src (RFC 8259)
 // to dst:
 //
 //   - insignificant whitespace is removed;
 //   - object members are sorted by their key's bytes as sent (between the
-//     quotes, escapes not decoded), with a stable sort: duplicate keys are kept in
-//     the order sent;
+//     quotes, escapes not decoded);
 //   - strings and numbers are kept exactly as sent (no escape or number
 //     normalisation), arrays are never reordered.
 //
 // src must hold exactly one value, optionally surrounded by whitespace, nested at
-// most MaxJSONDepth deep, with strings in valid UTF-8. Otherwise it returns dst
-// unchanged and a *JSONError (wrapping ErrInvalidJSON). It never panics.
+// most MaxJSONDepth deep: the grammar and limits of encoding/json's Unmarshal.
+// Like encoding/json it accepts invalid UTF-8 in strings (which decode it as
+// U+FFFD); such bytes are kept as sent, so they never equal U+FFFD or another
+// invalid byte here. Otherwise it returns dst
+// unchanged and a *JSONError (wrapping ErrInvalidJSON). An object whose member
+// names repeat once escapes are decoded and case folded, as encoding/json
+// matches them, has no canonical form: a *NameError (wrapping
+// ErrDuplicateName), since decoders disagree on which duplicate counts and
+// sorting would hide the order that decides it. It never panics.
 func AppendCanonicalJSON(dst, src []byte) ([]byte, error) {
 	var c canonicalizer
 	out, err := c.run(src)
@@ -40,11 +46,13 @@ type canonicalizer struct {
 	out   []byte
 	tmp   []byte
 	spans []member
+	fold  []byte     // folded member names of one object (checkNames)
+	folds []foldSpan // their spans
 }
 
 // member locates one object member written to out: key contents [k0,k1), the
-// whole member "key":value [k0-1, end).
-type member struct{ k0, k1, end int }
+// whole member "key":value [k0-1, end); src is the key's offset in the body.
+type member struct{ k0, k1, end, src int }
 
 func (c *canonicalizer) run(src []byte) ([]byte, error) {
 	c.src, c.pos, c.depth = src, 0, 0
@@ -56,7 +64,7 @@ func (c *canonicalizer) run(src []byte) ([]byte, error) {
 	}
 	c.skipSpace()
 	if c.pos != len(c.src) {
-		return nil, c.fail("data after the JSON value")
+		return nil, c.fail("data after the JSON value (the whole body must be one value, as for json.Unmarshal; a json.Decoder would read only the first)")
 	}
 	return c.out, nil
 }
@@ -184,7 +192,7 @@ func (c *canonicalizer) object() error {
 		if c.pos >= len(c.src) || c.src[c.pos] != '"' {
 			return c.unexpected()
 		}
-		k0 := len(c.out) + 1
+		k0, src := len(c.out)+1, c.pos
 		if err := c.str(); err != nil {
 			return err
 		}
@@ -199,7 +207,7 @@ func (c *canonicalizer) object() error {
 		if err := c.value(); err != nil {
 			return err
 		}
-		c.spans = append(c.spans, member{k0: k0, k1: k1, end: len(c.out)})
+		c.spans = append(c.spans, member{k0: k0, k1: k1, end: len(c.out), src: src})
 		c.skipSpace()
 		if c.pos >= len(c.src) {
 			return c.unexpected()
@@ -217,6 +225,9 @@ func (c *canonicalizer) object() error {
 	}
 	// Members were written back to back without commas; lay them out sorted.
 	members := c.spans[base:]
+	if err := c.checkNames(members); err != nil {
+		return err
+	}
 	out := c.out
 	slices.SortStableFunc(members, func(a, b member) int {
 		return bytes.Compare(out[a.k0:a.k1], out[b.k0:b.k1])
@@ -235,7 +246,7 @@ func (c *canonicalizer) object() error {
 	return nil
 }
 
-// str copies one string token, validating escapes, control bytes and UTF-8.
+// str copies one string token, validating escapes and control bytes.
 func (c *canonicalizer) str() error {
 	begin := c.pos
 	c.pos++ // opening quote
@@ -244,10 +255,6 @@ func (c *canonicalizer) str() error {
 		switch {
 		case b == '"':
 			c.pos++
-			if !utf8.Valid(c.src[begin:c.pos]) {
-				c.pos = begin
-				return c.fail("string is not valid UTF-8")
-			}
 			c.out = append(c.out, c.src[begin:c.pos]...)
 			return nil
 		case b < 0x20:

@@ -17,13 +17,35 @@ import (
 // function.
 var ErrInvalidRule = errors.New("idemkey/fingerprint: invalid body rule")
 
+// ErrRulePanicked is wrapped by Sum's error when a custom rule's BodyFunc
+// panicked: the panic is contained, and the request has no fingerprint.
+var ErrRulePanicked = errors.New("idemkey/fingerprint: body rule panicked")
+
+// RuleError is Sum's error when a custom rule's BodyFunc returned an error
+// that does not wrap ErrInvalidJSON: the rule refused the body. Err is the
+// rule's own error, Rule its ID.
+type RuleError struct {
+	Rule string
+	Err  error
+}
+
+func (e *RuleError) Error() string {
+	return "idemkey/fingerprint: rule " + e.Rule + ": " + e.Err.Error()
+}
+
+// Unwrap returns Err.
+func (e *RuleError) Unwrap() error { return e.Err }
+
 // BodyFunc is a custom body rule: it appends to dst the bytes of body that the
 // fingerprint covers and returns them. It is called with the complete body as
 // sent (see Request.Body), must not modify or retain body, and must be a pure
 // function of body (the same bytes always give the same result), safe for
 // concurrent use. An error wrapping ErrInvalidJSON says the body is not what
 // the rule reads (the middleware answers 400 request_body_not_json); any other
-// error is the rule's and is answered the same way, with its text.
+// error is the rule's refusal, which Sum returns as a *RuleError (the
+// middleware answers 400 request_body_refused with its text). A panic is
+// contained: Sum returns an error wrapping ErrRulePanicked (the middleware
+// answers 500, nothing claimed).
 type BodyFunc func(dst, body []byte) ([]byte, error)
 
 // Rule says which part of a request body the fingerprint covers; the method,
@@ -95,7 +117,8 @@ func OnlyJSONFields(paths ...string) (*Rule, error) {
 	if err != nil {
 		return nil, err
 	}
-	r, err := NewRule(id, func(dst, body []byte) ([]byte, error) { return appendOnly(dst, body, ptrs) })
+	only := newOnlyPaths(ptrs)
+	r, err := NewRule(id, func(dst, body []byte) ([]byte, error) { return appendOnly(dst, body, only) })
 	if r != nil {
 		r.appends = true
 	}
@@ -142,38 +165,58 @@ func SameRule(stored store.Fingerprint, r *Rule) bool {
 }
 
 // sum is Sum under r: the body's part the rule keeps, behind the rule's ID.
-func (r *Rule) sum(s *state, req Request) (store.Fingerprint, error) {
+func (r *Rule) sum(s *state, req Request, v1 bool) (store.Fingerprint, error) {
 	if r.apply == nil {
 		return store.Fingerprint{}, fmt.Errorf("%w: the zero Rule (use a constructor)", ErrInvalidRule)
 	}
-	out, err := r.apply(s.canon.out[:0], req.Body)
+	out, err := r.run(s.canon.out[:0], req.Body)
 	if err != nil {
-		if errors.Is(err, ErrInvalidJSON) {
+		if errors.Is(err, ErrInvalidJSON) || errors.Is(err, ErrDuplicateName) || errors.Is(err, ErrRulePanicked) {
 			return store.Fingerprint{}, err
 		}
-		return store.Fingerprint{}, fmt.Errorf("idemkey/fingerprint: rule %s: %w", r.id, err)
+		return store.Fingerprint{}, &RuleError{Rule: r.id, Err: err}
 	}
 	if r.appends && cap(out) <= 4<<20 { // do not pool huge buffers, nor a custom rule's
 		s.canon.out = out[:0]
 	}
-	e := append(s.enc[:0], version...)
+	e := append(s.enc[:0], versionPrefix(v1)...)
 	e = append(e, 'S')
 	e = appendField(e, r.id)
 	e = appendField(e, req.Method)
 	e = appendField(e, req.Route)
 	e = s.appendQuery(e, req.RawQuery)
+	if !v1 {
+		// Version 2: the codings and the media type before the body (one write).
+		e = appendMediaType(appendContentEncoding(e, req.ContentEncoding), req.ContentType)
+	}
 	e = binary.AppendUvarint(e, uint64(len(out)))
 	s.h.Reset()
 	s.h.Write(e)
 	s.h.Write(out)
-	e = appendContentEncoding(e[:0], req.ContentEncoding)
+	if v1 {
+		e = appendContentEncoding(e[:0], req.ContentEncoding)
+		s.h.Write(e)
+	}
 	s.enc = e
-	s.h.Write(e)
 	s.h.Sum(s.digest[:0])
 	var fp store.Fingerprint
 	copy(fp[:], r.tag[:])
 	copy(fp[ruleTagLen:], s.digest[:])
 	return fp, nil
+}
+
+// run applies the rule, containing a custom BodyFunc's panic (the JSON rules
+// never panic: FuzzCanonicalJSON, TestRuleNeverPanics).
+func (r *Rule) run(dst, body []byte) (out []byte, err error) {
+	if r.appends {
+		return r.apply(dst, body)
+	}
+	defer func() {
+		if p := recover(); p != nil {
+			out, err = nil, fmt.Errorf("%w: rule %s: %v", ErrRulePanicked, r.id, p)
+		}
+	}()
+	return r.apply(dst, body)
 }
 
 // parsePointers checks paths, returns them split into unescaped tokens, and the

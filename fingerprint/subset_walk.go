@@ -188,22 +188,58 @@ func appendSep(dst []byte, wrote bool) []byte {
 	return dst
 }
 
-// appendOnly appends, for each pointer in order, the canonical values found at
-// it: a 1 byte and the length-prefixed value for each match, then a 0 byte (so
-// an absent path is a lone 0).
-func appendOnly(dst, body []byte, ptrs [][]string) ([]byte, error) {
+// kind returns the JSON type of the value starting with c: one of '{', '[',
+// '"', 't' (true), 'f' (false), 'n' (null), or '0' for a number.
+func kind(c byte) byte {
+	if c == '-' || '0' <= c && c <= '9' {
+		return '0'
+	}
+	return c
+}
+
+// onlyPath is one path of OnlyJSONFields: its reference tokens, and each one
+// folded as encoding/json folds a member name (appendFolded).
+type onlyPath struct {
+	toks, folded []string
+}
+
+func newOnlyPaths(ptrs [][]string) []onlyPath {
+	paths := make([]onlyPath, len(ptrs))
+	for i, toks := range ptrs {
+		paths[i].toks = toks
+		for _, t := range toks {
+			paths[i].folded = append(paths[i].folded, string(appendFolded(nil, []byte(t))))
+		}
+	}
+	return paths
+}
+
+// appendOnly appends, for each path in order, what is found at it: a 1 byte and
+// the length-prefixed canonical value for a match, then a 0 byte (so an absent
+// path is a lone 0). A member that matches a token only once case is folded
+// (encoding/json reads it into the field the token names) also appends a 2 byte
+// and its length-prefixed name as sent before what is found below it: a decoder
+// matching names exactly (into a map) reads it elsewhere, so it must not pass
+// for the token's own spelling. Where the path meets a value it cannot go into
+// (a scalar, null, or an array for a token that is no index), a 3 byte and the
+// value's JSON type are appended. Exact matches and absent members of an object
+// append nothing more, so their fingerprints are those of only-json-fields/v1
+// before folding existed.
+func appendOnly(dst, body []byte, paths []onlyPath) ([]byte, error) {
 	return canonicalFor(dst, body, func(dst, canon []byte) []byte {
-		for _, toks := range ptrs {
+		for _, p := range paths {
 			w := jsonWalker{src: canon}
-			dst = w.find(dst, toks)
+			dst = w.find(dst, p.toks, p.folded)
 			dst = append(dst, 0)
 		}
 		return dst
 	})
 }
 
-// find appends every value at toks below the value at pos, and moves past it.
-func (w *jsonWalker) find(dst []byte, toks []string) []byte {
+// find appends every value at toks below the value at pos, and moves past it;
+// folded holds toks folded. Member names of one object never fold alike (the
+// canonicalizer refuses such a body), so at most one member matches a token.
+func (w *jsonWalker) find(dst []byte, toks, folded []string) []byte {
 	start := w.pos
 	if len(toks) == 0 {
 		w.skipValue()
@@ -212,13 +248,16 @@ func (w *jsonWalker) find(dst []byte, toks []string) []byte {
 		return append(dst, w.src[start:w.pos]...)
 	}
 	open := w.src[start]
-	if open != '{' && open != '[' {
-		w.skipValue()
-		return dst
-	}
 	closing, idx := byte('}'), -1
 	if open == '[' {
 		closing, idx = ']', arrayIndex(toks[0])
+	}
+	if open != '{' && idx < 0 {
+		// The path cannot go on: a decoder that expects an object here reads
+		// a scalar, null or array as an error or as nothing, so the kind of
+		// value counts.
+		w.skipValue()
+		return append(dst, 3, kind(open))
 	}
 	w.pos++
 	for i := 0; w.src[w.pos] != closing; i++ {
@@ -226,11 +265,18 @@ func (w *jsonWalker) find(dst []byte, toks []string) []byte {
 		if open == '{' {
 			k0 := w.pos
 			w.skipString()
-			match = memberIs(w.src[k0:w.pos], toks[0])
+			k := w.src[k0:w.pos]
+			match = memberIs(k, toks[0])
+			if !match && nameFolds(k, folded[0]) {
+				match = true
+				dst = append(dst, 2)
+				dst = binary.AppendUvarint(dst, uint64(len(k)))
+				dst = append(dst, k...)
+			}
 			w.pos++ // ':'
 		}
 		if match {
-			dst = w.find(dst, toks[1:])
+			dst = w.find(dst, toks[1:], folded[1:])
 		} else {
 			w.skipValue()
 		}

@@ -130,7 +130,7 @@ func (m *Middleware) storeResponse(c *call, r *http.Request, ev *Event) (reusabl
 	case errors.Is(err, store.ErrLeaseLost):
 		ev.Decision = LeaseLost
 		m.logger.LogAttrs(r.Context(), slog.LevelWarn,
-			"idempotency lease lost before completion; the response was not stored (another request took the key over)",
+			"idempotency lease lost before completion: this claim's token no longer holds the key (its lease expired and another request may have claimed it, or the key was released, evicted or expired); the response was not stored",
 			slog.String("scope", id.Scope), slog.String("key", id.Key), slog.Int("status", c.status))
 	case err != nil:
 		m.logger.LogAttrs(r.Context(), slog.LevelError, "idempotency store refused the completion; the key stays claimed until its lease expires",

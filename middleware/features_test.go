@@ -183,7 +183,7 @@ func TestKeyValidator(t *testing.T) {
 	if ev := e.lastEvent(); ev.Decision != KeyInvalid || ev.Err == nil {
 		t.Errorf("event %+v", ev)
 	}
-	if w := e.do(req("POST", "/p", `"8E03978E-40d5-43e8-bc93-6894a57f9324"`, "x")); w.Code != http.StatusCreated || e.calls.Load() != 1 {
+	if w := e.do(req("POST", "/p", `"8e03978e-40d5-43e8-bc93-6894a57f9324"`, "x")); w.Code != http.StatusCreated || e.calls.Load() != 1 {
 		t.Fatalf("UUID key: %d, %d calls", w.Code, e.calls.Load())
 	}
 	custom := newEnv(t, echoHandler, WithKey(policy.KeyRule{Validate: func(key string) error {
@@ -201,13 +201,14 @@ func TestKeyValidator(t *testing.T) {
 }
 
 func TestUUIDKeys(t *testing.T) {
-	for _, ok := range []string{"8e03978e-40d5-43e8-bc93-6894a57f9324", "00000000-0000-0000-0000-000000000000", "ABCDEFAB-CDEF-ABCD-EFAB-CDEFABCDEFAB"} {
+	for _, ok := range []string{"8e03978e-40d5-43e8-bc93-6894a57f9324", "00000000-0000-0000-0000-000000000000", "abcdefab-cdef-abcd-efab-cdefabcdefab"} {
 		if err := UUIDKeys(ok); err != nil {
 			t.Errorf("%s: %v", ok, err)
 		}
 	}
 	for _, bad := range []string{"", "8e03978e40d543e8bc936894a57f9324", "8e03978e-40d5-43e8-bc93-6894a57f932", "8e03978e-40d5-43e8-bc93-6894a57f93245",
-		"{8e03978e-40d5-43e8-bc93-6894a57f9324}", "8e03978e-40d5-43e8-bc93_6894a57f9324", "8e03978g-40d5-43e8-bc93-6894a57f9324", "urn:uuid:8e03978e-40d5-43e8-bc93-6894a57f9324"} {
+		"{8e03978e-40d5-43e8-bc93-6894a57f9324}", "8e03978e-40d5-43e8-bc93_6894a57f9324", "8e03978g-40d5-43e8-bc93-6894a57f9324", "urn:uuid:8e03978e-40d5-43e8-bc93-6894a57f9324",
+		"ABCDEFAB-CDEF-ABCD-EFAB-CDEFABCDEFAB"} {
 		if err := UUIDKeys(bad); err == nil {
 			t.Errorf("%q accepted", bad)
 		}
@@ -302,7 +303,7 @@ func TestNewRefusesFeatureOptions(t *testing.T) {
 			t.Errorf("%s: New accepted it", name)
 		}
 	}
-	if _, err := New(memory.New(), GlobalScope, WithProblems(ProblemRule{TypeBase: "urn:example:problem:"}), WithRecordRetention(policy.RetentionRule{Max: 48 * time.Hour})); err != nil {
+	if _, err := New(memory.New(), GlobalScope, WithProblems(ProblemRule{TypeBase: "https://api.example.com/problems/"}), WithRecordRetention(policy.RetentionRule{Max: 48 * time.Hour})); err != nil {
 		t.Errorf("valid options refused: %v", err)
 	}
 }

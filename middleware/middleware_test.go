@@ -905,7 +905,7 @@ func TestStoreOutageLoggedOnce(t *testing.T) {
 		for i := range 100 {
 			e.do(req("POST", "/x", fmt.Sprint("k", i), "b"))
 		}
-		if n, r := logs.count(level); n != 1 || !strings.Contains(r.Message, "unavailable") {
+		if n, r := logs.count(level); n != 1 || !strings.Contains(r.Message, "failed") {
 			t.Fatalf("fail open %v: %d lines at %v or above for 100 refused requests, want 1 (%q)", failOpen, n, level, r.Message)
 		}
 		if n, _ := logs.count(slog.LevelDebug); n != 101 {
@@ -941,7 +941,7 @@ func TestFlappingStoreIsOneOutage(t *testing.T) {
 		e.do(req("POST", "/x", fmt.Sprint("k", i), "b"))
 		e.clk.advance(10 * time.Millisecond)
 	}
-	if n, r := logs.count(slog.LevelWarn); n != 1 || !strings.Contains(r.Message, "unavailable") {
+	if n, r := logs.count(slog.LevelWarn); n != 1 || !strings.Contains(r.Message, "failed") {
 		t.Fatalf("%d lines at warn or above for 50 failures among 100 claims, want the start only (last %q)", n, r.Message)
 	}
 	e.clk.advance(outageQuiet)
@@ -990,7 +990,7 @@ func TestClientCancelIsNoOutage(t *testing.T) {
 	ctx, cancel = context.WithDeadline(context.Background(), time.Unix(1, 0))
 	defer cancel()
 	e.do(req("POST", "/x", "late", "b").WithContext(ctx))
-	if n, r := logs.count(slog.LevelError); n != 1 || !strings.Contains(r.Message, "unavailable") {
+	if n, r := logs.count(slog.LevelError); n != 1 || !strings.Contains(r.Message, "failed") {
 		t.Fatalf("%d error lines for a store past the deadline, want 1 (%q)", n, r.Message)
 	}
 }

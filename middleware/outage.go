@@ -32,10 +32,10 @@ func (m *Middleware) storeFailed(ctx context.Context, err error) {
 	}
 	switch {
 	case l.Start:
-		m.logger.LogAttrs(ctx, level, "idempotency store unavailable; "+answer+" until it answers again",
+		m.logger.LogAttrs(ctx, level, "idempotency store call failed; "+answer+" until it answers again",
 			slog.Any("error", err))
 	case l.Summary:
-		m.logger.LogAttrs(ctx, level, "idempotency store still unavailable; "+answer,
+		m.logger.LogAttrs(ctx, level, "idempotency store calls still failing; "+answer,
 			slog.Int64("failed_requests", l.Failures), slog.Duration("for", l.For), slog.Any("error", err))
 	}
 }

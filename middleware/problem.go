@@ -127,7 +127,7 @@ func newPrerendered(style problemStyle) (prerendered, error) {
 		}
 		return b
 	}
-	for _, code := range []string{CodeKeyInvalid, CodeBodyUnreadable, CodeRequestTooLarge, CodeBodyNotJSON} {
+	for _, code := range []string{CodeKeyInvalid, CodeBodyUnreadable, CodeRequestTooLarge, CodeBodyNotJSON, CodeBodyDuplicateName, CodeBodyRefused, CodeRuleFailed} {
 		r(problem{Code: code, Detail: "sample detail"})
 	}
 	return prerendered{

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/url"
+	"strings"
 )
 
 // problemStyle says how problems are rendered: their extension members
@@ -26,9 +27,22 @@ func (s problemStyle) typeOf(code string) string {
 	return s.typeBase + code
 }
 
+// MaxTypeBaseLen is the longest ProblemRule.TypeBase New accepts, in bytes:
+// the base is sent in every problem's type and Link field.
+const MaxTypeBaseLen = 256
+
+// checkTypeBase checks ProblemRule.TypeBase: "" (the URN), or an absolute http
+// or https URL with a host, no user information, query or fragment, ending in
+// '/' (the code is appended to it: without the '/', ".../problems" would give
+// ".../problemsrequest_in_flight"), made of URI characters, at most
+// MaxTypeBaseLen bytes. A type is a page a client's developer opens, so
+// another scheme (javascript:, data:, file:) is refused.
 func checkTypeBase(base string) error {
 	if base == "" {
 		return nil
+	}
+	if len(base) > MaxTypeBaseLen {
+		return fmt.Errorf("idemkey/middleware: problem type base is %d bytes, over the limit of %d", len(base), MaxTypeBaseLen)
 	}
 	for i := 0; i < len(base); i++ {
 		c := base[i]
@@ -40,8 +54,12 @@ func checkTypeBase(base string) error {
 	switch {
 	case err != nil:
 		return fmt.Errorf("idemkey/middleware: problem type base %q: %w", base, err)
-	case !u.IsAbs() || u.Fragment != "" || u.RawFragment != "" || bytes.IndexByte([]byte(base), '#') >= 0:
-		return fmt.Errorf("idemkey/middleware: problem type base %q is not an absolute URI (a scheme, no fragment)", base)
+	case !strings.EqualFold(u.Scheme, "https") && !strings.EqualFold(u.Scheme, "http"), u.Host == "", u.Opaque != "":
+		return fmt.Errorf("idemkey/middleware: problem type base %q is not an absolute http or https URL with a host", base)
+	case u.User != nil, strings.ContainsAny(base, "?#"):
+		return fmt.Errorf("idemkey/middleware: problem type base %q has user information, a query or a fragment", base)
+	case !strings.HasSuffix(base, "/"):
+		return fmt.Errorf("idemkey/middleware: problem type base %q does not end in '/' (the problem's code is appended to it)", base)
 	}
 	return nil
 }

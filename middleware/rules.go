@@ -189,17 +189,19 @@ type ProblemRule struct {
 	// with "Link: <documentation>; rel="describedby"") also carry
 	// Link: <type>; rel="describedby" (RFC 8288), the same URI as their type; the
 	// 422 fingerprint_rule_changed does too, as a key reused. Other problems have
-	// no Link. New refuses a base that is not an absolute URI (RFC 3986 section
-	// 4.3: a scheme, no fragment) or that holds a byte outside the URI
-	// characters. See docs/request-rules.md section 4.
+	// no Link. New refuses a base that is not an absolute http or https URL with
+	// a host ending in '/' (no user information, query or fragment), holds a
+	// byte outside the URI characters, or is over MaxTypeBaseLen bytes. See
+	// docs/request-rules.md section 4.
 	TypeBase string
 	// Members adds extension members (RFC 9457 section 3.2) to every problem the
 	// middleware answers: it is called with the problem's code (the Code
 	// constants) and detail and returns the members to add (nil or empty: none),
 	// which are rendered after the problem's own, in the order of their names.
 	// The problems whose detail never varies are rendered once, in New; for the
-	// four whose detail does (CodeKeyInvalid on a malformed or refused key,
-	// CodeBodyUnreadable, CodeRequestTooLarge, CodeBodyNotJSON) Members is called
+	// ones whose detail does (CodeKeyInvalid on a malformed or refused key,
+	// CodeBodyUnreadable, CodeRequestTooLarge, CodeBodyNotJSON,
+	// CodeBodyDuplicateName) Members is called
 	// on each such request, concurrently, so it must be safe for concurrent use
 	// and should return the same members for the same code. New calls it for
 	// every code (a sample detail for the variable ones) and fails when it

@@ -50,6 +50,7 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		return
 	}
 	a := m.claimKey(ctx, c, id, fp)
+	m.claimAsV1(ctx, c, r, body, route, &a) // a record stored before an upgrade
 	if m.claimFailed(w, r, next, c, body, &a) {
 		return
 	}
@@ -124,17 +125,13 @@ func (m *Middleware) readFingerprint(w http.ResponseWriter, r *http.Request, c *
 		m.observe(ctx, Event{Decision: BodyUnreadable, ID: id, Status: http.StatusBadRequest, Err: err})
 		return nil, "", fp, false
 	}
-	fpReq := fingerprint.Request{Method: r.Method, Route: m.route(r), RawQuery: r.URL.RawQuery, Body: body,
-		ContentEncoding: fingerprint.ContentEncoding(r.Header)}
-	fp, err = fingerprint.Sum(fpReq, fingerprint.Options{CanonicalJSON: m.canonicalJSON, Rule: m.fpRule})
-	if err != nil && m.fpRule != nil { // the rule cannot read the body: the client's mistake
+	route = m.route(r)
+	fp, err = m.sum(r, body, route, 0)
+	if err != nil { // the rule cannot read the body: the client's mistake
 		m.refuseBody(w, ctx, id, err)
 		return nil, "", fp, false
 	}
-	if err != nil { // invalid JSON: the handler judges the body; fingerprint its raw bytes
-		fp, _ = fingerprint.Sum(fpReq, fingerprint.Options{})
-	}
-	return body, fpReq.Route, fp, true
+	return body, route, fp, true
 }
 
 // answer is the store's answer to a request's claim, and what it cost.

@@ -151,6 +151,7 @@ func TestFixtureBehaviours(t *testing.T) {
 		var wg sync.WaitGroup
 		wg.Go(func() {
 			req := httptest.NewRequestWithContext(ctx, "POST", "/slow?ms=60000", strings.NewReader("slow"))
+			req.Header.Set("Content-Type", "text/plain") // as c.do: the media type counts
 			req.Header.Set("Idempotency-Key", "c")
 			c.h.ServeHTTP(httptest.NewRecorder(), req)
 		})
@@ -175,6 +176,7 @@ func TestFixtureBehaviours(t *testing.T) {
 		var wg sync.WaitGroup
 		wg.Go(func() {
 			req := httptest.NewRequestWithContext(ctx, "POST", "/slow?ms=300", strings.NewReader("slow"))
+			req.Header.Set("Content-Type", "text/plain") // as c.do: the media type counts
 			req.Header.Set("Idempotency-Key", "gone")
 			c.h.ServeHTTP(httptest.NewRecorder(), req)
 		})

@@ -40,6 +40,7 @@ import (
 	"fmt"
 	"log/slog"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"google.golang.org/grpc"
@@ -56,9 +57,15 @@ import (
 
 // Metadata names (lowercase, as gRPC carries them).
 const (
-	// KeyMetadata carries the idempotency key by default: policy.DefaultKeyHeader
-	// in lowercase (policy.KeyRule.Header names another).
+	// KeyMetadata carries the idempotency key by default, as text:
+	// policy.DefaultKeyHeader in lowercase (policy.KeyRule.Header names another).
 	KeyMetadata = "idempotency-key"
+	// KeyMetadataBin is the binary form of KeyMetadata a gRPC client may send
+	// a key in (the "-bin" suffix; with policy.KeyRule.Header, that name plus
+	// "-bin"). It is refused, INVALID_ARGUMENT idempotency_key_invalid: a key
+	// has one text form, and bytes mapped to text would let one key have two
+	// spellings; ignoring it would run the call unprotected on every retry.
+	KeyMetadataBin = KeyMetadata + "-bin"
 	// ReplayedMetadata is set to "true" in the header metadata of a replay.
 	ReplayedMetadata = "idempotent-replayed"
 )
@@ -165,8 +172,9 @@ func DefaultReleasePolicy(c codes.Code) bool {
 // concurrent use.
 type Interceptor struct {
 	config
-	runner *idem.Runner
-	scope  ScopeFunc
+	runner      *idem.Runner
+	scope       ScopeFunc
+	streamAsked atomic.Bool // Stream was called (Check)
 }
 
 // New returns an interceptor claiming keys in st, scoped by scope (required: a
@@ -243,7 +251,9 @@ func (ic *Interceptor) intercept(ctx context.Context, req any, info *grpc.UnaryS
 	if err != nil {
 		return nil, status.Errorf(codes.Internal, "idemkey/grpc: marshal the request of %s: %v", info.FullMethod, err)
 	}
-	fp, _ := fingerprint.Sum(fingerprint.Request{Method: "gRPC", Route: info.FullMethod, Body: body}, fingerprint.Options{})
+	// Format version 1: a call has no Content-Type to cover (the message is
+	// marshalled here), and records stored before version 2 keep matching.
+	fp, _ := fingerprint.Sum(fingerprint.Request{Method: "gRPC", Route: info.FullMethod, Body: body}, fingerprint.Options{Version: 1})
 	id := store.ID{Scope: ic.scope(ctx, info.FullMethod), Key: key}
 	return ic.run(ctx, id, fp, req, handler)
 }
@@ -253,6 +263,9 @@ func (ic *Interceptor) intercept(ctx context.Context, req any, info *grpc.UnaryS
 func (ic *Interceptor) key(ctx context.Context) (key string, present bool, err error) {
 	md, _ := metadata.FromIncomingContext(ctx)
 	vals := md.Get(ic.keyMD)
+	if len(md.Get(ic.keyMD+"-bin")) > 0 {
+		return "", false, ic.invalidKey("sent in binary form (" + ic.keyMD + "-bin); send it as text in " + ic.keyMD)
+	}
 	switch {
 	case len(vals) == 0 && ic.required:
 		return "", false, problem(codes.InvalidArgument, codeKeyMissing,

@@ -30,6 +30,7 @@ import (
 type Store struct {
 	route  func(scope string) store.Store
 	shards []store.Store
+	prev   func(scope string) store.Store // the previous placement (NewMigration)
 }
 
 var (
@@ -63,6 +64,11 @@ func New(route func(scope string) store.Store, shards ...store.Store) (*Store, e
 		if v := reflect.ValueOf(s); s == nil || v.Kind() == reflect.Pointer && v.IsNil() {
 			return nil, fmt.Errorf("%w: sharded: shard %d is nil", store.ErrInvalid, i)
 		}
+		if !reflect.TypeOf(s).Comparable() {
+			// Shard tells a listed store by ==, which such a value would make
+			// panic; every store of this module is a pointer.
+			return nil, fmt.Errorf("%w: sharded: shard %d is a %T, which is not comparable (use a pointer)", store.ErrInvalid, i, s)
+		}
 	}
 	return &Store{route: route, shards: append([]store.Store(nil), shards...)}, nil
 }
@@ -73,18 +79,25 @@ func New(route func(scope string) store.Store, shards ...store.Store) (*Store, e
 // in the database the transaction writes to. ErrNoShard (wrapped) when the route
 // gives none, or a store New was not given.
 func (s *Store) Shard(scope string) (store.Store, error) {
-	sh := s.route(scope)
-	if sh != nil {
-		if !reflect.TypeOf(sh).Comparable() {
-			return sh, nil // == would panic; such a value is no nil pointer either
-		}
+	sh, err := s.member(s.route(scope))
+	if err != nil {
+		return nil, fmt.Errorf("%w (%d bytes)", err, len(scope))
+	}
+	return sh, nil
+}
+
+// member returns sh when it is one of New's shards, else ErrNoShard.
+func (s *Store) member(sh store.Store) (store.Store, error) {
+	// A value of a type that is not comparable is none of the shards (New
+	// refuses such shards), and == would panic on it.
+	if sh != nil && reflect.TypeOf(sh).Comparable() {
 		for _, x := range s.shards {
 			if x == sh {
 				return sh, nil
 			}
 		}
 	}
-	return nil, fmt.Errorf("%w (%d bytes)", ErrNoShard, len(scope))
+	return nil, ErrNoShard
 }
 
 // Shards returns the stores New was given, in order.
@@ -97,7 +110,7 @@ func (s *Store) Claim(ctx context.Context, req store.ClaimRequest) (store.ClaimR
 	if err := req.Validate(); err != nil {
 		return store.ClaimResult{}, err
 	}
-	sh, err := s.Shard(req.Scope)
+	sh, err := s.claimShard(ctx, req.ID)
 	if err != nil {
 		return store.ClaimResult{}, err
 	}
@@ -109,11 +122,7 @@ func (s *Store) Complete(ctx context.Context, id store.ID, token store.Token, re
 	if err := store.ValidateHolder(id, token); err != nil {
 		return err
 	}
-	sh, err := s.Shard(id.Scope)
-	if err != nil {
-		return err
-	}
-	return sh.Complete(ctx, id, token, resp, retention)
+	return s.holderCall(id, func(sh store.Store) error { return sh.Complete(ctx, id, token, resp, retention) })
 }
 
 // Release implements store.Store on the shard of id.Scope.
@@ -121,11 +130,7 @@ func (s *Store) Release(ctx context.Context, id store.ID, token store.Token) err
 	if err := store.ValidateHolder(id, token); err != nil {
 		return err
 	}
-	sh, err := s.Shard(id.Scope)
-	if err != nil {
-		return err
-	}
-	return sh.Release(ctx, id, token)
+	return s.holderCall(id, func(sh store.Store) error { return sh.Release(ctx, id, token) })
 }
 
 // Renew implements store.Store on the shard of id.Scope.
@@ -133,11 +138,7 @@ func (s *Store) Renew(ctx context.Context, id store.ID, token store.Token, lease
 	if err := store.ValidateHolder(id, token); err != nil {
 		return err
 	}
-	sh, err := s.Shard(id.Scope)
-	if err != nil {
-		return err
-	}
-	return sh.Renew(ctx, id, token, lease)
+	return s.holderCall(id, func(sh store.Store) error { return sh.Renew(ctx, id, token, lease) })
 }
 
 // Wait implements store.Waiter through the shard of id.Scope; a shard that is not
@@ -147,7 +148,7 @@ func (s *Store) Wait(ctx context.Context, id store.ID) error {
 	if err := id.Validate(); err != nil {
 		return err
 	}
-	sh, err := s.Shard(id.Scope)
+	sh, err := s.claimShard(ctx, id)
 	if err != nil {
 		return err
 	}
@@ -164,7 +165,7 @@ func (s *Store) Inspect(ctx context.Context, id store.ID) (store.Info, error) {
 	if err := store.ValidateInspect(id); err != nil {
 		return store.Info{}, err
 	}
-	in, err := s.inspector(id.Scope)
+	in, err := s.inspector(ctx, id)
 	if err != nil {
 		return store.Info{}, err
 	}
@@ -176,15 +177,15 @@ func (s *Store) Evict(ctx context.Context, id store.ID, policy store.EvictPolicy
 	if err := store.ValidateEvict(id, policy); err != nil {
 		return store.Info{}, false, err
 	}
-	in, err := s.inspector(id.Scope)
+	in, err := s.inspector(ctx, id)
 	if err != nil {
 		return store.Info{}, false, err
 	}
 	return in.Evict(ctx, id, policy)
 }
 
-func (s *Store) inspector(scope string) (store.Inspector, error) {
-	sh, err := s.Shard(scope)
+func (s *Store) inspector(ctx context.Context, id store.ID) (store.Inspector, error) {
+	sh, err := s.claimShard(ctx, id)
 	if err != nil {
 		return nil, err
 	}
@@ -199,7 +200,10 @@ func (s *Store) inspector(scope string) (store.Inspector, error) {
 // id.Scope when that shard is a store.CompletionNotifier (a tiered shard), and
 // does nothing otherwise.
 func (s *Store) NotifyCompleted(ctx context.Context, id store.ID, token store.Token, resp store.Response, retention time.Duration) {
-	sh, _ := s.Shard(id.Scope)
+	sh, prev, _ := s.placements(id.Scope)
+	if prev != nil {
+		return // the record may be on either shard; a notice only saves a read
+	}
 	if n, ok := sh.(store.CompletionNotifier); ok {
 		n.NotifyCompleted(ctx, id, token, resp, retention)
 	}

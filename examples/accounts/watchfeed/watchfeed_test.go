@@ -225,12 +225,15 @@ func TestStreamOutlivesServerTimeouts(t *testing.T) {
 	defer sim.Close()
 	f, _ := startFeed(t, sim, watchfeed.Options{})
 	srv := httptest.NewUnstartedServer(f)
-	srv.Config.ReadTimeout, srv.Config.WriteTimeout = 50*time.Millisecond, 50*time.Millisecond
+	// The ReadTimeout also bounds reading the request itself: at 50 ms a busy
+	// machine could miss it before the handler runs. 1 s is a bound a request
+	// of one line does not miss.
+	srv.Config.ReadTimeout, srv.Config.WriteTimeout = time.Second, time.Second
 	srv.Start()
 	t.Cleanup(srv.Close) // after the connection's cleanup: Close waits for it
 	s := connect(t, srv.URL)
 	s.next()
-	time.Sleep(200 * time.Millisecond) // four times both timeouts: nothing to wait for but the clock
+	time.Sleep(2500 * time.Millisecond) // past both timeouts: nothing to wait for but the clock
 	v := write(t, sim, alice)
 	if got := s.data(); got.AggregateID != alice || got.ToAggregateVersion != v {
 		t.Fatalf("event %+v after the timeouts, want alice at %d", got, v)
