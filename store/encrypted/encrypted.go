@@ -35,7 +35,8 @@
 // Wrap the outermost store: wrapping store/tiered seals what both of its tiers
 // keep. A record completed inside the handler's own transaction (store/postgres
 // CompleteTx) does not pass through the wrapper: seal its response with
-// Store.Seal first, or it cannot be replayed.
+// Store.Seal first, or it cannot be replayed, and write the plain response to
+// the client yourself (store/postgres CommitResponse would write the sealed one).
 package encrypted
 
 import (
@@ -175,10 +176,17 @@ func (s *Store) Evict(ctx context.Context, id store.ID, policy store.EvictPolicy
 }
 
 // NotifyCompleted seals resp and forwards it to the wrapped store, when it
-// keeps copies (store.CompletionNotifier; store/tiered).
+// keeps copies (store.CompletionNotifier; store/tiered). A resp that is
+// already Seal's result for id (store/postgres CommitResponse hands the
+// middleware the response it stored) is forwarded as it is: sealed twice, the
+// copy would replay the sealed form.
 func (s *Store) NotifyCompleted(ctx context.Context, id store.ID, token store.Token, resp store.Response, retention time.Duration) {
 	n, ok := s.st.(store.CompletionNotifier)
 	if !ok || store.ValidateResponse(resp, retention) != nil {
+		return
+	}
+	if _, err := s.open(id, &store.Record{Response: resp}); err == nil {
+		n.NotifyCompleted(ctx, id, token, resp, retention)
 		return
 	}
 	buf := getBuf()

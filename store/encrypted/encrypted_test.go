@@ -251,3 +251,38 @@ func TestSealForCompletionOutsideTheWrapper(t *testing.T) {
 		t.Errorf("Seal left %q in clear", w)
 	}
 }
+
+// copyKeeper keeps the response NotifyCompleted hands it as the record, as
+// store/tiered's cache does.
+type copyKeeper struct{ *memory.Store }
+
+func (c copyKeeper) NotifyCompleted(ctx context.Context, id store.ID, token store.Token, resp store.Response, retention time.Duration) {
+	_ = c.Complete(ctx, id, token, resp, retention)
+}
+
+// TestNotifyCompletedOfSealedResponse: a handler that completed its record in
+// its own transaction hands the middleware (MarkCompleted, which
+// store/postgres CommitResponse calls with the response it stored) either the
+// plain response or Seal's result; the copy the wrapper passes on replays the
+// plain response in both cases, never the sealed form sealed a second time.
+func TestNotifyCompletedOfSealedResponse(t *testing.T) {
+	for _, sealedFirst := range []bool{false, true} {
+		inner := copyKeeper{memory.New()}
+		st := wrap(t, inner, newKey(t, "k1"))
+		id := store.ID{Scope: "s", Key: fmt.Sprint("notify-", sealedFirst)}
+		resp := secretResponse(100)
+		res, err := inner.Claim(ctx, store.ClaimRequest{ID: id, Lease: time.Minute, Retention: time.Hour})
+		if err != nil || res.Outcome != store.Claimed {
+			t.Fatalf("claim: %v %v", res.Outcome, err)
+		}
+		notified := resp
+		if sealedFirst {
+			notified = st.Seal(id, resp)
+		}
+		st.NotifyCompleted(ctx, id, res.Token, notified, time.Hour)
+		rec, err := replay(st, id)
+		if err != nil || !bytes.Equal(rec.Body, resp.Body) || fmt.Sprint(rec.Header) != fmt.Sprint(resp.Header) {
+			t.Errorf("sealed first %v: replay %v (err %v), want the plain response", sealedFirst, rec, err)
+		}
+	}
+}
