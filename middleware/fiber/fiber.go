@@ -70,7 +70,8 @@ func Middleware(m *middleware.Middleware) fiber.Handler {
 		}
 		orig := c.UserContext()
 		defer c.SetUserContext(orig) // also on a re-raised panic
-		w := &responseWriter{resp: &c.Context().Response, h: make(http.Header)}
+		resp := &c.Context().Response
+		w := &responseWriter{resp: resp, h: outerHeader(resp)}
 		m.Handler(http.HandlerFunc(func(hw http.ResponseWriter, hr *http.Request) {
 			c.SetUserContext(hr.Context())
 			route := c.Route()
@@ -137,6 +138,7 @@ func newRequest(c *fiber.Ctx) (*http.Request, error) {
 // body) to w, the core's writer, which writes it back into resp.
 func handOver(resp *fasthttp.Response, w http.ResponseWriter) {
 	h := w.Header()
+	clear(h) // the outer lines are in resp too, as the chain left them
 	resp.Header.VisitAll(func(k, v []byte) {
 		switch key := string(k); key {
 		case fiber.HeaderContentLength, fiber.HeaderConnection:
@@ -152,6 +154,22 @@ func handOver(resp *fasthttp.Response, w http.ResponseWriter) {
 	resp.Header.Reset()
 	w.WriteHeader(status)
 	w.Write(body) //nolint:errcheck // writes into memory; the core reports a stream's failure itself
+}
+
+// outerHeader returns the header lines outer middleware set in resp before
+// the adapter ran (a request id, CORS). The core finds them on its writer, as
+// it finds an outer net/http middleware's, and neither stores nor replays them.
+func outerHeader(resp *fasthttp.Response) http.Header {
+	h := make(http.Header)
+	resp.Header.VisitAll(func(k, v []byte) {
+		switch key := string(k); key {
+		case fiber.HeaderContentType, fiber.HeaderContentLength, fiber.HeaderConnection:
+			// fasthttp reports a default Content-Type when none was set
+		default:
+			h.Add(key, string(v))
+		}
+	})
+	return h
 }
 
 // responseWriter is the http.ResponseWriter the core writes to: the status and
@@ -172,6 +190,7 @@ func (w *responseWriter) WriteHeader(code int) {
 	w.wrote = true
 	w.resp.SetStatusCode(code)
 	for k, vs := range w.h {
+		w.resp.Header.Del(k) // an outer line, replaced by the core's values
 		for _, v := range vs {
 			w.resp.Header.Add(k, v)
 		}
