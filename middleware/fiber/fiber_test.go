@@ -232,3 +232,31 @@ func TestOuterHeadersNotReplayed(t *testing.T) {
 		t.Errorf("got %v, want %s", got, want)
 	}
 }
+
+// TestRouteHandlersOwn404Replayed: with the adapter registered on the route
+// itself, the route's handler returning fiber.ErrNotFound after its side
+// effect is its answer, stored and replayed (not Fiber's no-route 404, which
+// the adapter only sees when no handler follows it on its route).
+func TestRouteHandlersOwn404Replayed(t *testing.T) {
+	m, err := middleware.New(memory.New(), middleware.GlobalScope)
+	if err != nil {
+		t.Fatal(err)
+	}
+	app := fiber.New()
+	runs := 0
+	app.Post("/orders/:id/cancel", idemfiber.Middleware(m), func(c *fiber.Ctx) error {
+		runs++
+		return fiber.ErrNotFound
+	})
+	app.Use(idemfiber.Middleware(m)) // last: Fiber's own 404 still releases
+	app.Post("/after", func(c *fiber.Ctx) error { runs++; return c.SendString("ran") })
+	h := serve(app)
+	var got []string
+	for _, path := range []string{"/orders/7/cancel", "/orders/7/cancel", "/nowhere", "/nowhere"} {
+		w := send(h, "POST", path, "k"+path[:3])
+		got = append(got, fmt.Sprintf("%d %q", w.Code, w.Header().Get("Idempotent-Replayed")))
+	}
+	if want := `[404 "" 404 "true" 404 "" 404 ""]`; fmt.Sprint(got) != want || runs != 1 {
+		t.Errorf("got %v, runs %d; want %s, runs 1", got, runs, want)
+	}
+}

@@ -49,6 +49,7 @@ import (
 	"io"
 	"net/http"
 	"net/url"
+	"reflect"
 
 	"github.com/gofiber/fiber/v3"
 	"github.com/valyala/fasthttp"
@@ -64,7 +65,8 @@ import (
 func Middleware(m *middleware.Middleware) fiber.Handler {
 	// Marks Fiber's own 404 and 405 so that they release the key.
 	unrouted := middleware.Unrouted(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
-	return func(c fiber.Ctx) error {
+	var self fiber.Handler
+	self = func(c fiber.Ctx) error {
 		r, err := newRequest(c)
 		if err != nil {
 			return fiber.NewError(fiber.StatusBadRequest, "invalid request URI")
@@ -77,7 +79,7 @@ func Middleware(m *middleware.Middleware) fiber.Handler {
 			c.SetContext(hr.Context())
 			route := c.Route()
 			if err := c.Next(); err != nil {
-				if c.Route() == route && isRouterError(err) {
+				if c.Route() == route && lastOn(route, self) && isRouterError(err) {
 					unrouted.ServeHTTP(hw, hr)
 				}
 				if err := c.App().ErrorHandler(c, err); err != nil {
@@ -88,6 +90,7 @@ func Middleware(m *middleware.Middleware) fiber.Handler {
 		})).ServeHTTP(w, r)
 		return nil
 	}
+	return self
 }
 
 // KeyFromContext returns the scope and idempotency key of the request c serves,
@@ -103,6 +106,16 @@ func KeyFromContext(c fiber.Ctx) (id store.ID, ok bool) {
 func isRouterError(err error) bool {
 	var fe *fiber.Error
 	return errors.As(err, &fe) && (fe.Code == fiber.StatusNotFound || fe.Code == fiber.StatusMethodNotAllowed)
+}
+
+// lastOn reports whether h is the last handler of route: only then did
+// c.Next ask the router for a later route, so only then is a 404 or 405 with
+// the route unchanged the router's. A handler after h on its route (the
+// adapter registered per route) answers for itself, its 404 included.
+// Handlers compare by code: every adapter is the same closure.
+func lastOn(route *fiber.Route, h fiber.Handler) bool {
+	hs := route.Handlers
+	return len(hs) > 0 && reflect.ValueOf(hs[len(hs)-1]).Pointer() == reflect.ValueOf(h).Pointer()
 }
 
 // newRequest is the net/http request the core sees for c, on c.Context().
