@@ -70,16 +70,22 @@ var (
 
 // New wraps st. current seals every new record; previous keys only open the
 // records they sealed. Errors, at construction: a nil st, an empty or
-// too-long key id, a secret that is not KeySize (32) bytes, two keys with one id.
+// too-long key id, a secret that is not KeySize (32) bytes or is all zero
+// bytes, two keys with one id or one secret.
 func New(st store.Store, current Key, previous ...Key) (*Store, error) {
 	if st == nil {
 		return nil, errors.New("idemkey/store/encrypted: nil store")
 	}
 	s := &Store{st: st, keys: make(map[string]*sealer, 1+len(previous))}
+	secrets := make(map[string]string, 1+len(previous)) // secret to id
 	for i, k := range append([]Key{current}, previous...) {
 		if _, dup := s.keys[k.ID]; dup {
 			return nil, fmt.Errorf("idemkey/store/encrypted: key id %q given twice", k.ID)
 		}
+		if other, dup := secrets[string(k.Secret)]; dup {
+			return nil, fmt.Errorf("idemkey/store/encrypted: keys %q and %q have one secret (a rotation that rotates nothing)", other, k.ID)
+		}
+		secrets[string(k.Secret)] = k.ID
 		sl, err := newSealer(k)
 		if err != nil {
 			if i == 0 {

@@ -64,6 +64,8 @@ func TestNewRejectsMisconfiguration(t *testing.T) {
 		{"33-byte key", memory.New(), encrypted.Key{ID: "k", Secret: append(bytes.Clone(good.Secret), 0)}, nil},
 		{"short previous key", memory.New(), good, []encrypted.Key{{ID: "k0", Secret: good.Secret[:31]}}},
 		{"duplicate id", memory.New(), good, []encrypted.Key{newKey(t, "k1")}},
+		{"all-zero secret (never filled)", memory.New(), encrypted.Key{ID: "k", Secret: make([]byte, encrypted.KeySize)}, nil},
+		{"one secret under two ids (a rotation that rotates nothing)", memory.New(), good, []encrypted.Key{{ID: "k0", Secret: bytes.Clone(good.Secret)}}},
 	} {
 		if s, err := encrypted.New(tc.st, tc.current, tc.prev...); err == nil || s != nil {
 			t.Errorf("%s: New = %v, %v; want an error", tc.name, s, err)

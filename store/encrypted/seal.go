@@ -1,6 +1,7 @@
 package encrypted
 
 import (
+	"bytes"
 	"crypto/aes"
 	"crypto/cipher"
 	"encoding/base64"
@@ -79,6 +80,8 @@ func newSealer(k Key) (*sealer, error) {
 		return nil, fmt.Errorf("idemkey/store/encrypted: key id %q over %d bytes", k.ID, MaxKeyIDLen)
 	case len(k.Secret) != KeySize:
 		return nil, fmt.Errorf("idemkey/store/encrypted: key %q is %d bytes, want %d (AES-256)", k.ID, len(k.Secret), KeySize)
+	case bytes.Count(k.Secret, []byte{0}) == KeySize:
+		return nil, fmt.Errorf("idemkey/store/encrypted: key %q is all zero bytes (never filled)", k.ID)
 	}
 	block, err := aes.NewCipher(k.Secret)
 	if err != nil {
