@@ -18,7 +18,8 @@
 //     TLS state and every header line (a header sent twice stays two values,
 //     so two Idempotency-Key lines are answered 400). No string aliases
 //     fasthttp's recycled buffers. The body is read from the fasthttp request,
-//     so the handler's c.Body() is the same bytes the fingerprint covered.
+//     so the handler's c.Body() is the body the fingerprint covered (decoded by
+//     Fiber when it has a Content-Encoding; the fingerprint covers it as sent).
 //   - The rest of the chain runs inside the core (c.Next). Fiber buffers a
 //     response, so when the chain returns the adapter hands its status, every
 //     header line and the body to the core, which stores it (or streams a body
