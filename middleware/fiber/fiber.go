@@ -165,7 +165,9 @@ func handOver(resp *fasthttp.Response, w http.ResponseWriter) {
 	// the handler's own c.JSON body is not ours to keep.
 	body := append([]byte(nil), resp.Body()...)
 	resp.ResetBody()
-	resp.Header.Reset()
+	for k := range h {
+		resp.Header.Del(k) // not Reset, which drops the app's settings (DisableDefaultContentType)
+	}
 	w.WriteHeader(status)
 	w.Write(body) //nolint:errcheck // writes into memory; the core reports a stream's failure itself
 }

@@ -260,3 +260,30 @@ func TestRouteHandlersOwn404Replayed(t *testing.T) {
 		t.Errorf("got %v, runs %d; want %s, runs 1", got, runs, want)
 	}
 }
+
+// TestAppResponseSettingsKept: the adapter keeps the application's response
+// settings: with DisableDefaultContentType, an answer without a Content-Type
+// gets none, first and on replay.
+func TestAppResponseSettingsKept(t *testing.T) {
+	m, err := middleware.New(memory.New(), middleware.GlobalScope)
+	if err != nil {
+		t.Fatal(err)
+	}
+	app := fiber.New(fiber.Config{DisableDefaultContentType: true})
+	app.Post("/h", idemfiber.Middleware(m), func(c *fiber.Ctx) error {
+		return c.Status(http.StatusCreated).Send([]byte("ok"))
+	})
+	var got []string
+	for range 2 {
+		r := httptest.NewRequest("POST", "/h", nil)
+		r.Header.Set("Idempotency-Key", "ct")
+		resp, err := app.Test(r, -1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got = append(got, fmt.Sprintf("%d %q %q", resp.StatusCode, resp.Header["Content-Type"], resp.Header.Get("Idempotent-Replayed")))
+	}
+	if want := `[201 [] "" 201 [] "true"]`; fmt.Sprint(got) != want {
+		t.Errorf("got %v, want %s", got, want)
+	}
+}
