@@ -16,9 +16,9 @@
 //   - In clear: the status and the omitted mark (operators read them with
 //     Inspect), the body's length (GCM keeps lengths), the fingerprint (the
 //     store compares it on every claim), the times, the lease and the token.
-//     The status, the omitted mark, the scope and the key are bound to the
-//     sealed bytes as additional data: a record changed, or copied under
-//     another scope, key or status, does not open.
+//     The status, the omitted mark, the body's length, the scope and the key
+//     are bound to the sealed bytes as additional data: a record changed, or
+//     copied under another scope, key or status, does not open.
 //   - Each record names the id of the key that sealed it, and gets a fresh
 //     random 96-bit nonce.
 //

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/rand"
+	"encoding/base64"
 	"errors"
 	"fmt"
 	"net/http"
@@ -187,45 +188,73 @@ func TestRotation(t *testing.T) {
 }
 
 // TestMovedOrChangedRecordRefused: a sealed record copied under another key
-// or scope, or with its status, omitted mark, body or sealed line changed,
-// or written without the wrapper, does not open: the claim fails with an
-// error wrapping store.ErrCorrupt (never a replay, never Claimed), and the
-// record stays as it was.
+// or scope, or with any stored field changed under its own ID (status,
+// omitted mark, body, the sealed line, the key id, bytes moved between the
+// body and the sealed line), or written without the wrapper, does not open:
+// the claim fails with an error wrapping store.ErrCorrupt (never a replay,
+// never Claimed), and the record stays as it was.
 func TestMovedOrChangedRecordRefused(t *testing.T) {
 	inner := memory.New()
 	st := wrap(t, inner, newKey(t, "k1"))
 	src := store.ID{Scope: "alice", Key: "pay-1"}
 	complete(t, st, src, secretResponse(64))
-	sealed, err := replay(inner, src)
-	if err != nil {
-		t.Fatal(err)
-	}
 	flip := func(b []byte, i int) []byte { b = bytes.Clone(b); b[i] ^= 1; return b }
-	line := sealed.Header[encrypted.SealedHeader][0]
-	if !strings.HasPrefix(line, "AQJr") { // version 1, id length 2, "k"...
-		t.Fatalf("sealed line %q does not start with key id k1", line)
+	// parts splits a sealed line into its prefix and nonce, the headers'
+	// ciphertext and the tag; join is its inverse.
+	parts := func(r store.Response) (head, hct, tag []byte) {
+		b, err := base64.RawStdEncoding.DecodeString(r.Header.Get(encrypted.SealedHeader))
+		if err != nil {
+			t.Fatal(err)
+		}
+		n := 2 + int(b[1]) + 12
+		return b[:n:n], b[n : len(b)-16 : len(b)-16], b[len(b)-16:]
+	}
+	join := func(status int, body []byte, line ...[]byte) store.Response {
+		return store.Response{Status: status, Body: body,
+			Header: http.Header{encrypted.SealedHeader: {base64.RawStdEncoding.EncodeToString(bytes.Join(line, nil))}}}
 	}
 	for _, tc := range []struct {
-		name string
-		id   store.ID
-		resp store.Response
-		want error
+		name   string
+		change func(id store.ID, r store.Response) store.Response
+		want   error
 	}{
-		{"other key", store.ID{Scope: "alice", Key: "pay-2"}, sealed.Response, encrypted.ErrTampered},
-		{"other scope", store.ID{Scope: "mallory", Key: "pay-1"}, sealed.Response, encrypted.ErrTampered},
-		{"other status", store.ID{Key: "status"}, store.Response{Status: 200, Header: sealed.Header, Body: sealed.Body}, encrypted.ErrTampered},
-		{"body bit flipped", store.ID{Key: "body"}, store.Response{Status: 201, Header: sealed.Header, Body: flip(sealed.Body, 3)}, encrypted.ErrTampered},
-		{"body cut", store.ID{Key: "cut"}, store.Response{Status: 201, Header: sealed.Header, Body: sealed.Body[:10]}, encrypted.ErrTampered},
-		{"marked omitted", store.ID{Key: "omitted"}, store.Response{Status: 201, Header: sealed.Header, BodyOmitted: true}, encrypted.ErrTampered},
-		{"sealed line changed", store.ID{Key: "line"}, store.Response{Status: 201, Header: http.Header{encrypted.SealedHeader: {line[:len(line)-2] + "AA"}}, Body: sealed.Body}, encrypted.ErrTampered},
-		{"unknown key id (k1 renamed x1)", store.ID{Key: "kid"}, store.Response{Status: 201, Header: http.Header{encrypted.SealedHeader: {"AQJ4" + line[4:]}}, Body: sealed.Body}, encrypted.ErrUnknownKey},
-		{"written without the wrapper", store.ID{Key: "clear"}, store.Response{Status: 201, Body: []byte(`{"card":"4242"}`)}, encrypted.ErrTampered},
+		{"moved to another key", func(store.ID, store.Response) store.Response { return st.Seal(src, secretResponse(64)) }, encrypted.ErrTampered},
+		{"moved to another scope", func(id store.ID, _ store.Response) store.Response {
+			return st.Seal(store.ID{Scope: "mallory", Key: id.Key}, secretResponse(64))
+		}, encrypted.ErrTampered},
+		{"other status", func(_ store.ID, r store.Response) store.Response { r.Status = 200; return r }, encrypted.ErrTampered},
+		{"body bit flipped", func(_ store.ID, r store.Response) store.Response { r.Body = flip(r.Body, 3); return r }, encrypted.ErrTampered},
+		{"body cut", func(_ store.ID, r store.Response) store.Response { r.Body = r.Body[:10]; return r }, encrypted.ErrTampered},
+		{"marked omitted", func(_ store.ID, r store.Response) store.Response { r.Body, r.BodyOmitted = nil, true; return r }, encrypted.ErrTampered},
+		{"sealed line changed", func(_ store.ID, r store.Response) store.Response {
+			head, hct, tag := parts(r)
+			return join(r.Status, r.Body, head, hct, flip(tag, 0))
+		}, encrypted.ErrTampered},
+		{"headers' ciphertext moved into the body", func(_ store.ID, r store.Response) store.Response {
+			head, hct, tag := parts(r)
+			return join(r.Status, append(bytes.Clone(r.Body), hct...), head, tag)
+		}, encrypted.ErrTampered},
+		{"body's last bytes moved into the sealed line", func(_ store.ID, r store.Response) store.Response {
+			head, hct, tag := parts(r)
+			n := len(r.Body) - 5
+			return join(r.Status, r.Body[:n], head, r.Body[n:], hct, tag)
+		}, encrypted.ErrTampered},
+		{"unknown key id (k1 renamed x1)", func(_ store.ID, r store.Response) store.Response {
+			head, hct, tag := parts(r)
+			head = bytes.Clone(head)
+			head[2] = 'x'
+			return join(r.Status, r.Body, head, hct, tag)
+		}, encrypted.ErrUnknownKey},
+		{"written without the wrapper", func(store.ID, store.Response) store.Response {
+			return store.Response{Status: 201, Body: []byte(`{"card":"4242"}`)}
+		}, encrypted.ErrTampered},
 	} {
-		complete(t, inner, tc.id, tc.resp)
-		if rec, err := replay(st, tc.id); !errors.Is(err, tc.want) || !errors.Is(err, store.ErrCorrupt) || rec != nil {
+		id := store.ID{Scope: "alice", Key: tc.name}
+		complete(t, inner, id, tc.change(id, st.Seal(id, secretResponse(64))))
+		if rec, err := replay(st, id); !errors.Is(err, tc.want) || !errors.Is(err, store.ErrCorrupt) || rec != nil {
 			t.Errorf("%s: claim = %v, %v; want %v", tc.name, rec, err, tc.want)
 		}
-		if _, err := replay(inner, tc.id); err != nil {
+		if _, err := replay(inner, id); err != nil {
 			t.Errorf("%s: the record changed after the refused claim: %v", tc.name, err)
 		}
 	}
