@@ -35,8 +35,9 @@
 //   - Fiber's own 404 or 405 (no route ran after the adapter's) is marked
 //     middleware.Unrouted, so it releases the key and the corrected request
 //     with the same key runs. A handler's own 404 is stored and replayed, and
-//     so is Fiber's 404 after a later app.Use middleware ran: register the
-//     adapter last among app.Use, or on the group or route.
+//     so is Fiber's 404 after a middleware registered after the adapter ran:
+//     register the adapter last among app.Use and last in its app.Use or
+//     app.Group call, or on the route.
 //
 // fasthttp does not tell a handler that its client went away, so the core sees
 // no disconnect (middleware.WithCancelOnDisconnect has no effect); the store
