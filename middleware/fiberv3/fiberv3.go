@@ -46,17 +46,14 @@
 package idemfiberv3
 
 import (
-	"bytes"
 	"errors"
-	"io"
 	"net/http"
-	"net/url"
 	"reflect"
 
 	"github.com/gofiber/fiber/v3"
-	"github.com/valyala/fasthttp"
 
 	"github.com/idemkey/idemkey/middleware"
+	"github.com/idemkey/idemkey/middleware/internal/fasthttpbridge"
 	"github.com/idemkey/idemkey/store"
 )
 
@@ -69,14 +66,14 @@ func Middleware(m *middleware.Middleware) fiber.Handler {
 	unrouted := middleware.Unrouted(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
 	var self fiber.Handler
 	self = func(c fiber.Ctx) error {
-		r, err := newRequest(c)
+		r, err := fasthttpbridge.Request(c.Context(), c.RequestCtx())
 		if err != nil {
 			return fiber.NewError(fiber.StatusBadRequest, "invalid request URI")
 		}
 		orig := c.Context()
 		defer c.SetContext(orig) // also on a re-raised panic
 		resp := &c.RequestCtx().Response
-		w := &responseWriter{resp: resp, h: outerHeader(resp)}
+		w := fasthttpbridge.NewWriter(resp)
 		m.Handler(http.HandlerFunc(func(hw http.ResponseWriter, hr *http.Request) {
 			c.SetContext(hr.Context())
 			route := c.Route()
@@ -88,7 +85,7 @@ func Middleware(m *middleware.Middleware) fiber.Handler {
 					c.Status(fiber.StatusInternalServerError)
 				}
 			}
-			handOver(&c.RequestCtx().Response, hw)
+			fasthttpbridge.HandOver(resp, hw)
 		})).ServeHTTP(w, r)
 		return nil
 	}
@@ -118,107 +115,4 @@ func isRouterError(err error) bool {
 func lastOn(route *fiber.Route, h fiber.Handler) bool {
 	hs := route.Handlers
 	return len(hs) > 0 && reflect.ValueOf(hs[len(hs)-1]).Pointer() == reflect.ValueOf(h).Pointer()
-}
-
-// newRequest is the net/http request the core sees for c, on c.Context().
-// Every string is a copy: fasthttp reuses its buffers after the request, and
-// the core and its store may keep the key and scope.
-func newRequest(c fiber.Ctx) (*http.Request, error) {
-	fc := c.RequestCtx()
-	uri := string(fc.RequestURI())
-	u, err := url.ParseRequestURI(uri)
-	if err != nil {
-		return nil, err
-	}
-	body := fc.PostBody()
-	r := &http.Request{
-		Method: string(fc.Method()), URL: u, RequestURI: uri,
-		Proto: "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1,
-		Header: make(http.Header), Host: string(fc.Host()),
-		RemoteAddr: fc.RemoteAddr().String(), TLS: fc.TLSConnectionState(),
-		ContentLength: int64(len(body)), Body: io.NopCloser(bytes.NewReader(body)),
-	}
-	fc.Request.Header.VisitAll(func(k, v []byte) {
-		switch key := string(k); key {
-		case fiber.HeaderHost:
-		case fiber.HeaderTransferEncoding:
-			r.TransferEncoding = append(r.TransferEncoding, string(v))
-		default:
-			r.Header.Add(key, string(v))
-		}
-	})
-	return r.WithContext(c.Context()), nil
-}
-
-// handOver moves the response the chain left in resp (status, header lines,
-// body) to w, the core's writer, which writes it back into resp.
-func handOver(resp *fasthttp.Response, w http.ResponseWriter) {
-	h := w.Header()
-	clear(h) // the outer lines are in resp too, as the chain left them
-	resp.Header.VisitAll(func(k, v []byte) {
-		switch key := string(k); key {
-		case fiber.HeaderContentLength, fiber.HeaderConnection:
-		default:
-			h.Add(key, string(v))
-		}
-	})
-	status := resp.StatusCode()
-	// A copy: resetting the body returns fasthttp's buffer to its pool, and
-	// the handler's own c.JSON body is not ours to keep.
-	body := append([]byte(nil), resp.Body()...)
-	resp.ResetBody()
-	for k := range h {
-		resp.Header.Del(k) // not Reset, which drops the app's settings (DisableDefaultContentType)
-	}
-	w.WriteHeader(status)
-	w.Write(body) //nolint:errcheck // writes into memory; the core reports a stream's failure itself
-}
-
-// outerHeader returns the header lines outer middleware set in resp before
-// the adapter ran (a request id, CORS). The core finds them on its writer, as
-// it finds an outer net/http middleware's, and neither stores nor replays them.
-func outerHeader(resp *fasthttp.Response) http.Header {
-	h := make(http.Header)
-	resp.Header.VisitAll(func(k, v []byte) {
-		switch key := string(k); key {
-		case fiber.HeaderContentType, fiber.HeaderContentLength, fiber.HeaderConnection:
-			// fasthttp reports a default Content-Type when none was set
-		default:
-			h.Add(key, string(v))
-		}
-	})
-	return h
-}
-
-// responseWriter is the http.ResponseWriter the core writes to: the status and
-// header lines go into Fiber's response with the first write, the body is
-// appended to it (fasthttp sends it when the handler returns).
-type responseWriter struct {
-	resp  *fasthttp.Response
-	h     http.Header
-	wrote bool
-}
-
-func (w *responseWriter) Header() http.Header { return w.h }
-
-func (w *responseWriter) WriteHeader(code int) {
-	if w.wrote || code < 200 { // 1xx: fasthttp sends no informational answer
-		return
-	}
-	w.wrote = true
-	w.resp.SetStatusCode(code)
-	for k, vs := range w.h {
-		w.resp.Header.Del(k) // an outer line, replaced by the core's values
-		for _, v := range vs {
-			w.resp.Header.Add(k, v)
-		}
-	}
-}
-
-func (w *responseWriter) Write(p []byte) (int, error) {
-	if !w.wrote {
-		w.WriteHeader(http.StatusOK)
-	}
-	w.resp.AppendBody(p)
-	return len(p), nil
 }
