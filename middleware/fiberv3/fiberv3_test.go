@@ -287,3 +287,63 @@ func TestAppResponseSettingsKept(t *testing.T) {
 		t.Errorf("got %v, want %s", got, want)
 	}
 }
+
+// TestKeysOutliveRecycledBuffers runs a real fasthttp server, whose request
+// buffers are recycled across requests on kept-alive connections: the keys
+// and bodies the store kept for many concurrent requests stay each request's
+// own, so every retry replays its own answer and the key the handler saw was
+// its own.
+func TestKeysOutliveRecycledBuffers(t *testing.T) {
+	m, err := middleware.New(memory.New(), middleware.ScopeFromHeader("X-Client-ID", "anon"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	app := fiber.New()
+	app.Post("/pay", idemfiber.Middleware(m), func(c fiber.Ctx) error {
+		id, _ := idemfiber.KeyFromContext(c)
+		return c.Status(http.StatusCreated).SendString(id.Scope + "/" + id.Key + "/" + string(c.Body()))
+	})
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go app.Listener(ln, fiber.ListenConfig{DisableStartupMessage: true}) //nolint:errcheck // ends with Shutdown
+	t.Cleanup(func() { _ = app.Shutdown() })
+	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 4}}
+	t.Cleanup(client.CloseIdleConnections)
+	post := func(i int) (string, error) {
+		key := fmt.Sprintf("key-%03d-%s", i, strings.Repeat("x", i%40))
+		r, _ := http.NewRequest("POST", "http://"+ln.Addr().String()+"/pay", strings.NewReader(fmt.Sprint(`{"n":`, i, `}`)))
+		r.Header.Set("Idempotency-Key", key)
+		r.Header.Set("X-Client-ID", fmt.Sprint("client-", i%7))
+		resp, err := client.Do(r)
+		if err != nil {
+			return "", err
+		}
+		defer resp.Body.Close()
+		body, _ := io.ReadAll(resp.Body)
+		want := fmt.Sprintf(`client-%d/%s/{"n":%d}`, i%7, key, i)
+		if resp.StatusCode != http.StatusCreated || string(body) != want {
+			return "", fmt.Errorf("request %d: %d %q, want 201 %q", i, resp.StatusCode, body, want)
+		}
+		return resp.Header.Get("Idempotent-Replayed"), nil
+	}
+	const n = 120
+	for round, replayed := range []string{"", "true"} {
+		errs := make(chan error, n)
+		for i := range n {
+			go func() {
+				got, err := post(i)
+				if err == nil && got != replayed {
+					err = fmt.Errorf("round %d, request %d: replayed %q", round, i, got)
+				}
+				errs <- err
+			}()
+		}
+		for range n {
+			if err := <-errs; err != nil {
+				t.Error(err)
+			}
+		}
+	}
+}
