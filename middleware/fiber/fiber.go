@@ -18,7 +18,8 @@
 //     TLS state and every header line (a header sent twice stays two values,
 //     so two Idempotency-Key lines are answered 400). No string aliases
 //     fasthttp's recycled buffers. The body is read from the fasthttp request,
-//     so the handler's c.Body() is the same bytes the fingerprint covered.
+//     so the handler's c.Body() is the body the fingerprint covered (decoded by
+//     Fiber when it has a Content-Encoding; the fingerprint covers it as sent).
 //   - The rest of the chain runs inside the core (c.Next). Fiber buffers a
 //     response, so when the chain returns the adapter hands its status, every
 //     header line and the body to the core, which stores it (or streams a body
@@ -34,8 +35,9 @@
 //   - Fiber's own 404 or 405 (no route ran after the adapter's) is marked
 //     middleware.Unrouted, so it releases the key and the corrected request
 //     with the same key runs. A handler's own 404 is stored and replayed, and
-//     so is Fiber's 404 after a later app.Use middleware ran: register the
-//     adapter last among app.Use, or on the group or route.
+//     so is Fiber's 404 after a middleware registered after the adapter ran:
+//     register the adapter last among app.Use and last in its app.Use or
+//     app.Group call, or on the route.
 //
 // fasthttp does not tell a handler that its client went away, so the core sees
 // no disconnect (middleware.WithCancelOnDisconnect has no effect); the store
@@ -43,16 +45,14 @@
 package idemfiber
 
 import (
-	"bytes"
 	"errors"
-	"io"
 	"net/http"
-	"net/url"
+	"reflect"
 
 	"github.com/gofiber/fiber/v2"
-	"github.com/valyala/fasthttp"
 
 	"github.com/idemkey/idemkey/middleware"
+	"github.com/idemkey/idemkey/middleware/internal/fasthttpbridge"
 	"github.com/idemkey/idemkey/store"
 )
 
@@ -63,29 +63,32 @@ import (
 func Middleware(m *middleware.Middleware) fiber.Handler {
 	// Marks Fiber's own 404 and 405 so that they release the key.
 	unrouted := middleware.Unrouted(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
-	return func(c *fiber.Ctx) error {
-		r, err := newRequest(c)
+	var self fiber.Handler
+	self = func(c *fiber.Ctx) error {
+		r, err := fasthttpbridge.Request(c.UserContext(), c.Context())
 		if err != nil {
 			return fiber.NewError(fiber.StatusBadRequest, "invalid request URI")
 		}
 		orig := c.UserContext()
 		defer c.SetUserContext(orig) // also on a re-raised panic
-		w := &responseWriter{resp: &c.Context().Response, h: make(http.Header)}
+		resp := &c.Context().Response
+		w := fasthttpbridge.NewWriter(resp)
 		m.Handler(http.HandlerFunc(func(hw http.ResponseWriter, hr *http.Request) {
 			c.SetUserContext(hr.Context())
 			route := c.Route()
 			if err := c.Next(); err != nil {
-				if c.Route() == route && isRouterError(err) {
+				if c.Route() == route && lastOn(route, self) && isRouterError(err) {
 					unrouted.ServeHTTP(hw, hr)
 				}
 				if err := c.App().ErrorHandler(c, err); err != nil {
 					c.Status(fiber.StatusInternalServerError)
 				}
 			}
-			handOver(&c.Context().Response, hw)
+			fasthttpbridge.HandOver(resp, hw)
 		})).ServeHTTP(w, r)
 		return nil
 	}
+	return self
 }
 
 // KeyFromContext returns the scope and idempotency key of the request c serves,
@@ -103,85 +106,12 @@ func isRouterError(err error) bool {
 	return errors.As(err, &fe) && (fe.Code == fiber.StatusNotFound || fe.Code == fiber.StatusMethodNotAllowed)
 }
 
-// newRequest is the net/http request the core sees for c, on c.UserContext().
-// Every string is a copy: fasthttp reuses its buffers after the request, and
-// the core and its store may keep the key and scope.
-func newRequest(c *fiber.Ctx) (*http.Request, error) {
-	fc := c.Context()
-	uri := string(fc.RequestURI())
-	u, err := url.ParseRequestURI(uri)
-	if err != nil {
-		return nil, err
-	}
-	body := fc.PostBody()
-	r := &http.Request{
-		Method: string(fc.Method()), URL: u, RequestURI: uri,
-		Proto: "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1,
-		Header: make(http.Header), Host: string(fc.Host()),
-		RemoteAddr: fc.RemoteAddr().String(), TLS: fc.TLSConnectionState(),
-		ContentLength: int64(len(body)), Body: io.NopCloser(bytes.NewReader(body)),
-	}
-	fc.Request.Header.VisitAll(func(k, v []byte) {
-		switch key := string(k); key {
-		case fiber.HeaderHost:
-		case fiber.HeaderTransferEncoding:
-			r.TransferEncoding = append(r.TransferEncoding, string(v))
-		default:
-			r.Header.Add(key, string(v))
-		}
-	})
-	return r.WithContext(c.UserContext()), nil
-}
-
-// handOver moves the response the chain left in resp (status, header lines,
-// body) to w, the core's writer, which writes it back into resp.
-func handOver(resp *fasthttp.Response, w http.ResponseWriter) {
-	h := w.Header()
-	resp.Header.VisitAll(func(k, v []byte) {
-		switch key := string(k); key {
-		case fiber.HeaderContentLength, fiber.HeaderConnection:
-		default:
-			h.Add(key, string(v))
-		}
-	})
-	status := resp.StatusCode()
-	// A copy: resetting the body returns fasthttp's buffer to its pool, and
-	// the handler's own c.JSON body is not ours to keep.
-	body := append([]byte(nil), resp.Body()...)
-	resp.ResetBody()
-	resp.Header.Reset()
-	w.WriteHeader(status)
-	w.Write(body) //nolint:errcheck // writes into memory; the core reports a stream's failure itself
-}
-
-// responseWriter is the http.ResponseWriter the core writes to: the status and
-// header lines go into Fiber's response with the first write, the body is
-// appended to it (fasthttp sends it when the handler returns).
-type responseWriter struct {
-	resp  *fasthttp.Response
-	h     http.Header
-	wrote bool
-}
-
-func (w *responseWriter) Header() http.Header { return w.h }
-
-func (w *responseWriter) WriteHeader(code int) {
-	if w.wrote || code < 200 { // 1xx: fasthttp sends no informational answer
-		return
-	}
-	w.wrote = true
-	w.resp.SetStatusCode(code)
-	for k, vs := range w.h {
-		for _, v := range vs {
-			w.resp.Header.Add(k, v)
-		}
-	}
-}
-
-func (w *responseWriter) Write(p []byte) (int, error) {
-	if !w.wrote {
-		w.WriteHeader(http.StatusOK)
-	}
-	w.resp.AppendBody(p)
-	return len(p), nil
+// lastOn reports whether h is the last handler of route: only then did
+// c.Next ask the router for a later route, so only then is a 404 or 405 with
+// the route unchanged the router's. A handler after h on its route (the
+// adapter registered per route) answers for itself, its 404 included.
+// Handlers compare by code: every adapter is the same closure.
+func lastOn(route *fiber.Route, h fiber.Handler) bool {
+	hs := route.Handlers
+	return len(hs) > 0 && reflect.ValueOf(hs[len(hs)-1]).Pointer() == reflect.ValueOf(h).Pointer()
 }

@@ -201,3 +201,149 @@ func TestThroughFasthttpServer(t *testing.T) {
 		t.Errorf("got %q, runs %d", got, runs)
 	}
 }
+
+// TestOuterHeadersNotReplayed: a header an outer middleware set before the
+// adapter (a request id) belongs to each request, as with net/http: it is not
+// stored, so the replay carries this request's value once, not the first
+// request's beside it.
+func TestOuterHeadersNotReplayed(t *testing.T) {
+	m, err := middleware.New(memory.New(), middleware.GlobalScope)
+	if err != nil {
+		t.Fatal(err)
+	}
+	app := fiber.New()
+	n := 0
+	app.Use(func(c fiber.Ctx) error {
+		n++
+		c.Set("X-Request-Id", fmt.Sprint("req-", n))
+		return c.Next()
+	})
+	app.Post("/h", idemfiber.Middleware(m), func(c fiber.Ctx) error {
+		c.Set("X-Order", "o1")
+		return c.Status(http.StatusCreated).SendString("ok")
+	})
+	h := serve(app)
+	var got []string
+	for range 2 {
+		w := send(h, "POST", "/h", "ok1")
+		got = append(got, fmt.Sprintf("%d %v %v %q", w.Code, w.Header()["X-Request-Id"], w.Header()["X-Order"], w.Header().Get("Idempotent-Replayed")))
+	}
+	if want := `[201 [req-1] [o1] "" 201 [req-2] [o1] "true"]`; fmt.Sprint(got) != want {
+		t.Errorf("got %v, want %s", got, want)
+	}
+}
+
+// TestRouteHandlersOwn404Replayed: with the adapter registered on the route
+// itself, the route's handler returning fiber.ErrNotFound after its side
+// effect is its answer, stored and replayed (not Fiber's no-route 404, which
+// the adapter only sees when no handler follows it on its route).
+func TestRouteHandlersOwn404Replayed(t *testing.T) {
+	m, err := middleware.New(memory.New(), middleware.GlobalScope)
+	if err != nil {
+		t.Fatal(err)
+	}
+	app := fiber.New()
+	runs := 0
+	app.Post("/orders/:id/cancel", idemfiber.Middleware(m), func(c fiber.Ctx) error {
+		runs++
+		return fiber.ErrNotFound
+	})
+	app.Use(idemfiber.Middleware(m)) // last: Fiber's own 404 still releases
+	app.Post("/after", func(c fiber.Ctx) error { runs++; return c.SendString("ran") })
+	h := serve(app)
+	var got []string
+	for _, path := range []string{"/orders/7/cancel", "/orders/7/cancel", "/nowhere", "/nowhere"} {
+		w := send(h, "POST", path, "k"+path[:3])
+		got = append(got, fmt.Sprintf("%d %q", w.Code, w.Header().Get("Idempotent-Replayed")))
+	}
+	if want := `[404 "" 404 "true" 404 "" 404 ""]`; fmt.Sprint(got) != want || runs != 1 {
+		t.Errorf("got %v, runs %d; want %s, runs 1", got, runs, want)
+	}
+}
+
+// TestAppResponseSettingsKept: the adapter keeps the application's response
+// settings: with DisableDefaultContentType, an answer without a Content-Type
+// gets none, first and on replay.
+func TestAppResponseSettingsKept(t *testing.T) {
+	m, err := middleware.New(memory.New(), middleware.GlobalScope)
+	if err != nil {
+		t.Fatal(err)
+	}
+	app := fiber.New(fiber.Config{DisableDefaultContentType: true})
+	app.Post("/h", idemfiber.Middleware(m), func(c fiber.Ctx) error {
+		return c.Status(http.StatusCreated).Send([]byte("ok"))
+	})
+	var got []string
+	for range 2 {
+		r := httptest.NewRequest("POST", "/h", nil)
+		r.Header.Set("Idempotency-Key", "ct")
+		resp, err := app.Test(r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got = append(got, fmt.Sprintf("%d %q %q", resp.StatusCode, resp.Header["Content-Type"], resp.Header.Get("Idempotent-Replayed")))
+	}
+	if want := `[201 [] "" 201 [] "true"]`; fmt.Sprint(got) != want {
+		t.Errorf("got %v, want %s", got, want)
+	}
+}
+
+// TestKeysOutliveRecycledBuffers runs a real fasthttp server, whose request
+// buffers are recycled across requests on kept-alive connections: the keys
+// and bodies the store kept for many concurrent requests stay each request's
+// own, so every retry replays its own answer and the key the handler saw was
+// its own.
+func TestKeysOutliveRecycledBuffers(t *testing.T) {
+	m, err := middleware.New(memory.New(), middleware.ScopeFromHeader("X-Client-ID", "anon"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	app := fiber.New()
+	app.Post("/pay", idemfiber.Middleware(m), func(c fiber.Ctx) error {
+		id, _ := idemfiber.KeyFromContext(c)
+		return c.Status(http.StatusCreated).SendString(id.Scope + "/" + id.Key + "/" + string(c.Body()))
+	})
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go app.Listener(ln, fiber.ListenConfig{DisableStartupMessage: true}) //nolint:errcheck // ends with Shutdown
+	t.Cleanup(func() { _ = app.Shutdown() })
+	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 4}}
+	t.Cleanup(client.CloseIdleConnections)
+	post := func(i int) (string, error) {
+		key := fmt.Sprintf("key-%03d-%s", i, strings.Repeat("x", i%40))
+		r, _ := http.NewRequest("POST", "http://"+ln.Addr().String()+"/pay", strings.NewReader(fmt.Sprint(`{"n":`, i, `}`)))
+		r.Header.Set("Idempotency-Key", key)
+		r.Header.Set("X-Client-ID", fmt.Sprint("client-", i%7))
+		resp, err := client.Do(r)
+		if err != nil {
+			return "", err
+		}
+		defer resp.Body.Close()
+		body, _ := io.ReadAll(resp.Body)
+		want := fmt.Sprintf(`client-%d/%s/{"n":%d}`, i%7, key, i)
+		if resp.StatusCode != http.StatusCreated || string(body) != want {
+			return "", fmt.Errorf("request %d: %d %q, want 201 %q", i, resp.StatusCode, body, want)
+		}
+		return resp.Header.Get("Idempotent-Replayed"), nil
+	}
+	const n = 120
+	for round, replayed := range []string{"", "true"} {
+		errs := make(chan error, n)
+		for i := range n {
+			go func() {
+				got, err := post(i)
+				if err == nil && got != replayed {
+					err = fmt.Errorf("round %d, request %d: replayed %q", round, i, got)
+				}
+				errs <- err
+			}()
+		}
+		for range n {
+			if err := <-errs; err != nil {
+				t.Error(err)
+			}
+		}
+	}
+}

@@ -16,9 +16,9 @@
 //   - In clear: the status and the omitted mark (operators read them with
 //     Inspect), the body's length (GCM keeps lengths), the fingerprint (the
 //     store compares it on every claim), the times, the lease and the token.
-//     The status, the omitted mark, the scope and the key are bound to the
-//     sealed bytes as additional data: a record changed, or copied under
-//     another scope, key or status, does not open.
+//     The status, the omitted mark, the body's length, the scope and the key
+//     are bound to the sealed bytes as additional data: a record changed, or
+//     copied under another scope, key or status, does not open.
 //   - Each record names the id of the key that sealed it, and gets a fresh
 //     random 96-bit nonce.
 //
@@ -35,7 +35,8 @@
 // Wrap the outermost store: wrapping store/tiered seals what both of its tiers
 // keep. A record completed inside the handler's own transaction (store/postgres
 // CompleteTx) does not pass through the wrapper: seal its response with
-// Store.Seal first, or it cannot be replayed.
+// Store.Seal first, or it cannot be replayed, and write the plain response to
+// the client yourself (store/postgres CommitResponse would write the sealed one).
 package encrypted
 
 import (
@@ -69,16 +70,22 @@ var (
 
 // New wraps st. current seals every new record; previous keys only open the
 // records they sealed. Errors, at construction: a nil st, an empty or
-// too-long key id, a secret that is not KeySize (32) bytes, two keys with one id.
+// too-long key id, a secret that is not KeySize (32) bytes or is all zero
+// bytes, two keys with one id or one secret.
 func New(st store.Store, current Key, previous ...Key) (*Store, error) {
 	if st == nil {
 		return nil, errors.New("idemkey/store/encrypted: nil store")
 	}
 	s := &Store{st: st, keys: make(map[string]*sealer, 1+len(previous))}
+	secrets := make(map[string]string, 1+len(previous)) // secret to id
 	for i, k := range append([]Key{current}, previous...) {
 		if _, dup := s.keys[k.ID]; dup {
 			return nil, fmt.Errorf("idemkey/store/encrypted: key id %q given twice", k.ID)
 		}
+		if other, dup := secrets[string(k.Secret)]; dup {
+			return nil, fmt.Errorf("idemkey/store/encrypted: keys %q and %q have one secret (a rotation that rotates nothing)", other, k.ID)
+		}
+		secrets[string(k.Secret)] = k.ID
 		sl, err := newSealer(k)
 		if err != nil {
 			if i == 0 {
@@ -175,10 +182,17 @@ func (s *Store) Evict(ctx context.Context, id store.ID, policy store.EvictPolicy
 }
 
 // NotifyCompleted seals resp and forwards it to the wrapped store, when it
-// keeps copies (store.CompletionNotifier; store/tiered).
+// keeps copies (store.CompletionNotifier; store/tiered). A resp that is
+// already Seal's result for id (store/postgres CommitResponse hands the
+// middleware the response it stored) is forwarded as it is: sealed twice, the
+// copy would replay the sealed form.
 func (s *Store) NotifyCompleted(ctx context.Context, id store.ID, token store.Token, resp store.Response, retention time.Duration) {
 	n, ok := s.st.(store.CompletionNotifier)
 	if !ok || store.ValidateResponse(resp, retention) != nil {
+		return
+	}
+	if _, err := s.open(id, &store.Record{Response: resp}); err == nil {
+		n.NotifyCompleted(ctx, id, token, resp, retention)
 		return
 	}
 	buf := getBuf()

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/rand"
+	"encoding/base64"
 	"errors"
 	"fmt"
 	"net/http"
@@ -64,6 +65,8 @@ func TestNewRejectsMisconfiguration(t *testing.T) {
 		{"33-byte key", memory.New(), encrypted.Key{ID: "k", Secret: append(bytes.Clone(good.Secret), 0)}, nil},
 		{"short previous key", memory.New(), good, []encrypted.Key{{ID: "k0", Secret: good.Secret[:31]}}},
 		{"duplicate id", memory.New(), good, []encrypted.Key{newKey(t, "k1")}},
+		{"all-zero secret (never filled)", memory.New(), encrypted.Key{ID: "k", Secret: make([]byte, encrypted.KeySize)}, nil},
+		{"one secret under two ids (a rotation that rotates nothing)", memory.New(), good, []encrypted.Key{{ID: "k0", Secret: bytes.Clone(good.Secret)}}},
 	} {
 		if s, err := encrypted.New(tc.st, tc.current, tc.prev...); err == nil || s != nil {
 			t.Errorf("%s: New = %v, %v; want an error", tc.name, s, err)
@@ -185,45 +188,73 @@ func TestRotation(t *testing.T) {
 }
 
 // TestMovedOrChangedRecordRefused: a sealed record copied under another key
-// or scope, or with its status, omitted mark, body or sealed line changed,
-// or written without the wrapper, does not open: the claim fails with an
-// error wrapping store.ErrCorrupt (never a replay, never Claimed), and the
-// record stays as it was.
+// or scope, or with any stored field changed under its own ID (status,
+// omitted mark, body, the sealed line, the key id, bytes moved between the
+// body and the sealed line), or written without the wrapper, does not open:
+// the claim fails with an error wrapping store.ErrCorrupt (never a replay,
+// never Claimed), and the record stays as it was.
 func TestMovedOrChangedRecordRefused(t *testing.T) {
 	inner := memory.New()
 	st := wrap(t, inner, newKey(t, "k1"))
 	src := store.ID{Scope: "alice", Key: "pay-1"}
 	complete(t, st, src, secretResponse(64))
-	sealed, err := replay(inner, src)
-	if err != nil {
-		t.Fatal(err)
-	}
 	flip := func(b []byte, i int) []byte { b = bytes.Clone(b); b[i] ^= 1; return b }
-	line := sealed.Header[encrypted.SealedHeader][0]
-	if !strings.HasPrefix(line, "AQJr") { // version 1, id length 2, "k"...
-		t.Fatalf("sealed line %q does not start with key id k1", line)
+	// parts splits a sealed line into its prefix and nonce, the headers'
+	// ciphertext and the tag; join is its inverse.
+	parts := func(r store.Response) (head, hct, tag []byte) {
+		b, err := base64.RawStdEncoding.DecodeString(r.Header.Get(encrypted.SealedHeader))
+		if err != nil {
+			t.Fatal(err)
+		}
+		n := 2 + int(b[1]) + 12
+		return b[:n:n], b[n : len(b)-16 : len(b)-16], b[len(b)-16:]
+	}
+	join := func(status int, body []byte, line ...[]byte) store.Response {
+		return store.Response{Status: status, Body: body,
+			Header: http.Header{encrypted.SealedHeader: {base64.RawStdEncoding.EncodeToString(bytes.Join(line, nil))}}}
 	}
 	for _, tc := range []struct {
-		name string
-		id   store.ID
-		resp store.Response
-		want error
+		name   string
+		change func(id store.ID, r store.Response) store.Response
+		want   error
 	}{
-		{"other key", store.ID{Scope: "alice", Key: "pay-2"}, sealed.Response, encrypted.ErrTampered},
-		{"other scope", store.ID{Scope: "mallory", Key: "pay-1"}, sealed.Response, encrypted.ErrTampered},
-		{"other status", store.ID{Key: "status"}, store.Response{Status: 200, Header: sealed.Header, Body: sealed.Body}, encrypted.ErrTampered},
-		{"body bit flipped", store.ID{Key: "body"}, store.Response{Status: 201, Header: sealed.Header, Body: flip(sealed.Body, 3)}, encrypted.ErrTampered},
-		{"body cut", store.ID{Key: "cut"}, store.Response{Status: 201, Header: sealed.Header, Body: sealed.Body[:10]}, encrypted.ErrTampered},
-		{"marked omitted", store.ID{Key: "omitted"}, store.Response{Status: 201, Header: sealed.Header, BodyOmitted: true}, encrypted.ErrTampered},
-		{"sealed line changed", store.ID{Key: "line"}, store.Response{Status: 201, Header: http.Header{encrypted.SealedHeader: {line[:len(line)-2] + "AA"}}, Body: sealed.Body}, encrypted.ErrTampered},
-		{"unknown key id (k1 renamed x1)", store.ID{Key: "kid"}, store.Response{Status: 201, Header: http.Header{encrypted.SealedHeader: {"AQJ4" + line[4:]}}, Body: sealed.Body}, encrypted.ErrUnknownKey},
-		{"written without the wrapper", store.ID{Key: "clear"}, store.Response{Status: 201, Body: []byte(`{"card":"4242"}`)}, encrypted.ErrTampered},
+		{"moved to another key", func(store.ID, store.Response) store.Response { return st.Seal(src, secretResponse(64)) }, encrypted.ErrTampered},
+		{"moved to another scope", func(id store.ID, _ store.Response) store.Response {
+			return st.Seal(store.ID{Scope: "mallory", Key: id.Key}, secretResponse(64))
+		}, encrypted.ErrTampered},
+		{"other status", func(_ store.ID, r store.Response) store.Response { r.Status = 200; return r }, encrypted.ErrTampered},
+		{"body bit flipped", func(_ store.ID, r store.Response) store.Response { r.Body = flip(r.Body, 3); return r }, encrypted.ErrTampered},
+		{"body cut", func(_ store.ID, r store.Response) store.Response { r.Body = r.Body[:10]; return r }, encrypted.ErrTampered},
+		{"marked omitted", func(_ store.ID, r store.Response) store.Response { r.Body, r.BodyOmitted = nil, true; return r }, encrypted.ErrTampered},
+		{"sealed line changed", func(_ store.ID, r store.Response) store.Response {
+			head, hct, tag := parts(r)
+			return join(r.Status, r.Body, head, hct, flip(tag, 0))
+		}, encrypted.ErrTampered},
+		{"headers' ciphertext moved into the body", func(_ store.ID, r store.Response) store.Response {
+			head, hct, tag := parts(r)
+			return join(r.Status, append(bytes.Clone(r.Body), hct...), head, tag)
+		}, encrypted.ErrTampered},
+		{"body's last bytes moved into the sealed line", func(_ store.ID, r store.Response) store.Response {
+			head, hct, tag := parts(r)
+			n := len(r.Body) - 5
+			return join(r.Status, r.Body[:n], head, r.Body[n:], hct, tag)
+		}, encrypted.ErrTampered},
+		{"unknown key id (k1 renamed x1)", func(_ store.ID, r store.Response) store.Response {
+			head, hct, tag := parts(r)
+			head = bytes.Clone(head)
+			head[2] = 'x'
+			return join(r.Status, r.Body, head, hct, tag)
+		}, encrypted.ErrUnknownKey},
+		{"written without the wrapper", func(store.ID, store.Response) store.Response {
+			return store.Response{Status: 201, Body: []byte(`{"card":"4242"}`)}
+		}, encrypted.ErrTampered},
 	} {
-		complete(t, inner, tc.id, tc.resp)
-		if rec, err := replay(st, tc.id); !errors.Is(err, tc.want) || !errors.Is(err, store.ErrCorrupt) || rec != nil {
+		id := store.ID{Scope: "alice", Key: tc.name}
+		complete(t, inner, id, tc.change(id, st.Seal(id, secretResponse(64))))
+		if rec, err := replay(st, id); !errors.Is(err, tc.want) || !errors.Is(err, store.ErrCorrupt) || rec != nil {
 			t.Errorf("%s: claim = %v, %v; want %v", tc.name, rec, err, tc.want)
 		}
-		if _, err := replay(inner, tc.id); err != nil {
+		if _, err := replay(inner, id); err != nil {
 			t.Errorf("%s: the record changed after the refused claim: %v", tc.name, err)
 		}
 	}
@@ -249,5 +280,40 @@ func TestSealForCompletionOutsideTheWrapper(t *testing.T) {
 	raw, _ := replay(inner, id)
 	if w := leak(append(bytes.Clone(raw.Body), raw.Header.Get(encrypted.SealedHeader)...), resp.Body); w != "" {
 		t.Errorf("Seal left %q in clear", w)
+	}
+}
+
+// copyKeeper keeps the response NotifyCompleted hands it as the record, as
+// store/tiered's cache does.
+type copyKeeper struct{ *memory.Store }
+
+func (c copyKeeper) NotifyCompleted(ctx context.Context, id store.ID, token store.Token, resp store.Response, retention time.Duration) {
+	_ = c.Complete(ctx, id, token, resp, retention)
+}
+
+// TestNotifyCompletedOfSealedResponse: a handler that completed its record in
+// its own transaction hands the middleware (MarkCompleted, which
+// store/postgres CommitResponse calls with the response it stored) either the
+// plain response or Seal's result; the copy the wrapper passes on replays the
+// plain response in both cases, never the sealed form sealed a second time.
+func TestNotifyCompletedOfSealedResponse(t *testing.T) {
+	for _, sealedFirst := range []bool{false, true} {
+		inner := copyKeeper{memory.New()}
+		st := wrap(t, inner, newKey(t, "k1"))
+		id := store.ID{Scope: "s", Key: fmt.Sprint("notify-", sealedFirst)}
+		resp := secretResponse(100)
+		res, err := inner.Claim(ctx, store.ClaimRequest{ID: id, Lease: time.Minute, Retention: time.Hour})
+		if err != nil || res.Outcome != store.Claimed {
+			t.Fatalf("claim: %v %v", res.Outcome, err)
+		}
+		notified := resp
+		if sealedFirst {
+			notified = st.Seal(id, resp)
+		}
+		st.NotifyCompleted(ctx, id, res.Token, notified, time.Hour)
+		rec, err := replay(st, id)
+		if err != nil || !bytes.Equal(rec.Body, resp.Body) || fmt.Sprint(rec.Header) != fmt.Sprint(resp.Header) {
+			t.Errorf("sealed first %v: replay %v (err %v), want the plain response", sealedFirst, rec, err)
+		}
 	}
 }

@@ -1,6 +1,7 @@
 package encrypted
 
 import (
+	"bytes"
 	"crypto/aes"
 	"crypto/cipher"
 	"encoding/base64"
@@ -26,8 +27,9 @@ import (
 //
 // The body and the headers are one GCM message (body, then headers), so the
 // tag covers both. The additional data, never stored, binds the prefix
-// (version and key id), the status, the omitted mark, the scope and the key:
-// a record opens only under the ID and status it was sealed for. The body's
+// (version and key id), the status, the body's length, the omitted mark, the
+// scope and the key: a record opens only under the ID and status it was
+// sealed for, split into body and headers where it was sealed. The body's
 // ciphertext keeps the body's length, so the store's limits and Inspect's
 // BodyBytes count the body as they do without the wrapper.
 const (
@@ -79,6 +81,8 @@ func newSealer(k Key) (*sealer, error) {
 		return nil, fmt.Errorf("idemkey/store/encrypted: key id %q over %d bytes", k.ID, MaxKeyIDLen)
 	case len(k.Secret) != KeySize:
 		return nil, fmt.Errorf("idemkey/store/encrypted: key %q is %d bytes, want %d (AES-256)", k.ID, len(k.Secret), KeySize)
+	case bytes.Count(k.Secret, []byte{0}) == KeySize:
+		return nil, fmt.Errorf("idemkey/store/encrypted: key %q is all zero bytes (never filled)", k.ID)
 	}
 	block, err := aes.NewCipher(k.Secret)
 	if err != nil {
@@ -109,10 +113,14 @@ func putBuf(b *[]byte) {
 // held for the life of the process.
 const maxPooled = 64 << 10
 
-// additional appends the additional data of a record to dst.
-func additional(dst, prefix []byte, id store.ID, status int, omitted bool) []byte {
+// additional appends the additional data of a record to dst. The body's
+// length splits the one GCM message into body and headers: unbound, bytes
+// moved between the stored body and the sealed line would open as another
+// response (a header line appended to the body, the headers gone).
+func additional(dst, prefix []byte, id store.ID, status int, omitted bool, bodyLen int) []byte {
 	dst = append(dst, prefix...)
 	dst = binary.BigEndian.AppendUint16(dst, uint16(status))
+	dst = binary.AppendUvarint(dst, uint64(bodyLen))
 	if omitted {
 		dst = append(dst, 1)
 	} else {
@@ -131,7 +139,7 @@ func (s *sealer) seal(buf *[]byte, id store.ID, resp store.Response) store.Respo
 	defer putBuf(plain)
 	defer putBuf(aad)
 	*plain = append(append(*plain, resp.Body...), codec.EncodeHeader(resp.Header)...)
-	*aad = additional(*aad, s.prefix, id, resp.Status, resp.BodyOmitted)
+	*aad = additional(*aad, s.prefix, id, resp.Status, resp.BodyOmitted, len(resp.Body))
 	out := s.aead.Seal((*buf)[:0], nil, *plain, *aad) // nonce, body, headers, tag
 	*buf = out
 	nb := len(resp.Body)
@@ -168,7 +176,7 @@ func (s *sealer) open(id store.ID, rec *store.Record, rest []byte) (store.Respon
 	msg = append(append(append(msg, rest[:12]...), rec.Body...), rest[12:]...)
 	aad := getBuf()
 	defer putBuf(aad)
-	*aad = additional(*aad, s.prefix, id, rec.Status, rec.BodyOmitted)
+	*aad = additional(*aad, s.prefix, id, rec.Status, rec.BodyOmitted, nb)
 	p, err := s.aead.Open(msg[:0], nil, msg, *aad)
 	if err != nil {
 		return store.Response{}, ErrTampered
