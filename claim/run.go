@@ -52,6 +52,9 @@ type Ending struct {
 	// RecordAlone: in the transaction mode, an aborted transaction was rolled
 	// back and the record committed on its own (TxRecordAlone).
 	RecordAlone bool
+	// LeaseLost: a renewal found the lease taken over; the result was neither
+	// completed nor released (Err is store.ErrLeaseLost).
+	LeaseLost bool
 	// Err is the completion's or the release's error (nil while Pending).
 	Err error
 	// StoreTime is how long the caller waited for the store after its function.
@@ -108,6 +111,12 @@ func (e *Execution) finish(out Outcome) (end Ending) {
 	}
 	if e.tx != nil {
 		return e.finishTx(out)
+	}
+	if e.LeaseLost() && !out.Release && !e.released {
+		// Another holder runs now: its claim is neither completed nor released by
+		// this one (the store would refuse either, fenced by the token).
+		end.LeaseLost, end.Err = true, store.ErrLeaseLost
+		return end
 	}
 	if out.Release || e.released {
 		end.Released = true
