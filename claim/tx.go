@@ -27,7 +27,9 @@ type TxStore interface {
 }
 
 // Tx is a claim held by an open transaction (TxStore.ClaimTx). Run calls one of
-// its methods, once, after the execution returned.
+// its methods, once, after the execution returned. A store in front of another
+// (store/tiered) that wraps the other's Tx gives it back with a method
+// Unwrap() Tx, so the other's accessor finds it.
 type Tx interface {
 	// Commit writes the record resp, kept for retention, in the transaction and
 	// commits it, after the server checked that this transaction still holds the
@@ -83,9 +85,14 @@ func TxFromContext(ctx context.Context) (Tx, bool) {
 	return e.tx, true
 }
 
-// HoldsTx reports whether the store holds claims in transactions (TxStore).
+// HoldsTx reports whether the store holds claims in transactions: a TxStore
+// that, if it says so (a HoldsTx method: a store in front of another, as
+// store/tiered), does.
 func (cl *Claimer) HoldsTx() bool {
 	_, ok := cl.cfg.Store.(TxStore)
+	if h, says := cl.cfg.Store.(interface{ HoldsTx() bool }); ok && says {
+		return h.HoldsTx()
+	}
 	return ok
 }
 
