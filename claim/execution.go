@@ -34,7 +34,7 @@ type Execution struct {
 	inTx      bool
 	txResp    store.Response
 	retention time.Duration // SetRetention's; 0: the Claimer's
-	end       Ending // how Run ended it
+	end       Ending        // how Run ended it
 
 	released   bool
 	releaseErr error

@@ -13,7 +13,6 @@ import (
 	"github.com/idemkey/idemkey/claim"
 )
 
-
 // execution is one claimed request's execution, allocated per claimed request
 // (a goroutine the handler leaves behind may keep any of it): the handler's
 // request and context, the claim's execution (package claim), and the

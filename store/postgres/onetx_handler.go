@@ -281,7 +281,7 @@ func skipComment(sql string, i int) int {
 }
 
 // skipQuoted returns the index of the quote that closes the one at i (doubled
-// quotes and, in an E'' string, backslash escapes skipped).
+// quotes and, in an E” string, backslash escapes skipped).
 func skipQuoted(sql string, i int, q byte, escapes bool) int {
 	for i++; i < len(sql); i++ {
 		if escapes && sql[i] == '\\' {
