@@ -2,17 +2,10 @@ module github.com/idemkey/idemkey/benchmarks
 
 go 1.26.0
 
-replace github.com/idemkey/idemkey => ..
-
-replace github.com/idemkey/idemkey/store/postgres => ../store/postgres
-
-replace github.com/idemkey/idemkey/store/mysql => ../store/mysql
-
-replace github.com/idemkey/idemkey/store/redis => ../store/redis
-
 require (
 	github.com/gofiber/fiber/v2 v2.52.15
 	github.com/gofiber/fiber/v3 v3.1.0
+	github.com/gofiber/storage/redis/v3 v3.4.3
 	github.com/idemkey/idemkey v0.1.0
 	github.com/idemkey/idemkey/store/mysql v0.1.0
 	github.com/idemkey/idemkey/store/postgres v0.1.0

@@ -3,11 +3,13 @@ package celeriant
 import (
 	"context"
 	"crypto/rand"
+	"crypto/rsa"
 	"crypto/tls"
 	"encoding/binary"
 	"errors"
 	"fmt"
 	"log/slog"
+	mrand "math/rand/v2"
 	"net"
 	"sync"
 	"sync/atomic"
@@ -48,7 +50,7 @@ type Config struct {
 	// a response over its limit: a read of a batch larger than that gets no answer and
 	// ends at the deadline (docs/celeriant-protocol.md section 6.6).
 	MaxResponseSize uint32
-	// Now is the clock for idle eviction; default time.Now.
+	// Now is the clock for idle eviction and the Identify nonce; default time.Now.
 	Now func() time.Time
 	// Dial replaces the TCP dialer (tests, proxies); default net.Dialer.DialContext.
 	Dial func(ctx context.Context, network, addr string) (net.Conn, error)
@@ -63,6 +65,16 @@ type Config struct {
 	// handshake delivers and the client applies. The key never appears in a log,
 	// an error or a printed Config (Secret).
 	APIKey Secret
+	// Identity, when set, is an RSA key whose public half the server verifies in the
+	// Identify handshake of every connection (docs/celeriant-protocol.md section 1.3):
+	// the client signs the current Unix time in milliseconds (RSASSA-PKCS1-v1_5,
+	// SHA-256), which the server accepts from 2 minutes old to 60 s ahead of its own
+	// clock (10001 outside; 10002 for a bad signature). The server then binds the
+	// connection to IdentityClientID of the key: every Write must carry it as its
+	// ClientID (10003 otherwise). New fails for a key whose handshake would not fit a
+	// fixed-size message (RSA keys over 2048 bits). LoadIdentity reads one from a file.
+	// Both refusals fail the request with ErrNotSent wrapping the *ServerError.
+	Identity *rsa.PrivateKey
 }
 
 // Client is a Celeriant client speaking protocol v3 (MessagePack) over TCP with a small
@@ -113,6 +125,11 @@ func New(cfg Config) (*Client, error) {
 	}
 	if cfg.APIKey != "" {
 		if err := checkAPIKey(cfg.APIKey); err != nil {
+			return nil, err
+		}
+	}
+	if cfg.Identity != nil {
+		if err := checkIdentity(cfg.Identity, cfg.APIKey); err != nil {
 			return nil, err
 		}
 	}
@@ -278,21 +295,29 @@ func (c *Client) AggregateDetails(ctx context.Context, key AggregateKey) (Aggreg
 
 // Bounds of roundTrip's retries within one request.
 const (
-	// maxLeaderHops is how many not-leader answers naming a leader one request follows.
+	// maxLeaderHops is how many not-leader answers naming a leader one request follows
+	// in a row before it waits as in an election.
 	maxLeaderHops = 3
 	// maxBusyRetries is how many times one request is re-sent after a busy answer
-	// (2012, 11000) or a not-leader answer that names no leader (an election), waiting
-	// busyBackoff, then twice, four times as long.
+	// (2012, 11000), waiting busyBackoff, then twice, four times as long.
 	maxBusyRetries = 3
 	busyBackoff    = 10 * time.Millisecond
+	// maxElectionBackoff caps the wait between two tries while no leader can be
+	// reached (an election, or a node that cannot be dialled).
+	maxElectionBackoff = 200 * time.Millisecond
 )
 
 // roundTrip sends one request and reads its answer, with the retry rules of Client:
 // once more on a fresh connection when a pooled one was dead (reads only); to the
 // leader a not-leader answer names (writes too: the server refuses a write on a
-// follower before any check, so it had no effect), up to maxLeaderHops; after a busy
-// answer or a not-leader answer without a leader, with a backoff, up to
-// maxBusyRetries (neither applied anything, docs/celeriant-protocol.md section 5).
+// follower before any check, so it had no effect), up to maxLeaderHops in a row;
+// after a busy answer, with a backoff, up to maxBusyRetries. While no leader can be
+// reached (a not-leader answer that names none, more hops than maxLeaderHops, or an
+// address that cannot be dialled, which moves the client to the next one; not a node
+// that names itself) it backs
+// off and tries again until the request's deadline: an election ends within the
+// caller's budget, not after a fixed number of tries. None of these retries re-sends
+// a request the server may have applied (docs/celeriant-protocol.md section 5).
 func (c *Client) roundTrip(ctx context.Context, op string, isWrite bool, corr uuid.UUID, want wire.MessageType,
 	encode func(*wire.Encoder) []byte, decode func(*wire.Decoder, []byte) (uuid.UUID, error)) error {
 	if _, ok := ctx.Deadline(); !ok {
@@ -300,7 +325,7 @@ func (c *Client) roundTrip(ctx context.Context, op string, isWrite bool, corr uu
 		ctx, cancel = context.WithTimeout(ctx, c.cfg.RequestTimeout)
 		defer cancel()
 	}
-	hops, busy, mayReuse := 0, 0, true
+	hops, busy, waits, mayReuse := 0, 0, 0, true
 	for {
 		c.mu.Lock()
 		closed, addr := c.closed, c.target
@@ -321,7 +346,13 @@ func (c *Client) roundTrip(ctx context.Context, op string, isWrite bool, corr uu
 			c.mu.Unlock()
 			c.log.Debug("celeriant: following leader", "from", addr, "to", leader)
 			continue
-		case (notLeader && leader == "" || IsBusy(err)) && busy < maxBusyRetries:
+		case notLeader && leader != addr || unreachable(ctx, err):
+			if c.electionBackoff(ctx, waits) != nil {
+				return err
+			}
+			hops, waits = 0, waits+1
+			continue
+		case IsBusy(err) && busy < maxBusyRetries:
 			if c.backoff(ctx, busy) != nil {
 				return err
 			}
@@ -335,8 +366,32 @@ func (c *Client) roundTrip(ctx context.Context, op string, isWrite bool, corr uu
 	}
 }
 
+// unreachableError marks a node that could not be dialled.
+type unreachableError struct{ error }
+
+func (e unreachableError) Unwrap() error { return e.error }
+
+// unreachable reports a request that never left the process because its node could
+// not be dialled (not a refused handshake, a cut frame or a closed client), while ctx
+// still allows another try.
+func unreachable(ctx context.Context, err error) bool {
+	var ue unreachableError
+	return ctx.Err() == nil && errors.As(err, &ue)
+}
+
 // backoff waits busyBackoff << n, or until ctx ends.
 func (c *Client) backoff(ctx context.Context, n int) error { return sleep.Ctx(ctx, busyBackoff<<n) }
+
+// electionBackoff waits before the n-th try to reach a leader again: busyBackoff
+// doubling up to maxElectionBackoff, with the upper half jittered so that the
+// clients of many replicas do not all come back at once, or until ctx ends.
+func (c *Client) electionBackoff(ctx context.Context, n int) error {
+	d := maxElectionBackoff
+	if n < 5 {
+		d = min(busyBackoff<<n, maxElectionBackoff)
+	}
+	return sleep.Ctx(ctx, d/2+mrand.N(d/2+1))
+}
 
 // attempt performs one request on one connection. retry reports a dead pooled
 // connection on a read-only request, worth one more try on a fresh connection.
@@ -542,7 +597,7 @@ func (c *Client) dial(ctx context.Context, addr string) (*conn, error) {
 	defer cancel()
 	nc, err := c.cfg.Dial(dctx, "tcp", addr)
 	if err != nil {
-		return nil, fmt.Errorf("%w: dial %s: %w", ErrNotSent, addr, err)
+		return nil, fmt.Errorf("%w: dial %s: %w", ErrNotSent, addr, unreachableError{err})
 	}
 	if tc, ok := nc.(*net.TCPConn); ok {
 		_ = tc.SetNoDelay(true)
@@ -556,7 +611,7 @@ func (c *Client) dial(ctx context.Context, addr string) (*conn, error) {
 		nc = tc
 	}
 	cn := &conn{nc: nc, enc: wire.NewEncoder(), dec: wire.NewDecoder()}
-	if c.cfg.APIKey != "" {
+	if c.cfg.APIKey != "" || c.cfg.Identity != nil {
 		if err := c.identify(dctx, cn); err != nil {
 			_ = nc.Close()
 			return nil, fmt.Errorf("%w: identify with %s: %w", ErrNotSent, addr, err)

@@ -118,6 +118,12 @@ func TestDeadlineExceededAfterSend(t *testing.T) {
 	}
 }
 
+func shortCtx(t *testing.T, d time.Duration) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	t.Cleanup(cancel)
+	return ctx
+}
+
 func TestNothingSent(t *testing.T) {
 	dead := deadAddr(t)
 	_, addr := startSim(t, celeriantsim.Options{})
@@ -135,7 +141,7 @@ func TestNothingSent(t *testing.T) {
 		req   celeriant.WriteRequest
 		also  error
 	}{
-		{"connection refused", newClient(t, celeriant.Config{Addrs: []string{dead}}), context.Background(), simpleWrite(freshKey(), uuid.New(), 1), nil},
+		{"connection refused until the deadline", newClient(t, celeriant.Config{Addrs: []string{dead}}), shortCtx(t, 300*time.Millisecond), simpleWrite(freshKey(), uuid.New(), 1), nil},
 		{"context done before sending", newClient(t, celeriant.Config{Addrs: []string{addr}}), cancelled, simpleWrite(freshKey(), uuid.New(), 1), context.Canceled},
 		{"closed client", closed, context.Background(), simpleWrite(freshKey(), uuid.New(), 1), celeriant.ErrClosed},
 		{"nil client id", newClient(t, celeriant.Config{Addrs: []string{addr}}), context.Background(), simpleWrite(freshKey(), uuid.Nil, 1), celeriant.ErrInvalidRequest},

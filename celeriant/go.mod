@@ -2,8 +2,6 @@ module github.com/idemkey/idemkey/celeriant
 
 go 1.26.0
 
-replace github.com/idemkey/idemkey => ..
-
 require (
 	github.com/google/uuid v1.6.0
 	github.com/idemkey/idemkey v0.1.0

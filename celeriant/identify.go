@@ -3,10 +3,18 @@ package celeriant
 import (
 	"bytes"
 	"context"
+	"crypto"
+	"crypto/rsa"
+	"crypto/sha256"
+	"crypto/x509"
 	"encoding/base64"
+	"encoding/pem"
 	"errors"
 	"fmt"
 	"log/slog"
+	"os"
+	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -62,6 +70,98 @@ func checkAPIKey(k Secret) error {
 	return nil
 }
 
+// IdentityClientID returns the client id a Celeriant server derives from an RSA
+// identity (docs/celeriant-protocol.md section 1.3): the first 16 bytes of the SHA-256
+// of the key's DER SubjectPublicKeyInfo, read by the server as a little-endian u128,
+// so the id's bytes (big-endian, as UUIDs travel) are those 16 bytes reversed.
+// Writes on an identified connection must carry it as their ClientID.
+func IdentityClientID(pub *rsa.PublicKey) (uuid.UUID, error) {
+	der, err := x509.MarshalPKIXPublicKey(pub)
+	if err != nil {
+		return uuid.Nil, fmt.Errorf("celeriant: identity: %w", err)
+	}
+	sum := sha256.Sum256(der)
+	var id uuid.UUID
+	for i := range id {
+		id[i] = sum[15-i]
+	}
+	return id, nil
+}
+
+// LoadIdentity reads an RSA private key for Config.Identity from a file: PEM
+// ("PRIVATE KEY", PKCS#8, or "RSA PRIVATE KEY", PKCS#1), or the standard base64 of a
+// PKCS#8 DER key, the form Celeriant's own key files use.
+func LoadIdentity(path string) (*rsa.PrivateKey, error) {
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("celeriant: identity: %w", err)
+	}
+	der := raw
+	if block, _ := pem.Decode(raw); block != nil {
+		der = block.Bytes
+	} else if der, err = base64.StdEncoding.DecodeString(strings.TrimSpace(string(raw))); err != nil {
+		return nil, fmt.Errorf("celeriant: identity %s: neither PEM nor base64", path)
+	}
+	if k, err := x509.ParsePKCS1PrivateKey(der); err == nil {
+		return k, nil
+	}
+	k, err := x509.ParsePKCS8PrivateKey(der)
+	if err != nil {
+		return nil, fmt.Errorf("celeriant: identity %s: %w", path, err)
+	}
+	rk, ok := k.(*rsa.PrivateKey)
+	if !ok {
+		return nil, fmt.Errorf("celeriant: identity %s: a %T, want an RSA key", path, k)
+	}
+	return rk, nil
+}
+
+// checkIdentity refuses an RSA key the server cannot accept or whose Identify
+// request (with a signature of the key's size and the longest nonce and dictionary
+// hash) exceeds a fixed-size message, which the server would drop.
+func checkIdentity(key *rsa.PrivateKey, apiKey Secret) error {
+	if err := key.Validate(); err != nil {
+		return fmt.Errorf("celeriant: Config.Identity: %w", err)
+	}
+	der, err := x509.MarshalPKIXPublicKey(&key.PublicKey)
+	if err != nil {
+		return fmt.Errorf("celeriant: Config.Identity: %w", err)
+	}
+	req := wire.IdentifyRequest{
+		CorrelationID: uuid.Max,
+		PublicKey:     base64.StdEncoding.EncodeToString(der),
+		Nonce:         "99999999999999",
+		Signature:     base64.StdEncoding.EncodeToString(make([]byte, key.Size())),
+		APIKey:        string(apiKey),
+		KnownDictSHA:  strings.Repeat("0", 64),
+	}
+	if n := len(wire.NewEncoder().IdentifyRequest(&req)) - wire.HeaderSize; n > wire.MaxFixedBody {
+		return fmt.Errorf("celeriant: Config.Identity: a %d-bit key makes an Identify of %d bytes, over the server's %d-byte limit for it",
+			key.N.BitLen(), n, wire.MaxFixedBody)
+	}
+	return nil
+}
+
+// identityFields returns the Identify fields of the configured RSA identity, signed
+// now: the public key, the nonce and its signature; empty without an identity.
+func (c *Client) identityFields() (pub, nonce, sig string, err error) {
+	key := c.cfg.Identity
+	if key == nil {
+		return "", "", "", nil
+	}
+	der, err := x509.MarshalPKIXPublicKey(&key.PublicKey)
+	if err != nil {
+		return "", "", "", err
+	}
+	nonce = strconv.FormatInt(c.cfg.Now().UnixMilli(), 10)
+	digest := sha256.Sum256([]byte(nonce))
+	raw, err := rsa.SignPKCS1v15(nil, key, crypto.SHA256, digest[:])
+	if err != nil {
+		return "", "", "", err
+	}
+	return base64.StdEncoding.EncodeToString(der), nonce, base64.StdEncoding.EncodeToString(raw), nil
+}
+
 // dictionary holds the cluster's compression dictionary, learned from an Identify
 // response, and a decoder for responses compressed with it (shared by all
 // connections; zstd.Decoder.DecodeAll is safe for concurrent use).
@@ -115,7 +215,8 @@ func (d *dictionary) inflate(h wire.Header, body []byte, max uint32) ([]byte, er
 }
 
 // identify sends the Identify handshake on a new connection (docs/celeriant-protocol.md
-// section 1.3) with the configured API key, and learns the compression dictionary the
+// section 1.3) with the configured API key and RSA identity, checks the client id the
+// server derived from the identity, and learns the compression dictionary the
 // server will use on this connection's large responses. A refusal (10001-10007) is
 // returned as the *ServerError (the server then closes the connection); nothing of a
 // request was sent yet.
@@ -125,7 +226,12 @@ func (c *Client) identify(ctx context.Context, cn *conn) error {
 		defer cn.nc.SetDeadline(time.Time{})
 	}
 	corr := c.nextCorrelation()
-	frame := cn.enc.IdentifyRequest(&wire.IdentifyRequest{CorrelationID: corr, APIKey: string(c.cfg.APIKey), KnownDictSHA: c.dict.known()})
+	pub, nonce, sig, err := c.identityFields()
+	if err != nil {
+		return fmt.Errorf("identify: %w", err)
+	}
+	frame := cn.enc.IdentifyRequest(&wire.IdentifyRequest{CorrelationID: corr, PublicKey: pub, Nonce: nonce, Signature: sig,
+		APIKey: string(c.cfg.APIKey), KnownDictSHA: c.dict.known()})
 	if _, err := cn.nc.Write(frame); err != nil {
 		return fmt.Errorf("identify: %w", causeOf(ctx, err))
 	}
@@ -153,6 +259,11 @@ func (c *Client) identify(ctx context.Context, cn *conn) error {
 	}
 	if res.CorrelationID != corr && res.CorrelationID != uuid.Nil {
 		return errProtocolf("identify: correlation id %s in answer to %s", res.CorrelationID, corr)
+	}
+	if c.cfg.Identity != nil {
+		if want, _ := IdentityClientID(&c.cfg.Identity.PublicKey); res.ClientID != want {
+			return errProtocolf("identify: client id %s for an identity whose id is %s", res.ClientID, want)
+		}
 	}
 	if res.Dict != nil {
 		return c.dict.set(res.DictSHA, bytes.Clone(res.Dict))

@@ -179,8 +179,10 @@ func TestPartialWriteNotSent(t *testing.T) {
 }
 
 // TestLeaderFailover: when the leader a not-leader answer names cannot be dialled, the
-// request fails with ErrNotSent (the follower applied nothing) and later requests go
-// back to the configured addresses, where a not-leader answer names the new leader.
+// request is not lost (the follower applied nothing): the client goes back to the
+// configured addresses within the same request, where the node it reaches takes the
+// write or names the new leader. A configured address that cannot be dialled moves the
+// same request on to the next one.
 func TestLeaderFailover(t *testing.T) {
 	ctx := context.Background()
 	dead := deadAddr(t)
@@ -190,26 +192,30 @@ func TestLeaderFailover(t *testing.T) {
 	key, client := freshKey(), uuid.New()
 
 	follower.InjectWriteError(celeriant.CodeWriteNotLeader, `{"leader_address":"`+dead+`"}`)
-	if _, err := c.Write(ctx, simpleWrite(key, client, 1)); !errors.Is(err, celeriant.ErrNotSent) {
+	if _, err := c.Write(ctx, simpleWrite(key, client, 1)); err != nil {
 		t.Fatalf("write via the follower to the dead leader: %v", err)
 	}
 	if got := c.Leader(); got != faddr {
 		t.Fatalf("after the dead leader: target %s, want the first address %s", got, faddr)
 	}
 	follower.InjectWriteError(celeriant.CodeWriteNotLeader, `{"leader_address":"`+laddr+`"}`)
-	if _, err := c.Write(ctx, simpleWrite(key, client, 1)); err != nil {
+	if _, err := c.Write(ctx, simpleWrite(freshKey(), client, 1)); err != nil {
 		t.Fatalf("write via the follower to the new leader: %v", err)
 	}
-	if leader.Stats().Writes != 1 || follower.Stats().Writes != 2 {
+	// follower: the two refusals and the write it took after the dead leader.
+	if leader.Stats().Writes != 1 || follower.Stats().Writes != 3 {
 		t.Fatalf("writes: leader %d, follower %d", leader.Stats().Writes, follower.Stats().Writes)
 	}
-	// A configured address that cannot be dialled moves on to the next one.
 	c2 := newClient(t, celeriant.Config{Addrs: []string{dead, laddr}})
-	if _, err := c2.Write(ctx, simpleWrite(freshKey(), uuid.New(), 1)); !errors.Is(err, celeriant.ErrNotSent) {
-		t.Fatalf("write to a dead first address: %v", err)
+	if _, err := c2.Write(ctx, simpleWrite(freshKey(), uuid.New(), 1)); err != nil || c2.Leader() != laddr {
+		t.Fatalf("write with a dead first address: %v, target %s; want it at %s", err, c2.Leader(), laddr)
 	}
-	if _, err := c2.Write(ctx, simpleWrite(freshKey(), uuid.New(), 1)); err != nil {
-		t.Fatalf("write to the second address: %v", err)
+	// With every address dead the request ends at its deadline, never sent.
+	c3 := newClient(t, celeriant.Config{Addrs: []string{dead}})
+	dctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+	defer cancel()
+	if _, err := c3.Write(dctx, simpleWrite(freshKey(), uuid.New(), 1)); !errors.Is(err, celeriant.ErrNotSent) {
+		t.Fatalf("write with no address alive: %v, want ErrNotSent", err)
 	}
 }
 

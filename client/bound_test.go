@@ -9,6 +9,8 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/idemkey/idemkey/policy"
 )
 
 // zeros is a body of n bytes without GetBody (http.NewRequest knows no such
@@ -118,7 +120,7 @@ func TestKeyUnderNonCanonicalName(t *testing.T) {
 			srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 				name := tc.header
 				if name == "" {
-					name = DefaultKeyHeader
+					name = policy.DefaultKeyHeader
 				}
 				keys = append(keys, strings.Join(r.Header.Values(name), "|"))
 				if attempt++; attempt == 1 {

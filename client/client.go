@@ -47,13 +47,12 @@ import (
 	"time"
 
 	"github.com/idemkey/idemkey/internal/httpfield"
+	"github.com/idemkey/idemkey/policy"
 	"github.com/idemkey/idemkey/store"
 )
 
 // Defaults of the options.
 const (
-	// DefaultKeyHeader is the request header that carries the key.
-	DefaultKeyHeader = "Idempotency-Key"
 	// DefaultMaxAttempts is the number of attempts of one request, the first
 	// included.
 	DefaultMaxAttempts = 4
@@ -162,7 +161,7 @@ func WithKeyFunc(f func() string) Option { return func(t *Transport) { t.newKey 
 func New(opts ...Option) (*Transport, error) {
 	t := &Transport{
 		base:        http.DefaultTransport,
-		keyHeader:   DefaultKeyHeader,
+		keyHeader:   policy.DefaultKeyHeader,
 		methods:     map[string]bool{http.MethodPost: true, http.MethodPatch: true},
 		maxAttempts: DefaultMaxAttempts,
 		baseDelay:   DefaultBaseDelay,

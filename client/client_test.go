@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/idemkey/idemkey/middleware"
+	"github.com/idemkey/idemkey/policy"
 )
 
 // script is a test server answering each attempt with the next status of its
@@ -404,7 +405,7 @@ func TestKeyFuncKeys(t *testing.T) {
 		var got string
 		tr, _ := newTransport(t, WithKeyFunc(func() string { return tc.key }), WithBase(roundTripFunc(func(r *http.Request) (*http.Response, error) {
 			sent++
-			got = r.Header.Get(DefaultKeyHeader)
+			got = r.Header.Get(policy.DefaultKeyHeader)
 			return &http.Response{StatusCode: http.StatusCreated, Body: http.NoBody, Request: r}, nil
 		})))
 		resp, err := post(t, tr, "http://example.test/x", strings.NewReader("b"), "")

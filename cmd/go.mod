@@ -2,12 +2,6 @@ module github.com/idemkey/idemkey/cmd
 
 go 1.26.0
 
-replace github.com/idemkey/idemkey/celeriant => ../celeriant
-
-replace github.com/idemkey/idemkey/store/postgres => ../store/postgres
-
-replace github.com/idemkey/idemkey/store/redis => ../store/redis
-
 require (
 	github.com/google/uuid v1.6.0
 	github.com/idemkey/idemkey v0.1.0
@@ -29,5 +23,3 @@ require (
 	golang.org/x/sys v0.48.0 // indirect
 	golang.org/x/text v0.42.0 // indirect
 )
-
-replace github.com/idemkey/idemkey => ..

@@ -2,21 +2,11 @@ module github.com/idemkey/idemkey/examples
 
 go 1.26.0
 
-replace github.com/idemkey/idemkey => ..
-
-replace github.com/idemkey/idemkey/store/postgres => ../store/postgres
-
-replace github.com/idemkey/idemkey/store/redis => ../store/redis
-
-replace github.com/idemkey/idemkey/store/mysql => ../store/mysql
-
-replace github.com/idemkey/idemkey/middleware/echo => ../middleware/echo
-
-replace github.com/idemkey/idemkey/celeriant => ../celeriant
-
-replace github.com/idemkey/idemkey/observer/prometheus => ../observer/prometheus
-
 require (
+	github.com/aws/aws-sdk-go-v2 v1.48.0
+	github.com/aws/aws-sdk-go-v2/config v1.33.19
+	github.com/aws/aws-sdk-go-v2/credentials v1.21.1
+	github.com/aws/aws-sdk-go-v2/service/dynamodb v1.74.1
 	github.com/chromedp/chromedp v0.23.0
 	github.com/go-sql-driver/mysql v1.10.1
 	github.com/google/uuid v1.6.0
@@ -24,6 +14,7 @@ require (
 	github.com/idemkey/idemkey/celeriant v0.1.0
 	github.com/idemkey/idemkey/middleware/echo v0.1.0
 	github.com/idemkey/idemkey/observer/prometheus v0.1.0
+	github.com/idemkey/idemkey/store/dynamodb v0.1.0
 	github.com/idemkey/idemkey/store/mysql v0.1.0
 	github.com/idemkey/idemkey/store/postgres v0.1.0
 	github.com/idemkey/idemkey/store/redis v0.1.0
@@ -39,6 +30,18 @@ require (
 
 require (
 	filippo.io/edwards25519 v1.2.0 // indirect
+	github.com/aws/aws-sdk-go-v2/feature/ec2/imds v1.20.9 // indirect
+	github.com/aws/aws-sdk-go-v2/internal/configsources v1.5.12 // indirect
+	github.com/aws/aws-sdk-go-v2/internal/endpoints/v2 v2.8.12 // indirect
+	github.com/aws/aws-sdk-go-v2/internal/v4a v1.5.12 // indirect
+	github.com/aws/aws-sdk-go-v2/service/internal/accept-encoding v1.13.25 // indirect
+	github.com/aws/aws-sdk-go-v2/service/internal/endpoint-discovery v1.13.12 // indirect
+	github.com/aws/aws-sdk-go-v2/service/internal/presigned-url v1.14.12 // indirect
+	github.com/aws/aws-sdk-go-v2/service/signin v1.13.1 // indirect
+	github.com/aws/aws-sdk-go-v2/service/sso v1.39.5 // indirect
+	github.com/aws/aws-sdk-go-v2/service/ssooidc v1.44.5 // indirect
+	github.com/aws/aws-sdk-go-v2/service/sts v1.52.0 // indirect
+	github.com/aws/smithy-go v1.28.9 // indirect
 	github.com/beorn7/perks v1.0.1 // indirect
 	github.com/cespare/xxhash/v2 v2.3.0 // indirect
 	github.com/chromedp/cdproto v0.159.0 // indirect

@@ -8,7 +8,9 @@ import (
 	"testing/synctest"
 	"time"
 
+	"github.com/idemkey/idemkey/claim"
 	"github.com/idemkey/idemkey/idem"
+	"github.com/idemkey/idemkey/policy"
 	"github.com/idemkey/idemkey/store"
 	"github.com/idemkey/idemkey/store/memory"
 )
@@ -74,7 +76,7 @@ func TestStoreHangsWhileFnRuns(t *testing.T) {
 		st := &hanging{Store: memory.New()}
 		const fnTime, bound = 2 * time.Second, time.Second
 		// Renewals every 2 s, bounded by 1 s: one is in flight when fn returns.
-		r := quiet(t, st, idem.WithLease(6*time.Second), idem.WithStoreTimeout(bound))
+		r := quiet(t, st, idem.WithLease(6*time.Second), idem.WithStoreFailure(policy.StoreFailureRule{Timeouts: claim.Timeouts{Claim: bound, Complete: bound, Release: bound}}))
 		id := store.ID{Key: "k"}
 		t0 := time.Now()
 		res, err := r.Do(t.Context(), id, fp, func(context.Context) ([]byte, error) {
@@ -105,7 +107,7 @@ func TestStoreHangsWhileFnRuns(t *testing.T) {
 func TestPendingResultOwnsItsBytes(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		st := &hanging{Store: memory.New()}
-		r := quiet(t, st, idem.WithLease(6*time.Second), idem.WithStoreTimeout(time.Second))
+		r := quiet(t, st, idem.WithLease(6*time.Second), idem.WithStoreFailure(policy.StoreFailureRule{Timeouts: claim.Timeouts{Claim: time.Second, Complete: time.Second, Release: time.Second}}))
 		id := store.ID{Key: "k"}
 		buf := []byte("first")
 		res, err := r.Do(t.Context(), id, fp, func(context.Context) ([]byte, error) {

@@ -33,6 +33,7 @@
 package idem
 
 import (
+	"cmp"
 	"context"
 	"crypto/sha256"
 	"errors"
@@ -41,24 +42,8 @@ import (
 	"time"
 
 	"github.com/idemkey/idemkey/claim"
+	"github.com/idemkey/idemkey/policy"
 	"github.com/idemkey/idemkey/store"
-)
-
-// Defaults of the options: those of package claim, which runs the claimed
-// executions of both idem and the HTTP middleware.
-const (
-	// DefaultLease is how long a claim is exclusive without renewal.
-	DefaultLease = claim.DefaultLease
-	// DefaultRetention is how long a result is replayed after it was stored.
-	DefaultRetention = claim.DefaultRetention
-	// DefaultStoreTimeout bounds each store call: the claim, and Complete and
-	// Release after fn ran, which run on a context detached from the caller's
-	// cancellation, so a caller that gave up still leaves no claim behind.
-	DefaultStoreTimeout = claim.DefaultStoreTimeout
-	// MinLease is the shortest lease New accepts (claim.MinLease): the lease is
-	// renewed every third of it, and a shorter one would make renewals spin and
-	// other callers take over the key of a function that still runs.
-	MinLease = claim.MinLease
 )
 
 // Statuses of the records a Runner writes.
@@ -153,76 +138,92 @@ func Fingerprint(args []byte) store.Fingerprint { return sha256.Sum256(args) }
 // concurrent use; build it with New.
 type Runner struct {
 	claimer      *claim.Claimer
-	lease        time.Duration
 	retention    time.Duration
-	storeTimeout time.Duration
+	storeTimeout time.Duration // each completion attempt's bound
 	release      func(error) bool
 	logger       *slog.Logger
-	clock        claim.Clock
 }
 
-// Option configures a Runner.
-type Option func(*Runner)
+// Option configures a Runner. Each sets one whole decision: a later option
+// replaces an earlier one, and a zero value is the documented default.
+type Option func(*config)
 
-// WithLease sets the claim's lease (default DefaultLease; at least MinLease). It
-// is renewed every third of it while fn runs.
-func WithLease(d time.Duration) Option { return func(r *Runner) { r.lease = d } }
+type config struct {
+	pol     policy.Config
+	release func(error) bool
+	logger  *slog.Logger
+	clock   claim.Clock
+}
 
-// WithRetention sets how long a result is kept and replayed (default
-// DefaultRetention); at least the lease.
-func WithRetention(d time.Duration) Option { return func(r *Runner) { r.retention = d } }
+// WithPolicy sets the shared decisions (policy.Config) that apply to functions:
+// Lease, Retention and StoreFailure.Timeouts. The other fields are the HTTP
+// middleware's and the gRPC interceptor's (a function's key is given, not read;
+// Do returns errors instead of answering a client, and never runs fn unprotected
+// or waits for a call in flight), so one Config serves every entry point.
+func WithPolicy(p policy.Config) Option { return func(c *config) { c.pol = p } }
 
-// WithStoreTimeout bounds each claim, completion attempt and release (default
-// DefaultStoreTimeout); renewals are bounded by a third of the lease, at most
-// this.
-func WithStoreTimeout(d time.Duration) Option { return func(r *Runner) { r.storeTimeout = d } }
+// WithLease sets the claim's lease (policy.Config.Lease: 0 is claim.DefaultLease,
+// else at least claim.MinLease). It is renewed every third of it while fn runs.
+func WithLease(d time.Duration) Option { return func(c *config) { c.pol.Lease = d } }
 
-// WithReleasePolicy decides, for an error fn returned, whether the key is
-// released (true: the next call runs fn again) or the failure is recorded and
-// returned to repeats as *FailedError (false). Default DefaultReleasePolicy.
-func WithReleasePolicy(release func(err error) bool) Option {
-	return func(r *Runner) { r.release = release }
+// WithRecordRetention sets how long results are kept and replayed
+// (policy.RetentionRule).
+func WithRecordRetention(r policy.RetentionRule) Option {
+	return func(c *config) { c.pol.Retention = r }
+}
+
+// WithStoreFailure sets the store calls' deadlines (policy.StoreFailureRule;
+// Timeouts only). The claim runs under the caller's context and its bound;
+// completion and release run on a context detached from the caller's
+// cancellation, so a caller that gave up still leaves no claim behind.
+func WithStoreFailure(s policy.StoreFailureRule) Option {
+	return func(c *config) { c.pol.StoreFailure = s }
+}
+
+// WithRelease decides, for an error fn returned, whether the key is released
+// (true: the next call runs fn again) or the failure is recorded and returned
+// to repeats as *FailedError (false). nil: DefaultReleasePolicy.
+func WithRelease(release func(err error) bool) Option {
+	return func(c *config) { c.release = release }
 }
 
 // WithClock replaces the clock that schedules renewals and completion back-offs
-// (default the real one).
-func WithClock(c claim.Clock) Option { return func(r *Runner) { r.clock = c } }
+// (nil: the real one).
+func WithClock(clk claim.Clock) Option { return func(c *config) { c.clock = clk } }
 
-// WithLogger sets the logger for renewal and store failures after fn ran
-// (default slog.Default()).
-func WithLogger(l *slog.Logger) Option { return func(r *Runner) { r.logger = l } }
+// WithLogger sets the logger for renewal and store failures after fn ran (nil:
+// slog.Default()).
+func WithLogger(l *slog.Logger) Option { return func(c *config) { c.logger = l } }
 
 // DefaultReleasePolicy releases the key on every error: a failed call is retried
 // by the next one.
 func DefaultReleasePolicy(error) bool { return true }
 
-// New returns a Runner over st. A nil store, a lease under MinLease, a
-// non-positive store timeout, a retention shorter than the lease or a nil
-// release policy are errors here, never at call time.
+// New returns a Runner over st. A nil store, or a policy value out of range
+// (policy.Config.Validate: a lease under claim.MinLease, a retention shorter than
+// the lease, a negative timeout, ...), is an error here, never at call time.
 func New(st store.Store, opts ...Option) (*Runner, error) {
-	r := &Runner{lease: DefaultLease, retention: DefaultRetention,
-		storeTimeout: DefaultStoreTimeout, release: DefaultReleasePolicy}
+	var c config
 	for _, o := range opts {
-		o(r)
+		o(&c)
 	}
-	switch {
-	case st == nil:
+	if st == nil {
 		return nil, errors.New("idemkey/idem: nil store")
-	case r.storeTimeout <= 0:
-		return nil, fmt.Errorf("idemkey/idem: store timeout %v must be positive", r.storeTimeout)
-	case r.release == nil:
-		return nil, errors.New("idemkey/idem: nil release policy")
 	}
-	if r.logger == nil {
-		r.logger = slog.Default()
+	if err := c.pol.Validate(); err != nil {
+		return nil, fmt.Errorf("idemkey/idem: %w", err)
 	}
-	t := r.storeTimeout
-	cl, err := claim.New(claim.Config{Store: st, Lease: r.lease, Retention: r.retention, Clock: r.clock, Logger: r.logger,
-		Timeouts: claim.Timeouts{Claim: t, Complete: t, Release: t, Renew: min(r.lease/3, t)}})
+	p := c.pol.WithDefaults()
+	r := &Runner{retention: p.Retention.Default, release: c.release, logger: cmp.Or(c.logger, slog.Default())}
+	if r.release == nil {
+		r.release = DefaultReleasePolicy
+	}
+	cl, err := claim.New(claim.Config{Store: st, Lease: p.Lease, Retention: p.Retention.Default, MaxRetention: p.Retention.Max,
+		Timeouts: p.StoreFailure.Timeouts, Clock: c.clock, Logger: r.logger})
 	if err != nil {
 		return nil, fmt.Errorf("idemkey/idem: %w", err)
 	}
-	r.claimer = cl
+	r.claimer, r.storeTimeout = cl, cl.Timeouts().Complete
 	return r, nil
 }
 

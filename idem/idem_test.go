@@ -11,8 +11,10 @@ import (
 	"testing/synctest"
 	"time"
 
+	"github.com/idemkey/idemkey/claim"
 	"github.com/idemkey/idemkey/idem"
 	"github.com/idemkey/idemkey/idem/idemtest"
+	"github.com/idemkey/idemkey/policy"
 	"github.com/idemkey/idemkey/store"
 	"github.com/idemkey/idemkey/store/memory"
 )
@@ -29,14 +31,12 @@ func TestNewRejectsMisconfiguration(t *testing.T) {
 		opts []idem.Option
 	}{
 		{"nil store", nil, nil},
-		{"zero lease", st, []idem.Option{idem.WithLease(0)}},
 		{"negative lease", st, []idem.Option{idem.WithLease(-time.Second)}},
 		// Renewal ticks every third of the lease: 2 ns would make a zero interval.
 		{"lease of 2ns", st, []idem.Option{idem.WithLease(2 * time.Nanosecond)}},
-		{"lease under MinLease", st, []idem.Option{idem.WithLease(idem.MinLease - time.Millisecond)}},
-		{"retention below lease", st, []idem.Option{idem.WithLease(time.Minute), idem.WithRetention(time.Second)}},
-		{"zero store timeout", st, []idem.Option{idem.WithStoreTimeout(0)}},
-		{"nil release policy", st, []idem.Option{idem.WithReleasePolicy(nil)}},
+		{"lease under MinLease", st, []idem.Option{idem.WithLease(claim.MinLease - time.Millisecond)}},
+		{"retention below lease", st, []idem.Option{idem.WithLease(time.Minute), idem.WithRecordRetention(policy.RetentionRule{Default: time.Second})}},
+		{"negative store timeout", st, []idem.Option{idem.WithStoreFailure(policy.StoreFailureRule{Timeouts: claim.Timeouts{Claim: -1}})}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if r, err := idem.New(tc.st, tc.opts...); err == nil || r != nil {

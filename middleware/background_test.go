@@ -11,7 +11,9 @@ import (
 	"testing/synctest"
 	"time"
 
+	"github.com/idemkey/idemkey/claim"
 	"github.com/idemkey/idemkey/fingerprint"
+	"github.com/idemkey/idemkey/policy"
 	"github.com/idemkey/idemkey/store"
 	"github.com/idemkey/idemkey/store/memory"
 )
@@ -128,7 +130,7 @@ const handlerTime = 4 * time.Second
 func newHungEnv(t *testing.T, status int, chunked bool) *hungEnv {
 	e := &hungEnv{st: &gateStore{Store: memory.New()}, evs: make(chan Event, 8), bound: time.Second}
 	m, err := New(e.st, GlobalScope, WithLease(9*time.Second), WithLogger(discardLogger()),
-		WithStoreFailure(StoreFailureRule{Timeouts: StoreTimeouts{Claim: e.bound, Complete: e.bound, Release: e.bound}}),
+		WithStoreFailure(policy.StoreFailureRule{Timeouts: claim.Timeouts{Claim: e.bound, Complete: e.bound, Release: e.bound}}),
 		WithObserver(ObserverFunc(func(_ context.Context, ev Event) { e.evs <- ev })))
 	if err != nil {
 		t.Fatal(err)
@@ -288,7 +290,7 @@ func TestAnswerNotDelayedByHungStore(t *testing.T) {
 				w, took := e.serve()
 				if w.code != status || took > handlerTime+grace {
 					t.Fatalf("answer %d after %v; want %d within %v (the handler, then the grace; the store bound is %v)",
-						w.code, took, status, handlerTime+grace, DefaultStoreTimeout)
+						w.code, took, status, handlerTime+grace, claim.DefaultStoreTimeout)
 				}
 				if ev := <-e.evs; status < 500 && !ev.CompletionPending || status >= 500 && (ev.Decision != Released || ev.Err != nil) {
 					t.Fatalf("event %+v; want the store call going on in the background", ev)

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemkey/idemkey/claim"
 	"github.com/idemkey/idemkey/fingerprint"
 	"github.com/idemkey/idemkey/internal/testclock"
 	"github.com/idemkey/idemkey/store"
@@ -107,7 +108,7 @@ func BenchmarkMiddleware(b *testing.B) {
 		b.ReportAllocs()
 		i := 0
 		for b.Loop() {
-			now.Add(DefaultRetention / liveKeys)
+			now.Add(claim.DefaultRetention / liveKeys)
 			w.reset()
 			h.ServeHTTP(w, br.next(keys[i%len(keys)]))
 			i++
@@ -198,7 +199,7 @@ func BenchmarkParseKey(b *testing.B) {
 func BenchmarkHandlerRequest(b *testing.B) {
 	m := newBenchMiddleware(b, nullStore{})
 	r := newBenchReq().next("k")
-	claim := Claim{ID: store.ID{Scope: "tenant-1", Key: "k"}, Token: store.Token{1}, Retention: DefaultRetention}
+	claim := claim.Claim{ID: store.ID{Scope: "tenant-1", Key: "k"}, Token: store.Token{1}, Retention: claim.DefaultRetention}
 	b.ReportAllocs()
 	for b.Loop() {
 		x := &execution{m: m}

@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemkey/idemkey/claim"
+	"github.com/idemkey/idemkey/policy"
 	"github.com/idemkey/idemkey/store"
 	"github.com/idemkey/idemkey/store/memory"
 )
@@ -35,11 +37,11 @@ func TestMarkCompleted(t *testing.T) {
 	ns := &notifyStore{hookStore: hookStore{Store: mem}}
 	var (
 		leaked context.Context
-		claim  Claim
+		cl     claim.Claim
 		calls  int
 		events []Event
 	)
-	m, err := New(ns, GlobalScope, WithRecordRetention(RetentionRule{Default: time.Hour}), WithClock(&fakeClock{}), WithLogger(discardLogger()),
+	m, err := New(ns, GlobalScope, WithRecordRetention(policy.RetentionRule{Default: time.Hour}), WithClock(&fakeClock{}), WithLogger(discardLogger()),
 		WithObserver(ObserverFunc(func(_ context.Context, ev Event) { events = append(events, ev) })))
 	if err != nil {
 		t.Fatal(err)
@@ -48,16 +50,16 @@ func TestMarkCompleted(t *testing.T) {
 		calls++
 		ctx := r.Context()
 		var ok bool
-		if claim, ok = ClaimFromContext(ctx); !ok {
+		if cl, ok = claim.FromContext(ctx); !ok {
 			t.Error("no claim in the handler's context")
 			return
 		}
 		resp := store.Response{Status: 201, Body: []byte("committed")}
 		// What CompleteTx and the commit do, here on the memory store itself.
-		if err := mem.Complete(ctx, claim.ID, claim.Token, resp, claim.Retention); err != nil {
+		if err := mem.Complete(ctx, cl.ID, cl.Token, resp, cl.Retention); err != nil {
 			t.Error(err)
 		}
-		if err := MarkCompleted(ctx, resp); err != nil {
+		if err := claim.MarkCompleted(ctx, resp); err != nil {
 			t.Error(err)
 		}
 		leaked = ctx
@@ -81,23 +83,23 @@ func TestMarkCompleted(t *testing.T) {
 	if w := do(); w.Code != 201 || w.Body.String() != "committed" || calls != 1 {
 		t.Fatalf("retry: %d %q after %d calls; want the committed record", w.Code, w.Body, calls)
 	}
-	if claim.ID.Key != "k" || claim.Token.IsZero() || claim.Retention != time.Hour || claim.Takeover || claim.Fingerprint == (store.Fingerprint{}) {
-		t.Fatalf("claim %+v", claim)
+	if cl.ID.Key != "k" || cl.Token.IsZero() || cl.Retention != time.Hour || cl.Takeover || cl.Fingerprint == (store.Fingerprint{}) {
+		t.Fatalf("claim %+v", cl)
 	}
-	if err := MarkCompleted(leaked, store.Response{Status: 200}); !errors.Is(err, ErrNoClaim) {
-		t.Fatalf("MarkCompleted after the handler returned: %v", err)
+	if err := claim.MarkCompleted(leaked, store.Response{Status: 200}); !errors.Is(err, claim.ErrNoClaim) {
+		t.Fatalf("claim.MarkCompleted after the handler returned: %v", err)
 	}
-	if _, ok := ClaimFromContext(context.Background()); ok {
+	if _, ok := claim.FromContext(context.Background()); ok {
 		t.Fatal("claim in a bare context")
 	}
-	if err := MarkCompleted(context.Background(), store.Response{Status: 200}); !errors.Is(err, ErrNoClaim) {
-		t.Fatalf("MarkCompleted without a claim: %v", err)
+	if err := claim.MarkCompleted(context.Background(), store.Response{Status: 200}); !errors.Is(err, claim.ErrNoClaim) {
+		t.Fatalf("claim.MarkCompleted without a claim: %v", err)
 	}
 }
 
 // TestMarkCompletedLateFromLeftoverGoroutine: a goroutine the handler left behind
-// calls MarkCompleted after the handler returned, while later requests reuse the
-// pooled state: it gets ErrNoClaim, never marks another request's claim, and the
+// calls claim.MarkCompleted after the handler returned, while later requests reuse the
+// pooled state: it gets claim.ErrNoClaim, never marks another request's claim, and the
 // race detector sees no unsynchronised access.
 func TestMarkCompletedLateFromLeftoverGoroutine(t *testing.T) {
 	m, err := New(memory.New(), GlobalScope, WithClock(&fakeClock{}), WithLogger(discardLogger()))
@@ -114,7 +116,7 @@ func TestMarkCompletedLateFromLeftoverGoroutine(t *testing.T) {
 			go func() {
 				defer late.Done()
 				<-release
-				lateErrs <- MarkCompleted(ctx, store.Response{Status: 299})
+				lateErrs <- claim.MarkCompleted(ctx, store.Response{Status: 299})
 			}()
 		}
 		w.WriteHeader(http.StatusCreated)
@@ -142,8 +144,8 @@ func TestMarkCompletedLateFromLeftoverGoroutine(t *testing.T) {
 	close(release)
 	late.Wait()
 	<-done
-	if err := <-lateErrs; !errors.Is(err, ErrNoClaim) {
-		t.Errorf("late MarkCompleted = %v, want ErrNoClaim", err)
+	if err := <-lateErrs; !errors.Is(err, claim.ErrNoClaim) {
+		t.Errorf("late claim.MarkCompleted = %v, want claim.ErrNoClaim", err)
 	}
 	// No later request was marked: each one stored its own 201.
 	if w := send("next-aa", false); w.Code != http.StatusCreated || w.Header().Get(DefaultReplayedHeader) != "true" {
@@ -152,7 +154,7 @@ func TestMarkCompletedLateFromLeftoverGoroutine(t *testing.T) {
 }
 
 // TestMarkCompletedThenPanic: a handler that panics after completing the record in
-// its own transaction (MarkCompleted) has a committed record: the middleware does
+// its own transaction (claim.MarkCompleted) has a committed record: the middleware does
 // not try to release it, reports it executed in the transaction, tells a store
 // that caches records (so a cache's in-flight marker does not outlive the
 // commit), re-panics, and the retry replays the committed record.
@@ -168,12 +170,12 @@ func TestMarkCompletedThenPanic(t *testing.T) {
 	calls := 0
 	h := m.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		calls++
-		claim, _ := ClaimFromContext(r.Context())
+		cl, _ := claim.FromContext(r.Context())
 		resp := store.Response{Status: 201, Body: []byte("committed")}
-		if err := mem.Complete(r.Context(), claim.ID, claim.Token, resp, claim.Retention); err != nil {
+		if err := mem.Complete(r.Context(), cl.ID, cl.Token, resp, cl.Retention); err != nil {
 			t.Error(err)
 		}
-		if err := MarkCompleted(r.Context(), resp); err != nil {
+		if err := claim.MarkCompleted(r.Context(), resp); err != nil {
 			t.Error(err)
 		}
 		panic("after commit")
@@ -200,7 +202,7 @@ func TestMarkCompletedThenPanic(t *testing.T) {
 	}
 }
 
-// TestMarkCompletedNeverReleases: after MarkCompleted nothing the handler does
+// TestMarkCompletedNeverReleases: after claim.MarkCompleted nothing the handler does
 // (a 5xx body over the storage cap, a 101, a hijack) makes the middleware try to
 // release the committed record.
 func TestMarkCompletedNeverReleases(t *testing.T) {
@@ -226,12 +228,12 @@ func TestMarkCompletedNeverReleases(t *testing.T) {
 				t.Fatal(err)
 			}
 			h := m.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-				claim, _ := ClaimFromContext(r.Context())
+				cl, _ := claim.FromContext(r.Context())
 				resp := store.Response{Status: 201}
-				if err := mem.Complete(r.Context(), claim.ID, claim.Token, resp, claim.Retention); err != nil {
+				if err := mem.Complete(r.Context(), cl.ID, cl.Token, resp, cl.Retention); err != nil {
 					t.Error(err)
 				}
-				if err := MarkCompleted(r.Context(), resp); err != nil {
+				if err := claim.MarkCompleted(r.Context(), resp); err != nil {
 					t.Error(err)
 				}
 				after(w)
@@ -286,11 +288,11 @@ type inProcessStore struct{ *deadlineStore }
 
 func (inProcessStore) InProcess() bool { return true }
 
-// Every store call runs under its bound: a zero StoreTimeouts field takes its
-// default (DefaultStoreTimeout; a third of the lease, at most that, for Renew),
+// Every store call runs under its bound: a zero claim.Timeouts field takes its
+// default (claim.DefaultStoreTimeout; a third of the lease, at most that, for Renew),
 // a set one is used as given, and an in-process store's calls have no deadline.
 func TestStoreTimeouts(t *testing.T) {
-	const d = DefaultStoreTimeout
+	const d = claim.DefaultStoreTimeout
 	tests := []struct {
 		name      string
 		inProcess bool
@@ -298,11 +300,11 @@ func TestStoreTimeouts(t *testing.T) {
 		want      map[string]time.Duration
 	}{
 		{"defaults", false, nil, map[string]time.Duration{"claim": d, "complete": d, "release": d, "renew": d}},
-		{"zero fields", false, []Option{WithStoreFailure(StoreFailureRule{Timeouts: StoreTimeouts{}})}, map[string]time.Duration{"claim": d, "complete": d, "release": d, "renew": d}},
+		{"zero fields", false, []Option{WithStoreFailure(policy.StoreFailureRule{Timeouts: claim.Timeouts{}})}, map[string]time.Duration{"claim": d, "complete": d, "release": d, "renew": d}},
 		{"short lease", false, []Option{WithLease(3 * time.Second)}, map[string]time.Duration{"claim": d, "complete": d, "release": d, "renew": time.Second}},
-		{"some set", false, []Option{WithStoreFailure(StoreFailureRule{Timeouts: StoreTimeouts{Claim: time.Second, Renew: 2 * time.Second}})},
+		{"some set", false, []Option{WithStoreFailure(policy.StoreFailureRule{Timeouts: claim.Timeouts{Claim: time.Second, Renew: 2 * time.Second}})},
 			map[string]time.Duration{"claim": time.Second, "complete": d, "release": d, "renew": 2 * time.Second}},
-		{"in process", true, []Option{WithStoreFailure(StoreFailureRule{Timeouts: StoreTimeouts{Claim: time.Second}})},
+		{"in process", true, []Option{WithStoreFailure(policy.StoreFailureRule{Timeouts: claim.Timeouts{Claim: time.Second}})},
 			map[string]time.Duration{"claim": 0, "complete": 0, "release": 0, "renew": 0}},
 	}
 	for _, tt := range tests {

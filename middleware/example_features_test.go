@@ -10,8 +10,10 @@ import (
 	"strings"
 	"time"
 
+	"github.com/idemkey/idemkey/claim"
 	"github.com/idemkey/idemkey/fingerprint"
 	"github.com/idemkey/idemkey/middleware"
+	"github.com/idemkey/idemkey/policy"
 	"github.com/idemkey/idemkey/store"
 	"github.com/idemkey/idemkey/store/memory"
 )
@@ -80,7 +82,7 @@ func ExampleWithReplay() {
 // validator's text as the problem's detail. The header and whether a key is
 // required are the other fields of the rule.
 func ExampleWithKey() {
-	m, _ := middleware.New(memory.New(), middleware.GlobalScope, middleware.WithKey(middleware.KeyRule{Validate: middleware.UUIDKeys}))
+	m, _ := middleware.New(memory.New(), middleware.GlobalScope, middleware.WithKey(policy.KeyRule{Validate: middleware.UUIDKeys}))
 	h := m.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusCreated) }))
 	fmt.Println(send(h, "order-42", "{}").Code)
 	fmt.Println(send(h, `"8e03978e-40d5-43e8-bc93-6894a57f9324"`, "{}").Code)
@@ -90,7 +92,7 @@ func ExampleWithKey() {
 		}
 		return nil
 	}
-	m2, _ := middleware.New(memory.New(), middleware.GlobalScope, middleware.WithKey(middleware.KeyRule{Validate: short}))
+	m2, _ := middleware.New(memory.New(), middleware.GlobalScope, middleware.WithKey(policy.KeyRule{Validate: short}))
 	w := send(m2.Handler(http.NotFoundHandler()), "abc", "{}")
 	fmt.Println(w.Code, strings.Contains(w.Body.String(), `"detail":"an idempotency key has at least 16 characters"`))
 	// Output:
@@ -116,17 +118,17 @@ func ExampleWithProblems() {
 }
 
 // A failed validation is kept ten minutes, a payment thirty days: the handler
-// decides (SetRetention), within the middleware's maximum.
+// decides (claim.SetRetention), within the middleware's maximum.
 func ExampleWithRecordRetention() {
-	m, _ := middleware.New(memory.New(), middleware.GlobalScope, middleware.WithRecordRetention(middleware.RetentionRule{Max: 30 * 24 * time.Hour}))
+	m, _ := middleware.New(memory.New(), middleware.GlobalScope, middleware.WithRecordRetention(policy.RetentionRule{Max: 30 * 24 * time.Hour}))
 	h := m.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if !strings.Contains(r.Header.Get("Content-Type"), "json") {
-			middleware.SetRetention(r.Context(), 10*time.Minute)
+			claim.SetRetention(r.Context(), 10*time.Minute)
 			w.WriteHeader(http.StatusUnprocessableEntity)
 			return
 		}
-		middleware.SetRetention(r.Context(), 30*24*time.Hour)
-		c, _ := middleware.ClaimFromContext(r.Context())
+		claim.SetRetention(r.Context(), 30*24*time.Hour)
+		c, _ := claim.FromContext(r.Context())
 		fmt.Println("kept for", c.Retention)
 		w.WriteHeader(http.StatusCreated)
 	}))
@@ -176,16 +178,37 @@ func ExampleWithStoreFailure() {
 	ok := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusCreated) })
 	quiet := middleware.WithLogger(slog.New(slog.DiscardHandler))
 	closed, _ := middleware.New(downStore{memory.New()}, middleware.GlobalScope, quiet,
-		middleware.WithStoreFailure(middleware.StoreFailureRule{
-			Timeouts:   middleware.StoreTimeouts{Claim: 2 * time.Second},
+		middleware.WithStoreFailure(policy.StoreFailureRule{
+			Timeouts:   claim.Timeouts{Claim: 2 * time.Second},
 			RetryAfter: 5 * time.Second,
 		}))
 	w := send(closed.Handler(ok), "k-1", "{}")
 	fmt.Println(w.Code, w.Header().Get("Retry-After"))
 	open, _ := middleware.New(downStore{memory.New()}, middleware.GlobalScope, quiet,
-		middleware.WithStoreFailure(middleware.StoreFailureRule{FailOpen: true}))
+		middleware.WithStoreFailure(policy.StoreFailureRule{FailOpen: true}))
 	fmt.Println(send(open.Handler(ok), "k-1", "{}").Code)
 	// Output:
 	// 503 5
 	// 201
+}
+
+// One policy.Config is the shared default of a service (the gRPC interceptor
+// and idem take the same value); a route overrides one decision with a later
+// option, which replaces that whole decision: here fail-open goes back to the
+// default, fail closed.
+func ExampleWithPolicy() {
+	ok := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusCreated) })
+	shared := policy.Config{
+		Key:          policy.KeyRule{Validate: middleware.UUIDKeys},
+		StoreFailure: policy.StoreFailureRule{FailOpen: true, RetryAfter: 2 * time.Second},
+	}
+	quiet := middleware.WithLogger(slog.New(slog.DiscardHandler))
+	payments, _ := middleware.New(downStore{memory.New()}, middleware.GlobalScope, quiet,
+		middleware.WithPolicy(shared), middleware.WithStoreFailure(policy.StoreFailureRule{RetryAfter: 2 * time.Second}))
+	w := send(payments.Handler(ok), "8e03978e-40d5-43e8-bc93-6894a57f9324", "{}")
+	fmt.Println(w.Code, w.Header().Get("Retry-After"))
+	fmt.Println(send(payments.Handler(ok), "not-a-uuid", "{}").Code)
+	// Output:
+	// 503 2
+	// 400
 }

@@ -16,7 +16,7 @@ import (
 // the response it streamed, or the response it held (a released status, or
 // every status in the one-transaction mode) once the claim's end is known; a
 // 503 store_unavailable instead when the one-transaction commit failed.
-func (m *Middleware) execute(x *execution, r *http.Request, next http.Handler, cl Claim, a *answer) {
+func (m *Middleware) execute(x *execution, r *http.Request, next http.Handler, cl claim.Claim, a *answer) {
 	if h := x.w.Header(); len(h) > 0 {
 		for k := range h {
 			x.pre = append(x.pre, k) // set by outer middleware: not the handler's to replay

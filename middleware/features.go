@@ -8,9 +8,9 @@ import (
 	"github.com/idemkey/idemkey/fingerprint"
 )
 
-// featureConfig holds the options of the request rules (docs/request-rules.md):
-// the body's fingerprint rule, the replay hook, the key validator, the problem
-// type base and the longest retention a handler may ask for.
+// featureConfig holds the settings of the request rules (docs/request-rules.md):
+// FingerprintRule.Body, ReplayRule.OnReplay, ProblemRule.TypeBase, and, resolved
+// from policy.Config by New, KeyRule.Validate and RetentionRule.Max.
 type featureConfig struct {
 	fpRule       *fingerprint.Rule
 	onReplay     func(r *http.Request, h http.Header)

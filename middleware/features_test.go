@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/idemkey/idemkey/fingerprint"
+	"github.com/idemkey/idemkey/policy"
 	"github.com/idemkey/idemkey/store"
 	"github.com/idemkey/idemkey/store/memory"
 )
@@ -174,7 +175,7 @@ func TestReplayWithoutHookAllocatesNothing(t *testing.T) {
 }
 
 func TestKeyValidator(t *testing.T) {
-	e := newEnv(t, echoHandler, WithKey(KeyRule{Validate: UUIDKeys}))
+	e := newEnv(t, echoHandler, WithKey(policy.KeyRule{Validate: UUIDKeys}))
 	p := checkProblem(t, e.do(req("POST", "/p", "order-42", "x")), http.StatusBadRequest, CodeKeyInvalid)
 	if p.Detail != errNotUUID.Error() {
 		t.Errorf("detail %q, want the validator's text", p.Detail)
@@ -185,7 +186,7 @@ func TestKeyValidator(t *testing.T) {
 	if w := e.do(req("POST", "/p", `"8E03978E-40d5-43e8-bc93-6894a57f9324"`, "x")); w.Code != http.StatusCreated || e.calls.Load() != 1 {
 		t.Fatalf("UUID key: %d, %d calls", w.Code, e.calls.Load())
 	}
-	custom := newEnv(t, echoHandler, WithKey(KeyRule{Validate: func(key string) error {
+	custom := newEnv(t, echoHandler, WithKey(policy.KeyRule{Validate: func(key string) error {
 		if len(key) < 16 {
 			return errors.New("keys are at least 16 characters")
 		}
@@ -293,15 +294,15 @@ func TestNewRefusesFeatureOptions(t *testing.T) {
 		"base with fragment":  WithProblems(ProblemRule{TypeBase: "https://x.example/p#"}),
 		"base with space":     WithProblems(ProblemRule{TypeBase: "https://x.example/a b/"}),
 		"base with quote":     WithProblems(ProblemRule{TypeBase: `https://x.example/"/`}),
-		"max under retention": WithRecordRetention(RetentionRule{Max: time.Hour}),
-		"negative max":        WithRecordRetention(RetentionRule{Max: -time.Hour}),
+		"max under retention": WithRecordRetention(policy.RetentionRule{Max: time.Hour}),
+		"negative max":        WithRecordRetention(policy.RetentionRule{Max: -time.Hour}),
 		"zero rule":           WithRequestFingerprint(FingerprintRule{Body: &fingerprint.Rule{}}),
 	} {
 		if _, err := New(memory.New(), GlobalScope, opt); err == nil {
 			t.Errorf("%s: New accepted it", name)
 		}
 	}
-	if _, err := New(memory.New(), GlobalScope, WithProblems(ProblemRule{TypeBase: "urn:example:problem:"}), WithRecordRetention(RetentionRule{Max: 48 * time.Hour})); err != nil {
+	if _, err := New(memory.New(), GlobalScope, WithProblems(ProblemRule{TypeBase: "urn:example:problem:"}), WithRecordRetention(policy.RetentionRule{Max: 48 * time.Hour})); err != nil {
 		t.Errorf("valid options refused: %v", err)
 	}
 }

@@ -18,6 +18,8 @@ import (
 	"testing/synctest"
 	"time"
 
+	"github.com/idemkey/idemkey/claim"
+	"github.com/idemkey/idemkey/policy"
 	"github.com/idemkey/idemkey/store"
 	"github.com/idemkey/idemkey/store/memory"
 )
@@ -82,7 +84,7 @@ func handOffRun(t *testing.T, seed uint32) {
 	var pending atomic.Int32
 	st := &flakyStore{Store: memory.New(), seed: seed, attempts: map[string]int{}}
 	m, err := New(st, GlobalScope, WithLease(3*time.Second), WithLogger(discardLogger()),
-		WithStoreFailure(StoreFailureRule{Timeouts: StoreTimeouts{Complete: 200 * time.Millisecond}}),
+		WithStoreFailure(policy.StoreFailureRule{Timeouts: claim.Timeouts{Complete: 200 * time.Millisecond}}),
 		WithObserver(ObserverFunc(func(_ context.Context, ev Event) {
 			if ev.CompletionPending {
 				pending.Add(1)
@@ -195,7 +197,7 @@ func TestWaitDrainsBackgroundCompletions(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		st := &gateStore{Store: memory.New()}
 		m, err := New(st, GlobalScope, WithLease(9*time.Second), WithLogger(discardLogger()),
-			WithStoreFailure(StoreFailureRule{Timeouts: StoreTimeouts{Complete: time.Second, Release: time.Second}}))
+			WithStoreFailure(policy.StoreFailureRule{Timeouts: claim.Timeouts{Complete: time.Second, Release: time.Second}}))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -259,7 +261,7 @@ func TestWaiterGetsBackgroundCompletion(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		st := &gateStore{Store: memory.New()}
 		m, err := New(st, GlobalScope, WithLease(9*time.Second), WithLogger(discardLogger()), WithWaitInFlight(5*time.Second),
-			WithStoreFailure(StoreFailureRule{Timeouts: StoreTimeouts{Complete: time.Second}}))
+			WithStoreFailure(policy.StoreFailureRule{Timeouts: claim.Timeouts{Complete: time.Second}}))
 		if err != nil {
 			t.Fatal(err)
 		}

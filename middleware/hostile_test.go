@@ -16,6 +16,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemkey/idemkey/claim"
+	"github.com/idemkey/idemkey/policy"
 	"github.com/idemkey/idemkey/store"
 	"github.com/idemkey/idemkey/store/memory"
 )
@@ -178,12 +180,12 @@ func TestShortBodyAgainstContentLengthReleases(t *testing.T) {
 // negative one makes New fail: TestNewRefusesInvalidRules).
 func TestStoreErrorRetryAfterAtLeastOneSecond(t *testing.T) {
 	for _, d := range []time.Duration{0, time.Millisecond} {
-		e := newEnv(t, echoHandler, WithStoreFailure(StoreFailureRule{RetryAfter: d}))
+		e := newEnv(t, echoHandler, WithStoreFailure(policy.StoreFailureRule{RetryAfter: d}))
 		e.st.claimErr = errors.New("down")
 		w := e.do(req("POST", "/x", "k", "b"))
 		checkProblem(t, w, http.StatusServiceUnavailable, CodeStoreUnavailable)
 		if got := w.Header().Get("Retry-After"); got != "1" {
-			t.Errorf("WithStoreFailure(StoreFailureRule{RetryAfter: %v}): Retry-After %q, want 1", d, got)
+			t.Errorf("WithStoreFailure(policy.StoreFailureRule{RetryAfter: %v}): Retry-After %q, want 1", d, got)
 		}
 	}
 }
@@ -298,7 +300,7 @@ func TestBodyLimitEdges(t *testing.T) {
 // its claim through background renewal; duplicates get 409 the whole time,
 // never a takeover. The lease is 1 s, so a renewal (every third of it) may be
 // late by up to 0.67 s on a loaded machine before the lease runs out: with
-// MinLease (100 ms) this failed 3 to 4 times in 15 under load. The fake-clock
+// claim.MinLease (100 ms) this failed 3 to 4 times in 15 under load. The fake-clock
 // tests cover the renewal schedule itself.
 func TestSlowHandlerRenewsOnRealClock(t *testing.T) {
 	if testing.Short() {
@@ -359,7 +361,7 @@ func TestStaleHolderFinishingFirstIsNotStored(t *testing.T) {
 	done := [2]chan *httptest.ResponseRecorder{make(chan *httptest.ResponseRecorder), make(chan *httptest.ResponseRecorder)}
 	go func() { done[0] <- e.do(req("POST", "/x", "k", "b")) }()
 	<-entered
-	e.now.Add(DefaultLease + time.Second) // the first holder stalls past its lease
+	e.now.Add(claim.DefaultLease + time.Second) // the first holder stalls past its lease
 	go func() { done[1] <- e.do(req("POST", "/x", "k", "b")) }()
 	<-entered
 	close(gates[0])
@@ -451,7 +453,7 @@ func TestReleasedResponseHeldUntilReleased(t *testing.T) {
 	}
 }
 
-// blockingClaim holds each Claim until gone is closed, then claims unless its
+// blockingClaim holds each claim.Claim until gone is closed, then claims unless its
 // context is done by then (as a driver whose query was cancelled does).
 type blockingClaim struct {
 	store.Store
@@ -481,7 +483,7 @@ func TestHangUpDuringClaim(t *testing.T) {
 			logs := &logRecorder{}
 			var events []Event
 			var runs atomic.Int32
-			m, err := New(bs, GlobalScope, WithClock(&fakeClock{}), WithLogger(slog.New(logs)), WithStoreFailure(StoreFailureRule{FailOpen: true}),
+			m, err := New(bs, GlobalScope, WithClock(&fakeClock{}), WithLogger(slog.New(logs)), WithStoreFailure(policy.StoreFailureRule{FailOpen: true}),
 				WithCancelOnDisconnect(cancelOnGone), WithObserver(ObserverFunc(func(_ context.Context, ev Event) { events = append(events, ev) })))
 			if err != nil {
 				t.Fatal(err)

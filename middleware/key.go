@@ -7,10 +7,6 @@ import (
 	"github.com/idemkey/idemkey/store"
 )
 
-// MaxKeyLen is the longest idempotency key accepted, in bytes of the parsed value:
-// store.MaxKeyLen, the limit every store enforces.
-const MaxKeyLen = store.MaxKeyLen
-
 // ErrInvalidKey is wrapped by every error ParseKey returns.
 var ErrInvalidKey = errors.New("idemkey/middleware: invalid idempotency key")
 
@@ -32,7 +28,7 @@ func (e keyError) Unwrap() error { return ErrInvalidKey }
 // name the same key.
 //
 // Errors (wrapping ErrInvalidKey): an empty key, a key of only spaces (`" "`,
-// which no client means as a key), a key over MaxKeyLen bytes, control
+// which no client means as a key), a key over store.MaxKeyLen bytes, control
 // characters or other bytes outside the grammar (non-ASCII included), an
 // unterminated string, or data after the item (e.g. two keys joined by ',').
 func ParseKey(v string) (string, error) {
@@ -90,7 +86,7 @@ func ParseKey(v string) (string, error) {
 		return "", keyError("empty")
 	case quoted && strings.Trim(key, " ") == "": // a token has no spaces
 		return "", keyError("only spaces")
-	case len(key) > MaxKeyLen:
+	case len(key) > store.MaxKeyLen:
 		return "", keyError("longer than 255 bytes")
 	}
 	return key, nil

@@ -13,6 +13,8 @@ import (
 	"testing/synctest"
 	"time"
 
+	"github.com/idemkey/idemkey/claim"
+	"github.com/idemkey/idemkey/policy"
 	"github.com/idemkey/idemkey/store"
 	"github.com/idemkey/idemkey/store/memory"
 )
@@ -20,10 +22,10 @@ import (
 // TestLeftoverGoroutinesNeverTouchOtherKeys runs many requests at once on the
 // real clock (synctest's: renewals and the first-renewal sweeps run), a lease of
 // claim.MinLease and handlers up to one and a half leases long, while
-// goroutines the handlers left behind call MarkCompleted, SetRetention and
-// ClaimFromContext after their request ended, when its pooled state runs other
-// keys. Every late MarkCompleted and SetRetention is refused, and every key ends
-// with its own response stored (a late MarkCompleted that marked another key's
+// goroutines the handlers left behind call claim.MarkCompleted, claim.SetRetention and
+// claim.FromContext after their request ended, when its pooled state runs other
+// keys. Every late claim.MarkCompleted and claim.SetRetention is refused, and every key ends
+// with its own response stored (a late claim.MarkCompleted that marked another key's
 // execution would leave that key unstored, in flight, answered 409).
 func TestLeftoverGoroutinesNeverTouchOtherKeys(t *testing.T) {
 	for seed := range uint64(4) {
@@ -39,7 +41,7 @@ func leftoverStress(t *testing.T, seed uint64) {
 		each    = 40
 	)
 	mem := memory.New()
-	m, err := New(mem, GlobalScope, WithLease(100*time.Millisecond), WithRetention(time.Hour), WithLogger(discardLogger()))
+	m, err := New(mem, GlobalScope, WithLease(100*time.Millisecond), WithRecordRetention(policy.RetentionRule{Default: time.Hour}), WithLogger(discardLogger()))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -57,20 +59,20 @@ func leftoverStress(t *testing.T, seed uint64) {
 			defer late.Done()
 			<-ended // the request has ended: its call may run another key now
 			time.Sleep(time.Duration(rng.IntN(30)) * time.Millisecond)
-			lateErr <- MarkCompleted(ctx, store.Response{Status: 299, Body: []byte("late " + key)})
-			lateErr <- SetRetention(ctx, time.Minute)
-			ClaimFromContext(ctx)
+			lateErr <- claim.MarkCompleted(ctx, store.Response{Status: 299, Body: []byte("late " + key)})
+			lateErr <- claim.SetRetention(ctx, time.Minute)
+			claim.FromContext(ctx)
 		}()
 		runs.Add(key)
 		time.Sleep(time.Duration(rng.IntN(150)) * time.Millisecond)
 		if key[len(key)-1] == '5' { // completes the record itself, as in its own transaction
-			cl, _ := ClaimFromContext(ctx)
+			cl, _ := claim.FromContext(ctx)
 			resp := store.Response{Status: status, Body: []byte(key)}
 			if err := mem.Complete(ctx, cl.ID, cl.Token, resp, cl.Retention); err != nil {
 				t.Errorf("%s: complete in the handler: %v", key, err)
 			}
-			if err := MarkCompleted(ctx, resp); err != nil {
-				t.Errorf("%s: MarkCompleted in the handler: %v", key, err)
+			if err := claim.MarkCompleted(ctx, resp); err != nil {
+				t.Errorf("%s: claim.MarkCompleted in the handler: %v", key, err)
 			}
 		}
 		w.WriteHeader(status)
@@ -123,8 +125,8 @@ func leftoverStress(t *testing.T, seed uint64) {
 	late.Wait()
 	close(lateErr)
 	for err := range lateErr {
-		if !errors.Is(err, ErrNoClaim) {
-			t.Errorf("late call after the request ended: %v, want ErrNoClaim", err)
+		if !errors.Is(err, claim.ErrNoClaim) {
+			t.Errorf("late call after the request ended: %v, want claim.ErrNoClaim", err)
 		}
 	}
 	// Every key replays its own response (none was marked completed by another

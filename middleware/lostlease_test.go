@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemkey/idemkey/claim"
 	"github.com/idemkey/idemkey/fingerprint"
 	"github.com/idemkey/idemkey/store"
 )
@@ -21,13 +22,13 @@ func TestLostLeaseHandlerKeepsWriting(t *testing.T) {
 	entered, release := make(chan struct{}), make(chan struct{})
 	type seen struct {
 		ctx   context.Context
-		claim Claim
+		claim claim.Claim
 		ok    bool
 	}
 	ctxs := make(chan seen, 2)
 	e := newEnv(t, func(w http.ResponseWriter, r *http.Request) {
 		b, _ := io.ReadAll(r.Body)
-		cl, ok := ClaimFromContext(r.Context())
+		cl, ok := claim.FromContext(r.Context())
 		ctxs <- seen{r.Context(), cl, ok}
 		if string(b) == "first" {
 			entered <- struct{}{}
@@ -40,10 +41,10 @@ func TestLostLeaseHandlerKeepsWriting(t *testing.T) {
 	go func() { done <- e.do(req("POST", "/x", "k", "first")).Code }()
 	<-entered
 	first := <-ctxs
-	e.now.Add(DefaultLease + time.Second)
+	e.now.Add(claim.DefaultLease + time.Second)
 	fp, _ := fingerprint.Sum(fingerprint.Request{Method: "POST", Route: "/x", Body: []byte("first")}, fingerprint.Options{})
 	id := store.ID{Scope: "anonymous", Key: "k"}
-	res, err := e.mem.Claim(context.Background(), store.ClaimRequest{ID: id, Fingerprint: fp, Lease: DefaultLease, Retention: DefaultRetention})
+	res, err := e.mem.Claim(context.Background(), store.ClaimRequest{ID: id, Fingerprint: fp, Lease: claim.DefaultLease, Retention: claim.DefaultRetention})
 	if err != nil || !res.Takeover {
 		t.Fatalf("takeover %+v %v", res, err)
 	}

@@ -4,85 +4,29 @@
 //
 // For a protected request (POST and PATCH by default) the middleware parses the
 // key, fingerprints the request (package fingerprint), and claims (scope, key)
-// in a store.Store with a lease. Then, one row of the decision table applies:
-//
-//	method not protected                      pass through, key ignored
-//	key missing, required (default)           400 idempotency_key_missing
-//	key missing, optional                     pass through, nothing stored
-//	key invalid (empty, only spaces, over      400 idempotency_key_invalid
-//	  255 bytes) or several header lines,
-//	  or refused by the store (ErrInvalid)
-//	scope over store.MaxScopeLen (1024 bytes) 400 idempotency_scope_invalid
-//	  or ScopeFromHeader's header on several
-//	  lines
-//	request body over the limit (1 MiB)       413 request_too_large
-//	new key, or expired lease (takeover)      run the handler once, store the response
-//	same key and fingerprint, completed       replay status, headers, exact body bytes
-//	                                          + "Idempotent-Replayed: true"
-//	same key and fingerprint, lease live      409 request_in_flight, Retry-After:
-//	                                          the route's recent handler duration
-//	                                          (whole seconds, rounded up), at least
-//	                                          1 s, at most the rest of the lease
-//	same key and fingerprint, lease live,     wait up to the bound for the original:
-//	  WithWaitInFlight                          its replay, or run if it released the
-//	                                            key or its lease expired; past the
-//	                                            bound 409 as above
-//	same key, other fingerprint               422 key_reused_with_different_payload
-//	same key, record made under another        422 fingerprint_rule_changed
-//	  fingerprint rule (FingerprintRule.Body)
-//	body not JSON under a JSON rule            400 request_body_not_json
-//	key refused by KeyRule.Validate            400 idempotency_key_invalid
-//	handler answers 5xx/408/409/425/429,      release the claim, then send the
-//	  panics (re-panicked) or hijacks           response (held until released, so an
-//	                                            immediate retry runs, never a 409)
-//	no application route answered (a         release the claim; the corrected
-//	  ServeMux's own 404/405, or a router's     request with the same key runs
-//	  answer wrapped with Unrouted)
-//	client hangs up while the handler runs    the handler's context is not cancelled;
-//	                                            its whole response is stored and
-//	                                            replayed (WithCancelOnDisconnect:
-//	                                            cancelled, and released when it stops
-//	                                            early)
-//	response incomplete: body shorter than    release the claim (no truncated answer
-//	  its Content-Length                        for every retry)
-//	handler completed the record in its own   nothing more stored; the committed
-//	  transaction (MarkCompleted)               record is what retries replay
-//	response body over the cap (1 MiB)        streamed untouched, stored with body
-//	                                          omitted; replay adds
-//	                                          "Idempotency-Replay: omitted"
-//	store error or hung store (no answer      503 store_unavailable, Retry-After
-//	  within the claim bound, 5 s)              (or run unprotected: WithStoreFailure,
-//	                                            FailOpen);
-//	                                          logged once per outage (its start, a
-//	                                          count every minute, its end), each
-//	                                          request at debug level
-//	completion fails (store error, or no      the response goes out after that one
-//	  answer within the complete bound)         attempt; completion is retried in the
-//	                                            background while the lease is held,
-//	                                            for at most one lease; duplicates get
-//	                                            409 meanwhile (Event.CompletionPending)
-//	release fails (store error or hung)       the answer goes out after that one
-//	                                            attempt; released in the background,
-//	                                            fenced by the token
-//	lease lost while the handler runs         its context is cancelled with cause
-//	  (a renewal finds it taken over)           store.ErrLeaseLost; its response is
-//	                                            not stored (package claim)
-//	completion refused (lease taken over)     logged with slog; nothing overwritten
+// in a store.Store with a lease; then exactly one row of the decision table of
+// docs/architecture.md section 3 applies (a new key runs the handler once and
+// stores its answer, a retry gets the replay, a duplicate in flight 409, another
+// payload under the key 422, a missing or invalid key 400, a store that cannot
+// answer 503). That table is the one normative statement of the decisions; the
+// tests check it row by row.
 //
 // Errors are RFC 9457 application/problem+json with type, title, status, detail
 // and a stable code member (see the Code constants).
 //
 // # Options
 //
-// New takes fourteen options, one per decision (docs/options.md): WithMethods,
-// WithKey, WithRequestFingerprint, WithLease, WithRecordRetention, WithReplay,
-// WithRelease, WithStoreFailure, WithWaitInFlight, WithCancelOnDisconnect,
-// WithObserver, WithLogger, WithProblems and WithClock. Those taking a rule (a
-// struct) keep the setting of each field left zero. The options of v0.1.0 they
-// replace are deprecated and go in the next minor release.
+// New takes one option per decision (docs/options.md). The decisions every entry
+// point makes are package policy's: WithKey, WithLease, WithRecordRetention,
+// WithStoreFailure and WithWaitInFlight, or all of them at once with
+// WithPolicy(policy.Config), the value the gRPC interceptor and idem take too.
+// The HTTP ones are WithMethods, WithRequestFingerprint, WithReplay, WithRelease,
+// WithProblems, WithCancelOnDisconnect, WithObserver, WithLogger and WithClock.
+// Each option sets its whole decision: a zero field is the documented default,
+// and a later option replaces an earlier one (docs/architecture.md section 3.1).
 //
 // The handler reads the scope and key with KeyFromContext, and its claim (fencing
-// token included) with ClaimFromContext.
+// token included) with claim.FromContext.
 //
 // # Which guarantee holds for which handler
 //
@@ -93,7 +37,7 @@
 //
 //   - Own Postgres data: exactly once. The handler completes the record in its own
 //     transaction with the response it sends (store/postgres CommitResponse, or
-//     CompleteTx and MarkCompleted), fenced by the claim's token: the rows and the
+//     CompleteTx and claim.MarkCompleted), fenced by the claim's token: the rows and the
 //     record commit together, and a holder whose lease was taken over cannot commit.
 //   - External side effects (a payment provider): pass the key, or a key derived
 //     from it, downstream; the provider deduplicates on it.
@@ -254,14 +198,12 @@ const preRetryAfter = 120
 
 // New returns a middleware claiming keys in s, scoped by scope, configured by
 // opts (docs/options.md). Both s and scope are required: a global scope must be
-// chosen explicitly (GlobalScope). It fails on a nil store or scope, a lease
-// under MinLease, a retention shorter than the lease or a maximum retention
-// shorter than the retention, negative body limits, store timeouts or
-// Retry-After, a renewal timeout longer than the lease, no protected method, a
-// header name (the key's, the replay marks', the replay allow and deny lists')
-// or method that is not an RFC 9110 token, a negative wait bound, a nil route,
-// release policy or clock, a problem type base that is not an absolute URI, or
-// problem members that cannot be rendered (ProblemRule.Members).
+// chosen explicitly (GlobalScope). It fails on a nil store or scope, on a
+// policy value out of range (policy.Config.Validate), and on an HTTP setting out
+// of range: a negative body limit, no protected method, a replay header name or
+// method that is not an RFC 9110 token, a nil clock, a problem type base that is
+// not an absolute URI, problem members that cannot be rendered. The error names
+// the field or option.
 func New(s store.Store, scope ScopeFunc, opts ...Option) (*Middleware, error) {
 	if s == nil {
 		return nil, errors.New("idemkey/middleware: nil store")

@@ -18,7 +18,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemkey/idemkey/claim"
 	"github.com/idemkey/idemkey/fingerprint"
+	"github.com/idemkey/idemkey/policy"
 	"github.com/idemkey/idemkey/store"
 	"github.com/idemkey/idemkey/store/memory"
 )
@@ -33,22 +35,21 @@ func TestNewRequiresStoreAndScope(t *testing.T) {
 	}{
 		{"nil store", nil, GlobalScope, nil},
 		{"nil scope", st, nil, nil},
-		{"zero lease", st, GlobalScope, []Option{WithLease(0)}},
 		{"lease of 1ns", st, GlobalScope, []Option{WithLease(time.Nanosecond)}},
-		{"lease under MinLease", st, GlobalScope, []Option{WithLease(MinLease - time.Millisecond)}},
-		{"retention below lease", st, GlobalScope, []Option{WithLease(time.Minute), WithRecordRetention(RetentionRule{Default: time.Second})}},
+		{"lease under claim.MinLease", st, GlobalScope, []Option{WithLease(claim.MinLease - time.Millisecond)}},
+		{"retention below lease", st, GlobalScope, []Option{WithLease(time.Minute), WithRecordRetention(policy.RetentionRule{Default: time.Second})}},
 		{"negative body limit", st, GlobalScope, []Option{WithReplay(ReplayRule{MaxBody: -1})}},
 		// No request carries it: every client would get a 400 for a missing key.
-		{"key header with a space", st, GlobalScope, []Option{WithKey(KeyRule{Header: "Idempotency Key"})}},
+		{"key header with a space", st, GlobalScope, []Option{WithKey(policy.KeyRule{Header: "Idempotency Key"})}},
 		{"replayed header with a colon", st, GlobalScope, []Option{WithReplay(ReplayRule{ReplayedHeader: "Replayed:"})}},
-		{"key header with a colon", st, GlobalScope, []Option{WithKey(KeyRule{Header: "Idempotency-Key:"})}},
+		{"key header with a colon", st, GlobalScope, []Option{WithKey(policy.KeyRule{Header: "Idempotency-Key:"})}},
 		{"replayed header not a token", st, GlobalScope, []Option{WithReplay(ReplayRule{ReplayedHeader: "Replayed\r\nX"})}},
 		{"omitted header not a token", st, GlobalScope, []Option{WithReplay(ReplayRule{OmittedHeader: "a b"})}},
 		{"no methods", st, GlobalScope, []Option{WithMethods()}},
 		{"empty method", st, GlobalScope, []Option{WithMethods("POST", "")}},
 		{"method with a space", st, GlobalScope, []Option{WithMethods("POST ")}},
-		{"negative store timeout", st, GlobalScope, []Option{WithStoreFailure(StoreFailureRule{Timeouts: StoreTimeouts{Complete: -time.Second}})}},
-		{"renewal timeout over the lease", st, GlobalScope, []Option{WithLease(time.Second), WithStoreFailure(StoreFailureRule{Timeouts: StoreTimeouts{Renew: 2 * time.Second}})}},
+		{"negative store timeout", st, GlobalScope, []Option{WithStoreFailure(policy.StoreFailureRule{Timeouts: claim.Timeouts{Complete: -time.Second}})}},
+		{"renewal timeout over the lease", st, GlobalScope, []Option{WithLease(time.Second), WithStoreFailure(policy.StoreFailureRule{Timeouts: claim.Timeouts{Renew: 2 * time.Second}})}},
 		{"negative request body limit", st, GlobalScope, []Option{WithRequestFingerprint(FingerprintRule{MaxBody: -1})}},
 		{"nil clock", st, GlobalScope, []Option{WithClock(nil)}},
 	}
@@ -61,11 +62,11 @@ func TestNewRequiresStoreAndScope(t *testing.T) {
 		t.Fatalf("defaults: %v", err)
 	}
 	for name, opts := range map[string][]Option{
-		"MinLease":                 {WithLease(MinLease)},
-		"retention equal to lease": {WithLease(time.Minute), WithRecordRetention(RetentionRule{Default: time.Minute})},
-		"zero store timeouts":      {WithStoreFailure(StoreFailureRule{Timeouts: StoreTimeouts{}})},
-		"renewal timeout = lease":  {WithLease(time.Second), WithStoreFailure(StoreFailureRule{Timeouts: StoreTimeouts{Renew: time.Second}})},
-		"custom header names":      {WithKey(KeyRule{Header: "X-Idem-Key"}), WithReplay(ReplayRule{ReplayedHeader: "Idempotency-Replayed"})},
+		"claim.MinLease":           {WithLease(claim.MinLease)},
+		"retention equal to lease": {WithLease(time.Minute), WithRecordRetention(policy.RetentionRule{Default: time.Minute})},
+		"zero store timeouts":      {WithStoreFailure(policy.StoreFailureRule{Timeouts: claim.Timeouts{}})},
+		"renewal timeout = lease":  {WithLease(time.Second), WithStoreFailure(policy.StoreFailureRule{Timeouts: claim.Timeouts{Renew: time.Second}})},
+		"custom header names":      {WithKey(policy.KeyRule{Header: "X-Idem-Key"}), WithReplay(ReplayRule{ReplayedHeader: "Idempotency-Replayed"})},
 	} {
 		if _, err := New(st, GlobalScope, opts...); err != nil {
 			t.Errorf("%s: %v", name, err)
@@ -123,7 +124,7 @@ func TestKeyMissingOptional(t *testing.T) {
 			t.Error("key in context without a key")
 		}
 		echoHandler(w, r)
-	}, WithKey(KeyRule{Optional: true}))
+	}, WithKey(policy.KeyRule{Optional: true}))
 	for range 2 {
 		if w := e.do(req("POST", "/x", "", "body")); w.Code != http.StatusCreated || w.Body.String() != "body" {
 			t.Fatalf("%d %q", w.Code, w.Body)
@@ -222,7 +223,7 @@ func FuzzParseKey(f *testing.F) {
 			}
 			return
 		}
-		if k == "" || len(k) > MaxKeyLen {
+		if k == "" || len(k) > store.MaxKeyLen {
 			t.Fatalf("accepted key of %d bytes", len(k))
 		}
 		for i := 0; i < len(k); i++ {
@@ -248,7 +249,7 @@ func TestQuotedAndBareKeyAreOneKey(t *testing.T) {
 }
 
 func TestKeyHeaderConfigurable(t *testing.T) {
-	e := newEnv(t, echoHandler, WithKey(KeyRule{Header: "x-request-key"}))
+	e := newEnv(t, echoHandler, WithKey(policy.KeyRule{Header: "x-request-key"}))
 	r := req("POST", "/x", "", "a", "X-Request-Key", "k")
 	e.do(r)
 	w := e.do(req("POST", "/x", "", "a", "X-Request-Key", "k"))
@@ -581,7 +582,7 @@ func (e *env) claimAsDeadHolder(method, path, body, key string) store.Token {
 		e.t.Fatal(err)
 	}
 	res, err := e.mem.Claim(context.Background(), store.ClaimRequest{
-		ID: store.ID{Scope: "anonymous", Key: key}, Fingerprint: fp, Lease: DefaultLease, Retention: DefaultRetention})
+		ID: store.ID{Scope: "anonymous", Key: key}, Fingerprint: fp, Lease: claim.DefaultLease, Retention: claim.DefaultRetention})
 	if err != nil || res.Outcome != store.Claimed {
 		e.t.Fatalf("claim: %+v %v", res, err)
 	}
@@ -594,7 +595,7 @@ func TestTakeoverAfterLeaseExpiry(t *testing.T) {
 	e := newEnv(t, echoHandler)
 	stale := e.claimAsDeadHolder("POST", "/x", "b", "k")
 	checkProblem(t, e.do(req("POST", "/x", "k", "b")), http.StatusConflict, CodeInFlight)
-	e.now.Add(DefaultLease + time.Millisecond)
+	e.now.Add(claim.DefaultLease + time.Millisecond)
 	w := e.do(req("POST", "/x", "k", "b"))
 	if w.Code != http.StatusCreated || e.calls.Load() != 1 {
 		t.Fatalf("takeover: %d calls %d", w.Code, e.calls.Load())
@@ -634,7 +635,7 @@ func TestStaleHolderCompletionRefused(t *testing.T) {
 	done := make(chan *httptest.ResponseRecorder)
 	go func() { done <- e.do(req("POST", "/x", "k", "b")) }()
 	<-entered
-	e.now.Add(DefaultLease + time.Second)
+	e.now.Add(claim.DefaultLease + time.Second)
 	if w := e.do(req("POST", "/x", "k", "b")); w.Body.String() != "fresh" {
 		t.Fatalf("takeover answered %q", w.Body)
 	}
@@ -819,7 +820,7 @@ func TestStorageCapOption(t *testing.T) {
 
 // Row: store unreachable -> 503 with Retry-After (fail closed).
 func TestStoreErrorFailsClosed(t *testing.T) {
-	e := newEnv(t, echoHandler, WithStoreFailure(StoreFailureRule{RetryAfter: 2500 * time.Millisecond}))
+	e := newEnv(t, echoHandler, WithStoreFailure(policy.StoreFailureRule{RetryAfter: 2500 * time.Millisecond}))
 	e.st.claimErr = errors.New("connection refused")
 	w := e.do(req("POST", "/x", "k", "b"))
 	checkProblem(t, w, http.StatusServiceUnavailable, CodeStoreUnavailable)
@@ -837,7 +838,7 @@ func TestStoreErrorFailsClosed(t *testing.T) {
 // reports a client mistake: 400, never 503, also when failing open.
 func TestStoreRefusesKey(t *testing.T) {
 	for _, failOpen := range []bool{false, true} {
-		e := newEnv(t, echoHandler, WithStoreFailure(StoreFailureRule{FailOpen: failOpen}))
+		e := newEnv(t, echoHandler, WithStoreFailure(policy.StoreFailureRule{FailOpen: failOpen}))
 		e.st.claimErr = fmt.Errorf("postgres: %w: scope and key over 2048 bytes", store.ErrInvalid)
 		w := e.do(req("POST", "/x", "k", "b"))
 		checkProblem(t, w, http.StatusBadRequest, CodeKeyInvalid)
@@ -895,7 +896,7 @@ func attr(r slog.Record, name string) string {
 func TestStoreOutageLoggedOnce(t *testing.T) {
 	for _, failOpen := range []bool{false, true} {
 		logs := &logRecorder{}
-		e := newEnv(t, echoHandler, WithLogger(slog.New(logs)), WithStoreFailure(StoreFailureRule{FailOpen: failOpen}))
+		e := newEnv(t, echoHandler, WithLogger(slog.New(logs)), WithStoreFailure(policy.StoreFailureRule{FailOpen: failOpen}))
 		level := slog.LevelError
 		if failOpen {
 			level = slog.LevelWarn
@@ -1000,7 +1001,7 @@ func TestStoreErrorFailOpen(t *testing.T) {
 			t.Error("key missing in fail-open context")
 		}
 		echoHandler(w, r)
-	}, WithStoreFailure(StoreFailureRule{FailOpen: true}))
+	}, WithStoreFailure(policy.StoreFailureRule{FailOpen: true}))
 	e.st.claimErr = errors.New("timeout")
 	if w := e.do(req("POST", "/x", "k", "b")); w.Code != http.StatusCreated || w.Body.String() != "b" {
 		t.Fatalf("%d %q", w.Code, w.Body)
@@ -1159,10 +1160,10 @@ func TestRenewalStopsOnLeaseLost(t *testing.T) {
 	go e.do(req("POST", "/x", "k", "first"))
 	<-entered
 	// Another process takes the key over after the lease expires.
-	e.now.Add(DefaultLease + time.Second)
+	e.now.Add(claim.DefaultLease + time.Second)
 	fp, _ := fingerprint.Sum(fingerprint.Request{Method: "POST", Route: "/x", Body: []byte("first")}, fingerprint.Options{})
 	res, err := e.mem.Claim(context.Background(), store.ClaimRequest{ID: store.ID{Scope: "anonymous", Key: "k"},
-		Fingerprint: fp, Lease: DefaultLease, Retention: DefaultRetention})
+		Fingerprint: fp, Lease: claim.DefaultLease, Retention: claim.DefaultRetention})
 	if err != nil || !res.Takeover {
 		t.Fatalf("takeover %+v %v", res, err)
 	}

@@ -85,14 +85,6 @@ type Event struct {
 	Status int
 	// Takeover is set when the claim took over an expired lease.
 	Takeover bool
-	// CompleteRetries counts Complete calls retried on the request's path. It is
-	// 0 since this release: the middleware makes one attempt, and when it fails
-	// the retries run in the background after the answer (CompletionPending).
-	//
-	// Deprecated: always 0; read CompletionPending. Removed in the next minor
-	// release, with the observers' idemkey_complete_retries_total and
-	// idemkey.complete_retries.
-	CompleteRetries int
 	// CompletionPending is set on Executed when the attempt to store the response
 	// failed (Err says why) while the lease was held: the client got the
 	// handler's response at once, and completion is retried in the background,
@@ -101,7 +93,7 @@ type Event struct {
 	// logged (the Event is not sent again).
 	CompletionPending bool
 	// InTransaction is set on Executed when the handler completed the record in its
-	// own transaction (MarkCompleted) and the middleware did not call Complete.
+	// own transaction (claim.MarkCompleted) and the middleware did not call Complete.
 	InTransaction bool
 	// StoreLatency is the time spent in store calls on the request's path (claim,
 	// then complete or release); renewals are not counted. It includes the claims

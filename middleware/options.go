@@ -5,49 +5,28 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"net/textproto"
 	"time"
 
 	"github.com/idemkey/idemkey/claim"
 	"github.com/idemkey/idemkey/internal/httpfield"
+	"github.com/idemkey/idemkey/policy"
 )
 
 // Defaults of the options.
 const (
-	// DefaultKeyHeader is the request header carrying the key (IETF draft section 2).
-	DefaultKeyHeader = "Idempotency-Key"
 	// DefaultReplayedHeader marks a replayed response with the value "true".
 	DefaultReplayedHeader = "Idempotent-Replayed"
 	// DefaultOmittedHeader is set to "omitted" on a replay whose body was over the
 	// storage cap.
 	DefaultOmittedHeader = "Idempotency-Replay"
-	// DefaultLease is how long a claim is exclusive without renewal
-	// (claim.DefaultLease).
-	DefaultLease = claim.DefaultLease
-	// MinLease is the shortest lease New accepts (claim.MinLease): the lease is
-	// renewed every third of it, and a shorter one would make renewals spin and
-	// duplicates take over a live handler's key.
-	MinLease = claim.MinLease
-	// DefaultRetention is how long a record is kept and replayed.
-	DefaultRetention = claim.DefaultRetention
 	// DefaultMaxRequestBody is the fingerprint limit in bytes (1 MiB); a larger
 	// request body is answered 413.
 	DefaultMaxRequestBody int64 = 1 << 20
 	// DefaultMaxStoredBody is the storage cap in bytes (1 MiB); a larger response
 	// streams through and is stored with its body omitted.
 	DefaultMaxStoredBody = 1 << 20
-	// DefaultStoreRetryAfter is the Retry-After of a 503 when the store fails.
-	DefaultStoreRetryAfter = time.Second
-	// DefaultStoreTimeout bounds each Claim, Complete and Release call
-	// (StoreFailureRule.Timeouts); Renew's default is a third of the lease, at most this.
-	DefaultStoreTimeout = claim.DefaultStoreTimeout
 )
-
-// StoreTimeouts bound the store calls (StoreFailureRule.Timeouts; claim.Timeouts). A
-// zero field keeps its default; a call that runs out of time is a store error: a
-// claim is answered 503 store_unavailable with Retry-After, a completion is
-// retried while the lease is held, a release or renewal is logged (the lease then
-// ends on its own).
-type StoreTimeouts = claim.Timeouts
 
 // DefaultDenyHeaders are never stored for replay, whatever the allow list says:
 // cookies, Date, Content-Length (recomputed for the replayed body), the hop-by-hop
@@ -66,6 +45,8 @@ var DefaultDenyHeaders = []string{
 type Option func(*config)
 
 type config struct {
+	pol policy.Config // the shared decisions as the options set them; New resolves them into the fields below
+
 	keyHeader       string
 	methods         []string
 	required        bool
@@ -83,23 +64,19 @@ type config struct {
 	failOpen        bool
 	releaseUnrouted bool
 	storeRetryAfter time.Duration
-	timeouts        StoreTimeouts
+	timeouts        claim.Timeouts
 	cancelOnGone    bool
 	wait            time.Duration
 	observer        Observer
 	problemMembers  func(code, detail string) map[string]any
 	logger          *slog.Logger
-	clock           Clock
-	featureConfig   // FingerprintRule.Body, ReplayRule.OnReplay, KeyRule.Validate, ProblemRule.TypeBase, RetentionRule.Max
+	clock           claim.Clock
+	featureConfig   // features.go
 }
 
 func defaultConfig() config {
 	return config{
-		keyHeader:       DefaultKeyHeader,
 		methods:         []string{http.MethodPost, http.MethodPatch},
-		required:        true,
-		lease:           DefaultLease,
-		retention:       DefaultRetention,
 		maxRequestBody:  DefaultMaxRequestBody,
 		maxStoredBody:   DefaultMaxStoredBody,
 		route:           defaultRoute,
@@ -107,7 +84,6 @@ func defaultConfig() config {
 		omittedHeader:   DefaultOmittedHeader,
 		release:         DefaultReleasePolicy,
 		releaseUnrouted: true,
-		storeRetryAfter: DefaultStoreRetryAfter,
 		clock:           claim.RealClock{},
 	}
 }
@@ -116,24 +92,30 @@ func defaultConfig() config {
 // (FingerprintRule.Route).
 func defaultRoute(r *http.Request) string { return r.URL.EscapedPath() }
 
-// validate checks what package claim does not (it checks the lease, the
-// retention and the store timeouts): the HTTP knobs.
+// validate checks the shared decisions (policy.Config.Validate) and the HTTP
+// ones, then resolves the shared ones into the fields the requests read.
 func (c *config) validate() error {
+	if err := c.pol.Validate(); err != nil {
+		return fmt.Errorf("idemkey/middleware: %w", err)
+	}
+	p := c.pol.WithDefaults()
+	c.keyHeader = textproto.CanonicalMIMEHeaderKey(p.Key.Header)
+	c.required, c.keyValidator = !p.Key.Optional, p.Key.Validate
+	c.lease, c.retention, c.maxRetention = p.Lease, p.Retention.Default, p.Retention.Max
+	c.timeouts, c.storeRetryAfter, c.failOpen = p.StoreFailure.Timeouts, p.StoreFailure.RetryAfter, p.StoreFailure.FailOpen
+	c.wait = p.WaitInFlight
 	switch {
-	case c.maxRequestBody < 0 || c.maxStoredBody < 0:
-		return fmt.Errorf("idemkey/middleware: negative body limit (request %d, stored %d bytes)", c.maxRequestBody, c.maxStoredBody)
-	case !httpfield.ValidName(c.keyHeader) || !httpfield.ValidName(c.replayedHeader) || !httpfield.ValidName(c.omittedHeader):
-		// A key header no request can carry would answer every client 400.
-		return fmt.Errorf("idemkey/middleware: header names %q, %q, %q: each must be a token (RFC 9110 section 5.1)",
-			c.keyHeader, c.replayedHeader, c.omittedHeader)
+	case c.maxRequestBody < 0:
+		return fmt.Errorf("idemkey/middleware: FingerprintRule.MaxBody %d must not be negative", c.maxRequestBody)
+	case c.maxStoredBody < 0:
+		return fmt.Errorf("idemkey/middleware: ReplayRule.MaxBody %d must not be negative", c.maxStoredBody)
+	case !httpfield.ValidName(c.replayedHeader) || !httpfield.ValidName(c.omittedHeader):
+		return fmt.Errorf("idemkey/middleware: ReplayRule.ReplayedHeader %q and OmittedHeader %q must be tokens (RFC 9110 section 5.1)",
+			c.replayedHeader, c.omittedHeader)
 	case len(c.methods) == 0:
 		return errors.New("idemkey/middleware: no protected method (WithMethods)")
-	case c.route == nil || c.release == nil || c.clock == nil:
-		return errors.New("idemkey/middleware: nil route, release policy or clock")
-	case c.wait < 0:
-		return fmt.Errorf("idemkey/middleware: wait bound %v must not be negative", c.wait)
-	case c.storeRetryAfter < 0:
-		return fmt.Errorf("idemkey/middleware: store Retry-After %v must not be negative", c.storeRetryAfter)
+	case c.clock == nil:
+		return errors.New("idemkey/middleware: WithClock(nil)")
 	}
 	for _, meth := range c.methods {
 		if !httpfield.ValidName(meth) { // a method is a token too (RFC 9110 section 9.1)
@@ -145,7 +127,7 @@ func (c *config) validate() error {
 	for _, list := range [][]string{c.allow, c.deny} {
 		for _, h := range list {
 			if !httpfield.ValidName(h) {
-				return fmt.Errorf("idemkey/middleware: replay header %q is not a header field name (RFC 9110 section 5.1)", h)
+				return fmt.Errorf("idemkey/middleware: ReplayRule header %q is not a header field name (RFC 9110 section 5.1)", h)
 			}
 		}
 	}
@@ -172,10 +154,10 @@ func WithMethods(methods ...string) Option {
 	return func(c *config) { c.methods = append([]string(nil), methods...) }
 }
 
-// WithLease sets the claim lease (default 10s; at least MinLease, at most the
-// retention; New refuses others).
-// The lease is renewed every third of it while the handler runs.
-func WithLease(d time.Duration) Option { return func(c *config) { c.lease = d } }
+// WithLease sets the claim lease (policy.Config.Lease: 0 is claim.DefaultLease,
+// else at least claim.MinLease and at most the retention; renewed every third of
+// it while the handler runs).
+func WithLease(d time.Duration) Option { return func(c *config) { c.pol.Lease = d } }
 
 // WithCancelOnDisconnect(true) gives the handler the request's own context, which
 // net/http cancels when the client disconnects. The default (false) keeps the
@@ -203,19 +185,13 @@ func WithLogger(l *slog.Logger) Option { return func(c *config) { c.logger = l }
 // one; New refuses nil). Tests use it to fire renewals without sleeping. If clk also has a method
 // Now() time.Time, it measures handler durations too (the estimate behind a
 // 409's Retry-After).
-func WithClock(clk Clock) Option { return func(c *config) { c.clock = clk } }
+func WithClock(clk claim.Clock) Option { return func(c *config) { c.clock = clk } }
 
 // nowOf returns clk's Now if it has one, else monotonic: the middleware only
 // subtracts its readings.
-func nowOf(clk Clock, monotonic func() time.Time) func() time.Time {
+func nowOf(clk claim.Clock, monotonic func() time.Time) func() time.Time {
 	if n, ok := clk.(interface{ Now() time.Time }); ok {
 		return n.Now
 	}
 	return monotonic
 }
-
-// Clock schedules lease renewals and completion back-offs (claim.Clock).
-type Clock = claim.Clock
-
-// Timer is a scheduled call, like *time.Timer (claim.Timer).
-type Timer = claim.Timer

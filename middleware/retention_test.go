@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemkey/idemkey/claim"
+	"github.com/idemkey/idemkey/policy"
 	"github.com/idemkey/idemkey/store"
 )
 
@@ -24,14 +26,14 @@ func TestSetRetention(t *testing.T) {
 	var claimed []time.Duration
 	handler := func(w http.ResponseWriter, r *http.Request) {
 		d, _ := time.ParseDuration(r.Header.Get("X-Keep"))
-		if err := SetRetention(r.Context(), d); err != nil {
-			t.Errorf("SetRetention(%v): %v", d, err)
+		if err := claim.SetRetention(r.Context(), d); err != nil {
+			t.Errorf("claim.SetRetention(%v): %v", d, err)
 		}
-		c, _ := ClaimFromContext(r.Context())
+		c, _ := claim.FromContext(r.Context())
 		claimed = append(claimed, c.Retention)
 		w.WriteHeader(http.StatusUnprocessableEntity)
 	}
-	e := newEnv(t, handler, WithRecordRetention(RetentionRule{Max: 30 * 24 * time.Hour}))
+	e := newEnv(t, handler, WithRecordRetention(policy.RetentionRule{Max: 30 * 24 * time.Hour}))
 	e.do(req("POST", "/p", "short", "x", "X-Keep", "10m"))
 	e.do(req("POST", "/p", "long", "x", "X-Keep", "720h"))
 	e.do(req("POST", "/p", "over", "x", "X-Keep", "9000h"))
@@ -40,7 +42,7 @@ func TestSetRetention(t *testing.T) {
 		t.Fatalf("kept %v, want 10m, 720h, 720h (clamped)", got)
 	}
 	if claimed[0] != 10*time.Minute || claimed[2] != 720*time.Hour {
-		t.Errorf("Claim.Retention %v", claimed)
+		t.Errorf("claim.Claim.Retention %v", claimed)
 	}
 	// Past ten minutes the short record is gone: the key runs again.
 	e.now.Add(11 * time.Minute)
@@ -53,10 +55,10 @@ func TestSetRetention(t *testing.T) {
 
 func TestSetRetentionDefaultMaximumIsTheRetention(t *testing.T) {
 	e := newEnv(t, func(w http.ResponseWriter, r *http.Request) {
-		if err := SetRetention(r.Context(), 30*24*time.Hour); err != nil {
+		if err := claim.SetRetention(r.Context(), 30*24*time.Hour); err != nil {
 			t.Error(err)
 		}
-	}, WithRecordRetention(RetentionRule{Default: 2 * time.Hour}))
+	}, WithRecordRetention(policy.RetentionRule{Default: 2 * time.Hour}))
 	e.do(req("POST", "/p", "k", "x"))
 	if got := e.kept(t, "k"); got != 2*time.Hour {
 		t.Fatalf("kept %v, want the retention (2h): the default maximum", got)
@@ -64,21 +66,21 @@ func TestSetRetentionDefaultMaximumIsTheRetention(t *testing.T) {
 }
 
 func TestSetRetentionRefused(t *testing.T) {
-	if err := SetRetention(context.Background(), time.Hour); !errors.Is(err, ErrNoClaim) {
+	if err := claim.SetRetention(context.Background(), time.Hour); !errors.Is(err, claim.ErrNoClaim) {
 		t.Errorf("no claim: %v", err)
 	}
 	var late context.Context
 	e := newEnv(t, func(w http.ResponseWriter, r *http.Request) {
-		if err := SetRetention(r.Context(), 0); !errors.Is(err, store.ErrInvalid) {
+		if err := claim.SetRetention(r.Context(), 0); !errors.Is(err, store.ErrInvalid) {
 			t.Errorf("zero retention: %v", err)
 		}
 		late = r.Context()
 	})
 	e.do(req("POST", "/p", "k", "x"))
-	if err := SetRetention(late, time.Hour); !errors.Is(err, ErrNoClaim) {
+	if err := claim.SetRetention(late, time.Hour); !errors.Is(err, claim.ErrNoClaim) {
 		t.Errorf("after the handler returned: %v", err)
 	}
-	if got := e.kept(t, "k"); got != DefaultRetention {
+	if got := e.kept(t, "k"); got != claim.DefaultRetention {
 		t.Errorf("kept %v", got)
 	}
 }

@@ -1,81 +1,23 @@
 package middleware
 
 import (
+	"cmp"
 	"net/http"
 	"net/textproto"
-	"time"
 
 	"github.com/idemkey/idemkey/fingerprint"
+	"github.com/idemkey/idemkey/policy"
 )
 
-// The options that take a rule (WithKey, WithRequestFingerprint,
-// WithRecordRetention, WithReplay, WithRelease, WithStoreFailure, WithProblems)
-// each configure one decision, in several fields. A field left zero keeps its
-// setting: the default, or what an earlier option of the same kind set; so
-// WithKey(KeyRule{Optional: true}) changes only whether a key is required. The
-// zero of each field is documented beside it; a value that is not zero and
-// invalid (a header name that is no token, a negative duration or size) makes
-// New fail. See docs/options.md.
+// The options that take a rule (WithRequestFingerprint, WithReplay, WithRelease,
+// WithProblems, and those of package policy's rules: WithKey, WithRecordRetention,
+// WithStoreFailure, WithPolicy) each set one whole decision: a field left zero
+// is its documented default, never what an earlier option set, so a later option
+// always wins, back to the default included (docs/architecture.md section 3.1).
+// A value out of range makes New fail with an error naming the field.
 
-// fields marks the fields of a rule that the deprecated single-value options
-// (deprecated.go) set, zero values included, so that WithKeyHeader("") still
-// makes New fail and WithKeyRequired(true) still undoes WithKeyRequired(false).
-// It goes with them.
-type fields uint8
-
-// sets reports whether a rule's field is to be applied: it is not zero, or a
-// deprecated option set it.
-func (f fields) sets(bit fields, nonZero bool) bool { return nonZero || f&bit != 0 }
-
-// The bits of fields, by the field's position in its rule.
-const (
-	field1 fields = 1 << iota
-	field2
-	field3
-	field4
-	field5
-	field6
-)
-
-// KeyRule says where a request's idempotency key is read and which keys are
-// accepted (WithKey).
-type KeyRule struct {
-	// Header is the request header carrying the key. "": DefaultKeyHeader
-	// (IETF draft section 2). New refuses a name that is not an RFC 9110 token
-	// (section 5.1): a key header no request can carry would answer every client 400.
-	Header string
-	// Optional lets a protected request without a key pass through unprotected,
-	// nothing stored. false (the default): it is answered 400
-	// idempotency_key_missing.
-	Optional bool
-	// Validate is a rule on keys, applied after ParseKey accepted the key: a key
-	// it refuses is answered 400 idempotency_key_invalid with the error's text as
-	// the problem's detail (so write it for the client: say what a key must look
-	// like), nothing stored, the handler not run. UUIDKeys is one such rule. The
-	// IETF draft asks servers to publish their key format and validate every key
-	// against it (draft-ietf-httpapi-idempotency-key-header-07, section 5). It
-	// runs on each protected request with a key, concurrently, before the claim.
-	// nil: no rule beyond ParseKey's. See docs/request-rules.md section 3.
-	Validate func(key string) error
-
-	set fields
-}
-
-// WithKey sets where the key is read and which keys are accepted (see KeyRule;
-// its zero fields keep their settings).
-func WithKey(k KeyRule) Option {
-	return func(c *config) {
-		if k.set.sets(field1, k.Header != "") {
-			c.keyHeader = textproto.CanonicalMIMEHeaderKey(k.Header)
-		}
-		if k.set.sets(field2, k.Optional) {
-			c.required = !k.Optional
-		}
-		if k.set.sets(field3, k.Validate != nil) {
-			c.keyValidator = k.Validate
-		}
-	}
-}
+// WithKey sets where the key is read and which keys are accepted (policy.KeyRule).
+func WithKey(k policy.KeyRule) Option { return func(c *config) { c.pol.Key = k } }
 
 // FingerprintRule says what makes a retry the same request (WithRequestFingerprint):
 // the fingerprint covers the method, the route, the query, the
@@ -117,54 +59,26 @@ type FingerprintRule struct {
 	// larger body is answered 413 request_too_large. 0: DefaultMaxRequestBody
 	// (1 MiB). New refuses a negative limit.
 	MaxBody int64
-
-	set fields
 }
 
 // WithRequestFingerprint sets what makes a retry the same request (see
-// FingerprintRule; its zero fields keep their settings).
+// FingerprintRule).
 func WithRequestFingerprint(f FingerprintRule) Option {
 	return func(c *config) {
-		if f.set.sets(field1, f.Route != nil) {
-			c.route = f.Route
+		c.route, c.fpRule, c.canonicalJSON, c.maxRequestBody = f.Route, f.Body, f.CanonicalJSON, f.MaxBody
+		if c.route == nil {
+			c.route = defaultRoute
 		}
-		if f.set.sets(field2, f.Body != nil) {
-			c.fpRule = f.Body
-		}
-		if f.set.sets(field3, f.CanonicalJSON) {
-			c.canonicalJSON = f.CanonicalJSON
-		}
-		if f.set.sets(field4, f.MaxBody != 0) {
-			c.maxRequestBody = f.MaxBody
+		if c.maxRequestBody == 0 {
+			c.maxRequestBody = DefaultMaxRequestBody
 		}
 	}
 }
 
-// RetentionRule says how long records are kept and replayed (WithRecordRetention).
-type RetentionRule struct {
-	// Default is how long a record is kept and replayed, counted from its
-	// completion on the store's clock. 0: DefaultRetention (24 h). New refuses a
-	// retention shorter than the lease.
-	Default time.Duration
-	// Max is the longest retention SetRetention may give a record. 0: Default, so
-	// a handler may only shorten its record's life. New refuses a maximum shorter
-	// than Default, or negative.
-	Max time.Duration
-
-	set fields
-}
-
-// WithRecordRetention sets how long records are kept and replayed (see
-// RetentionRule; its zero fields keep their settings).
-func WithRecordRetention(r RetentionRule) Option {
-	return func(c *config) {
-		if r.set.sets(field1, r.Default != 0) {
-			c.retention = r.Default
-		}
-		if r.set.sets(field2, r.Max != 0) {
-			c.maxRetention = r.Max
-		}
-	}
+// WithRecordRetention sets how long records are kept and replayed
+// (policy.RetentionRule).
+func WithRecordRetention(r policy.RetentionRule) Option {
+	return func(c *config) { c.pol.Retention = r }
 }
 
 // ReplayRule says what a replay carries besides the stored status and body, and
@@ -178,8 +92,7 @@ type ReplayRule struct {
 	// New refuses a name that is not an RFC 9110 token.
 	Headers []string
 	// DenyHeaders are response headers never replayed, added to
-	// DefaultDenyHeaders (and to those of an earlier WithReplay). New refuses a
-	// name that is not an RFC 9110 token.
+	// DefaultDenyHeaders. New refuses a name that is not an RFC 9110 token.
 	DenyHeaders []string
 	// MaxBody is the storage cap in bytes: a response body over it streams to
 	// the client untouched and is stored with its body omitted (store.Response
@@ -204,30 +117,21 @@ type ReplayRule struct {
 	// concurrently for concurrent replays. nil: no hook. See
 	// docs/request-rules.md section 2.
 	OnReplay func(r *http.Request, h http.Header)
-
-	set fields
 }
 
-// WithReplay sets what a replay carries and how it is marked (see ReplayRule;
-// its zero fields keep their settings, DenyHeaders adds to the list).
+// WithReplay sets what a replay carries and how it is marked (see ReplayRule).
 func WithReplay(p ReplayRule) Option {
 	return func(c *config) {
-		if p.set.sets(field1, p.Headers != nil) {
+		c.allow, c.deny = nil, append([]string(nil), p.DenyHeaders...)
+		if p.Headers != nil {
 			c.allow = append([]string{}, p.Headers...)
 		}
-		c.deny = append(c.deny, p.DenyHeaders...)
-		if p.set.sets(field3, p.MaxBody != 0) {
-			c.maxStoredBody = p.MaxBody
+		c.maxStoredBody, c.onReplay = p.MaxBody, p.OnReplay
+		if c.maxStoredBody == 0 {
+			c.maxStoredBody = DefaultMaxStoredBody
 		}
-		if p.set.sets(field4, p.ReplayedHeader != "") {
-			c.replayedHeader = textproto.CanonicalMIMEHeaderKey(p.ReplayedHeader)
-		}
-		if p.set.sets(field5, p.OmittedHeader != "") {
-			c.omittedHeader = textproto.CanonicalMIMEHeaderKey(p.OmittedHeader)
-		}
-		if p.set.sets(field6, p.OnReplay != nil) {
-			c.onReplay = p.OnReplay
-		}
+		c.replayedHeader = textproto.CanonicalMIMEHeaderKey(cmp.Or(p.ReplayedHeader, DefaultReplayedHeader))
+		c.omittedHeader = textproto.CanonicalMIMEHeaderKey(cmp.Or(p.OmittedHeader, DefaultOmittedHeader))
 	}
 }
 
@@ -245,62 +149,29 @@ type ReleaseRule struct {
 	// so a client whose first try had the wrong method or path can send the
 	// corrected request with the same key.
 	StoreUnrouted bool
-
-	set fields
 }
 
-// WithRelease sets which answers release the claim (see ReleaseRule; its zero
-// fields keep their settings).
+// WithRelease sets which answers release the claim (see ReleaseRule).
 func WithRelease(r ReleaseRule) Option {
 	return func(c *config) {
-		if r.set.sets(field1, r.Status != nil) {
-			c.release = r.Status
-		}
-		if r.set.sets(field2, r.StoreUnrouted) {
-			c.releaseUnrouted = !r.StoreUnrouted
+		c.release, c.releaseUnrouted = r.Status, !r.StoreUnrouted
+		if c.release == nil {
+			c.release = DefaultReleasePolicy
 		}
 	}
-}
-
-// StoreFailureRule says how long the store may take and what a request gets when
-// it fails (WithStoreFailure).
-type StoreFailureRule struct {
-	// Timeouts are the deadlines of the store calls (see StoreTimeouts; its zero
-	// fields are the defaults, negative ones make New fail; a zero StoreTimeouts
-	// keeps the setting). A hung store then answers 503 within the Claim bound
-	// instead of holding the request for the client's whole timeout. Stores that
-	// never wait on I/O (store.InProcess, the memory store) run without deadlines.
-	Timeouts StoreTimeouts
-	// RetryAfter is the Retry-After of the 503 answered when the store fails,
-	// sent in whole seconds, rounded down as every Retry-After the middleware
-	// sends, and at least 1. 0: DefaultStoreRetryAfter (1 s). New refuses a
-	// negative one.
-	RetryAfter time.Duration
-	// FailOpen runs the handler unprotected when the store cannot answer a claim,
-	// instead of the default 503 store_unavailable (fail closed). The key is still
-	// in the request context, so an idempotent write downstream still
-	// deduplicates. A store that answers but is full (store.ErrFull) is still
-	// answered 503: a flood of new keys must not turn the protection off.
-	FailOpen bool
-
-	set fields
 }
 
 // WithStoreFailure sets the store calls' deadlines and the answer when the store
-// fails (see StoreFailureRule; its zero fields keep their settings).
-func WithStoreFailure(s StoreFailureRule) Option {
-	return func(c *config) {
-		if s.set.sets(field1, s.Timeouts != StoreTimeouts{}) {
-			c.timeouts = s.Timeouts
-		}
-		if s.set.sets(field2, s.RetryAfter != 0) {
-			c.storeRetryAfter = s.RetryAfter
-		}
-		if s.set.sets(field3, s.FailOpen) {
-			c.failOpen = s.FailOpen
-		}
-	}
+// fails (policy.StoreFailureRule).
+func WithStoreFailure(s policy.StoreFailureRule) Option {
+	return func(c *config) { c.pol.StoreFailure = s }
 }
+
+// WithPolicy sets every shared decision at once (policy.Config): the same value
+// configures the gRPC interceptor (middleware/grpc) and idem.Runner. It is
+// WithKey, WithLease, WithRecordRetention, WithStoreFailure and WithWaitInFlight
+// of c's fields, in that order.
+func WithPolicy(p policy.Config) Option { return func(c *config) { c.pol = p } }
 
 // ProblemRule says how the middleware's problem details (RFC 9457) look beyond
 // their type, title, status, detail and code (WithProblems).
@@ -339,19 +210,10 @@ type ProblemRule struct {
 	// reference page, which shows "message" and branches on "error"
 	// (docs/account-service.md section 1.3). nil: none.
 	Members func(code, detail string) map[string]any
-
-	set fields
 }
 
 // WithProblems sets the type base and extension members of the middleware's
-// problems (see ProblemRule; its zero fields keep their settings).
+// problems (see ProblemRule).
 func WithProblems(p ProblemRule) Option {
-	return func(c *config) {
-		if p.set.sets(field1, p.TypeBase != "") {
-			c.typeBase = p.TypeBase
-		}
-		if p.set.sets(field2, p.Members != nil) {
-			c.problemMembers = p.Members
-		}
-	}
+	return func(c *config) { c.typeBase, c.problemMembers = p.TypeBase, p.Members }
 }

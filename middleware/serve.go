@@ -257,7 +257,7 @@ func (m *Middleware) decide(w http.ResponseWriter, r *http.Request, next http.Ha
 		m.writeProblem(w, c, http.StatusUnprocessableEntity, m.mismatchBody(context.WithoutCancel(ctx), id), 0)
 		m.observe(ctx, Event{Decision: Mismatch, ID: id, Status: http.StatusUnprocessableEntity, StoreLatency: a.latency, Waited: a.waited})
 	case store.Claimed:
-		cl := Claim{ID: id, Token: res.Token, Fingerprint: fp, Takeover: res.Takeover, Retention: m.retention,
+		cl := claim.Claim{ID: id, Token: res.Token, Fingerprint: fp, Takeover: res.Takeover, Retention: m.retention,
 			CompleteTimeout: m.timeouts.Complete}
 		if c.header == nil {
 			c.header = make(http.Header)
@@ -339,7 +339,7 @@ func (c *call) headerValues(n int) []string {
 // WithCancelOnDisconnect is on: a hang-up must not stop a side effect half way.
 // A lost lease cancels it, with cause store.ErrLeaseLost (package claim: the
 // claim's context cancels itself when detached).
-func (x *execution) handlerRequest(r *http.Request, cl Claim, body []byte) *http.Request {
+func (x *execution) handlerRequest(r *http.Request, cl claim.Claim, body []byte) *http.Request {
 	parent := r.Context()
 	hr := &x.hr
 	if x.m.cancelOnGone {
@@ -359,7 +359,7 @@ func (x *execution) handlerRequest(r *http.Request, cl Claim, body []byte) *http
 // read as its body.
 func unprotectedRequest(r *http.Request, id store.ID, body []byte) *http.Request {
 	hr := &handlerReq{}
-	hr.ctx.Set(r.Context(), Claim{ID: id}, nil)
+	hr.ctx.Set(r.Context(), claim.Claim{ID: id}, nil)
 	hr.req = *r.WithContext(&hr.ctx)
 	hr.body.Reset(body)
 	hr.req.Body = &hr.body

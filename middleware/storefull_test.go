@@ -12,13 +12,14 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemkey/idemkey/policy"
 	"github.com/idemkey/idemkey/store"
 	"github.com/idemkey/idemkey/store/memory"
 )
 
 // Row: store full (a bounded memory store refused a new key) -> 503
 // store_unavailable with Retry-After, decision StoreFull, the handler never
-// runs, also with StoreFailureRule.FailOpen; the keys the store holds are still answered,
+// runs, also with policy.StoreFailureRule.FailOpen; the keys the store holds are still answered,
 // and no outage is logged.
 func TestStoreFullFailsClosed(t *testing.T) {
 	for _, failOpen := range []bool{false, true} {
@@ -27,7 +28,7 @@ func TestStoreFullFailsClosed(t *testing.T) {
 			var calls atomic.Int32
 			var events []Event
 			var logs bytes.Buffer
-			m, err := New(st, GlobalScope, WithStoreFailure(StoreFailureRule{FailOpen: failOpen}), WithStoreFailure(StoreFailureRule{RetryAfter: 3 * time.Second}),
+			m, err := New(st, GlobalScope, WithStoreFailure(policy.StoreFailureRule{FailOpen: failOpen, RetryAfter: 3 * time.Second}),
 				WithLogger(slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelInfo}))),
 				WithObserver(ObserverFunc(func(_ context.Context, e Event) { events = append(events, e) })))
 			if err != nil {

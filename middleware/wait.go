@@ -32,8 +32,9 @@ const (
 // wake-up is not cut short by the client leaving (unless WithCancelOnDisconnect),
 // only by the claim timeout, like the request's first claim: what it finds is
 // then served as usual (a replay written to a gone client, or a run of the
-// handler, whose answer is stored for the retry). Default 0: no waiting.
-// Negative values make New fail.
+// handler, whose answer is stored for the retry). It sets
+// policy.Config.WaitInFlight: 0, the default, is no waiting; New refuses a
+// negative d.
 //
 // The wait is woken by the store's notification when it implements
 // store.Waiter (memory: an in-process channel; postgres: LISTEN/NOTIFY on one
@@ -42,10 +43,10 @@ const (
 // with back-off (1 ms doubling to 250 ms). A waiting duplicate makes one Wait
 // call and one more Claim per wake-up: a duplicate that waits for one completion
 // costs three store calls instead of one. Each Claim runs under the claim
-// timeout (StoreFailureRule.Timeouts); the wait itself is bounded by d, by the remaining
+// timeout (policy.StoreFailureRule.Timeouts); the wait itself is bounded by d, by the remaining
 // lease and by the request's context (its deadline, its client leaving), not by
 // the store timeouts (docs/architecture.md section 3).
-func WithWaitInFlight(d time.Duration) Option { return func(c *config) { c.wait = d } }
+func WithWaitInFlight(d time.Duration) Option { return func(c *config) { c.pol.WaitInFlight = d } }
 
 // waitInFlight waits, while res is InFlight and the bound allows, for the claim
 // to end and claims again. It returns the last claim's answer (InFlight when the

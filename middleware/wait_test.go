@@ -13,7 +13,9 @@ import (
 	"testing/synctest"
 	"time"
 
+	"github.com/idemkey/idemkey/claim"
 	"github.com/idemkey/idemkey/fingerprint"
+	"github.com/idemkey/idemkey/policy"
 	"github.com/idemkey/idemkey/store"
 	"github.com/idemkey/idemkey/store/memory"
 )
@@ -371,13 +373,13 @@ func (h hangingReclaim) Claim(ctx context.Context, r store.ClaimRequest) (store.
 func (h hangingReclaim) InProcess() bool { return false }
 
 // TestWaitInFlightReclaimBounded: the claim after a wake-up runs under the claim
-// timeout (StoreFailureRule.Timeouts): a store that hangs then answers 503 within it.
+// timeout (policy.StoreFailureRule.Timeouts): a store that hangs then answers 503 within it.
 func TestWaitInFlightReclaimBounded(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		st := hangingReclaim{&waitCounter{Store: memory.New()}}
 		gate := make(chan struct{})
 		m, err := New(st, GlobalScope, WithWaitInFlight(time.Minute), WithLogger(discardLogger()),
-			WithStoreFailure(StoreFailureRule{Timeouts: StoreTimeouts{Claim: time.Second}}))
+			WithStoreFailure(policy.StoreFailureRule{Timeouts: claim.Timeouts{Claim: time.Second}}))
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -16,7 +16,8 @@
 // A claim that is refused answers, in the same call, why: Completed (with the stored
 // record), InFlight (with the remaining lease) or Mismatch (the key was used for a
 // request with another fingerprint). Lease deadlines and retention run on the
-// store's clock, never the application's.
+// store's clock, never the application's (store/dynamodb, whose server has no
+// clock in its expressions, is the exception: docs/architecture.md section 3).
 package store
 
 import (

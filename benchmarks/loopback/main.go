@@ -47,6 +47,7 @@ import (
 	"time"
 
 	"github.com/idemkey/idemkey/middleware"
+	"github.com/idemkey/idemkey/policy"
 	"github.com/idemkey/idemkey/store/memory"
 )
 
@@ -261,7 +262,7 @@ func serve(mode string) {
 	if mode != "bare" {
 		// first keeps every key of a run: a bound far above it.
 		m, err := middleware.New(memory.New(memory.WithMaxBytes(1<<40)), middleware.ScopeFromHeader("X-Client-ID", "anonymous"),
-			middleware.WithRecordRetention(middleware.RetentionRule{Default: 24 * time.Hour}), middleware.WithLogger(slog.New(slog.DiscardHandler)))
+			middleware.WithRecordRetention(policy.RetentionRule{Default: 24 * time.Hour}), middleware.WithLogger(slog.New(slog.DiscardHandler)))
 		if err != nil {
 			log.Fatal(err)
 		}

@@ -20,8 +20,10 @@ import (
 	idem3 "github.com/gofiber/fiber/v3/middleware/idempotency"
 	"github.com/valyala/fasthttp"
 
+	"github.com/idemkey/idemkey/claim"
 	"github.com/idemkey/idemkey/fingerprint"
 	"github.com/idemkey/idemkey/middleware"
+	"github.com/idemkey/idemkey/policy"
 	"github.com/idemkey/idemkey/store"
 	"github.com/idemkey/idemkey/store/memory"
 )
@@ -148,7 +150,7 @@ func BenchmarkIdemkey(b *testing.B) {
 		// "first" keeps every key of a run: a bound far above it (the default
 		// 64 MiB fills in a long run), still checked on every new key.
 		m, err := middleware.New(memory.New(memory.WithMaxBytes(1<<40)), middleware.ScopeFromHeader("X-Client-ID", "anonymous"),
-			middleware.WithRecordRetention(middleware.RetentionRule{Default: lifetime}), middleware.WithLogger(slog.New(slog.DiscardHandler)))
+			middleware.WithRecordRetention(policy.RetentionRule{Default: lifetime}), middleware.WithLogger(slog.New(slog.DiscardHandler)))
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -225,7 +227,7 @@ func BenchmarkParts(b *testing.B) {
 	resp := store.Response{Status: http.StatusCreated, Header: http.Header{"Content-Type": {"application/json"}}, Body: answer}
 	claim := func(s *memory.Store, key string) store.ClaimResult {
 		res, err := s.Claim(ctx, store.ClaimRequest{ID: store.ID{Scope: "tenant-1", Key: key}, Fingerprint: fp,
-			Lease: middleware.DefaultLease, Retention: lifetime})
+			Lease: claim.DefaultLease, Retention: lifetime})
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -263,7 +265,7 @@ func BenchmarkParts(b *testing.B) {
 	})
 	b.Run("nullstore/first", func(b *testing.B) {
 		m, err := middleware.New(nullStore{}, middleware.ScopeFromHeader("X-Client-ID", "anonymous"),
-			middleware.WithRecordRetention(middleware.RetentionRule{Default: lifetime}), middleware.WithLogger(slog.New(slog.DiscardHandler)))
+			middleware.WithRecordRetention(policy.RetentionRule{Default: lifetime}), middleware.WithLogger(slog.New(slog.DiscardHandler)))
 		if err != nil {
 			b.Fatal(err)
 		}

@@ -5,14 +5,17 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"time"
 
 	"github.com/idemkey/idemkey/celeriant"
+	"github.com/idemkey/idemkey/celeriant/internal/sleep"
 )
 
 // clusterState is the role of each node of a Cluster. Guarded by Sim.mu.
 type clusterState struct {
-	addrs  []string
-	leader int // index into addrs; -1 while no node leads (an election)
+	addrs       []string
+	leader      int    // index into addrs; -1 while no node leads (an election)
+	onNotLeader func() // called after a node answers a write it may not take
 }
 
 // Cluster is a small simulated Celeriant cluster (docs/celeriant-protocol.md section
@@ -38,11 +41,24 @@ func NewCluster(nodes int, opts Options) (*Cluster, error) {
 	if nodes < 1 {
 		return nil, errors.New("celeriantsim: a cluster needs at least one node")
 	}
+	addrs := make([]string, nodes)
+	for i := range addrs {
+		addrs[i] = "127.0.0.1:0"
+	}
+	return ListenCluster(addrs, opts)
+}
+
+// ListenCluster starts a cluster with one node listening on each of addrs (port 0: a
+// free port), node 0 the leader, with opts for the shared log. Close stops it.
+func ListenCluster(addrs []string, opts Options) (*Cluster, error) {
+	if len(addrs) < 1 {
+		return nil, errors.New("celeriantsim: a cluster needs at least one node")
+	}
 	s := New(opts)
 	st := &clusterState{}
 	var lns []net.Listener
-	for range nodes {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
+	for _, addr := range addrs {
+		ln, err := net.Listen("tcp", addr)
 		if err != nil {
 			for _, l := range lns {
 				_ = l.Close()
@@ -88,22 +104,57 @@ func (c *Cluster) ChangeLeader(to int) {
 	c.cluster.leader = to
 }
 
+// OnNotLeader sets f to be called (without the simulator's lock) each time a node
+// answers a write or trim that only the leader may take; nil removes it. Tests use it
+// to change the leader while a request is being refused.
+func (c *Cluster) OnNotLeader(f func()) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.cluster.onNotLeader = f
+}
+
+// Elections changes the leader on a schedule until ctx ends: every period, no node
+// leads for election (every write is answered 2011 with "{}"), then the next node
+// leads. It returns the number of leader changes when ctx ends.
+func (c *Cluster) Elections(ctx context.Context, period, election time.Duration) int {
+	changes := 0
+	for {
+		if sleep.Ctx(ctx, period) != nil {
+			return changes
+		}
+		next := (c.Leader() + 1) % len(c.Addrs())
+		c.ChangeLeader(-1)
+		err := sleep.Ctx(ctx, election)
+		c.ChangeLeader(next)
+		changes++
+		if err != nil {
+			return changes
+		}
+	}
+}
+
 // notLeader returns the answer of node to a write (trim: 3005), or nil when node may
 // take it: a standalone Sim (node < 0) or the cluster's leader.
 func (s *Sim) notLeader(node int, trim bool) *celeriant.ServerError {
 	s.mu.Lock()
-	defer s.mu.Unlock()
 	if s.cluster == nil || node < 0 || node == s.cluster.leader {
+		s.mu.Unlock()
 		return nil
 	}
 	code := celeriant.CodeWriteNotLeader
 	if trim {
 		code = celeriant.CodeTrimNotLeader
 	}
-	if s.cluster.leader < 0 {
-		return celeriant.NewServerError(code, "{}")
+	msg := "{}"
+	if s.cluster.leader >= 0 {
+		msg = jsonMsg("leader_address", s.cluster.addrs[s.cluster.leader])
 	}
-	return celeriant.NewServerError(code, jsonMsg("leader_address", s.cluster.addrs[s.cluster.leader]))
+	hook := s.cluster.onNotLeader
+	s.mu.Unlock()
+	if hook != nil {
+		hook()
+	}
+	return celeriant.NewServerError(code, msg)
 }
 
 // visibilityGap reports the rejections a leader checks again after the writes in

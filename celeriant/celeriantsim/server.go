@@ -186,11 +186,15 @@ func (ss *session) gate(corr uuid.UUID, mutates bool) action {
 	return reply
 }
 
-// gateLeader is gate for a write (trim false) or trim: also 2011 or 3005 on a
+// gateLeader is gate for a write (trim false) or trim by clientID: also 10003 when
+// clientID is not the connection's verified identity, then 2011 or 3005 on a
 // follower, the connection staying open.
-func (ss *session) gateLeader(corr uuid.UUID, trim bool) action {
+func (ss *session) gateLeader(corr, clientID uuid.UUID, trim bool) action {
 	if a := ss.gate(corr, true); a != reply {
 		return a
+	}
+	if serr := mismatch(&ss.st, clientID); serr != nil {
+		return ss.refuse(corr, serr, false)
 	}
 	if serr := ss.s.notLeader(ss.node, trim); serr != nil {
 		return ss.refuse(corr, serr, false)
@@ -222,7 +226,7 @@ func (ss *session) handle(h wire.Header, body []byte) ([]byte, action) {
 		if err != nil {
 			return bad("write", err)
 		}
-		if a := ss.gateLeader(req.CorrelationID, false); a != reply {
+		if a := ss.gateLeader(req.CorrelationID, req.ClientID, false); a != reply {
 			return nil, a
 		}
 		res, err, lost := s.serveWrite(ctx, &req)
@@ -252,7 +256,7 @@ func (ss *session) handle(h wire.Header, body []byte) ([]byte, action) {
 		if err != nil {
 			return bad("trim", err)
 		}
-		if a := ss.gateLeader(req.CorrelationID, true); a != reply {
+		if a := ss.gateLeader(req.CorrelationID, req.ClientID, true); a != reply {
 			return nil, a
 		}
 		_ = s.wait(ctx)

@@ -17,9 +17,11 @@
 // heartbeats, latency batching and merging, dropping a subscriber that falls behind.
 //
 // Over TCP it answers the Identify handshake with API keys (Options.APIKeys,
-// Options.RequireIdentity) and then compresses large answers, as the server does.
+// Options.RequireIdentity) and RSA identities (any key whose signed nonce verifies;
+// writes and trims must then carry its client id), then compresses large answers, as
+// the server does.
 //
-// What it leaves out: delete, list, schemas, the RSA identity of Identify, compressed
+// What it leaves out: delete, list, schemas, compressed
 // requests, replication lag and rollbacks (a Cluster has leader and followers; inject
 // 2007/2012 with InjectWriteError), bincode (protocol version 2).
 //

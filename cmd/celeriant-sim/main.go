@@ -9,6 +9,13 @@
 // ms); API_KEY a read-write API key (standard base64 of 32 bytes) that an Identify must
 // present, and REQUIRE_IDENTITY=true the server's --require-client-identity. It prints
 // "listening on ADDR" once ready and stops on SIGINT/SIGTERM. The log is in memory only.
+//
+// Cluster mode: NODES=n (default 1) serves n nodes over one log, node 0 on ADDR and
+// node i on ADDR's port plus i (port 0: free ports), node 0 leading; it prints one
+// "listening on ADDR" line per node, node 0's first. LEADER_EVERY (a Go duration,
+// default 0: never) holds an election that often: no node leads for ELECTION (default
+// 300ms; every write is answered 2011 with "{}"), then the next node leads. Give a
+// client every node: CELERIANT_ADDR=host:p0,host:p1,... in the examples.
 package main
 
 import (
@@ -17,6 +24,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"os"
 	"os/signal"
 	"strconv"
@@ -100,6 +108,13 @@ func run(ctx context.Context, stdout io.Writer, getenv func(string) string) erro
 		return err
 	}
 	opts.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	nodes, err := envInt(getenv, "NODES")
+	if err != nil {
+		return err
+	}
+	if nodes > 1 {
+		return runCluster(ctx, stdout, getenv, addr, nodes, opts)
+	}
 	sim := celeriantsim.New(opts)
 	ln, err := sim.ListenAndServe(addr)
 	if err != nil {
@@ -108,4 +123,58 @@ func run(ctx context.Context, stdout io.Writer, getenv func(string) string) erro
 	fmt.Fprintf(stdout, "listening on %s\n", ln.Addr())
 	<-ctx.Done()
 	return sim.Close()
+}
+
+// runCluster serves NODES nodes from addr's port on (see the package doc), holding
+// elections every LEADER_EVERY for ELECTION, until ctx is done.
+func runCluster(ctx context.Context, stdout io.Writer, getenv func(string) string, addr string, nodes int, opts celeriantsim.Options) error {
+	every, err := envDuration(getenv, "LEADER_EVERY", 0)
+	if err != nil {
+		return err
+	}
+	election, err := envDuration(getenv, "ELECTION", 300*time.Millisecond)
+	if err != nil {
+		return err
+	}
+	host, portText, err := net.SplitHostPort(addr)
+	if err != nil {
+		return fmt.Errorf("ADDR=%q: %w", addr, err)
+	}
+	port, err := strconv.Atoi(portText)
+	if err != nil || port < 0 || port+nodes > 65536 {
+		return fmt.Errorf("ADDR=%q: want a port that leaves room for %d nodes", addr, nodes)
+	}
+	addrs := make([]string, nodes)
+	for i := range addrs {
+		p := 0
+		if port > 0 {
+			p = port + i
+		}
+		addrs[i] = net.JoinHostPort(host, strconv.Itoa(p))
+	}
+	cl, err := celeriantsim.ListenCluster(addrs, opts)
+	if err != nil {
+		return err
+	}
+	for _, a := range cl.Addrs() {
+		fmt.Fprintf(stdout, "listening on %s\n", a)
+	}
+	if every > 0 {
+		go cl.Elections(ctx, every, election)
+	}
+	<-ctx.Done()
+	return cl.Close()
+}
+
+// envDuration reads a non-negative Go duration, def when unset.
+func envDuration(getenv func(string) string, name string, def time.Duration) (time.Duration, error) {
+	v := getenv(name)
+	if v == "" {
+		return def, nil
+	}
+	d, err := time.ParseDuration(v)
+	if err != nil || d < 0 {
+		return 0, fmt.Errorf("%s=%q: want a non-negative Go duration", name, v)
+	}
+	return d, nil
 }

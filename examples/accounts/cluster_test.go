@@ -3,9 +3,13 @@ package accounts
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/google/uuid"
 
 	"github.com/idemkey/idemkey/celeriant"
 	"github.com/idemkey/idemkey/celeriant/celeriantsim"
@@ -128,4 +132,72 @@ func TestStormAcrossLeaderChange(t *testing.T) {
 		}
 		t.Logf("%d of %d distinct requests landed", len(e.events(acct))-1, n)
 	})
+}
+
+// TestStormAcrossElections: two replicas, each with its own client configured with
+// every node, deposit under distinct keys (each to its own account, so that no
+// refusal comes from contention), each request sent by both replicas at
+// once, while the simulated cluster holds an election of 300 ms every 400 ms (no
+// leader: every write is answered 2011 with "{}"). Each client waits out an election
+// within the request's budget (5 s here), so no request fails as unavailable (a 503
+// over HTTP) and each key lands exactly once.
+func TestStormAcrossElections(t *testing.T) {
+	if testing.Short() {
+		t.Skip("a storm of a few seconds")
+	}
+	ctx := context.Background()
+	mk := func(_ *testing.T, clock *testclock.Clock, window time.Duration) Projection {
+		return NewMemoryProjection(WithMemoryClock(clock.Now), WithMemoryWindow(window))
+	}
+	e, cl, pods := newClusterEnv(t, mk)
+	acct := func(k int) uuid.UUID { return acctID(fmt.Sprintf("election-storm-%s-%d", t.Name(), k)) }
+	stormCtx, stop := context.WithCancel(ctx)
+	changes := make(chan int, 1)
+	go func() { changes <- cl.Elections(stormCtx, 100*time.Millisecond, 300*time.Millisecond) }()
+
+	const keys, workers = 600, 16
+	var unavailable atomic.Int64
+	next := atomic.Int64{}
+	var wg sync.WaitGroup
+	for range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for k := int(next.Add(1)); k <= keys; k = int(next.Add(1)) {
+				var inner sync.WaitGroup
+				for _, p := range pods {
+					inner.Add(1)
+					go func() {
+						defer inner.Done()
+						rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+						defer cancel()
+						_, err := p.Deposit(rctx, acct(k), 1, eid("election-storm", k))
+						switch {
+						case errors.Is(err, ErrUnavailable):
+							unavailable.Add(1)
+						case err != nil:
+							t.Errorf("key %d: %v", k, err)
+						}
+					}()
+				}
+				inner.Wait()
+			}
+		}()
+	}
+	wg.Wait()
+	stop()
+	n := <-changes
+	if n < 3 {
+		t.Fatalf("only %d leader changes during the storm", n)
+	}
+	if u := unavailable.Load(); u != 0 {
+		t.Errorf("%d of %d answers unavailable (503) across %d leader changes", u, 2*keys, n)
+	}
+	for k := 1; k <= keys; k++ {
+		if c := e.countID(acct(k), eid("election-storm", k)); c != 1 {
+			t.Errorf("key %d landed %d times", k, c)
+		}
+	}
+	t.Logf("%d requests (%d keys, each from both replicas) across %d leader changes with 300 ms elections: %d unavailable",
+		2*keys, keys, n, unavailable.Load())
 }

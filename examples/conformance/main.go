@@ -7,10 +7,11 @@
 // Environment (docs/architecture.md section 6; see package setup):
 //
 //	ADDR                listen address, default 127.0.0.1:8080
-//	IDEM_STORE          memory (default), postgres, redis, tiered or mysql
+//	IDEM_STORE          memory (default), postgres, redis, tiered, mysql or dynamodb
 //	DATABASE_URL        Postgres, for postgres and tiered
 //	REDIS_URL           Redis, for redis and tiered
 //	MYSQL_DSN           MySQL or MariaDB (go-sql-driver DSN), for mysql
+//	AWS_REGION, DYNAMODB_ENDPOINT  DynamoDB's region or a local endpoint, for dynamodb
 //	IDEM_LEASE          lease of a claim, Go duration, default 10s
 //	IDEM_RETENTION      how long responses are replayed, default 24h
 //	IDEM_MEMORY_MAX_BYTES  the memory store's bound in bytes, default 64 MiB; 0: none
@@ -37,6 +38,7 @@ import (
 	"github.com/idemkey/idemkey/examples/internal/serve"
 	"github.com/idemkey/idemkey/examples/internal/setup"
 	"github.com/idemkey/idemkey/middleware"
+	"github.com/idemkey/idemkey/policy"
 	"github.com/idemkey/idemkey/store"
 	"github.com/idemkey/idemkey/store/memory"
 	"github.com/idemkey/idemkey/store/postgres"
@@ -78,7 +80,7 @@ func newHandler(env setup.Env, st store.Store, forget forgetFunc, logger *slog.L
 	f := makeFixture(forget)
 	opts := []middleware.Option{
 		middleware.WithLease(env.Lease),
-		middleware.WithRecordRetention(middleware.RetentionRule{Default: env.Retention}),
+		middleware.WithRecordRetention(policy.RetentionRule{Default: env.Retention}),
 		middleware.WithLogger(logger),
 	}
 	if env.ReplayHeader != "" {
@@ -116,6 +118,12 @@ func newStore(ctx context.Context, env setup.Env, conns *setup.Conns, logger *sl
 			return nil, nil, err
 		}
 		return st, forgetSQL(conns.MySQL, env.IdemTable), nil
+	case "dynamodb": // /reset moves to a new scope generation, as on memory
+		st, err := setup.DynamoDBStore(ctx, env, logger)
+		if err != nil {
+			return nil, nil, err
+		}
+		return st, nil, nil
 	}
 	pg, err := postgres.New(conns.Pool, postgres.WithTable(env.IdemTable), postgres.WithLogger(logger))
 	if err == nil {

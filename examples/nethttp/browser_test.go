@@ -25,6 +25,7 @@ type pageCard struct {
 // pageWrite is one line of the page's write log.
 type pageWrite struct {
 	Op, Status, Notes, Text string
+	Message                 string // the status line the write showed on its card
 	Balance, Version        int64
 	Replayed                bool
 }
@@ -43,7 +44,8 @@ type pageWrite struct {
 //     can bring it;
 //   - "Deposit twice" while the simulator is slow: the copy, sent with the same key
 //     while the first runs, ends with the original's answer (200, the same balance
-//     and version, marked replayed), and the account holds one deposit.
+//     and version, marked replayed, its status line labelled a replay), and the
+//     account holds one deposit.
 func TestPageInBrowser(t *testing.T) {
 	ctx := browsertest.New(t, 2*time.Minute)
 	sim := celeriantsim.New(celeriantsim.Options{})
@@ -87,7 +89,7 @@ func TestPageInBrowser(t *testing.T) {
 		t.Helper()
 		poll(strconv.Itoa(n)+" writes in the log", `document.querySelectorAll("#log li[data-done]").length >= `+strconv.Itoa(n))
 		list, err := chromedp.Run(ctx, chromedp.Evaluate[[]pageWrite](`Array.from(document.querySelectorAll("#log li")).map(li => ({
-			Op: li.dataset.op, Status: li.dataset.status || "", Notes: li.dataset.notes || "", Text: li.textContent,
+			Op: li.dataset.op, Status: li.dataset.status || "", Notes: li.dataset.notes || "", Text: li.textContent, Message: li.dataset.message || "",
 			Balance: +(li.dataset.balance || 0), Version: +(li.dataset.version || 0), Replayed: li.dataset.replayed === "1" }))`))
 		if err != nil {
 			t.Fatal(err)
@@ -178,7 +180,12 @@ func TestPageInBrowser(t *testing.T) {
 		copy.Version != first.Version || first.Replayed || !copy.Replayed {
 		t.Fatalf("deposit twice: original %+v, copy %+v; want both 200 with the original's balance and version, the copy replayed", first, copy)
 	}
-	t.Logf("the copy: %s", copy.Text)
+	// The copy's status line says it is a replay, never "Deposit (copy) successful."
+	// (which reads as a second deposit); the original's says it succeeded.
+	if first.Message != "Deposit successful." || !strings.HasPrefix(copy.Message, "Deposit replayed:") || strings.Contains(copy.Message, "successful") {
+		t.Fatalf("deposit twice: the original says %q, the copy %q; want \"Deposit successful.\" and a replay label", first.Message, copy.Message)
+	}
+	t.Logf("the copy: %s (%q)", copy.Text, copy.Message)
 	hist := apptest.Do(t, "GET", r1.URL+"/api/accounts/"+accounts.AliceID.String()+"/history", "", "", "")
 	var h struct {
 		Events []struct {

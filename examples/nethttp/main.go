@@ -34,6 +34,7 @@ import (
 	"github.com/idemkey/idemkey/examples/internal/setup"
 	"github.com/idemkey/idemkey/middleware"
 	idemprom "github.com/idemkey/idemkey/observer/prometheus"
+	"github.com/idemkey/idemkey/policy"
 	"github.com/idemkey/idemkey/store"
 	"github.com/idemkey/idemkey/store/memory"
 	"github.com/idemkey/idemkey/store/postgres"
@@ -66,7 +67,7 @@ func wire(ctx context.Context, env setup.Env, conns *setup.Conns, logger *slog.L
 
 	// Keys are scoped by the principal accountsapp.ClientID puts in the context.
 	idem, err := middleware.New(st, middleware.ScopeFromPrincipal(accountsapp.AnonymousScope),
-		middleware.WithLease(env.Lease), middleware.WithRecordRetention(middleware.RetentionRule{Default: env.Retention}),
+		middleware.WithLease(env.Lease), middleware.WithRecordRetention(policy.RetentionRule{Default: env.Retention}),
 		// A retry racing the original waits for its answer (IDEM_WAIT, default 5s).
 		middleware.WithWaitInFlight(env.Wait),
 		// Its problems carry error and message too, as the API's own (the
@@ -97,7 +98,7 @@ func wire(ctx context.Context, env setup.Env, conns *setup.Conns, logger *slog.L
 // newStore builds the idempotency store IDEM_STORE names on the shared
 // connections, and what of it the metrics export. Postgres decides every claim
 // of the postgres and tiered stores; tiered puts Redis in front as a cache;
-// mysql keeps the records in MySQL or MariaDB (MYSQL_DSN).
+// mysql keeps the records in MySQL or MariaDB (MYSQL_DSN), dynamodb in DynamoDB.
 func newStore(ctx context.Context, env setup.Env, conns *setup.Conns, logger *slog.Logger) (store.Store, []idemprom.CollectorOption, error) {
 	switch env.Store {
 	case "memory":
@@ -112,6 +113,12 @@ func newStore(ctx context.Context, env setup.Env, conns *setup.Conns, logger *sl
 			return nil, nil, err
 		}
 		return ms, []idemprom.CollectorOption{idemprom.WithClaimRetries(func() int64 { return ms.Stats().ClaimRetries })}, nil
+	case "dynamodb":
+		ds, err := setup.DynamoDBStore(ctx, env, logger)
+		if err != nil {
+			return nil, nil, err
+		}
+		return ds, nil, nil
 	}
 	pg, err := postgres.New(conns.Pool, postgres.WithTable(env.IdemTable), postgres.WithLogger(logger))
 	if err == nil {

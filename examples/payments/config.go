@@ -7,7 +7,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/idemkey/idemkey/middleware"
+	"github.com/idemkey/idemkey/claim"
 )
 
 // errConfig reports an environment the server cannot run with; main exits 2.
@@ -36,6 +36,12 @@ type config struct {
 	tokens map[string]string
 	// faults enables the X-Fault request header (PAYMENTS_FAULTS=1).
 	faults bool
+	// webhookSecret verifies the provider's webhooks (PAYMENTS_WEBHOOK_SECRET);
+	// empty: POST /webhooks answers 404.
+	webhookSecret string
+	// webhookTolerance is the largest age (or skew) of a webhook's signature
+	// timestamp (PAYMENTS_WEBHOOK_TOLERANCE).
+	webhookTolerance time.Duration
 }
 
 var (
@@ -53,6 +59,9 @@ func loadConfig(getenv func(string) string) (config, error) {
 		lease:       defaultLease,
 		retention:   defaultRetention,
 		tablePrefix: strings.TrimSpace(getenv("PAYMENTS_TABLE_PREFIX")),
+
+		webhookSecret:    getenv("PAYMENTS_WEBHOOK_SECRET"),
+		webhookTolerance: defaultWebhookSkew,
 	}
 	if v := strings.TrimSpace(getenv("ADDR")); v != "" {
 		c.addr = v
@@ -64,7 +73,7 @@ func loadConfig(getenv func(string) string) (config, error) {
 	for _, d := range []struct {
 		name string
 		dst  *time.Duration
-	}{{"IDEM_LEASE", &c.lease}, {"IDEM_RETENTION", &c.retention}} {
+	}{{"IDEM_LEASE", &c.lease}, {"IDEM_RETENTION", &c.retention}, {"PAYMENTS_WEBHOOK_TOLERANCE", &c.webhookTolerance}} {
 		v := strings.TrimSpace(getenv(d.name))
 		if v == "" {
 			continue
@@ -75,8 +84,8 @@ func loadConfig(getenv func(string) string) (config, error) {
 		}
 		*d.dst = parsed
 	}
-	if c.lease < middleware.MinLease {
-		return c, fmt.Errorf("%w: IDEM_LEASE=%v is under the minimum lease %v (it is renewed every third of it)", errConfig, c.lease, middleware.MinLease)
+	if c.lease < claim.MinLease {
+		return c, fmt.Errorf("%w: IDEM_LEASE=%v is under the minimum lease %v (it is renewed every third of it)", errConfig, c.lease, claim.MinLease)
 	}
 	if c.retention < c.lease {
 		return c, fmt.Errorf("%w: IDEM_RETENTION (%v) must be at least IDEM_LEASE (%v)", errConfig, c.retention, c.lease)

@@ -26,16 +26,23 @@ type Payment struct {
 	CustomerID string `json:"customerId"`
 	// ProviderChargeID is the provider's charge id; unique among payments.
 	ProviderChargeID string `json:"providerChargeId"`
+	// State is where the provider's webhooks have taken the payment:
+	// "authorized" when created, then "captured" (charge.succeeded), then
+	// "refunded" (charge.refunded). POST /payments answers "authorized", and
+	// its replays too: they are the first answer.
+	State string `json:"state"`
 }
 
-// payments is the payments table.
+// payments is the payments table and its transitions' log.
 type payments struct {
-	pool  *pgxpool.Pool
-	table string // quoted
+	pool        *pgxpool.Pool
+	table       string // quoted
+	transitions string // quoted
 }
 
 func newPayments(pool *pgxpool.Pool, prefix string) *payments {
-	return &payments{pool: pool, table: pgx.Identifier{prefix + "payments"}.Sanitize()}
+	return &payments{pool: pool, table: pgx.Identifier{prefix + "payments"}.Sanitize(),
+		transitions: pgx.Identifier{prefix + "payment_transitions"}.Sanitize()}
 }
 
 // migrate creates the table if it does not exist, under a transaction-scoped
@@ -58,8 +65,38 @@ func (p *payments) migrate(ctx context.Context) error {
 	provider_charge_id text NOT NULL UNIQUE,
 	created_at         timestamptz NOT NULL DEFAULT now()
 )`, p.table))
+		if err != nil {
+			return err
+		}
+		// state follows the provider's webhooks (webhook.go); every transition
+		// that happened is logged once in the transitions table.
+		if err := p.addStateColumn(ctx, tx); err != nil {
+			return err
+		}
+		_, err = tx.Exec(ctx, fmt.Sprintf(`CREATE TABLE IF NOT EXISTS %s (
+	payment_id uuid NOT NULL,
+	event_id   text NOT NULL,
+	from_state text NOT NULL,
+	to_state   text NOT NULL,
+	at         timestamptz NOT NULL DEFAULT now()
+)`, p.transitions))
 		return err
 	})
+}
+
+// addStateColumn adds the state column to a payments table that predates it.
+// The catalog is asked first because ALTER TABLE ... ADD COLUMN IF NOT EXISTS
+// takes an ACCESS EXCLUSIVE lock even when the column exists: every start of
+// a server would queue behind the transactions using the table, and every
+// payment behind it.
+func (p *payments) addStateColumn(ctx context.Context, tx pgx.Tx) error {
+	var exists bool
+	if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = $1::regclass AND attname = 'state' AND NOT attisdropped)`,
+		p.table).Scan(&exists); err != nil || exists {
+		return err
+	}
+	_, err := tx.Exec(ctx, fmt.Sprintf(`ALTER TABLE %s ADD COLUMN state text NOT NULL DEFAULT 'authorized'`, p.table))
+	return err
 }
 
 // insert adds the payment of a charge in tx. If a row for the same provider
@@ -68,10 +105,10 @@ func (p *payments) migrate(ctx context.Context) error {
 func (p *payments) insert(ctx context.Context, tx pgx.Tx, principal, key string, pay Payment) (_ Payment, created bool, err error) {
 	pay.ID = uuid.NewString()
 	tag, err := tx.Exec(ctx, fmt.Sprintf(`INSERT INTO %s
-	(id, principal, idempotency_key, customer_id, amount_cents, currency, status, provider_charge_id)
-	VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
+	(id, principal, idempotency_key, customer_id, amount_cents, currency, status, provider_charge_id, state)
+	VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
 	ON CONFLICT (provider_charge_id) DO NOTHING`, p.table),
-		pay.ID, principal, key, pay.CustomerID, pay.AmountCents, pay.Currency, pay.Status, pay.ProviderChargeID)
+		pay.ID, principal, key, pay.CustomerID, pay.AmountCents, pay.Currency, pay.Status, pay.ProviderChargeID, pay.State)
 	if err != nil {
 		return Payment{}, false, err
 	}
@@ -113,12 +150,12 @@ func (p *payments) count(ctx context.Context) (int, error) {
 	return n, err
 }
 
-const columns = `id::text, status, amount_cents, currency, customer_id, provider_charge_id`
+const columns = `id::text, status, amount_cents, currency, customer_id, provider_charge_id, state`
 
 func (p *payments) scan(row pgx.Row) (Payment, string, error) {
 	var pay Payment
 	var principal string
-	err := row.Scan(&pay.ID, &pay.Status, &pay.AmountCents, &pay.Currency, &pay.CustomerID, &pay.ProviderChargeID, &principal)
+	err := row.Scan(&pay.ID, &pay.Status, &pay.AmountCents, &pay.Currency, &pay.CustomerID, &pay.ProviderChargeID, &pay.State, &principal)
 	return pay, principal, err
 }
 

@@ -14,9 +14,11 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/idemkey/idemkey/middleware"
+	"github.com/idemkey/idemkey/claim"
 	"github.com/idemkey/idemkey/store"
 	"github.com/idemkey/idemkey/store/postgres"
+	"github.com/idemkey/idemkey/store/postgres/inbox"
+	"github.com/idemkey/idemkey/store/postgres/outbox"
 )
 
 // maxAmount caps amountCents (1,000,000.00 in the currency).
@@ -42,6 +44,13 @@ type api struct {
 	payments *payments
 	gateway  *gatewayClient
 	logger   *slog.Logger
+	// outbox holds the receipt of every payment created, written in the
+	// payment's transaction (receipt.go).
+	outbox *outbox.Outbox
+	// webhooks is the inbox of the provider's event ids (webhook.go).
+	webhooks         *inbox.Inbox
+	webhookSecret    []byte
+	webhookTolerance time.Duration
 }
 
 // createPayment serves POST /payments behind the idempotency middleware:
@@ -54,9 +63,10 @@ type api struct {
 //  3. in one transaction, insert the payment row (unique on the provider's
 //     charge id) and complete the idempotency record with the 201 it answers,
 //     fenced by the claim's token (store/postgres CommitResponse): the row and
-//     the record commit together or not at all.
+//     the record commit together or not at all, and with them the payment's
+//     receipt in the outbox (receipt.go).
 func (a *api) createPayment(w http.ResponseWriter, r *http.Request) {
-	claim, ok := middleware.ClaimFromContext(r.Context())
+	cl, ok := claim.FromContext(r.Context())
 	principal, _ := principalFrom(r.Context())
 	if !ok {
 		a.logger.Error("POST /payments ran without an idempotency claim: the route must be behind the middleware")
@@ -72,7 +82,7 @@ func (a *api) createPayment(w http.ResponseWriter, r *http.Request) {
 	// then replays them. Each step has its own deadline instead.
 	ctx := context.WithoutCancel(r.Context())
 
-	ch, err := a.gateway.charge(ctx, providerKey(claim.ID), pay.AmountCents, pay.Currency)
+	ch, err := a.gateway.charge(ctx, providerKey(cl.ID), pay.AmountCents, pay.Currency)
 	var refused *gatewayRefused
 	switch {
 	case errors.As(err, &refused):
@@ -85,9 +95,9 @@ func (a *api) createPayment(w http.ResponseWriter, r *http.Request) {
 			"The payment provider did not confirm the charge; retry with the same Idempotency-Key (nothing is charged twice).", time.Second)
 		return
 	}
-	pay.ProviderChargeID, pay.Status = ch.ID, "succeeded"
+	pay.ProviderChargeID, pay.Status, pay.State = ch.ID, "succeeded", stateAuthorized
 
-	if err := a.record(ctx, w, faultFrom(r.Context()), principal, claim.ID.Key, pay); err != nil {
+	if err := a.record(ctx, w, faultFrom(r.Context()), principal, cl.ID.Key, pay); err != nil {
 		if errors.Is(err, store.ErrLeaseLost) {
 			a.logger.Warn("idempotency lease lost before the commit; rolled back", "principal", principal)
 			writeProblem(w, http.StatusConflict, codeLeaseLost,
@@ -111,9 +121,18 @@ func (a *api) record(ctx context.Context, w http.ResponseWriter, f fault, princi
 		return err
 	}
 	defer tx.Rollback(ctx) // after Commit: does nothing
-	pay, _, err = a.payments.insert(ctx, tx, principal, key, pay)
+	pay, created, err := a.payments.insert(ctx, tx, principal, key, pay)
 	if err != nil {
 		return err
+	}
+	// The receipt commits with the payment, or neither does. A row the
+	// natural-key safety net found (created false) had its receipt enqueued by
+	// the transaction that inserted it, and maybe published and deleted since:
+	// enqueuing it again would send it twice.
+	if created {
+		if err := a.enqueueReceipt(ctx, tx, principal, pay); err != nil {
+			return err
+		}
 	}
 	if f.slow > 0 {
 		if err := sleepCtx(ctx, f.slow); err != nil {

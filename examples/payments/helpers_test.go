@@ -4,12 +4,14 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"os"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -19,18 +21,26 @@ import (
 	"github.com/idemkey/idemkey/examples/payments/internal/fakegateway"
 	"github.com/idemkey/idemkey/store"
 	"github.com/idemkey/idemkey/store/postgres"
+	"github.com/idemkey/idemkey/store/postgres/outbox"
 )
 
-// databaseURL returns DATABASE_URL; without it the test fails under CI=true and
-// is skipped otherwise.
+// databaseURL returns DATABASE_URL (see serverURL).
 func databaseURL(t testing.TB) string {
 	t.Helper()
-	url := os.Getenv("DATABASE_URL")
+	return serverURL(t, "DATABASE_URL", "a Postgres server")
+}
+
+// serverURL returns the environment variable name, the address of a server the
+// test needs (what); without it the test fails under CI=true and is skipped
+// otherwise, naming the variable.
+func serverURL(t testing.TB, name, what string) string {
+	t.Helper()
+	url := os.Getenv(name)
 	if url == "" {
 		if os.Getenv("CI") == "true" {
-			t.Fatal("DATABASE_URL is not set; CI=true requires a Postgres server")
+			t.Fatalf("%s is not set; CI=true requires %s", name, what)
 		}
-		t.Skip("DATABASE_URL is not set")
+		t.Skipf("%s is not set", name)
 	}
 	return url
 }
@@ -46,10 +56,12 @@ func testPool(t testing.TB) (*pgxpool.Pool, string) {
 	prefix := "pay" + store.NewToken().String()[:10] + "_"
 	t.Cleanup(func() {
 		defer pool.Close()
-		_, err := pool.Exec(context.Background(), "DROP TABLE IF EXISTS "+
-			pgx.Identifier{prefix + "payments"}.Sanitize()+", "+
-			pgx.Identifier{prefix + "idemkey_records"}.Sanitize()+", "+
-			pgx.Identifier{prefix + "idemkey_records_migrations"}.Sanitize())
+		var tables []string
+		for _, name := range []string{"payments", "payment_transitions", "idemkey_records", "idemkey_records_migrations",
+			"webhook_inbox", "webhook_inbox_migrations", "outbox", "outbox_migrations", "receipts", "receipts_inbox", "receipts_inbox_migrations"} {
+			tables = append(tables, pgx.Identifier{prefix + name}.Sanitize())
+		}
+		_, err := pool.Exec(context.Background(), "DROP TABLE IF EXISTS "+strings.Join(tables, ", "))
 		if err != nil {
 			t.Errorf("dropping the test's tables: %v", err)
 		}
@@ -66,6 +78,7 @@ type testServer struct {
 	pool     *pgxpool.Pool
 	prefix   string
 	payments *payments
+	outbox   *outbox.Outbox
 }
 
 // newTestServer serves the payments API on fresh tables; cfg's zero fields get
@@ -109,8 +122,14 @@ func (ts *testServer) start(t *testing.T, env map[string]string, gatewayURL stri
 	if err != nil {
 		t.Fatal(err)
 	}
+	ob, hooks, err := openOutboxInbox(ctx, ts.pool, cfg.tablePrefix)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ts.outbox = ob
 	logger := slog.New(slog.NewTextHandler(io.Discard, nil))
-	h, err := newHandler(cfg, &api{pool: ts.pool, records: records, payments: ts.payments, gateway: gw, logger: logger}, logger)
+	h, err := newHandler(cfg, &api{pool: ts.pool, records: records, payments: ts.payments, gateway: gw, logger: logger,
+		outbox: ob, webhooks: hooks, webhookSecret: []byte(cfg.webhookSecret), webhookTolerance: cfg.webhookTolerance}, logger)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -200,3 +219,57 @@ func pay(t testing.TB, base, key, body string, headers ...string) answer {
 }
 
 const payBody = `{"amountCents":1250,"currency":"EUR","customerId":"cust-1"}`
+
+// payConcurrently makes n payments on base from 8 goroutines, payment i with
+// amount 100+i and Idempotency-Key "<keyPrefix>-<i>", and calls then (if not
+// nil, from those goroutines) with each 201's payment; any other answer is a
+// test error.
+func payConcurrently(t *testing.T, base string, n int, keyPrefix string, then func(i int, p Payment)) {
+	t.Helper()
+	var wg sync.WaitGroup
+	keys := make(chan int)
+	for range 8 {
+		wg.Go(func() {
+			for i := range keys {
+				a, err := do(http.DefaultClient, http.MethodPost, base+"/payments",
+					fmt.Sprintf(`{"amountCents":%d,"currency":"EUR","customerId":"c-%d"}`, 100+i, i),
+					"Authorization", "Bearer demo", "Idempotency-Key", fmt.Sprintf(`"%s-%d"`, keyPrefix, i))
+				if err != nil || a.Status != http.StatusCreated {
+					t.Errorf("payment %d: %v %d %s", i, err, a.Status, a.Body)
+					continue
+				}
+				if then != nil {
+					var p Payment
+					if err := json.Unmarshal([]byte(a.Body), &p); err != nil {
+						t.Errorf("payment %d: %v in %s", i, err, a.Body)
+						continue
+					}
+					then(i, p)
+				}
+			}
+		})
+	}
+	for i := range n {
+		keys <- i
+	}
+	close(keys)
+	wg.Wait()
+}
+
+// waitFor polls cond (state another process or the gateway's delivery
+// goroutines change, with nothing to wait on) every 20ms, until the test's
+// deadline less a margin to report it, or for 5 minutes without -timeout: a
+// busy machine slows the test down, it does not fail it.
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Minute)
+	if d, ok := t.Deadline(); ok {
+		deadline = d.Add(-10 * time.Second)
+	}
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}

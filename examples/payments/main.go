@@ -8,8 +8,11 @@
 //
 //	POST /payments       {"amountCents": n, "currency": "EUR", "customerId": "..."}
 //	                     Idempotency-Key required; 201 {"id", "status", "amountCents",
-//	                     "currency", "customerId", "providerChargeId"}
-//	GET  /payments/{id}  200, the same JSON; 404 for another principal's payment
+//	                     "currency", "customerId", "providerChargeId", "state"}
+//	GET  /payments/{id}  200, the same JSON (the state now); 404 for another
+//	                     principal's payment
+//	POST /webhooks       the provider's signed events (charge.succeeded,
+//	                     charge.refunded), each transition once (webhook.go)
 //	GET  /               a checkout page (no external assets)
 //	GET  /healthz        liveness
 //
@@ -35,10 +38,15 @@
 //	IDEM_LEASE             claim lease, Go duration, at least 100ms, default 10s
 //	IDEM_RETENTION         how long answers are replayed, default 24h
 //	PAYMENTS_TOKENS        token=principal,..., default demo=merchant-demo
-//	PAYMENTS_TABLE_PREFIX  prefix of the tables <prefix>payments and
-//	                       <prefix>idemkey_records, default none
+//	PAYMENTS_TABLE_PREFIX  prefix of the tables <prefix>payments, <prefix>idemkey_records,
+//	                       <prefix>payment_transitions, <prefix>webhook_inbox and
+//	                       <prefix>outbox, default none
 //	PAYMENTS_FAULTS        1: honour the X-Fault request header (tests only): crash-after-commit,
 //	                       crash-before-commit, slow=<duration>
+//	PAYMENTS_WEBHOOK_SECRET     the provider's webhook signing secret; without it
+//	                            POST /webhooks answers 404
+//	PAYMENTS_WEBHOOK_TOLERANCE  the largest age (or clock skew) of a webhook's
+//	                            signature timestamp, Go duration, default 5m
 //
 // Tables are created at startup. Once the listener accepts connections the
 // server prints "listening on http://ADDR"; on SIGINT or SIGTERM it lets
@@ -61,7 +69,11 @@ import (
 	"github.com/idemkey/idemkey/examples/internal/serve"
 	"github.com/idemkey/idemkey/examples/payments/internal/fakegateway"
 	"github.com/idemkey/idemkey/middleware"
+	"github.com/idemkey/idemkey/policy"
 	"github.com/idemkey/idemkey/store/postgres"
+	"github.com/idemkey/idemkey/store/postgres/inbox"
+	"github.com/idemkey/idemkey/store/postgres/outbox"
+	"github.com/idemkey/idemkey/store/sweep"
 )
 
 func main() {
@@ -102,6 +114,14 @@ func run(ctx context.Context, cfg config, stdout io.Writer, logger *slog.Logger)
 	if err := pays.migrate(ctx); err != nil {
 		return fmt.Errorf("payments table: %w", err)
 	}
+	ob, hooks, err := openOutboxInbox(ctx, pool, cfg.tablePrefix)
+	if err != nil {
+		return err
+	}
+	// Event ids past the inbox's retention (7 days, longer than the provider
+	// redelivers) are removed every hour.
+	defer sweep.Start(ctx, time.Hour, func(ctx context.Context) (int64, error) { return hooks.Sweep(ctx, 0) },
+		logger, "webhook inbox")()
 
 	gatewayURL := cfg.gatewayURL
 	if gatewayURL == "" {
@@ -117,12 +137,13 @@ func run(ctx context.Context, cfg config, stdout io.Writer, logger *slog.Logger)
 		return err
 	}
 
-	h, err := newHandler(cfg, &api{pool: pool, records: records, payments: pays, gateway: gw, logger: logger}, logger)
+	h, err := newHandler(cfg, &api{pool: pool, records: records, payments: pays, gateway: gw, logger: logger,
+		outbox: ob, webhooks: hooks, webhookSecret: []byte(cfg.webhookSecret), webhookTolerance: cfg.webhookTolerance}, logger)
 	if err != nil {
 		return err
 	}
 	return serve.ListenAndServe(ctx, cfg.addr, h, stdout, logger,
-		"gateway", gatewayURL, "tables", cfg.tablePrefix+"payments, "+records.Table(), "faults", cfg.faults)
+		"gateway", gatewayURL, "tables", cfg.tablePrefix+"payments, "+records.Table(), "faults", cfg.faults, "webhooks", cfg.webhookSecret != "")
 }
 
 // newHandler routes the page and the probes outside the middleware, and the
@@ -130,7 +151,7 @@ func run(ctx context.Context, cfg config, stdout io.Writer, logger *slog.Logger)
 // the middleware.
 func newHandler(cfg config, a *api, logger *slog.Logger) (http.Handler, error) {
 	m, err := middleware.New(a.records, scope,
-		middleware.WithLease(cfg.lease), middleware.WithRecordRetention(middleware.RetentionRule{Default: cfg.retention}), middleware.WithLogger(logger))
+		middleware.WithLease(cfg.lease), middleware.WithRecordRetention(policy.RetentionRule{Default: cfg.retention}), middleware.WithLogger(logger))
 	if err != nil {
 		return nil, err
 	}
@@ -141,13 +162,14 @@ func newHandler(cfg config, a *api, logger *slog.Logger) (http.Handler, error) {
 	mux := http.NewServeMux()
 	mux.Handle("POST /payments", authenticate(cfg.tokens, create))
 	mux.Handle("GET /payments/{id}", authenticate(cfg.tokens, http.HandlerFunc(a.getPayment)))
+	mux.HandleFunc("POST /webhooks", a.receiveWebhook) // the provider's signature, not a token, authenticates it
 	mux.HandleFunc("GET /{$}", servePage)
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 		_, _ = io.WriteString(w, "ok\n")
 	})
 	mux.HandleFunc("/", func(w http.ResponseWriter, _ *http.Request) {
-		writeProblem(w, http.StatusNotFound, codeNotFound, "No such route: POST /payments, GET /payments/{id}, GET /.", 0)
+		writeProblem(w, http.StatusNotFound, codeNotFound, "No such route: POST /payments, GET /payments/{id}, POST /webhooks, GET /.", 0)
 	})
 	return mux, nil
 }
@@ -165,4 +187,24 @@ func startFakeGateway(logger *slog.Logger) (stop func(), url string, err error) 
 		}
 	}()
 	return func() { _ = srv.Close() }, "http://" + ln.Addr().String(), nil
+}
+
+// openOutboxInbox migrates the outbox of receipts (<prefix>outbox) and the
+// inbox of webhook event ids (<prefix>webhook_inbox).
+func openOutboxInbox(ctx context.Context, pool *pgxpool.Pool, prefix string) (*outbox.Outbox, *inbox.Inbox, error) {
+	ob, err := outbox.New(pool, outbox.WithTable(prefix+"outbox"))
+	if err != nil {
+		return nil, nil, err
+	}
+	if err := ob.Migrate(ctx); err != nil {
+		return nil, nil, fmt.Errorf("outbox: %w", err)
+	}
+	in, err := inbox.New(pool, inbox.WithTable(prefix+"webhook_inbox"))
+	if err != nil {
+		return nil, nil, err
+	}
+	if err := in.Migrate(ctx); err != nil {
+		return nil, nil, fmt.Errorf("webhook inbox: %w", err)
+	}
+	return ob, in, nil
 }

@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/idemkey/idemkey/idem"
+	"github.com/idemkey/idemkey/policy"
 	"github.com/idemkey/idemkey/store"
 )
 
@@ -76,7 +77,7 @@ type suite struct {
 
 func (s *suite) runner(t *testing.T, st store.Store, lease time.Duration, opts ...idem.Option) *idem.Runner {
 	t.Helper()
-	r, err := idem.New(st, append([]idem.Option{idem.WithLease(lease), idem.WithRetention(Retention)}, opts...)...)
+	r, err := idem.New(st, append([]idem.Option{idem.WithLease(lease), idem.WithRecordRetention(policy.RetentionRule{Default: Retention})}, opts...)...)
 	if err != nil {
 		t.Fatalf("idem.New: %v", err)
 	}
@@ -243,7 +244,7 @@ func testErrorReleases(t *testing.T, s *suite) {
 var errPermanent = errors.New("idemtest: permanent failure")
 
 func testPolicyRecordsFailure(t *testing.T, s *suite) {
-	r := s.runner(t, s.st, longLease, idem.WithReleasePolicy(func(err error) bool { return !errors.Is(err, errPermanent) }))
+	r := s.runner(t, s.st, longLease, idem.WithRelease(func(err error) bool { return !errors.Is(err, errPermanent) }))
 	id := newID(t)
 	_, err := r.Do(s.ctx, id, fpA, func(context.Context) ([]byte, error) { return nil, fmt.Errorf("charge: %w", errPermanent) })
 	if !errors.Is(err, errPermanent) {

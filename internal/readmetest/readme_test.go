@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/idemkey/idemkey/middleware"
+	"github.com/idemkey/idemkey/policy"
 )
 
 const top = "../.."
@@ -49,8 +50,10 @@ func TestReadmeSnippetsCompile(t *testing.T) {
 	}
 	more, _ := filepath.Glob(filepath.Join(top, "*", "internal", "readme", "main.go"))
 	files = append(files, more...)
-	if len(files) < 7 {
-		t.Fatalf("found %d snippet files, want net/http, chi, echo v4, echo v5, gin, the client and the in-transaction handler: %v", len(files), files)
+	more, _ = filepath.Glob(filepath.Join(top, "*", "*", "internal", "quickstart", "main.go"))
+	files = append(files, more...)
+	if len(files) < 8 {
+		t.Fatalf("found %d snippet files, want net/http, chi, echo v4, echo v5, gin, the client, the in-transaction handler and the Postgres program: %v", len(files), files)
 	}
 	for _, f := range files {
 		rel, _ := filepath.Rel(top, f)
@@ -69,7 +72,7 @@ func TestOpenAPIFragment(t *testing.T) {
 	}
 	doc := string(b)
 	for _, want := range []string{
-		"name: " + middleware.DefaultKeyHeader, middleware.DefaultReplayedHeader + ":", middleware.DefaultOmittedHeader + ":",
+		"name: " + policy.DefaultKeyHeader, middleware.DefaultReplayedHeader + ":", middleware.DefaultOmittedHeader + ":",
 		"Retry-After:", "application/problem+json:", middleware.ProblemTypePrefix,
 		"- " + middleware.CodeKeyMissing, "- " + middleware.CodeKeyInvalid, "- " + middleware.CodeBodyUnreadable,
 		"- " + middleware.CodeRequestTooLarge, "- " + middleware.CodeInFlight, "- " + middleware.CodeMismatch,

@@ -67,7 +67,7 @@ func chiPattern(r *http.Request) string { return chi.RouteContext(r.Context()).R
 func TestDecisionTable(t *testing.T) {
 	t.Run("route=path", func(t *testing.T) { decisiontest.Run(t, newServer) })
 	t.Run("route=chi pattern", func(t *testing.T) {
-		decisiontest.Run(t, newServer, middleware.WithRequestFingerprint(middleware.FingerprintRule{Route: chiPattern}))
+		decisiontest.Run(t, newServer, middleware.WithRequestFingerprint(middleware.FingerprintRule{Route: chiPattern, MaxBody: decisiontest.MaxRequestBody}))
 	})
 }
 

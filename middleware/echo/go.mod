@@ -2,8 +2,6 @@ module github.com/idemkey/idemkey/middleware/echo
 
 go 1.26.0
 
-replace github.com/idemkey/idemkey => ../..
-
 require (
 	github.com/idemkey/idemkey v0.1.0
 	github.com/labstack/echo/v4 v4.16.5

@@ -2,8 +2,6 @@ module github.com/idemkey/idemkey/middleware/echov5
 
 go 1.26.0
 
-replace github.com/idemkey/idemkey => ../..
-
 require github.com/idemkey/idemkey v0.1.0
 
 require (

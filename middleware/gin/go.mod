@@ -2,8 +2,6 @@ module github.com/idemkey/idemkey/middleware/gin
 
 go 1.26.0
 
-replace github.com/idemkey/idemkey => ../..
-
 require (
 	github.com/gin-gonic/gin v1.12.0
 	github.com/idemkey/idemkey v0.1.0

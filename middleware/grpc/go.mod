@@ -2,8 +2,6 @@ module github.com/idemkey/idemkey/middleware/grpc
 
 go 1.26.0
 
-replace github.com/idemkey/idemkey => ../..
-
 require (
 	github.com/idemkey/idemkey v0.1.0
 	github.com/idemkey/idemkey/store/postgres v0.1.0
@@ -22,5 +20,3 @@ require (
 	golang.org/x/sys v0.48.0 // indirect
 	golang.org/x/text v0.42.0 // indirect
 )
-
-replace github.com/idemkey/idemkey/store/postgres => ../../store/postgres

@@ -7,22 +7,12 @@
 // fingerprints the full method name and the request message (deterministic
 // protobuf encoding), claims (scope, key) in a store.Store, runs the handler,
 // stores its response message or status, and replays it to every retry, with
-// the header metadata "idempotent-replayed: true". One answer per situation, the
-// HTTP middleware's decision table in gRPC status codes:
-//
-//	situation                               HTTP        gRPC
-//	key missing (WithKeyRequired)           400         INVALID_ARGUMENT, ErrorInfo idempotency_key_missing
-//	key invalid, or refused by the          400         INVALID_ARGUMENT, ErrorInfo idempotency_key_invalid
-//	  validator or the store
-//	same key, other method or request       422         FAILED_PRECONDITION, ErrorInfo key_reused_with_different_payload
-//	same key, lease live (in flight)        409         ABORTED, RetryInfo (the remaining lease, at least 1 s),
-//	                                                      ErrorInfo request_in_flight
-//	store failed or did not answer          503         UNAVAILABLE, RetryInfo (WithStoreRetryAfter),
-//	                                                      ErrorInfo store_unavailable
-//	completed                               replay      the stored message, or the stored status (code,
-//	                                                      message, details); "idempotent-replayed: true"
-//	handler answers a retryable code        release     the status passes through; the next call runs
-//	  (see DefaultReleasePolicy), or panics
+// the header metadata "idempotent-replayed: true". Each situation of the HTTP
+// middleware's decision table (docs/architecture.md section 3) gets its gRPC
+// twin, listed in docs/grpc.md section 2: INVALID_ARGUMENT for a missing or
+// invalid key, FAILED_PRECONDITION for another request under the key, ABORTED
+// with RetryInfo for a call in flight, UNAVAILABLE with RetryInfo when the store
+// fails; a retryable code (DefaultReleasePolicy) or a panic releases the key.
 //
 // ErrorInfo and RetryInfo are the google.rpc error details (package
 // google.golang.org/genproto/googleapis/rpc/errdetails), with the domain
@@ -49,6 +39,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"time"
 
 	"google.golang.org/grpc"
@@ -59,30 +50,21 @@ import (
 
 	"github.com/idemkey/idemkey/fingerprint"
 	"github.com/idemkey/idemkey/idem"
+	"github.com/idemkey/idemkey/policy"
 	"github.com/idemkey/idemkey/store"
 )
 
 // Metadata names (lowercase, as gRPC carries them).
 const (
-	// KeyMetadata carries the idempotency key.
+	// KeyMetadata carries the idempotency key by default: policy.DefaultKeyHeader
+	// in lowercase (policy.KeyRule.Header names another).
 	KeyMetadata = "idempotency-key"
 	// ReplayedMetadata is set to "true" in the header metadata of a replay.
 	ReplayedMetadata = "idempotent-replayed"
 )
 
-// Defaults of the options.
-const (
-	// DefaultLease is the claim's lease (renewed every third of it).
-	DefaultLease = idem.DefaultLease
-	// DefaultRetention is how long an answer is kept and replayed.
-	DefaultRetention = idem.DefaultRetention
-	// DefaultStoreTimeout bounds the claim, the completion and the release.
-	DefaultStoreTimeout = idem.DefaultStoreTimeout
-	// DefaultStoreRetryAfter is the RetryInfo of an UNAVAILABLE answer.
-	DefaultStoreRetryAfter = time.Second
-	// ErrorDomain is the domain of the ErrorInfo details the interceptor sends.
-	ErrorDomain = "idemkey"
-)
+// ErrorDomain is the domain of the ErrorInfo details the interceptor sends.
+const ErrorDomain = "idemkey"
 
 // ScopeFunc returns the scope of a call (the authenticated principal or tenant
 // that owns its keys) from its context, e.g. the peer's certificate or the
@@ -94,62 +76,73 @@ type ScopeFunc func(ctx context.Context, fullMethod string) string
 // are unguessable and clients trust each other.
 func GlobalScope(context.Context, string) string { return "" }
 
-// Option configures an Interceptor.
+// Option configures an Interceptor. Each sets one whole decision: a later
+// option replaces an earlier one, and a zero value is the documented default.
 type Option func(*config)
 
 type config struct {
-	lease, retention, storeTimeout, storeRetryAfter time.Duration
-	required                                        bool
-	methods                                         map[string]bool
-	validate                                        func(key string) error
-	release                                         func(codes.Code) bool
-	logger                                          *slog.Logger
+	pol     policy.Config
+	methods map[string]bool
+	release func(codes.Code) bool
+	logger  *slog.Logger
+
+	// Resolved from pol by New.
+	keyMD           string
+	required        bool
+	validate        func(key string) error
+	storeRetryAfter time.Duration
 }
 
-// WithLease sets the claim's lease (default DefaultLease; at least
-// idem.MinLease).
-func WithLease(d time.Duration) Option { return func(c *config) { c.lease = d } }
+// WithPolicy sets the shared decisions (policy.Config) that apply to gRPC
+// calls: Key (Header names the metadata, lowercased), Lease, Retention,
+// StoreFailure.Timeouts and StoreFailure.RetryAfter (the RetryInfo of an
+// UNAVAILABLE answer). The interceptor always fails closed and never waits for
+// a call in flight: StoreFailure.FailOpen and WaitInFlight are the HTTP
+// middleware's, so one Config serves every entry point.
+func WithPolicy(p policy.Config) Option { return func(c *config) { c.pol = p } }
 
-// WithRetention sets how long answers are replayed (default DefaultRetention; at
-// least the lease).
-func WithRetention(d time.Duration) Option { return func(c *config) { c.retention = d } }
+// WithKey sets where the key is read and which keys are accepted
+// (policy.KeyRule): by default the "idempotency-key" metadata, required
+// (a call without it is INVALID_ARGUMENT idempotency_key_missing).
+func WithKey(k policy.KeyRule) Option { return func(c *config) { c.pol.Key = k } }
 
-// WithStoreTimeout bounds each claim, completion and release (default
-// DefaultStoreTimeout; positive). A claim that runs out of time is UNAVAILABLE.
-func WithStoreTimeout(d time.Duration) Option { return func(c *config) { c.storeTimeout = d } }
+// WithLease sets the claim's lease (policy.Config.Lease).
+func WithLease(d time.Duration) Option { return func(c *config) { c.pol.Lease = d } }
 
-// WithStoreRetryAfter sets the RetryInfo delay of an UNAVAILABLE answer (default
-// DefaultStoreRetryAfter; positive).
-func WithStoreRetryAfter(d time.Duration) Option { return func(c *config) { c.storeRetryAfter = d } }
+// WithRecordRetention sets how long answers are kept and replayed
+// (policy.RetentionRule).
+func WithRecordRetention(r policy.RetentionRule) Option {
+	return func(c *config) { c.pol.Retention = r }
+}
 
-// WithKeyRequired(true) answers a protected call without the key
-// INVALID_ARGUMENT; by default such a call runs unprotected, nothing stored.
-func WithKeyRequired(on bool) Option { return func(c *config) { c.required = on } }
+// WithStoreFailure sets the store calls' deadlines and the RetryInfo of an
+// UNAVAILABLE answer (policy.StoreFailureRule; FailOpen is not read).
+func WithStoreFailure(s policy.StoreFailureRule) Option {
+	return func(c *config) { c.pol.StoreFailure = s }
+}
 
 // WithMethods protects only the full methods named ("/pkg.Service/Method");
-// calls of other methods pass through and their key is ignored. Default: every
-// unary method.
+// calls of other methods pass through and their key is ignored. No names (the
+// default): every unary method.
 func WithMethods(fullMethods ...string) Option {
 	return func(c *config) {
-		c.methods = make(map[string]bool, len(fullMethods))
+		c.methods = nil
 		for _, m := range fullMethods {
+			if c.methods == nil {
+				c.methods = make(map[string]bool, len(fullMethods))
+			}
 			c.methods[m] = true
 		}
 	}
 }
 
-// WithKeyValidator adds a rule on keys (middleware.UUIDKeys is one): a key it
-// refuses is answered INVALID_ARGUMENT idempotency_key_invalid with the error's
-// text. It runs after the built-in checks, concurrently.
-func WithKeyValidator(f func(key string) error) Option { return func(c *config) { c.validate = f } }
-
-// WithReleasePolicy sets which handler status codes release the key instead of
-// being stored and replayed (default DefaultReleasePolicy). OK is always stored.
-func WithReleasePolicy(release func(codes.Code) bool) Option {
+// WithRelease sets which handler status codes release the key instead of being
+// stored and replayed (nil: DefaultReleasePolicy). OK is always stored.
+func WithRelease(release func(codes.Code) bool) Option {
 	return func(c *config) { c.release = release }
 }
 
-// WithLogger sets the logger (default slog.Default()).
+// WithLogger sets the logger (nil: slog.Default()).
 func WithLogger(l *slog.Logger) Option { return func(c *config) { c.logger = l } }
 
 // DefaultReleasePolicy releases the key for the codes that say "try again" rather
@@ -178,11 +171,9 @@ type Interceptor struct {
 
 // New returns an interceptor claiming keys in st, scoped by scope (required: a
 // global scope is chosen explicitly with GlobalScope). Errors: a nil store or
-// scope, a lease under idem.MinLease, a retention shorter than the lease, a
-// non-positive store timeout or retry delay, a nil release policy.
+// scope, or a policy value out of range (policy.Config.Validate), named.
 func New(st store.Store, scope ScopeFunc, opts ...Option) (*Interceptor, error) {
-	c := config{lease: DefaultLease, retention: DefaultRetention, storeTimeout: DefaultStoreTimeout,
-		storeRetryAfter: DefaultStoreRetryAfter, release: DefaultReleasePolicy}
+	var c config
 	for _, o := range opts {
 		o(&c)
 	}
@@ -191,16 +182,20 @@ func New(st store.Store, scope ScopeFunc, opts ...Option) (*Interceptor, error) 
 		return nil, errors.New("idemkey/grpc: nil store")
 	case scope == nil:
 		return nil, errors.New("idemkey/grpc: nil scope function (use GlobalScope to share one key space)")
-	case c.release == nil:
-		return nil, errors.New("idemkey/grpc: nil release policy")
-	case c.storeRetryAfter <= 0 || c.storeTimeout <= 0:
-		return nil, fmt.Errorf("idemkey/grpc: store timeout %v and retry delay %v must be positive", c.storeTimeout, c.storeRetryAfter)
+	}
+	if err := c.pol.Validate(); err != nil {
+		return nil, fmt.Errorf("idemkey/grpc: %w", err)
+	}
+	p := c.pol.WithDefaults()
+	c.keyMD, c.required, c.validate = strings.ToLower(p.Key.Header), !p.Key.Optional, p.Key.Validate
+	c.storeRetryAfter = p.StoreFailure.RetryAfter
+	if c.release == nil {
+		c.release = DefaultReleasePolicy
 	}
 	if c.logger == nil {
 		c.logger = slog.Default()
 	}
-	r, err := idem.New(st, idem.WithLease(c.lease), idem.WithRetention(c.retention),
-		idem.WithStoreTimeout(c.storeTimeout), idem.WithLogger(c.logger))
+	r, err := idem.New(st, idem.WithPolicy(c.pol), idem.WithLogger(c.logger))
 	if err != nil {
 		return nil, fmt.Errorf("idemkey/grpc: %w", err)
 	}
@@ -257,23 +252,23 @@ func (ic *Interceptor) intercept(ctx context.Context, req any, info *grpc.UnaryS
 // is required), a status error for an invalid one.
 func (ic *Interceptor) key(ctx context.Context) (key string, present bool, err error) {
 	md, _ := metadata.FromIncomingContext(ctx)
-	vals := md.Get(KeyMetadata)
+	vals := md.Get(ic.keyMD)
 	switch {
 	case len(vals) == 0 && ic.required:
 		return "", false, problem(codes.InvalidArgument, codeKeyMissing,
-			"This method requires the "+KeyMetadata+" metadata; send one and retry.", 0)
+			"This method requires the "+ic.keyMD+" metadata; send one and retry.", 0)
 	case len(vals) == 0:
 		return "", false, nil
 	case len(vals) > 1:
-		return "", false, invalidKey("sent several times")
+		return "", false, ic.invalidKey("sent several times")
 	}
 	key = vals[0]
 	if err := checkKey(key); err != nil {
-		return "", false, invalidKey(err.Error())
+		return "", false, ic.invalidKey(err.Error())
 	}
 	if ic.validate != nil {
 		if err := ic.validate(key); err != nil {
-			return "", false, invalidKey(err.Error())
+			return "", false, ic.invalidKey(err.Error())
 		}
 	}
 	return key, true, nil
@@ -298,6 +293,6 @@ func checkKey(key string) error {
 	return nil
 }
 
-func invalidKey(why string) error {
-	return problem(codes.InvalidArgument, codeKeyInvalid, "Invalid "+KeyMetadata+" metadata: "+why+".", 0)
+func (ic *Interceptor) invalidKey(why string) error {
+	return problem(codes.InvalidArgument, codeKeyInvalid, "Invalid "+ic.keyMD+" metadata: "+why+".", 0)
 }

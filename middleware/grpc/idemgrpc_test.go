@@ -15,8 +15,10 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
+	"github.com/idemkey/idemkey/claim"
 	"github.com/idemkey/idemkey/middleware"
 	idemgrpc "github.com/idemkey/idemkey/middleware/grpc"
+	"github.com/idemkey/idemkey/policy"
 	"github.com/idemkey/idemkey/store"
 	"github.com/idemkey/idemkey/store/memory"
 )
@@ -96,7 +98,7 @@ func TestInFlightIsAborted(t *testing.T) {
 		<-proceed
 		return wrapperspb.String("done"), nil
 	}}
-	conn := serve(t, newInterceptor(t, memory.New(), idemgrpc.WithLease(30*time.Second), idemgrpc.WithRetention(time.Hour)), svc)
+	conn := serve(t, newInterceptor(t, memory.New(), idemgrpc.WithLease(30*time.Second), idemgrpc.WithRecordRetention(policy.RetentionRule{Default: time.Hour})), svc)
 	first := make(chan error, 1)
 	go func() { _, _, err := call(context.Background(), conn, chargeMethod, "k1", "x"); first <- err }()
 	<-entered
@@ -153,7 +155,7 @@ func TestRetryableStatusReleases(t *testing.T) {
 
 func TestKeyMissingAndMethods(t *testing.T) {
 	svc := &service{}
-	conn := serve(t, newInterceptor(t, memory.New()), svc)
+	conn := serve(t, newInterceptor(t, memory.New(), idemgrpc.WithKey(policy.KeyRule{Optional: true})), svc)
 	for range 2 {
 		if _, _, err := call(context.Background(), conn, chargeMethod, "", "x"); err != nil {
 			t.Fatal(err)
@@ -162,7 +164,7 @@ func TestKeyMissingAndMethods(t *testing.T) {
 	if svc.calls.Load() != 2 {
 		t.Fatalf("without a key (optional) the call runs every time: %d", svc.calls.Load())
 	}
-	req := serve(t, newInterceptor(t, memory.New(), idemgrpc.WithKeyRequired(true), idemgrpc.WithMethods(chargeMethod)), svc)
+	req := serve(t, newInterceptor(t, memory.New(), idemgrpc.WithMethods(chargeMethod)), svc)
 	_, _, err := call(context.Background(), req, chargeMethod, "", "x")
 	wantProblem(t, err, codes.InvalidArgument, middleware.CodeKeyMissing)
 	for range 2 { // not protected: runs each time, key ignored
@@ -177,7 +179,7 @@ func TestKeyMissingAndMethods(t *testing.T) {
 
 func TestInvalidKey(t *testing.T) {
 	svc := &service{}
-	conn := serve(t, newInterceptor(t, memory.New(), idemgrpc.WithKeyValidator(middleware.UUIDKeys)), svc)
+	conn := serve(t, newInterceptor(t, memory.New(), idemgrpc.WithKey(policy.KeyRule{Validate: middleware.UUIDKeys})), svc)
 	for _, key := range []string{strings.Repeat("a", 256), "   ", "not-a-uuid"} {
 		_, _, err := call(context.Background(), conn, chargeMethod, key, "x")
 		wantProblem(t, err, codes.InvalidArgument, middleware.CodeKeyInvalid)
@@ -207,7 +209,7 @@ func (failingStore) Claim(context.Context, store.ClaimRequest) (store.ClaimResul
 
 func TestStoreDownIsUnavailable(t *testing.T) {
 	svc := &service{}
-	conn := serve(t, newInterceptor(t, failingStore{memory.New()}, idemgrpc.WithStoreRetryAfter(3*time.Second)), svc)
+	conn := serve(t, newInterceptor(t, failingStore{memory.New()}, idemgrpc.WithStoreFailure(policy.StoreFailureRule{RetryAfter: 3 * time.Second})), svc)
 	_, _, err := call(context.Background(), conn, chargeMethod, "k1", "x")
 	if retry := wantProblem(t, err, codes.Unavailable, middleware.CodeStoreUnavailable); retry != 3*time.Second {
 		t.Errorf("RetryInfo %v", retry)
@@ -284,16 +286,13 @@ func TestNewRefuses(t *testing.T) {
 			return idemgrpc.New(memory.New(), idemgrpc.GlobalScope, idemgrpc.WithLease(time.Millisecond))
 		},
 		"retention": func() (*idemgrpc.Interceptor, error) {
-			return idemgrpc.New(memory.New(), idemgrpc.GlobalScope, idemgrpc.WithRetention(time.Second))
+			return idemgrpc.New(memory.New(), idemgrpc.GlobalScope, idemgrpc.WithRecordRetention(policy.RetentionRule{Default: time.Second}))
 		},
 		"store timeout": func() (*idemgrpc.Interceptor, error) {
-			return idemgrpc.New(memory.New(), idemgrpc.GlobalScope, idemgrpc.WithStoreTimeout(0))
+			return idemgrpc.New(memory.New(), idemgrpc.GlobalScope, idemgrpc.WithStoreFailure(policy.StoreFailureRule{Timeouts: claim.Timeouts{Claim: -1}}))
 		},
-		"nil release": func() (*idemgrpc.Interceptor, error) {
-			return idemgrpc.New(memory.New(), idemgrpc.GlobalScope, idemgrpc.WithReleasePolicy(nil))
-		},
-		"zero retry wait": func() (*idemgrpc.Interceptor, error) {
-			return idemgrpc.New(memory.New(), idemgrpc.GlobalScope, idemgrpc.WithStoreRetryAfter(0))
+		"negative retry wait": func() (*idemgrpc.Interceptor, error) {
+			return idemgrpc.New(memory.New(), idemgrpc.GlobalScope, idemgrpc.WithStoreFailure(policy.StoreFailureRule{RetryAfter: -1}))
 		},
 	} {
 		if ic, err := f(); ic != nil || err == nil {
@@ -327,7 +326,7 @@ func TestLeaseLostCancelsHandler(t *testing.T) {
 		cause <- context.Cause(ctx)
 		return wrapperspb.String("late"), nil
 	}}
-	conn := serve(t, newInterceptor(t, st, idemgrpc.WithLease(100*time.Millisecond), idemgrpc.WithRetention(time.Minute)), svc)
+	conn := serve(t, newInterceptor(t, st, idemgrpc.WithLease(100*time.Millisecond), idemgrpc.WithRecordRetention(policy.RetentionRule{Default: time.Minute})), svc)
 	got, _, err := call(context.Background(), conn, chargeMethod, "k1", "x")
 	if err != nil || got != "late" {
 		t.Fatalf("%q %v", got, err)

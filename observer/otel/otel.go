@@ -19,8 +19,6 @@
 //	idemkey.takeover               true when the claim took over an expired lease
 //	idemkey.original_completed_at  on a replay: when the original response was
 //	                               stored (RFC 3339, the store's clock)
-//	idemkey.complete_retries       when storing the response had to be retried: the
-//	                               number of retried Complete calls (Event.CompleteRetries)
 //	idemkey.completion_pending     true when the response was sent before the store
 //	                               held it: completion goes on in the background
 //	                               (Event.CompletionPending)
@@ -65,7 +63,6 @@ const (
 	AttrReplayed            = attribute.Key("idemkey.replayed")
 	AttrTakeover            = attribute.Key("idemkey.takeover")
 	AttrOriginalCompletedAt = attribute.Key("idemkey.original_completed_at")
-	AttrCompleteRetries     = attribute.Key("idemkey.complete_retries")
 	AttrInTransaction       = attribute.Key("idemkey.in_transaction")
 	AttrCompletionPending   = attribute.Key("idemkey.completion_pending")
 	AttrWaited              = attribute.Key("idemkey.wait_seconds")
@@ -155,9 +152,6 @@ func (o *Observer) Observe(ctx context.Context, e middleware.Event) {
 	span.SetAttributes(AttrDecision.String(e.Decision.String()), AttrReplayed.Bool(replayed), AttrTakeover.Bool(e.Takeover))
 	if replayed && !e.CompletedAt.IsZero() {
 		span.SetAttributes(AttrOriginalCompletedAt.String(e.CompletedAt.UTC().Format(time.RFC3339Nano)))
-	}
-	if e.CompleteRetries > 0 {
-		span.SetAttributes(AttrCompleteRetries.Int(e.CompleteRetries))
 	}
 	if e.CompletionPending {
 		span.SetAttributes(AttrCompletionPending.Bool(true))

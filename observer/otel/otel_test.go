@@ -209,8 +209,8 @@ func TestSpanAttributesOfRetriesAndWaits(t *testing.T) {
 		e    middleware.Event
 		want map[attribute.Key]string
 	}{
-		{middleware.Event{Decision: middleware.Executed, CompleteRetries: 2, InTransaction: true},
-			map[attribute.Key]string{idemotel.AttrCompleteRetries: "2", idemotel.AttrInTransaction: "true"}},
+		{middleware.Event{Decision: middleware.Executed, InTransaction: true},
+			map[attribute.Key]string{idemotel.AttrInTransaction: "true"}},
 		{middleware.Event{Decision: middleware.Executed, CompletionPending: true},
 			map[attribute.Key]string{idemotel.AttrCompletionPending: "true"}},
 		{middleware.Event{Decision: middleware.Replayed, Waited: 1500 * time.Millisecond},
@@ -223,7 +223,7 @@ func TestSpanAttributesOfRetriesAndWaits(t *testing.T) {
 		got := map[attribute.Key]string{}
 		for _, kv := range exp.GetSpans()[0].Attributes {
 			switch kv.Key {
-			case idemotel.AttrCompleteRetries, idemotel.AttrCompletionPending, idemotel.AttrInTransaction, idemotel.AttrWaited:
+			case idemotel.AttrCompletionPending, idemotel.AttrInTransaction, idemotel.AttrWaited:
 				got[kv.Key] = kv.Value.Emit()
 			}
 		}

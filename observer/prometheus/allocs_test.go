@@ -22,7 +22,7 @@ func TestObserveAllocs(t *testing.T) {
 	}
 	ctx := context.Background()
 	events := []middleware.Event{
-		{Decision: middleware.Executed, Status: 201, StoreLatency: time.Millisecond, CompleteRetries: 1, InTransaction: true},
+		{Decision: middleware.Executed, Status: 201, StoreLatency: time.Millisecond, InTransaction: true},
 		{Decision: middleware.Replayed, Status: 201, StoreLatency: time.Millisecond, Waited: time.Millisecond},
 		{Decision: middleware.Released, Status: 503, StoreLatency: time.Millisecond, Takeover: true},
 		{Decision: middleware.PassThrough},

@@ -33,9 +33,6 @@
 //	idemkey_completions_pending_total          responses sent before the store held them:
 //	                                           the one attempt failed and completion goes
 //	                                           on in the background (Event.CompletionPending)
-//	idemkey_complete_retries_total             Complete calls retried on a request's path
-//	                                           (Event.CompleteRetries; 0 since completion
-//	                                           retries run in the background)
 //	idemkey_in_transaction_completions_total   responses the handler stored in its own
 //	                                           transaction (Event.InTransaction)
 //	idemkey_wait_seconds                       histogram (DefaultWaitBuckets, 1 ms to 30 s): how long a duplicate waited for

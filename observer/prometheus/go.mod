@@ -2,8 +2,6 @@ module github.com/idemkey/idemkey/observer/prometheus
 
 go 1.26.0
 
-replace github.com/idemkey/idemkey => ../..
-
 require (
 	github.com/idemkey/idemkey v0.1.0
 	github.com/prometheus/client_golang v1.25.0

@@ -32,7 +32,7 @@ type Observer struct {
 	latency   [256]prometheus.Observer
 
 	replays, inFlight, mismatches, storeErrors, takeovers prometheus.Counter
-	completeRetries, completionsPending, inTransaction    prometheus.Counter
+	completionsPending, inTransaction                     prometheus.Counter
 	waited                                                prometheus.Observer
 
 	answers  *prometheus.CounterVec
@@ -95,8 +95,6 @@ func NewObserver(reg prometheus.Registerer, opts ...Option) (*Observer, error) {
 		mismatches:  counter("idemkey_mismatches_total", "422 answers: the key was used for another request."),
 		storeErrors: counter("idemkey_store_errors_total", "Idempotency store failures (503, fail-open, failed completion or release)."),
 		takeovers:   counter("idemkey_takeovers_total", "Claims that took over an expired lease."),
-		completeRetries: counter("idemkey_complete_retries_total",
-			"Complete calls retried after the store failed to store a response (while the lease was held)."),
 		completionsPending: counter("idemkey_completions_pending_total",
 			"Responses sent before the store held them: the one attempt failed and completion is retried in the background."),
 		inTransaction: counter("idemkey_in_transaction_completions_total",
@@ -111,7 +109,7 @@ func NewObserver(reg prometheus.Registerer, opts ...Option) (*Observer, error) {
 	})
 	m.waited = waited
 	all := []prometheus.Collector{decisions, latency, m.replays, m.inFlight, m.mismatches, m.storeErrors, m.takeovers,
-		m.completeRetries, m.completionsPending, m.inTransaction, waited, m.answers}
+		m.completionsPending, m.inTransaction, waited, m.answers}
 	for i, c := range all {
 		if err := reg.Register(c); err != nil {
 			for _, done := range all[:i] { // leave reg as it was
@@ -170,9 +168,6 @@ func (m *Observer) Observe(_ context.Context, e middleware.Event) {
 	}
 	if e.Takeover {
 		m.takeovers.Inc()
-	}
-	if e.CompleteRetries > 0 {
-		m.completeRetries.Add(float64(e.CompleteRetries))
 	}
 	if e.CompletionPending {
 		m.completionsPending.Inc()

@@ -26,12 +26,12 @@ func TestObserver(t *testing.T) {
 	ctx := context.Background()
 	for _, e := range []middleware.Event{
 		{Decision: middleware.Executed, StoreLatency: 2 * time.Millisecond},
-		{Decision: middleware.Executed, StoreLatency: time.Millisecond, Takeover: true, CompleteRetries: 2, InTransaction: true},
+		{Decision: middleware.Executed, StoreLatency: time.Millisecond, Takeover: true, InTransaction: true},
 		{Decision: middleware.Replayed, StoreLatency: time.Millisecond, Waited: 30 * time.Millisecond},
 		{Decision: middleware.InFlight, StoreLatency: time.Millisecond, Waited: time.Second},
 		{Decision: middleware.Mismatch, StoreLatency: time.Millisecond},
 		{Decision: middleware.StoreError, Err: errors.New("down")},
-		{Decision: middleware.Executed, Err: errors.New("complete failed"), CompleteRetries: 3, CompletionPending: true},
+		{Decision: middleware.Executed, Err: errors.New("complete failed"), CompletionPending: true},
 		{Decision: middleware.LeaseLost, Err: store.ErrLeaseLost},                            // not a store failure
 		{Decision: middleware.StoreFull, Err: store.ErrFull, StoreLatency: time.Microsecond}, // nor is this
 		{Decision: middleware.ClientGone, Err: context.Canceled},                             // nor is a client's hang-up
@@ -62,7 +62,6 @@ func TestObserver(t *testing.T) {
 		"idemkey_mismatches_total":                 1,
 		"idemkey_store_errors_total":               2,
 		"idemkey_takeovers_total":                  1,
-		"idemkey_complete_retries_total":           5,
 		"idemkey_in_transaction_completions_total": 1,
 		"idemkey_completions_pending_total":        1,
 		"idemkey_wait_seconds":                     2,

@@ -100,7 +100,7 @@
 // its own *sql.Tx with CompleteTx, so the side effect and the record commit or
 // roll back together; a stale holder (its lease expired and a retry took the key
 // over) gets store.ErrLeaseLost and rolls back. After the commit, the handler
-// tells the middleware (middleware.MarkCompleted); this module does not import
+// tells the middleware (claim.MarkCompleted); this module does not import
 // the middleware, so the HTTP glue that store/postgres offers as CommitResponse
 // is the caller's few lines here.
 //

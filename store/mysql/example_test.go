@@ -49,7 +49,7 @@ func ExampleStore_CompleteTx() {
 		if err := st.CompleteTx(ctx, tx, id, token, store.Response{Status: 201, Body: []byte(`{"cents":1200}`)}, 24*time.Hour); err != nil {
 			return err
 		}
-		return tx.Commit() // then middleware.MarkCompleted(ctx, resp)
+		return tx.Commit() // then claim.MarkCompleted(ctx, resp)
 	}
 	_ = complete
 	fmt.Println(mysql.DefaultTable)

@@ -2,8 +2,6 @@ module github.com/idemkey/idemkey/store/mysql
 
 go 1.26.0
 
-replace github.com/idemkey/idemkey => ../..
-
 require (
 	github.com/go-sql-driver/mysql v1.10.1
 	github.com/idemkey/idemkey v0.1.0

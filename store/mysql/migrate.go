@@ -90,7 +90,9 @@ func (s *Store) MigrationSQL() string {
 // several processes at once: it holds a named lock (GET_LOCK, per database and
 // table, waiting up to 60 s) on one connection while it works, because DDL
 // statements commit on their own and cannot share a transaction. A database at
-// a newer version is left as it is. Errors are the driver's, wrapped.
+// a newer version is left as it is. On a Galera node without causal reads it
+// changes nothing and returns ErrGaleraSyncWait (galera.go). Errors are the
+// driver's, wrapped.
 func (s *Store) Migrate(ctx context.Context) (err error) {
 	ms, err := loadMigrations()
 	if err != nil {
@@ -101,6 +103,9 @@ func (s *Store) Migrate(ctx context.Context) (err error) {
 		return fmt.Errorf("idemkey/mysql: migrate: %w", err)
 	}
 	defer conn.Close()
+	if err := checkGalera(ctx, conn); err != nil { // galera.go
+		return err
+	}
 	lock := `CONCAT('idemkey_', LEFT(SHA2(CONCAT(DATABASE(), '.', ?), 256), 40))`
 	var got sql.NullInt64
 	if err := conn.QueryRowContext(ctx, `SELECT GET_LOCK(`+lock+`, 60)`, s.table).Scan(&got); err != nil {

@@ -29,7 +29,7 @@ import (
 // waits for it). The completion time and retention are counted from the
 // UPDATE (the server's UTC_TIMESTAMP(6) of that statement).
 //
-// After commit, tell the middleware with middleware.MarkCompleted (this module
+// After commit, tell the middleware with claim.MarkCompleted (this module
 // does not import the middleware).
 func (s *Store) CompleteTx(ctx context.Context, tx *sql.Tx, id store.ID, token store.Token, resp store.Response, retention time.Duration) error {
 	if tx == nil {

@@ -129,7 +129,7 @@ func TestCommitResponseNotCancelledByOwnRenewal(t *testing.T) {
 	}
 	srv := httptest.NewServer(m.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		ctx := r.Context()
-		cl, _ := middleware.ClaimFromContext(ctx)
+		cl, _ := claim.FromContext(ctx)
 		tx, err := slow.Begin(ctx)
 		if err != nil {
 			errs <- err

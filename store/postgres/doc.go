@@ -118,11 +118,10 @@
 // connection is free, so prepared statements and LISTEN do not survive from one
 // statement to the next. WithTransactionPooler sends every statement with
 // pgx.QueryExecModeExec (one round trip, nothing prepared) and makes Wait poll
-// the key's row with back-off (WithPolledWait) instead of listening. A store
-// built without it detects both on first contact: a statement-cache error
-// (SQLSTATE 26000 or 42P05; the statement did not run and is sent again) and a
-// listening connection that never receives its own probe notification
-// (ListenProbeTimeout); each is logged once. CompleteTx runs in the caller's
+// the key's row with back-off (WithPolledWait) instead of listening. The store
+// does not probe for a pooler: one built without the option answers a
+// statement-cache error (SQLSTATE 26000 or 42P05; the statement did not run)
+// with ErrTransactionPooler, which names the option. CompleteTx runs in the caller's
 // transaction, pinned to one server connection until it ends, as on a direct
 // connection.
 //

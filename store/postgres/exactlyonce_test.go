@@ -18,7 +18,9 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/idemkey/idemkey/claim"
 	"github.com/idemkey/idemkey/middleware"
+	"github.com/idemkey/idemkey/policy"
 	"github.com/idemkey/idemkey/store"
 )
 
@@ -183,7 +185,7 @@ func TestHungPostgres(t *testing.T) {
 	}
 	const bound = time.Second
 	var runs atomic.Int32
-	m, err := middleware.New(s, middleware.GlobalScope, middleware.WithStoreFailure(middleware.StoreFailureRule{Timeouts: middleware.StoreTimeouts{Claim: bound}}))
+	m, err := middleware.New(s, middleware.GlobalScope, middleware.WithStoreFailure(policy.StoreFailureRule{Timeouts: claim.Timeouts{Claim: bound}}))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -2,8 +2,6 @@ module github.com/idemkey/idemkey/store/postgres
 
 go 1.26.0
 
-replace github.com/idemkey/idemkey => ../..
-
 require (
 	github.com/idemkey/idemkey v0.1.0
 	github.com/jackc/pgx/v5 v5.13.0

@@ -20,9 +20,9 @@ type Stats struct {
 	// claim in flight), and Listening whether their LISTEN connection is open.
 	Waiters   int64
 	Listening bool
-	// Polling is set when Wait polls instead of listening (WithPolledWait, or a
-	// transaction pooler detected), and PoolerExecMode when every statement is
-	// sent with the forced exec mode (WithQueryExecMode, or a pooler detected).
+	// Polling is set when Wait polls instead of listening (WithPolledWait,
+	// WithTransactionPooler), and PoolerExecMode when every statement is sent
+	// with the forced exec mode (WithQueryExecMode, WithTransactionPooler).
 	Polling, PoolerExecMode bool
 }
 
@@ -31,7 +31,7 @@ type Stats struct {
 func (s *Store) Stats() Stats {
 	waiters, listening := s.waiters.Stats()
 	return Stats{ClaimRetries: s.claimRetries.Load(), Waiters: int64(waiters), Listening: listening,
-		Polling: s.polling.Load(), PoolerExecMode: s.forceMode.Load()}
+		Polling: s.polling, PoolerExecMode: s.forceMode}
 }
 
 // Ping implements store.Pinger: one round trip to the database, through the

@@ -15,7 +15,9 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/idemkey/idemkey/claim"
 	"github.com/idemkey/idemkey/middleware"
+	"github.com/idemkey/idemkey/policy"
 	"github.com/idemkey/idemkey/store"
 )
 
@@ -65,8 +67,8 @@ func TestCommitResponseBoundedOnHungServer(t *testing.T) {
 		t.Fatal(err)
 	}
 	const complete, release = 500 * time.Millisecond, 500 * time.Millisecond
-	m, err := middleware.New(s, middleware.GlobalScope, middleware.WithStoreFailure(middleware.StoreFailureRule{
-		Timeouts: middleware.StoreTimeouts{Complete: complete, Release: release}}))
+	m, err := middleware.New(s, middleware.GlobalScope, middleware.WithStoreFailure(policy.StoreFailureRule{
+		Timeouts: claim.Timeouts{Complete: complete, Release: release}}))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -17,6 +17,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/idemkey/idemkey/claim"
 	"github.com/idemkey/idemkey/middleware"
 	"github.com/idemkey/idemkey/store"
 )
@@ -42,19 +43,19 @@ func TestKillHelperProcess(t *testing.T) {
 	die := func() { syscall.Kill(os.Getpid(), syscall.SIGKILL); select {} }
 	h := m.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		ctx := r.Context()
-		claim, _ := middleware.ClaimFromContext(ctx)
+		cl, _ := claim.FromContext(ctx)
 		tx, err := pool.Begin(ctx)
 		if err != nil {
 			http.Error(w, err.Error(), 503)
 			return
 		}
 		defer tx.Rollback(context.WithoutCancel(ctx))
-		if _, err := tx.Exec(ctx, `INSERT INTO `+side+` (key) VALUES ($1)`, claim.ID.Key); err != nil {
+		if _, err := tx.Exec(ctx, `INSERT INTO `+side+` (key) VALUES ($1)`, cl.ID.Key); err != nil {
 			http.Error(w, err.Error(), 500)
 			return
 		}
 		resp := store.Response{Status: 201, Body: []byte("charged by pid " + fmt.Sprint(os.Getpid()))}
-		if err := s.CompleteTx(ctx, tx, claim.ID, claim.Token, resp, claim.Retention); err != nil {
+		if err := s.CompleteTx(ctx, tx, cl.ID, cl.Token, resp, cl.Retention); err != nil {
 			http.Error(w, err.Error(), 409)
 			return
 		}
@@ -68,7 +69,7 @@ func TestKillHelperProcess(t *testing.T) {
 		if r.Header.Get("X-Kill") == "after-commit" {
 			die() // committed; the response is never sent
 		}
-		middleware.MarkCompleted(ctx, resp)
+		claim.MarkCompleted(ctx, resp)
 		w.WriteHeader(resp.Status)
 		w.Write(resp.Body)
 	}))

@@ -105,7 +105,7 @@ func (s *Store) OneTx(pool *pgxpool.Pool, opts ...TxOption) (*TxStore, error) {
 	if pool == nil {
 		return nil, fmt.Errorf("%w: postgres: nil pool for the one-transaction mode", store.ErrInvalid)
 	}
-	if s.epoch > 0 {
+	if s.part != nil {
 		return nil, errPartitionedOneTx // partition.go
 	}
 	t := &TxStore{Store: s, pool: pool, wait: DefaultLockWait, stmtTimeout: claim.DefaultStoreTimeout}

@@ -12,7 +12,9 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/idemkey/idemkey/claim"
 	"github.com/idemkey/idemkey/middleware"
+	"github.com/idemkey/idemkey/policy"
 	"github.com/idemkey/idemkey/store"
 )
 
@@ -107,7 +109,7 @@ func TestOneTxEndedBySQL(t *testing.T) {
 func TestOneTxLockWaitWithinClaimTimeout(t *testing.T) {
 	entered, proceed := make(chan struct{}, 1), make(chan struct{})
 	e := newOneTxEnv(t, nil, heldInsert(entered, proceed), []TxOption{WithLockWait(20 * time.Second)},
-		middleware.WithStoreFailure(middleware.StoreFailureRule{Timeouts: middleware.StoreTimeouts{Claim: 4 * time.Second}}))
+		middleware.WithStoreFailure(policy.StoreFailureRule{Timeouts: claim.Timeouts{Claim: 4 * time.Second}}))
 	release := sync.OnceFunc(func() { close(proceed) })
 	t.Cleanup(release) // before the server closes, should the test fail first
 	first := make(chan int, 1)

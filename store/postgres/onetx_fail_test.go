@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemkey/idemkey/claim"
 	"github.com/idemkey/idemkey/middleware"
 	"github.com/idemkey/idemkey/store"
 )
@@ -213,13 +214,13 @@ func TestOneTxOutlivesLease(t *testing.T) {
 		t.Fatal(err)
 	}
 	rc := &renewCounter{TxStore: ts, renewed: make(chan struct{}, 1)}
-	m, err := middleware.New(rc, middleware.GlobalScope, middleware.WithLease(middleware.MinLease))
+	m, err := middleware.New(rc, middleware.GlobalScope, middleware.WithLease(claim.MinLease))
 	if err != nil {
 		t.Fatal(err)
 	}
 	srv := httptest.NewServer(m.OneTx(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		select {
-		case <-time.After(3 * middleware.MinLease):
+		case <-time.After(3 * claim.MinLease):
 		case <-r.Context().Done():
 			t.Error("the handler's context was cancelled")
 		}

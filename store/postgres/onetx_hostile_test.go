@@ -17,6 +17,7 @@ import (
 
 	"github.com/idemkey/idemkey/claim"
 	"github.com/idemkey/idemkey/middleware"
+	"github.com/idemkey/idemkey/policy"
 	"github.com/idemkey/idemkey/store"
 )
 
@@ -303,8 +304,8 @@ func TestOneTxHungServerBounded(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	m, err := middleware.New(ts, middleware.GlobalScope, middleware.WithStoreFailure(middleware.StoreFailureRule{
-		Timeouts: middleware.StoreTimeouts{Complete: bound, Release: bound}}))
+	m, err := middleware.New(ts, middleware.GlobalScope, middleware.WithStoreFailure(policy.StoreFailureRule{
+		Timeouts: claim.Timeouts{Complete: bound, Release: bound}}))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -12,7 +12,9 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/idemkey/idemkey/claim"
 	"github.com/idemkey/idemkey/middleware"
+	"github.com/idemkey/idemkey/policy"
 )
 
 // TestOneTxStormExecModes: concurrent copies of many keys on a one-transaction
@@ -53,7 +55,7 @@ func stormExecMode(t *testing.T, url string, mode pgx.QueryExecMode) {
 	s := newStore(t, admin, pool)
 	side := sideTable(t, admin, s, "")
 	ts, m := oneTxMiddleware(t, s, pool, []TxOption{WithLockWait(20 * time.Second)},
-		middleware.WithStoreFailure(middleware.StoreFailureRule{Timeouts: middleware.StoreTimeouts{Claim: 45 * time.Second}}))
+		middleware.WithStoreFailure(policy.StoreFailureRule{Timeouts: claim.Timeouts{Claim: 45 * time.Second}}))
 	e := &oneTxEnv{t: t, pool: admin, st: s, ts: ts, side: side,
 		client: &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 64}}}
 	inner := insertInTx(e)

@@ -15,7 +15,9 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/idemkey/idemkey/claim"
 	"github.com/idemkey/idemkey/middleware"
+	"github.com/idemkey/idemkey/policy"
 	"github.com/idemkey/idemkey/store"
 )
 
@@ -113,7 +115,7 @@ func (e *oneTxEnv) counts() (rows, distinct, records int) {
 // first's, byte for byte (the duplicates waited on the row lock and replayed).
 func TestOneTxStorm(t *testing.T) {
 	e := newOneTxEnv(t, nil, insertInTx, []TxOption{WithLockWait(20 * time.Second)},
-		middleware.WithStoreFailure(middleware.StoreFailureRule{Timeouts: middleware.StoreTimeouts{Claim: 30 * time.Second}}))
+		middleware.WithStoreFailure(policy.StoreFailureRule{Timeouts: claim.Timeouts{Claim: 30 * time.Second}}))
 	const keys, copies = 300, 5
 	answers := e.storm("storm", keys, copies, 48)
 	for k, a := range answers {
@@ -268,7 +270,7 @@ func TestOneTxDuplicateWaitsOnLock(t *testing.T) {
 	t.Run("commits within the bound", func(t *testing.T) {
 		proceed = make(chan struct{})
 		e := newOneTxEnv(t, nil, handler, []TxOption{WithLockWait(15 * time.Second)},
-			middleware.WithStoreFailure(middleware.StoreFailureRule{Timeouts: middleware.StoreTimeouts{Claim: 20 * time.Second}}))
+			middleware.WithStoreFailure(policy.StoreFailureRule{Timeouts: claim.Timeouts{Claim: 20 * time.Second}}))
 		release := sync.OnceFunc(func() { close(proceed) })
 		t.Cleanup(release) // before the server closes, should the test fail first
 		first := send(e, "lock-1")
@@ -525,7 +527,7 @@ func TestOneTxHandlerLockTimeout(t *testing.T) {
 			fmt.Fprint(w, v)
 		}
 	}, []TxOption{WithLockWait(15 * time.Second)},
-		middleware.WithStoreFailure(middleware.StoreFailureRule{Timeouts: middleware.StoreTimeouts{Claim: 40 * time.Second}}))
+		middleware.WithStoreFailure(policy.StoreFailureRule{Timeouts: claim.Timeouts{Claim: 40 * time.Second}}))
 	code, _, body, err := e.post("timeout")
 	if err != nil || code != 201 || body != "250ms" {
 		t.Fatalf("%d %q %v; want 201 and the connection's lock_timeout 250ms", code, body, err)

@@ -50,7 +50,18 @@ const (
 // isolation it fails with SQLSTATE 0A000. A sweep stopped between a detach and
 // its drop leaves a table the next sweep drops (it marks a partition with a
 // comment before detaching it and drops no table without that mark).
-func WithPartitions(epoch time.Duration) Option { return func(s *Store) { s.epoch = epoch } }
+func WithPartitions(epoch time.Duration) Option {
+	return func(s *Store) { s.part = &partitioned{s: s, epoch: epoch} }
+}
+
+// partitioned is the partitioned layout (WithPartitions): its epoch, and what only
+// it runs: its migrations' placeholders, its claim attempt, the creation of
+// partitions and the sweep that drops them (partition_sweep.go). A Store of the
+// plain layout has none.
+type partitioned struct {
+	s     *Store
+	epoch time.Duration
+}
 
 //go:embed migrations_partitioned/*.sql
 var partitionedFiles embed.FS
@@ -61,13 +72,14 @@ var errPartitionedOneTx = fmt.Errorf("%w: postgres: the one-transaction mode (On
 // useLayout checks the partitioned layout's options and installs its statements;
 // it does nothing for the plain layout. Called by New once the names are set.
 func (s *Store) useLayout() error {
-	if s.epoch == 0 {
+	p := s.part
+	if p == nil {
 		return nil
 	}
 	switch {
-	case s.epoch < MinEpoch || s.epoch > MaxEpoch || s.epoch%time.Second != 0:
-		return fmt.Errorf("%w: postgres: partition epoch %v must be whole seconds from %v to %v", store.ErrInvalid, s.epoch, MinEpoch, MaxEpoch)
-	case s.forceMode.Load():
+	case p.epoch < MinEpoch || p.epoch > MaxEpoch || p.epoch%time.Second != 0:
+		return fmt.Errorf("%w: postgres: partition epoch %v must be whole seconds from %v to %v", store.ErrInvalid, p.epoch, MinEpoch, MaxEpoch)
+	case s.forceMode:
 		return fmt.Errorf("%w: postgres: the partitioned layout needs session connections for its sweep, not WithTransactionPooler or WithQueryExecMode", store.ErrInvalid)
 	case strings.Contains(s.schema+s.table, "$idemkey$"):
 		return fmt.Errorf("%w: postgres: names containing $idemkey$ cannot be used with the partitioned layout", store.ErrInvalid)
@@ -95,26 +107,35 @@ func onClockTimestamp(stmt string) string {
 
 // layoutMigrations returns the migrations of the store's layout.
 func (s *Store) layoutMigrations() ([]migrate.Migration, error) {
-	if s.epoch == 0 {
+	if s.part == nil {
 		return migrations()
 	}
 	return migrate.Load(partitionedFiles, "migrations_partitioned")
 }
 
+// renderLayout renders the placeholders of the store's layout's migrations.
+func (s *Store) renderLayout(sql string) string {
+	if s.part == nil {
+		return s.render(sql)
+	}
+	return s.part.render(sql)
+}
+
 // renderPartitioned renders the partitioned layout's placeholders, then the
 // plain ones.
-func (s *Store) renderPartitioned(sql string) string {
+func (p *partitioned) render(sql string) string {
+	s := p.s
 	return strings.NewReplacer(
 		"{{id_index}}", pgx.Identifier{s.table + "_id_idx"}.Sanitize(),
-		"{{epoch_comment}}", literal(epochComment+strconv.FormatInt(int64(s.epoch/time.Second), 10)),
-		"{{epoch_seconds}}", strconv.FormatInt(int64(s.epoch/time.Second), 10),
+		"{{epoch_comment}}", literal(epochComment+strconv.FormatInt(int64(p.epoch/time.Second), 10)),
+		"{{epoch_seconds}}", strconv.FormatInt(int64(p.epoch/time.Second), 10),
 		"{{claim_fn}}", s.ident(s.table+"_claim"),
 		"{{ensure_fn}}", s.ident(s.table+"_ensure"),
 		"{{expired_fn}}", s.ident(s.table+"_expired"),
 		"{{drop_detached_fn}}", s.ident(s.table+"_drop_detached"),
-		"{{detached_comment}}", literal(s.detachedComment()),
-		"{{lock_class}}", strconv.FormatInt(int64(s.lockClass()), 10),
-		"{{key_lock_base}}", strconv.FormatInt(int64(s.lockClass())<<32, 10),
+		"{{detached_comment}}", literal(p.detachedComment()),
+		"{{lock_class}}", strconv.FormatInt(int64(p.lockClass()), 10),
+		"{{key_lock_base}}", strconv.FormatInt(int64(p.lockClass())<<32, 10),
 		"{{table_literal}}", literal(s.qualified),
 		"{{part_prefix}}", literal(s.table+"_p"),
 	).Replace(s.render(sql))
@@ -124,7 +145,8 @@ func (s *Store) renderPartitioned(sql string) string {
 // two int4 keys of the table-level locks (partition creation 0, the sweep 1), and
 // the high half of the bigint key of each idempotency key's lock (see migration
 // 0002: the two forms never collide).
-func (s *Store) lockClass() int32 {
+func (p *partitioned) lockClass() int32 {
+	s := p.s
 	h := fnv.New32a()
 	h.Write([]byte(s.qualified))
 	return int32(h.Sum32())
@@ -133,7 +155,8 @@ func (s *Store) lockClass() int32 {
 // detachedComment is the comment the sweep puts on a partition just before it
 // detaches it: the mark by which a later sweep knows a detached table left over
 // (a sweep stopped before its DROP TABLE) as its own.
-func (s *Store) detachedComment() string {
+func (p *partitioned) detachedComment() string {
+	s := p.s
 	return "idemkey partitioned layout: detached by the sweep of " + s.qualified + ", to drop"
 }
 
@@ -162,25 +185,30 @@ func (s *Store) checkLayout(ctx context.Context, q migrate.Querier) error {
 		return fmt.Errorf("read the layout: %w", err)
 	}
 	partitioned := kind != nil && *kind == "p"
-	want := epochComment + strconv.FormatInt(int64(s.epoch/time.Second), 10)
+	var epoch time.Duration
+	if s.part != nil {
+		epoch = s.part.epoch
+	}
+	want := epochComment + strconv.FormatInt(int64(epoch/time.Second), 10)
 	switch {
-	case s.epoch == 0 && partitioned:
+	case epoch == 0 && partitioned:
 		return fmt.Errorf("%w: table %s has the partitioned layout; configure the store WithPartitions as it was created", store.ErrInvalid, s.qualified)
-	case s.epoch > 0 && !partitioned:
+	case epoch > 0 && !partitioned:
 		return fmt.Errorf("%w: table %s has the plain layout; WithPartitions needs a new table (WithTable), it does not convert one", store.ErrInvalid, s.qualified)
-	case s.epoch > 0 && (comment == nil || *comment != want):
+	case epoch > 0 && (comment == nil || *comment != want):
 		got := "none"
 		if comment != nil {
 			got = *comment
 		}
-		return fmt.Errorf("%w: table %s is partitioned by another epoch (%q), the store is configured with %v", store.ErrInvalid, s.qualified, got, s.epoch)
+		return fmt.Errorf("%w: table %s is partitioned by another epoch (%q), the store is configured with %v", store.ErrInvalid, s.qualified, got, epoch)
 	}
 	return nil
 }
 
 // ensurePartitions creates the partitions of the current epoch and the next
 // ones that are missing, returning how many it created.
-func (s *Store) ensurePartitions(ctx context.Context, q migrate.Querier) (int, error) {
+func (p *partitioned) ensure(ctx context.Context, q migrate.Querier) (int, error) {
+	s := p.s
 	var n int
 	err := q.QueryRow(ctx, `SELECT `+s.ident(s.table+"_ensure")+`($1)`, partitionsAhead).Scan(&n)
 	return n, err
@@ -189,14 +217,36 @@ func (s *Store) ensurePartitions(ctx context.Context, q migrate.Querier) (int, e
 // partitionMissing tells whether err is a claim's insert finding no partition for
 // the current epoch (no sweep ran for an epoch or more); it then creates the
 // partitions, so the claim can run again.
-func (s *Store) partitionMissing(ctx context.Context, err error) bool {
+func (p *partitioned) missing(ctx context.Context, err error) bool {
+	s := p.s
 	var pe *pgconn.PgError
-	if s.epoch == 0 || !errors.As(err, &pe) || pe.Code != "23514" || !strings.Contains(pe.Message, "no partition") {
+	if !errors.As(err, &pe) || pe.Code != "23514" || !strings.Contains(pe.Message, "no partition") {
 		return false
 	}
-	if _, err := s.ensurePartitions(ctx, s.db); err != nil {
+	if _, err := p.ensure(ctx, s.db); err != nil {
 		s.log().Warn("idemkey/postgres: creating the current epoch's partition failed", "table", s.qualified, "err", err)
 		return false
 	}
 	return true
+}
+
+// claim is Claim in the partitioned layout: one call of the claim function,
+// which reads the key's row itself and decides under the key's advisory lock, so
+// it always returns one row; its only "again" is an insert that found no
+// partition for the current epoch (no sweep ran for an epoch or more), after the
+// partitions were created.
+func (p *partitioned) claim(ctx context.Context, req store.ClaimRequest) (store.ClaimResult, error) {
+	s := p.s
+	return s.claimLoop(req, "claim", func(tok store.Token, args []any) (store.ClaimResult, bool, error) {
+		var r claimRow
+		err := r.scan(s.db.QueryRow(ctx, s.claimSQL, s.withMode(args...)...))
+		switch {
+		case err != nil && p.missing(ctx, err):
+			return store.ClaimResult{}, true, nil
+		case err != nil:
+			return store.ClaimResult{}, false, fmt.Errorf("idemkey/postgres: claim: %w", poolerErr(err))
+		}
+		res, err := s.decide(&r, req, tok)
+		return res, false, err
+	})
 }

@@ -97,7 +97,7 @@ func TestPartitionKeyLocksApartFromTableLocks(t *testing.T) {
 		[]byte(id.Scope), []byte(id.Key)).Scan(&hash); err != nil {
 		t.Fatal(err)
 	}
-	class := uint32(e.s.lockClass())
+	class := uint32(e.s.part.lockClass())
 	fp, tok := fingerprint("fp"), fingerprint("token")
 	key := heldAdvisory(t, e, e.s.claimSQL, []byte(id.Scope), []byte(id.Key), fp[:], tok[:16], int64(60000), int64(3600000))
 	if want := (advisoryLock{class, uint32(hash), 1}); len(key) != 1 || key[0] != want {

@@ -79,7 +79,7 @@ func TestPartitionLateInsertSurvivesSweep(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s.epoch = 2 * time.Second
+	s.part.epoch = 2 * time.Second
 	const epochSQL = `floor(extract(epoch FROM clock_timestamp()) / 2)::bigint`
 	// Early in an epoch, so the claim's clock reading falls in it.
 	waitFor(t, pool, "the start of an epoch", `SELECT extract(epoch FROM clock_timestamp())::numeric % 2 < 0.5`)

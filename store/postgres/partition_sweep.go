@@ -31,8 +31,9 @@ LEFT JOIN pg_class c ON c.oid = i.inhrelid`
 // them), then drops every partition of a past epoch whose records have all
 // expired. It returns the dropped partitions' estimated row counts
 // (pg_class.reltuples), summed.
-func (s *Store) sweepPartitions(ctx context.Context) (dropped int64, err error) {
-	q, done, err := s.session(ctx)
+func (p *partitioned) sweep(ctx context.Context) (dropped int64, err error) {
+	s := p.s
+	q, done, err := p.session(ctx)
 	if err != nil {
 		return 0, fmt.Errorf("idemkey/postgres: sweep: %w", err)
 	}
@@ -41,18 +42,18 @@ func (s *Store) sweepPartitions(ctx context.Context) (dropped int64, err error) 
 		return 0, fmt.Errorf("idemkey/postgres: sweep: %w", err)
 	}
 	var locked bool
-	if err := q.QueryRow(ctx, `SELECT pg_try_advisory_lock($1, 1)`, s.lockClass()).Scan(&locked); err != nil {
+	if err := q.QueryRow(ctx, `SELECT pg_try_advisory_lock($1, 1)`, p.lockClass()).Scan(&locked); err != nil {
 		return 0, fmt.Errorf("idemkey/postgres: sweep: %w", err)
 	}
 	if !locked {
 		return 0, nil // another process sweeps this table now
 	}
 	defer func() {
-		if _, uerr := q.Exec(context.WithoutCancel(ctx), `SELECT pg_advisory_unlock($1, 1)`, s.lockClass()); uerr != nil && err == nil {
+		if _, uerr := q.Exec(context.WithoutCancel(ctx), `SELECT pg_advisory_unlock($1, 1)`, p.lockClass()); uerr != nil && err == nil {
 			err = fmt.Errorf("idemkey/postgres: sweep: unlock: %w", uerr)
 		}
 	}()
-	if _, err := s.ensurePartitions(ctx, q); err != nil {
+	if _, err := p.ensure(ctx, q); err != nil {
 		return 0, fmt.Errorf("idemkey/postgres: sweep: create partitions: %w", err)
 	}
 	var left int64
@@ -66,15 +67,15 @@ func (s *Store) sweepPartitions(ctx context.Context) (dropped int64, err error) 
 		rows    []int64
 		cur     int64
 	)
-	if err := q.QueryRow(ctx, partitionsSQL, s.qualified, int64(s.epoch.Seconds())).Scan(&names, &pending, &rows, &cur); err != nil {
+	if err := q.QueryRow(ctx, partitionsSQL, s.qualified, int64(p.epoch.Seconds())).Scan(&names, &pending, &rows, &cur); err != nil {
 		return 0, fmt.Errorf("idemkey/postgres: sweep: list partitions: %w", err)
 	}
 	for i, name := range names {
-		epoch, ok := s.partitionEpoch(name)
+		epoch, ok := p.epochOf(name)
 		if !ok || epoch >= cur {
 			continue // not ours, or the current epoch's or later
 		}
-		gone, err := s.dropPartition(ctx, q, name, pending[i])
+		gone, err := p.drop(ctx, q, name, pending[i])
 		if err != nil {
 			return dropped, fmt.Errorf("idemkey/postgres: sweep: partition %s: %w", name, err)
 		}
@@ -86,7 +87,8 @@ func (s *Store) sweepPartitions(ctx context.Context) (dropped int64, err error) 
 }
 
 // partitionEpoch parses the epoch out of a partition's name, "<table>_p<epoch>".
-func (s *Store) partitionEpoch(name string) (int64, bool) {
+func (p *partitioned) epochOf(name string) (int64, bool) {
+	s := p.s
 	digits, ok := strings.CutPrefix(name, s.table+"_p")
 	if !ok {
 		return 0, false
@@ -99,7 +101,8 @@ func (s *Store) partitionEpoch(name string) (int64, bool) {
 // have expired (or when a stopped sweep left it pending a detach), and tells
 // whether it did. A partition whose lock is not granted within the wait is left
 // to the next sweep.
-func (s *Store) dropPartition(ctx context.Context, q Querier, name string, pending bool) (bool, error) {
+func (p *partitioned) drop(ctx context.Context, q Querier, name string, pending bool) (bool, error) {
+	s := p.s
 	part := s.ident(name)
 	if pending {
 		if _, err := q.Exec(ctx, `ALTER TABLE `+s.qualified+` DETACH PARTITION `+part+` FINALIZE`); err != nil {
@@ -117,7 +120,7 @@ func (s *Store) dropPartition(ctx context.Context, q Querier, name string, pendi
 		}
 		// The mark first, in its own transaction: should the sweep stop after the
 		// detach, the next one finds the table by it.
-		if _, err := q.Exec(ctx, `COMMENT ON TABLE `+part+` IS `+literal(s.detachedComment())); err != nil {
+		if _, err := q.Exec(ctx, `COMMENT ON TABLE `+part+` IS `+literal(p.detachedComment())); err != nil {
 			return false, err
 		}
 		if _, err := q.Exec(ctx, `ALTER TABLE `+s.qualified+` DETACH PARTITION `+part+` CONCURRENTLY`); err != nil {
@@ -130,7 +133,8 @@ func (s *Store) dropPartition(ctx context.Context, q Querier, name string, pendi
 
 // session returns a querier bound to one connection (one taken from the pool
 // when the store's Querier is a pool) and the function that gives it back.
-func (s *Store) session(ctx context.Context) (Querier, func(), error) {
+func (p *partitioned) session(ctx context.Context) (Querier, func(), error) {
+	s := p.s
 	a, ok := s.db.(acquirer)
 	if !ok {
 		return s.db, func() {}, nil // a connection: its own session

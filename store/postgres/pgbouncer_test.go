@@ -2,12 +2,15 @@ package postgres
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"os"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemkey/idemkey/store"
@@ -80,14 +83,16 @@ func TestWaitingThroughPgBouncer(t *testing.T) {
 	}
 }
 
-// TestPgBouncerDetected: a store configured for a direct connection, put behind
-// PgBouncer, detects it: concurrent claims that hit pgx's statement cache are
-// sent again without it (no claim fails; Migrate, whose transaction such an
-// error aborts, runs again), and a Wait whose listening connection
-// never gets its probe notification wakes and polls from then on.
-func TestPgBouncerDetected(t *testing.T) {
+// TestPgBouncerWithoutTheOption: a store configured for a direct connection,
+// put behind PgBouncer, never guesses: a statement that meets pgx's statement
+// cache across server connections fails with ErrTransactionPooler (no claim is
+// sent twice), and Wait still listens (nothing switches it to polling).
+func TestPgBouncerWithoutTheOption(t *testing.T) {
 	admin, bouncer := newPool(t, ""), pgbouncerPool(t)
-	s := bouncedStore(t, admin, bouncer, WithListenerIdle(0))
+	// Migrated directly: PgBouncer's server connections keep the statements
+	// earlier clients prepared, so an unconfigured Migrate through it may fail
+	// too (with ErrTransactionPooler); this test is about the claims.
+	s := newStore(t, admin, bouncer, WithListenerIdle(0))
 	ctx := t.Context()
 	var wg sync.WaitGroup
 	errs := make(chan error, 64)
@@ -104,40 +109,55 @@ func TestPgBouncerDetected(t *testing.T) {
 	}
 	wg.Wait()
 	close(errs)
+	failed := 0
 	for err := range errs {
-		t.Errorf("claim through PgBouncer: %v", err)
-	}
-	// Whether a claim met a server connection with or without the statement
-	// depends on PgBouncer's assignment; none may fail either way.
-	t.Logf("statement cache errors met and detected: %v", s.Stats().PoolerExecMode)
-	id := store.ID{Scope: "tenant", Key: "waited"}
-	r, err := s.Claim(ctx, store.ClaimRequest{ID: id, Fingerprint: fingerprint("a"), Lease: time.Minute, Retention: time.Hour})
-	if err != nil || r.Outcome != store.Claimed {
-		t.Fatalf("claim: %+v %v", r, err)
-	}
-	done := make(chan error, 1)
-	go func() {
-		wctx, cancel := context.WithTimeout(ctx, 3*ListenProbeTimeout)
-		defer cancel()
-		for { // a spurious wake-up (the probe failed) is followed by a poll
-			if err := s.Wait(wctx, id); err != nil {
-				done <- err
-				return
-			}
-			info, err := s.Inspect(wctx, id)
-			if err != nil || info.State != store.StateInFlight {
-				done <- err
-				return
-			}
+		failed++
+		if !errors.Is(err, ErrTransactionPooler) {
+			t.Errorf("claim through PgBouncer: %v, want ErrTransactionPooler", err)
 		}
-	}()
-	if err := s.Complete(ctx, id, r.Token, store.Response{Status: 201}, time.Hour); err != nil {
-		t.Fatal(err)
 	}
-	if err := <-done; err != nil {
-		t.Fatalf("Wait through PgBouncer = %v, want woken", err)
+	// Whether a concurrent claim met a server connection without its statement
+	// depends on PgBouncer's assignment; every failure must name the option.
+	t.Logf("%d of 64 concurrent claims met the pooler", failed)
+	if st := s.Stats(); st.Polling || st.PoolerExecMode {
+		t.Fatalf("the store switched modes on its own: %+v", st)
 	}
-	if !s.Stats().Polling {
-		t.Error("the deaf listener was not detected")
+	// Two clients, one after the other: PgBouncer hands the second the server
+	// connection the first just prepared the claim statement on (it reuses the
+	// last one freed), so the second's prepare meets it (42P05).
+	u := os.Getenv("PGBOUNCER_URL")
+	var errs2 []error
+	for range 2 {
+		c, err := New(newPool(t, u, func(c *pgxpool.Config) { c.MaxConns = 1 }), WithSchema(s.schema))
+		if err != nil {
+			t.Fatal(err)
+		}
+		id := store.ID{Scope: "tenant", Key: "seq-" + store.NewToken().String()[:8]}
+		if _, err := c.Claim(ctx, store.ClaimRequest{ID: id, Fingerprint: fingerprint("a"), Lease: time.Minute, Retention: time.Hour}); err != nil {
+			errs2 = append(errs2, err)
+		}
+	}
+	if len(errs2) == 0 {
+		t.Fatal("two clients prepared the claim statement on one server connection without an error")
+	}
+	for _, err := range errs2 {
+		if !errors.Is(err, ErrTransactionPooler) {
+			t.Errorf("sequential claim through PgBouncer: %v, want ErrTransactionPooler", err)
+		}
+	}
+}
+
+// TestPoolerErr: the statement-cache errors of a transaction pooler, and only
+// they, are answered ErrTransactionPooler, the driver's error still wrapped.
+func TestPoolerErr(t *testing.T) {
+	for code, want := range map[string]bool{"26000": true, "42P05": true, "40001": false, "23505": false} {
+		pgErr := &pgconn.PgError{Code: code}
+		err := poolerErr(fmt.Errorf("claim: %w", pgErr))
+		if errors.Is(err, ErrTransactionPooler) != want || !errors.Is(err, pgErr) {
+			t.Errorf("%s: %v", code, err)
+		}
+	}
+	if poolerErr(nil) != nil {
+		t.Error("nil error wrapped")
 	}
 }

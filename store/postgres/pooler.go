@@ -23,29 +23,24 @@ import (
 //   - Wait's LISTEN: the server connection that ran it goes back to the pool, and
 //     its notifications never reach the listening client.
 //
-// WithTransactionPooler fixes both up front. Without it the store detects them:
-// the first 26000 or 42P05 error switches every later statement to
-// QueryExecModeExec (the failed statement did not run and is sent again, except
-// inside the caller's transaction, which the error has aborted), and a listening
-// connection that does not receive its own probe notification within
-// ListenProbeTimeout switches Wait to polling. Both are logged once (WithLogger).
+// WithTransactionPooler configures both up front; the store never guesses. A
+// statement that fails with 26000 or 42P05 is answered ErrTransactionPooler
+// (wrapping the driver's error), so the first request behind an unconfigured
+// pooler says what to configure instead of failing at random.
 
-// ListenProbeTimeout bounds how long a new listening connection waits for its
-// own probe notification before Wait concludes that notifications cannot arrive
-// (a transaction pooler) and polls instead.
-const ListenProbeTimeout = 2 * time.Second
-
-// probePrefix starts the payload of the listener's probe; a key's payload is 64
-// hex digits, so they never collide.
-const probePrefix = "probe:"
+// ErrTransactionPooler is wrapped by the error of a statement that failed
+// because prepared statements do not survive between statements: a
+// transaction pooler (PgBouncer in transaction mode) that the store was not
+// configured for. Give New WithTransactionPooler.
+var ErrTransactionPooler = errors.New("idemkey/postgres: prepared statements do not survive between statements (a transaction pooler such as PgBouncer in transaction mode?): configure WithTransactionPooler")
 
 // WithQueryExecMode sends every statement of the store (CompleteTx's too) with
 // mode, whatever the Querier's default: pgx.QueryExecModeExec or
 // pgx.QueryExecModeSimpleProtocol behind a transaction pooler, which cannot keep
 // prepared statements. Default: the Querier's own mode (pgx's statement cache
-// unless configured otherwise), until a pooler is detected.
+// unless configured otherwise).
 func WithQueryExecMode(mode pgx.QueryExecMode) Option {
-	return func(s *Store) { s.execMode = mode; s.forceMode.Store(true) }
+	return func(s *Store) { s.execMode, s.forceMode = mode, true }
 }
 
 // WithPolledWait makes Wait poll the key's row (one SELECT by primary key) with
@@ -54,7 +49,7 @@ func WithQueryExecMode(mode pgx.QueryExecMode) Option {
 // for a Querier whose connections are shared by transaction (PgBouncer's
 // transaction mode), or any Querier that is not a *pgxpool.Pool.
 func WithPolledWait(first, max time.Duration) Option {
-	return func(s *Store) { s.pollFirst, s.pollMax = first, max; s.polling.Store(true) }
+	return func(s *Store) { s.pollFirst, s.pollMax, s.polling = first, max, true }
 }
 
 // WithTransactionPooler configures the store for a transaction-pooling proxy
@@ -70,49 +65,31 @@ func WithTransactionPooler() Option {
 
 // withMode returns args behind the forced exec mode, if any.
 func (s *Store) withMode(args ...any) []any {
-	if !s.forceMode.Load() {
+	if !s.forceMode {
 		return args
 	}
 	return append([]any{s.execMode}, args...)
 }
 
-// isPoolerStatementError reports an error of pgx's statement cache behind a
-// transaction pooler: the statement was not run.
-func isPoolerStatementError(err error) bool {
+// poolerErr returns err, wrapped with ErrTransactionPooler when it is an error of
+// pgx's statement cache behind a transaction pooler (the statement did not run).
+func poolerErr(err error) error {
 	var pgErr *pgconn.PgError
-	return errors.As(err, &pgErr) && (pgErr.Code == "26000" || pgErr.Code == "42P05")
+	if errors.As(err, &pgErr) && (pgErr.Code == "26000" || pgErr.Code == "42P05") {
+		return fmt.Errorf("%w: %w", ErrTransactionPooler, err)
+	}
+	return err
 }
 
-// detectPooler switches the store to QueryExecModeExec after a statement-cache
-// error; it reports whether the caller should send the statement again (also
-// when a concurrent call switched first: this one was sent with the cache).
-func (s *Store) detectPooler(err error) bool {
-	if !isPoolerStatementError(err) {
-		return false
-	}
-	if s.forceMode.CompareAndSwap(false, true) {
-		s.log().Warn("idemkey/postgres: prepared statements do not survive between statements (a transaction pooler such as PgBouncer?): sending every statement with QueryExecModeExec; configure WithTransactionPooler to skip this", "table", s.qualified, "err", err)
-	}
-	return true
-}
-
-// exec runs one statement of the store with the forced exec mode, sending it
-// again once if it revealed a transaction pooler.
+// exec runs one statement of the store with the forced exec mode, if any.
 func (s *Store) exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
 	tag, err := s.db.Exec(ctx, sql, s.withMode(args...)...)
-	if err != nil && s.detectPooler(err) {
-		tag, err = s.db.Exec(ctx, sql, s.withMode(args...)...)
-	}
-	return tag, err
+	return tag, poolerErr(err)
 }
 
 // queryRow runs one single-row statement of the store and scans it, as exec.
 func (s *Store) queryRow(ctx context.Context, sql string, args []any, dest ...any) error {
-	err := s.db.QueryRow(ctx, sql, s.withMode(args...)...).Scan(dest...)
-	if err != nil && s.detectPooler(err) {
-		err = s.db.QueryRow(ctx, sql, s.withMode(args...)...).Scan(dest...)
-	}
-	return err
+	return poolerErr(s.db.QueryRow(ctx, sql, s.withMode(args...)...).Scan(dest...))
 }
 
 // pollSQL is the polling Wait's look: does the key hold a live claim? A plain
@@ -120,7 +97,7 @@ func (s *Store) queryRow(ctx context.Context, sql string, args []any, dest ...an
 const pollSQL = `SELECT EXISTS (SELECT FROM %[1]s
 WHERE scope = $1 AND key = $2 AND status IS NULL AND lease_until > now() AND expires_at > now())`
 
-// pollWait is Wait by polling (WithPolledWait, or a detected pooler).
+// pollWait is Wait by polling (WithPolledWait).
 func (s *Store) pollWait(ctx context.Context, id store.ID) error {
 	scope, key := bytesOf(id.Scope), bytesOf(id.Key)
 	return waitset.Poll(ctx, s.pollFirst, s.pollMax, func(ctx context.Context) (bool, error) {
@@ -130,33 +107,6 @@ func (s *Store) pollWait(ctx context.Context, id store.ID) error {
 		}
 		return live, nil
 	})
-}
-
-// probeListener sends a notification to the store's channel through the Querier
-// and waits up to ListenProbeTimeout for it on conn, which listens; the
-// notifications of waited keys that arrive meanwhile are delivered. False means
-// notifications do not reach conn: Wait polls from now on.
-func (s *Store) probeListener(ctx context.Context, conn *pgx.Conn, deliver func(*pgconn.Notification)) (bool, error) {
-	probe := probePrefix + store.NewToken().String()
-	if _, err := s.exec(ctx, `SELECT pg_notify($1, $2)`, s.channel, probe); err != nil {
-		return false, err
-	}
-	pctx, cancel := context.WithTimeout(ctx, ListenProbeTimeout)
-	defer cancel()
-	for {
-		n, err := conn.WaitForNotification(pctx)
-		switch {
-		case err != nil && ctx.Err() == nil && pctx.Err() != nil:
-			s.polling.Store(true)
-			s.log().Warn("idemkey/postgres: the listening connection does not receive notifications (a transaction pooler such as PgBouncer?): Wait polls from now on; configure WithTransactionPooler to skip this", "table", s.qualified)
-			return false, nil
-		case err != nil:
-			return false, err
-		case n.Channel == s.channel && n.Payload == probe:
-			return true, nil
-		}
-		deliver(n)
-	}
 }
 
 // modeQuerier sends Migrate's statements with the store's forced exec mode.

@@ -29,8 +29,8 @@ import (
 // (QueryExecModeCacheStatement) each statement is prepared once per connection and
 // then costs one round trip. Behind a transaction-pooling proxy (PgBouncer in
 // transaction mode) give New WithTransactionPooler, which sends every statement
-// with QueryExecModeExec and makes Wait poll; without it the store detects the
-// pooler at its first failed statement or listener (pooler.go).
+// with QueryExecModeExec and makes Wait poll; without it a statement that meets
+// the pooler fails with ErrTransactionPooler (pooler.go).
 type Querier interface {
 	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
 	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
@@ -65,15 +65,16 @@ type Store struct {
 	sweepBatch int
 	maxBody    int
 	logger     *slog.Logger
-	epoch      time.Duration // the partitioned layout's epoch (WithPartitions); 0: the plain table
-	readFirst  bool          // Claim reads the key's row before the claim statement (WithReadFirst)
+	part       *partitioned // the partitioned layout (WithPartitions); nil: the plain table
+	readFirst  bool         // Claim reads the key's row before the claim statement (WithReadFirst)
 
 	readSQL, claimSQL, completeSQL, releaseSQL, renewSQL, sweepSQL, waitSQL, pollSQL string
 
-	// execMode is sent with every statement once forceMode is set (pooler.go);
-	// polling makes Wait poll with pollFirst and pollMax.
+	// execMode is sent with every statement when forceMode is set (pooler.go);
+	// polling makes Wait poll with pollFirst and pollMax. Both are set by New's
+	// options only.
 	execMode           pgx.QueryExecMode
-	forceMode, polling atomic.Bool
+	forceMode, polling bool
 	pollFirst, pollMax time.Duration
 
 	// channel is the notification channel of Wait; waiters its waiters.
@@ -83,6 +84,8 @@ type Store struct {
 	// claimRetries counts claim statements re-run because of the READ COMMITTED
 	// hazard (observed by tests).
 	claimRetries atomic.Int64
+
+	repl replicationPolicy // Migrate's replication check (replication.go)
 }
 
 var (
@@ -96,13 +99,11 @@ type Option func(*Store)
 // WithReadFirst makes Claim read the key's row before it sends the claim
 // statement (plain layout only; docs/stores.md section 3.2). A replay, a
 // mismatch or an in-flight duplicate is then answered by that lock-free
-// primary-key read, about 1.1x the round trip of a plain SELECT of the row
-// instead of about 1.5x; a new key, an expired record or a lapsed lease pays the
-// read as one more round trip before the claim statement (no commit, no WAL),
-// which cost first executions 10-20% of their throughput in the write-path
-// benchmark. Off by default: turn it on where retries are frequent and Postgres
-// answers them without a cache in front (the tiered store replays from its
-// cache).
+// primary-key read instead of the claim statement; a new key, an expired record
+// or a lapsed lease pays the read as one more round trip before the claim
+// statement (no commit, no WAL); docs/stores.md section 3.2 has the costs. Off by
+// default: turn it on where retries are frequent and Postgres answers them
+// without a cache in front (the tiered store replays from its cache).
 func WithReadFirst() Option { return func(s *Store) { s.readFirst = true } }
 
 // WithTable sets the records table's name (default DefaultTable), so several
@@ -265,7 +266,10 @@ AND expires_at <= now()`
 // core limits, ID.Validate), store.ErrCorrupt for undecodable rows, otherwise the
 // driver's error (connection, timeout, cancellation) wrapped.
 func (s *Store) Claim(ctx context.Context, req store.ClaimRequest) (store.ClaimResult, error) {
-	read := s.readFirst && s.epoch == 0 // the partitioned layout's claim function reads the row itself
+	if s.part != nil {
+		return s.part.claim(ctx, req) // partition.go
+	}
+	read := s.readFirst
 	return s.claimLoop(req, "claim", func(tok store.Token, args []any) (store.ClaimResult, bool, error) {
 		if read {
 			read = false
@@ -276,14 +280,10 @@ func (s *Store) Claim(ctx context.Context, req store.ClaimRequest) (store.ClaimR
 		var r claimRow
 		err := r.scan(s.db.QueryRow(ctx, s.claimSQL, s.withMode(args...)...))
 		switch {
-		case err != nil && s.detectPooler(err):
-			return store.ClaimResult{}, true, nil // a transaction pooler: the statement did not run; send it without the cache
-		case err != nil && s.partitionMissing(ctx, err):
-			return store.ClaimResult{}, true, nil // partitioned layout: the current epoch's partition was created, again
 		case errors.Is(err, pgx.ErrNoRows):
 			return store.ClaimResult{}, true, nil // the key was committed after our snapshot: look again
 		case err != nil:
-			return store.ClaimResult{}, false, fmt.Errorf("idemkey/postgres: claim: %w", err)
+			return store.ClaimResult{}, false, fmt.Errorf("idemkey/postgres: claim: %w", poolerErr(err))
 		case r.stale:
 			return store.ClaimResult{}, true, nil // our snapshot's row was already replaced: look again
 		}
@@ -452,8 +452,8 @@ func bytesOf(s string) []byte {
 // only reclaims space; run it from a cron job or StartSweeper. On a driver error it
 // returns the rows deleted so far and the error, wrapped.
 func (s *Store) Sweep(ctx context.Context, limit int) (int64, error) {
-	if s.epoch > 0 {
-		return s.sweepPartitions(ctx) // partition_sweep.go
+	if s.part != nil {
+		return s.part.sweep(ctx) // partition_sweep.go
 	}
 	var total int64
 	for limit <= 0 || total < int64(limit) {
@@ -515,8 +515,8 @@ func (s *Store) MigrationSQL() string {
 	if err != nil {
 		return "-- " + err.Error()
 	}
-	sql := migrate.SQL(s.target(), ms, s.renderPartitioned)
-	if s.epoch > 0 {
+	sql := migrate.SQL(s.target(), ms, s.renderLayout)
+	if s.part != nil {
 		sql += "-- the partitions of the current and next epochs (Sweep keeps creating them)\nSELECT " +
 			s.ident(s.table+"_ensure") + "(" + strconv.Itoa(partitionsAhead) + ");\n"
 	}
@@ -537,14 +537,15 @@ type beginner interface {
 // processes creating the same object at the same instant may see a unique
 // violation, so run Migrate once, or retry it). A database at a newer version is left as it is; a
 // records table dropped by hand is created again. Behind a transaction pooler
-// whose leftover prepared statements abort the transaction, Migrate runs once
-// more without the statement cache (see WithTransactionPooler).
+// the store was not configured for, it fails with ErrTransactionPooler. First it
+// reads the server's replication settings (Replication): it logs one warning when
+// commits do not wait for a synchronous standby, or fails with ErrNotSynchronous
+// under WithSynchronousStandby (replication.go).
 func (s *Store) Migrate(ctx context.Context) error {
-	err := s.migrate(ctx)
-	if err != nil && s.detectPooler(err) {
-		err = s.migrate(ctx)
+	if err := s.checkReplication(ctx); err != nil {
+		return err
 	}
-	return err
+	return poolerErr(s.migrate(ctx))
 }
 
 func (s *Store) migrate(ctx context.Context) (err error) {
@@ -568,11 +569,11 @@ func (s *Store) migrate(ctx context.Context) (err error) {
 		}()
 		q = modeQuerier{tx, s}
 	}
-	if err = migrate.Apply(ctx, q, tx != nil, s.target(), ms, s.renderPartitioned); err != nil {
+	if err = migrate.Apply(ctx, q, tx != nil, s.target(), ms, s.renderLayout); err != nil {
 		return fmt.Errorf("idemkey/postgres: migrate: %w", err)
 	}
-	if s.epoch > 0 {
-		if _, err = s.ensurePartitions(ctx, q); err != nil {
+	if s.part != nil {
+		if _, err = s.part.ensure(ctx, q); err != nil {
 			return fmt.Errorf("idemkey/postgres: migrate: create partitions: %w", err)
 		}
 	}

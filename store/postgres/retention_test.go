@@ -5,24 +5,26 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemkey/idemkey/claim"
 	"github.com/idemkey/idemkey/middleware"
+	"github.com/idemkey/idemkey/policy"
 	"github.com/idemkey/idemkey/store"
 )
 
 // TestSetRetentionInTransaction: a handler that sets its record's retention
-// (middleware.SetRetention) and completes it in its own transaction
+// (claim.SetRetention) and completes it in its own transaction
 // (CommitResponse) has the record kept that long.
 func TestSetRetentionInTransaction(t *testing.T) {
 	const keep = 30 * 24 * time.Hour
 	e := newTxEnv(t, func(e *txEnv) http.HandlerFunc {
 		inner := insertAndCommit(e)
 		return func(w http.ResponseWriter, r *http.Request) {
-			if err := middleware.SetRetention(r.Context(), keep); err != nil {
+			if err := claim.SetRetention(r.Context(), keep); err != nil {
 				t.Error(err)
 			}
 			inner(w, r)
 		}
-	}, middleware.WithRecordRetention(middleware.RetentionRule{Max: keep}))
+	}, middleware.WithRecordRetention(policy.RetentionRule{Max: keep}))
 	if code, _, _ := e.post("k1", "x"); code != 201 {
 		t.Fatalf("first: %d", code)
 	}

@@ -50,10 +50,7 @@ func (s *Store) CompleteTx(ctx context.Context, tx pgx.Tx, id store.ID, token st
 		return err
 	}
 	tag, err := tx.Exec(ctx, s.completeSQL, s.withMode(s.completeArgs(id, token, resp, retention)...)...)
-	if err != nil {
-		s.detectPooler(err) // a pooler: later statements skip the cache (this tx is aborted)
-	}
-	return holderResult("complete in transaction", tag, err)
+	return holderResult("complete in transaction", tag, poolerErr(err))
 }
 
 // CommitResponse is the common end of a handler that writes its own rows in tx: it
@@ -76,7 +73,7 @@ func (s *Store) CompleteTx(ctx context.Context, tx pgx.Tx, id store.ID, token st
 // tx must be the top-level transaction (commit ends it in the database). On every
 // error tx is finished (rolled back, or its commit failed) and nothing was written
 // to w:
-//   - claim.ErrNoClaim (the same error as middleware.ErrNoClaim) when ctx carries no claim (the route is not behind the
+//   - claim.ErrNoClaim when ctx carries no claim (the route is not behind the
 //     middleware, or the request passed through without a key); the one exception
 //     to "tx is finished and nothing committed": called after the handler returned
 //     (from a goroutine the handler did not wait for), tx has committed before

@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/idemkey/idemkey/claim"
 	"github.com/idemkey/idemkey/middleware"
 	"github.com/idemkey/idemkey/store"
 )
@@ -437,7 +438,7 @@ func TestCommitResponseWithoutClaim(t *testing.T) {
 		t.Fatal(err)
 	}
 	w := httptest.NewRecorder()
-	if err := s.CommitResponse(t.Context(), tx, w, store.Response{Status: 200}); !errors.Is(err, middleware.ErrNoClaim) {
+	if err := s.CommitResponse(t.Context(), tx, w, store.Response{Status: 200}); !errors.Is(err, claim.ErrNoClaim) {
 		t.Fatalf("CommitResponse without a claim: %v", err)
 	}
 	if w.Code != 200 || w.Body.Len() != 0 || len(w.Header()) != 0 || w.Flushed {
@@ -446,7 +447,7 @@ func TestCommitResponseWithoutClaim(t *testing.T) {
 	if n := countRows(t, pool, side); n != 0 {
 		t.Fatalf("%d rows committed, want 0 (rolled back)", n)
 	}
-	if err := middleware.MarkCompleted(t.Context(), store.Response{Status: 200}); !errors.Is(err, middleware.ErrNoClaim) {
+	if err := claim.MarkCompleted(t.Context(), store.Response{Status: 200}); !errors.Is(err, claim.ErrNoClaim) {
 		t.Fatalf("MarkCompleted without a claim: %v", err)
 	}
 }
@@ -506,7 +507,7 @@ func TestReleaseCannotDestroyCommittedRecord(t *testing.T) {
 	e := newTxEnv(t, func(e *txEnv) http.HandlerFunc {
 		return func(w http.ResponseWriter, r *http.Request) {
 			ctx := r.Context()
-			claim, _ := middleware.ClaimFromContext(ctx)
+			claim, _ := claim.FromContext(ctx)
 			tx, err := e.pool.Begin(ctx)
 			if err != nil {
 				http.Error(w, err.Error(), 503)

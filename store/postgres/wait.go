@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemkey/idemkey/store"
@@ -81,14 +80,13 @@ func channelName(qualified string) string {
 // when they commit; a key nobody waits for never notifies. Losing the listening
 // connection wakes the waiters (a spurious nil: they claim again). Errors:
 // store.ErrInvalid for an invalid ID (ID.Validate), ErrNoListener when the Querier is
-// not a pool, ctx.Err(), the driver's errors wrapped. With WithPolledWait, or
-// once a transaction pooler was detected (see WithTransactionPooler), Wait polls
-// the key's row instead and needs no pool.
+// not a pool, ctx.Err(), the driver's errors wrapped. With WithPolledWait (or
+// WithTransactionPooler), Wait polls the key's row instead and needs no pool.
 func (s *Store) Wait(ctx context.Context, id store.ID) error {
 	if err := id.Validate(); err != nil {
 		return err
 	}
-	if s.polling.Load() {
+	if s.polling {
 		return s.pollWait(ctx, id)
 	}
 	if _, ok := s.db.(acquirer); !ok {
@@ -120,15 +118,6 @@ func (s *Store) listen(ctx context.Context, set *waitset.Set, ready func(error))
 		err = fmt.Errorf("idemkey/postgres: wait: listen: %w", err)
 		ready(err)
 		return err
-	}
-	if ok, err := s.probeListener(ctx, conn, func(n *pgconn.Notification) { set.Notify(n.Payload) }); !ok {
-		// No notification arrives (a pooler): the waiters wake, claim again
-		// and poll from now on; or the probe failed: they are woken too.
-		ready(nil)
-		if err != nil && ctx.Err() == nil {
-			return fmt.Errorf("idemkey/postgres: wait: listen: probe: %w", err)
-		}
-		return nil
 	}
 	ready(nil)
 	for {

@@ -4,31 +4,50 @@
 //
 // # Transitions
 //
-// Claim, Complete, Release and Renew are each one Lua script call (EVALSHA, falling
-// back to EVAL when the server answers NOSCRIPT). The fencing token is checked inside
-// the script; a refused Claim returns the stored record or the remaining lease from
-// the same call. Leases and retention run on the Redis server's clock: the scripts
-// read TIME and set the key's TTL with PEXPIRE, never the application's clock.
+// The paths every request takes are single plain commands. A claim is one
+// SET key marker NX PX retention GET (Redis 7.0 or later): nil means the key was
+// new and is now claimed; otherwise Redis returns what the key holds, and the
+// store judges it in Go: a completed record with the request's fingerprint is
+// replayed (Completed), one of another fingerprint is a Mismatch, a marker of
+// another request is a Mismatch. Only a marker of the same request held by
+// another token costs more: a PTTL tells its remaining lease (InFlight, with
+// Retry-After), and when the lease has ended one script takes the key over,
+// atomically. Complete, Release and Renew compare the fencing token before they
+// write, which Redis 7 has no plain command for, so each is one small Lua script
+// call (EVALSHA, falling back to EVAL when the server answers NOSCRIPT). Leases
+// and retention run on the Redis server's clock: TTLs set by SET PX and PEXPIRE,
+// and TIME inside the scripts, never the application's clock.
 //
 // # Key layout
 //
-// One (scope, key) is one Redis hash:
+// One (scope, key) is one Redis string:
 //
 //	<prefix>{<len(scope) in decimal>:<scope><key>}
 //
 // for example idemkey:{6:tenantorder-42} for scope "tenant" and key "order-42". The
 // decimal length makes the layout injective for arbitrary bytes in scope and key. The
 // braces are the Cluster hash tag, so every key of one (scope, key) lives in one slot
-// and each script is legal on Cluster. The prefix (WithPrefix, default "idemkey:")
-// separates applications sharing a server; it should not contain "{". The hash fields
-// are documented in scripts.go: the format version, the state, the 32-byte
-// fingerprint and 16-byte token as raw bytes, millisecond times, the status, the
-// headers in the compact binary form store/postgres keeps (a format byte, then
-// length-prefixed names and values) and the body as is (no base64). Leases and
-// retentions are sent in whole milliseconds, rounded up, like every store's.
-// Anything else under a record key (another type, another version, a malformed field)
-// answers store.ErrCorrupt; the store never panics on it and never takes it as a new
-// key.
+// and each command and script is legal on Cluster. The prefix (WithPrefix, default
+// "idemkey:") separates applications sharing a server; it should not contain "{".
+// The value is either a 67-byte in-flight marker (fingerprint, fencing token and
+// the lease, the key expiring with the claim's retention) or the completed record
+// (fingerprint, token, millisecond times, status, the headers in the compact binary
+// form store/postgres keeps, and the body as is, no base64), the key expiring with
+// the record's retention; format.go documents the bytes. Leases and retentions are
+// sent in whole milliseconds, rounded up, like every store's. Anything else under a
+// record key (another type, a malformed value) answers store.ErrCorrupt; the store
+// never panics on it and never takes it as a new key.
+//
+// # Records of the previous format
+//
+// Releases before this format kept each record in a Redis hash. The store still
+// reads them: a command that meets a hash gets WRONGTYPE (a script answers so)
+// and the store runs the previous format's script on that key, so a claim in
+// flight completes, renews and releases, and a completed record replays, until
+// its TTL ends it; new keys are always written as strings. A process of the
+// previous release that meets a string record answers store.ErrCorrupt (503,
+// fail closed, never a second execution): upgrade every process before relying
+// on it, or accept 503s for keys first used during the rollout.
 //
 // # Server configuration and limits
 //
@@ -49,15 +68,16 @@
 //
 // Peek, Mark and Fill are the extra operations store/tiered uses when Redis is a
 // cache in front of an authoritative store: Peek answers, without writing, what Redis
-// alone may answer (a completed record, a live lease of the same request); Mark writes
-// an in-flight marker carrying the authoritative store's token and expiring with the
-// lease; Fill copies a completed record in. Complete, Release and Renew act on a
-// marker exactly as on a record this store claimed. Each is one script call.
+// alone may answer (a completed record, a live lease of the same request), with one
+// GET; Mark writes an in-flight marker carrying the authoritative store's token and
+// expiring with the lease, with one SET; Fill copies a completed record in, with one
+// SET NX GET (a script replaces foreign data). Complete, Release and Renew act on a
+// marker exactly as on a record this store claimed.
 //
 // # Operators
 //
 // Inspect and Evict (store.Inspector) are one script call each: Inspect reads the
-// record's fields (the body's length, not the body) and the server's TIME; Evict
+// record's fixed fields (the body's length, not the body) and the server's TIME; Evict
 // reads, judges the record against the store.EvictPolicy and deletes the key, in
 // one script, so the state it reports is the state it judged. Foreign data is
 // store.ErrCorrupt and never deleted.

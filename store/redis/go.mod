@@ -2,8 +2,6 @@ module github.com/idemkey/idemkey/store/redis
 
 go 1.26.0
 
-replace github.com/idemkey/idemkey => ../..
-
 require (
 	github.com/idemkey/idemkey v0.1.0
 	github.com/redis/go-redis/v9 v9.23.0

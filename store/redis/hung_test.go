@@ -14,7 +14,9 @@ import (
 
 	goredis "github.com/redis/go-redis/v9"
 
+	"github.com/idemkey/idemkey/claim"
 	"github.com/idemkey/idemkey/middleware"
+	"github.com/idemkey/idemkey/policy"
 	"github.com/idemkey/idemkey/store/redis"
 	"github.com/idemkey/idemkey/store/redis/redistest"
 	"github.com/idemkey/idemkey/store/storetest"
@@ -30,7 +32,7 @@ func TestHungRedisThroughMiddleware(t *testing.T) {
 	t.Cleanup(func() { _ = c.Close() })
 	const bound = 500 * time.Millisecond
 	var runs atomic.Int32
-	m, err := middleware.New(redis.New(c), middleware.GlobalScope, middleware.WithStoreFailure(middleware.StoreFailureRule{Timeouts: middleware.StoreTimeouts{Claim: bound}}))
+	m, err := middleware.New(redis.New(c), middleware.GlobalScope, middleware.WithStoreFailure(policy.StoreFailureRule{Timeouts: claim.Timeouts{Claim: bound}}))
 	if err != nil {
 		t.Fatal(err)
 	}

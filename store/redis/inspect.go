@@ -12,7 +12,7 @@ import (
 
 var _ store.Inspector = (*Store)(nil)
 
-// inspectPrelude reads the record of KEYS[1] without its body or headers (the
+// legacyInspectPrelude reads the record of KEYS[1] without its body or headers (the
 // body's length only) and builds the reply info:
 //
 //	{0, now} absent | {1, now, st, fp, le, ca, cd, ex, s, o, body length, pttl} | {-1}
@@ -20,7 +20,7 @@ var _ store.Inspector = (*Store)(nil)
 // A record whose fields do not make sense (unknown state, a fingerprint that is
 // not 32 bytes, a missing or non-numeric time or status) answers -1 like foreign
 // data, so Evict never deletes what it cannot describe.
-const inspectPrelude = `
+const legacyInspectPrelude = `
 local k = KEYS[1]
 local r = redis.pcall('HMGET', k, 'v','st','fp','le','ca','cd','ex','s','o')
 if type(r) ~= 'table' or r['err'] then return {-1} end
@@ -38,17 +38,17 @@ local info = {1, now, r[2], r[3], r[4] or '', r[5] or '', r[6] or '', r[7] or ''
   redis.call('HSTRLEN', k, 'b'), redis.call('PTTL', k)}
 `
 
-// inspectScript (read only): replies as inspectPrelude.
-var inspectScript = goredis.NewScript(inspectPrelude + `
+// legacyInspectScript (read only): replies as legacyInspectPrelude.
+var legacyInspectScript = goredis.NewScript(legacyInspectPrelude + `
 return info
 `)
 
-// evictScript: ARGV "1" or "" for each of: a completed record, an in-flight one
+// legacyEvictScript: ARGV "1" or "" for each of: a completed record, an in-flight one
 // whose lease expired, one whose lease is live; then the waiters' channel (a
 // record a duplicate waits for is published, as by Release). Deletes the key if the flag for
-// the record's state is set; replies as inspectPrelude, with code 2 instead of 1
+// the record's state is set; replies as legacyInspectPrelude, with code 2 instead of 1
 // when it deleted.
-var evictScript = goredis.NewScript(inspectPrelude + `
+var legacyEvictScript = goredis.NewScript(legacyInspectPrelude + `
 local allowed
 if r[2] == 'c' then allowed = ARGV[1]
 elseif le <= now then allowed = ARGV[2]
@@ -71,9 +71,17 @@ func (s *Store) Inspect(ctx context.Context, id store.ID) (store.Info, error) {
 	if err := store.ValidateInspect(id); err != nil {
 		return store.Info{}, err
 	}
-	v, err := s.eval(ctx, "inspect", inspectScript, id)
+	key := keyFor(s.prefix, id)
+	v, err := s.run(ctx, "inspect", inspectScript, key)
 	if err != nil {
 		return store.Info{}, err
+	}
+	if _, code, err := asReply(v); err == nil && code == -2 {
+		if v, err = s.run(ctx, "inspect", legacyInspectScript, key); err != nil {
+			return store.Info{}, err
+		}
+		info, _, err := legacyInfoReply(v)
+		return info, err
 	}
 	info, _, err := infoReply(v)
 	return info, err
@@ -93,15 +101,69 @@ func (s *Store) Evict(ctx context.Context, id store.ID, policy store.EvictPolicy
 		}
 		return ""
 	}
-	v, err := s.eval(ctx, "evict", evictScript, id, flag(store.EvictCompleted), flag(store.EvictLeaseExpired), flag(store.EvictLive), s.channel)
+	key := keyFor(s.prefix, id)
+	args := []any{flag(store.EvictCompleted), flag(store.EvictLeaseExpired), flag(store.EvictLive), s.channel}
+	v, err := s.run(ctx, "evict", evictScript, key, args...)
 	if err != nil {
 		return store.Info{}, false, err
+	}
+	if _, code, err := asReply(v); err == nil && code == -2 {
+		if v, err = s.run(ctx, "evict", legacyEvictScript, key, args...); err != nil {
+			return store.Info{}, false, err
+		}
+		return legacyInfoReply(v)
 	}
 	return infoReply(v)
 }
 
-// infoReply decodes the reply of inspectScript or evictScript.
+// infoReply decodes the reply of inspectScript or evictScript: {0, now} |
+// {1 or 2, now, the value's first 97 bytes, its length, the key's expiry}.
 func infoReply(v any) (store.Info, bool, error) {
+	r, code, err := asReply(v)
+	if err != nil {
+		return store.Info{}, false, err
+	}
+	now, ok := r.int(1)
+	if !ok || code < 0 || code > 2 {
+		return store.Info{}, false, corrupt("inspect reply")
+	}
+	info := store.Info{Now: time.UnixMilli(now)}
+	if code == 0 {
+		return info, false, nil
+	}
+	head, ok1 := r.str(2)
+	size, ok2 := r.int(3)
+	exp, ok3 := r.int(4)
+	if !ok1 || !ok2 || !ok3 || len(head) < markerLen {
+		return store.Info{}, false, corrupt("inspect reply")
+	}
+	copy(info.Fingerprint[:], head[3:35])
+	if head[1] == kindMarker {
+		m := decodeMarker(head)
+		info.State = store.StateInFlight
+		info.CreatedAt = time.UnixMilli(exp - m.created)
+		info.LeaseUntil = time.UnixMilli(exp - m.lease)
+		info.ExpiresAt = time.UnixMilli(exp)
+		return info, code == 2, nil
+	}
+	if len(head) < recordHead {
+		return store.Info{}, false, corrupt("inspect reply")
+	}
+	hlen := int64(uint32(head[93])<<24 | uint32(head[94])<<16 | uint32(head[95])<<8 | uint32(head[96]))
+	status := int(head[91])<<8 | int(head[92])
+	if status < 100 || status > 999 || recordHead+hlen > size {
+		return store.Info{}, false, corrupt("record fields")
+	}
+	info.State = store.StateCompleted
+	info.CreatedAt = time.UnixMilli(get64(head, 67))
+	info.CompletedAt = time.UnixMilli(get64(head, 75))
+	info.ExpiresAt = time.UnixMilli(get64(head, 83))
+	info.Status, info.BodyBytes, info.BodyOmitted = status, int(size-recordHead-hlen), head[2]&flagOmitted != 0
+	return info, code == 2, nil
+}
+
+// legacyInfoReply decodes the reply of legacyInspectScript or legacyEvictScript.
+func legacyInfoReply(v any) (store.Info, bool, error) {
 	r, code, err := asReply(v)
 	if err != nil {
 		return store.Info{}, false, err

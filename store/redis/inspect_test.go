@@ -23,6 +23,8 @@ func TestInspectorForeignData(t *testing.T) {
 		setup func(k string)
 	}{
 		{"string", func(k string) { c.Set(ctx, k, "garbage", 0) }},
+		{"record, bad status", func(k string) { c.Set(ctx, k, record(0, 0, 0, ""), 0) }},
+		{"record, headers past the end", func(k string) { c.Set(ctx, k, record(0, 200, 5, "ab"), 0) }},
 		{"hash without version", func(k string) { c.HSet(ctx, k, "foo", "bar") }},
 		{"unknown state", func(k string) { c.HSet(ctx, k, "v", "1", "st", "x", "fp", string(fpA[:]), "ca", "1") }},
 		{"short fingerprint", func(k string) { c.HSet(ctx, k, "v", "1", "st", "p", "fp", "abc", "le", "1", "ca", "1") }},

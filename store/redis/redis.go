@@ -5,7 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"strconv"
+	"strings"
 	"time"
 
 	goredis "github.com/redis/go-redis/v9"
@@ -62,58 +62,111 @@ func New(client goredis.UniversalClient, opts ...Option) *Store {
 // for inspection and tests.
 func (s *Store) Key(id store.ID) string { return keyFor(s.prefix, id) }
 
-// Claim implements store.Store with one script call. A refused claim carries the
-// stored record (Completed) or the remaining lease (InFlight) from the same call.
-// Errors: store.ErrInvalid for bad arguments, store.ErrCorrupt for foreign data under
-// the key, otherwise the client's error (connection, timeout, cancellation).
+// Claim implements store.Store. The common answers take one command: SET NX GET
+// writes the marker of a new key (Claimed) or returns the value already there,
+// read in Go: a record (Completed or Mismatch), a marker of another request
+// (Mismatch) or of this very claim (a re-delivery: Claimed). A marker of the same
+// request held by another token takes a PTTL (InFlight while its lease is live)
+// and, when the lease ended, one script that takes it over. Errors:
+// store.ErrInvalid for bad arguments, store.ErrCorrupt for foreign data under the
+// key, otherwise the client's error (connection, timeout, cancellation).
 func (s *Store) Claim(ctx context.Context, req store.ClaimRequest) (store.ClaimResult, error) {
 	if err := req.Validate(); err != nil {
 		return store.ClaimResult{}, err
 	}
-	tok := req.ClaimToken()
-	v, err := s.eval(ctx, "claim", claimScript, req.ID,
-		req.Fingerprint[:], tok[:], codec.Millis(req.Lease), codec.Millis(req.Retention))
-	if err != nil {
-		return store.ClaimResult{}, err
+	if s.client == nil {
+		return store.ClaimResult{}, errNilClient
 	}
-	return claimResult(v, req.Fingerprint, tok)
+	tok := req.ClaimToken()
+	key := keyFor(s.prefix, req.ID)
+	lease, ret := codec.Millis(req.Lease), codec.Millis(req.Retention)
+	m := make([]byte, markerLen)
+	putMarker(m, req.Fingerprint, tok, ret, ret-lease)
+	v, err := s.client.SetArgs(ctx, key, m, goredis.SetArgs{Mode: "NX", TTL: millis(ret), Get: true}).Result()
+	switch {
+	case err == goredis.Nil:
+		return store.ClaimResult{Outcome: store.Claimed, Token: tok}, nil
+	case isWrongType(err):
+		return s.legacyClaim(ctx, key, req, tok)
+	case err != nil:
+		return store.ClaimResult{}, fmt.Errorf("idemkey/store/redis: claim: %w", err)
+	}
+	switch kindOf(v) {
+	case kindRecord:
+		return judgeRecord(v, req.Fingerprint)
+	case kindMarker:
+		mk := decodeMarker(v)
+		switch {
+		case mk.fp != req.Fingerprint:
+			return store.ClaimResult{Outcome: store.Mismatch}, nil
+		case mk.token == tok: // a re-delivery of this very claim
+			return store.ClaimResult{Outcome: store.Claimed, Token: tok}, nil
+		}
+		pttl, err := s.client.PTTL(ctx, key).Result()
+		if err != nil {
+			return store.ClaimResult{}, fmt.Errorf("idemkey/store/redis: claim: pttl: %w", err)
+		}
+		if left := mk.remaining(pttl); pttl > 0 && left > 0 {
+			return store.ClaimResult{Outcome: store.InFlight, RetryAfter: left.Truncate(time.Millisecond)}, nil
+		}
+		return s.contend(ctx, key, req, tok, m)
+	}
+	return store.ClaimResult{}, corrupt("value under the record key")
 }
 
-func claimResult(v any, fp store.Fingerprint, tok store.Token) (store.ClaimResult, error) {
-	r, code, err := asReply(v)
+// judgeRecord answers a claim of fp that found the record v.
+func judgeRecord(v string, fp store.Fingerprint) (store.ClaimResult, error) {
+	if recordFingerprint(v) != fp {
+		return store.ClaimResult{Outcome: store.Mismatch}, nil
+	}
+	rec, err := decodeRecord(v)
 	if err != nil {
 		return store.ClaimResult{}, err
 	}
-	switch code {
-	case 1:
-		takeover, ok := r.int(1)
-		if !ok {
+	return store.ClaimResult{Outcome: store.Completed, Record: rec}, nil
+}
+
+// contend runs contendScript: the lease of the marker found expired, or the
+// key changed between the SET and the PTTL.
+func (s *Store) contend(ctx context.Context, key string, req store.ClaimRequest, tok store.Token, m []byte) (store.ClaimResult, error) {
+	v, err := s.run(ctx, "claim", contendScript, key,
+		req.Fingerprint[:], tok[:], codec.Millis(req.Lease), codec.Millis(req.Retention), m)
+	if err != nil {
+		return store.ClaimResult{}, err
+	}
+	r, code, err := asReply(v)
+	switch {
+	case err != nil:
+		return store.ClaimResult{}, err
+	case code == -2:
+		return s.legacyClaim(ctx, key, req, tok)
+	case code == 1:
+		takeover, _ := r.int(1)
+		return store.ClaimResult{Outcome: store.Claimed, Token: tok, Takeover: takeover == 1}, nil
+	case code == 2:
+		rec, _ := r.str(1)
+		if kindOf(rec) != kindRecord {
 			return store.ClaimResult{}, corrupt("claim reply")
 		}
-		return store.ClaimResult{Outcome: store.Claimed, Token: tok, Takeover: takeover == 1}, nil
-	case 2:
-		rec, err := r.record(fp)
-		if err != nil {
-			return store.ClaimResult{}, err
-		}
-		return store.ClaimResult{Outcome: store.Completed, Record: rec}, nil
-	case 3:
+		return judgeRecord(rec, req.Fingerprint)
+	case code == 3:
 		ms, ok := r.int(1)
 		if !ok || ms < 0 {
 			return store.ClaimResult{}, corrupt("remaining lease")
 		}
 		return store.ClaimResult{Outcome: store.InFlight, RetryAfter: time.Duration(ms) * time.Millisecond}, nil
-	case 4:
+	case code == 4:
 		return store.ClaimResult{Outcome: store.Mismatch}, nil
 	}
 	return store.ClaimResult{}, corrupt("claim reply code")
 }
 
-// Complete implements store.Store with one script call: the record becomes completed
-// and its key expires retention from now on the Redis clock. store.ErrLeaseLost when
-// token no longer holds id, including when the record is already completed by another
-// Complete call (a client's re-delivery of this very call, after a lost reply, answers
-// nil); other errors as for Claim.
+// Complete implements store.Store with one script call: the marker of token
+// becomes the completed record and its key expires retention from now on the
+// Redis clock. store.ErrLeaseLost when token no longer holds id, including when
+// the record is already completed by another Complete call (a client's
+// re-delivery of this very call, after a lost reply, answers nil); other errors
+// as for Claim.
 func (s *Store) Complete(ctx context.Context, id store.ID, token store.Token, resp store.Response, retention time.Duration) error {
 	if err := store.ValidateHolder(id, token); err != nil {
 		return err
@@ -121,39 +174,37 @@ func (s *Store) Complete(ctx context.Context, id store.ID, token store.Token, re
 	if err := store.ValidateResponse(resp, retention); err != nil {
 		return err
 	}
-	omitted := ""
-	if resp.BodyOmitted {
-		omitted = "1"
-	}
+	tail, flags := responseTail(resp)
 	body := resp.Body
 	if body == nil {
 		body = []byte{}
 	}
-	head := codec.EncodeHeader(resp.Header)
-	if head == nil {
-		head = []byte{}
-	}
 	// The nonce tells a re-delivery of this call (a client retry after a lost
 	// reply) from a second Complete: only the latter is refused.
 	nonce := store.NewToken()
-	return s.fenced(ctx, "complete", completeScript, id,
-		token[:], codec.Millis(retention), strconv.Itoa(resp.Status), head, body, omitted, nonce[:], s.channel)
+	key := keyFor(s.prefix, id)
+	return s.fenced(ctx, "complete", completeScript, key, func() error {
+		return s.legacyComplete(ctx, key, token, resp, retention, nonce)
+	}, token[:], nonce[:], codec.Millis(retention), flags, tail, body, s.channel)
 }
 
-// Release implements store.Store with one script call: the in-flight record is
-// deleted. store.ErrLeaseLost when token no longer holds id (including a completed
+// Release implements store.Store with one script call: the marker is deleted.
+// store.ErrLeaseLost when token no longer holds id (including a completed
 // record); other errors as for Claim.
 func (s *Store) Release(ctx context.Context, id store.ID, token store.Token) error {
 	if err := store.ValidateHolder(id, token); err != nil {
 		return err
 	}
-	return s.fenced(ctx, "release", releaseScript, id, token[:], s.channel)
+	key := keyFor(s.prefix, id)
+	return s.fenced(ctx, "release", releaseScript, key, func() error {
+		return s.fencedLegacy(ctx, "release", legacyReleaseScript, key, token[:], s.channel)
+	}, token[:], s.channel)
 }
 
-// Renew implements store.Store with one script call: the lease deadline becomes now
-// + lease on the Redis clock, and the key's TTL is raised to cover it.
-// store.ErrLeaseLost when token no longer holds id or the record is completed; other
-// errors as for Claim.
+// Renew implements store.Store with one script call: the lease ends lease from
+// now on the Redis clock, and the key's TTL is raised to cover it.
+// store.ErrLeaseLost when token no longer holds id or the record is completed;
+// other errors as for Claim.
 func (s *Store) Renew(ctx context.Context, id store.ID, token store.Token, lease time.Duration) error {
 	if err := store.ValidateHolder(id, token); err != nil {
 		return err
@@ -161,73 +212,112 @@ func (s *Store) Renew(ctx context.Context, id store.ID, token store.Token, lease
 	if err := store.ValidateLease(lease); err != nil {
 		return err
 	}
-	return s.fenced(ctx, "renew", renewScript, id, token[:], codec.Millis(lease))
+	key := keyFor(s.prefix, id)
+	return s.fenced(ctx, "renew", renewScript, key, func() error {
+		return s.fencedLegacy(ctx, "renew", legacyRenewScript, key, token[:], codec.Millis(lease))
+	}, token[:], codec.Millis(lease))
 }
 
-func (s *Store) fenced(ctx context.Context, op string, sc *goredis.Script, id store.ID, args ...any) error {
-	v, err := s.eval(ctx, op, sc, id, args...)
+// fenced runs a fenced script; legacy runs instead when the key holds a hash.
+func (s *Store) fenced(ctx context.Context, op string, sc *goredis.Script, key string, legacy func() error, args ...any) error {
+	v, err := s.run(ctx, op, sc, key, args...)
 	if err != nil {
 		return err
 	}
 	_, code, err := asReply(v)
-	if err != nil {
+	switch {
+	case err != nil:
 		return err
-	}
-	switch code {
-	case 1:
+	case code == 1:
 		return nil
-	case 0:
+	case code == 0:
 		return fmt.Errorf("idemkey/store/redis: %s: %w", op, store.ErrLeaseLost)
+	case code == -2:
+		return legacy()
 	}
 	return corrupt(op + " reply code")
 }
 
-// eval runs one script on id's key: one round trip (EVALSHA; EVAL after NOSCRIPT).
-func (s *Store) eval(ctx context.Context, op string, sc *goredis.Script, id store.ID, args ...any) (any, error) {
+// run runs one script on key: one round trip (EVALSHA; EVAL after NOSCRIPT).
+func (s *Store) run(ctx context.Context, op string, sc *goredis.Script, key string, args ...any) (any, error) {
 	if s.client == nil {
-		return nil, fmt.Errorf("%w: redis: nil client", store.ErrInvalid)
+		return nil, errNilClient
 	}
-	v, err := sc.Run(ctx, s.client, []string{keyFor(s.prefix, id)}, args...).Result()
+	v, err := sc.Run(ctx, s.client, []string{key}, args...).Result()
 	if err != nil {
 		return nil, fmt.Errorf("idemkey/store/redis: %s: %w", op, err)
 	}
 	return v, nil
 }
 
+var errNilClient = fmt.Errorf("%w: redis: nil client", store.ErrInvalid)
+
+// millis is ms milliseconds as a Duration (go-redis then sends PX, or EX for
+// whole seconds).
+func millis(ms int64) time.Duration { return time.Duration(ms) * time.Millisecond }
+
+// isWrongType reports whether err is Redis's WRONGTYPE: the key holds a legacy
+// hash (or foreign data of another type).
+func isWrongType(err error) bool {
+	if err == nil {
+		return false // and no allocation for errors.As
+	}
+	var re goredis.Error
+	return errors.As(err, &re) && strings.HasPrefix(re.Error(), "WRONGTYPE")
+}
+
 // The operations below are the fast-path primitives of store/tiered, where Redis is a
-// cache in front of an authoritative store. Each is one script call.
+// cache in front of an authoritative store.
 
 // Peek reads id's record without changing it and answers what Redis alone can answer
 // for a request with fingerprint fp: Completed (with the record), InFlight (a live
 // lease, same fingerprint) or Mismatch (completed for another fingerprint). ok is
 // false when Redis cannot decide: no record, an expired lease, or an in-flight record
-// of another fingerprint. Errors as for Claim.
+// of another fingerprint. One GET (and a PTTL for a marker of the same request).
+// Errors as for Claim.
 func (s *Store) Peek(ctx context.Context, id store.ID, fp store.Fingerprint) (res store.ClaimResult, ok bool, err error) {
 	if err := id.Validate(); err != nil {
 		return res, false, err
 	}
-	v, err := s.eval(ctx, "peek", peekScript, id, fp[:])
-	if err != nil {
-		return res, false, err
+	if s.client == nil {
+		return res, false, errNilClient
 	}
-	r, code, err := asReply(v)
-	if err != nil {
-		return res, false, err
+	key := keyFor(s.prefix, id)
+	v, err := s.client.Get(ctx, key).Result()
+	switch {
+	case err == goredis.Nil:
+		return res, false, nil
+	case isWrongType(err):
+		return s.legacyPeek(ctx, key, fp)
+	case err != nil:
+		return res, false, fmt.Errorf("idemkey/store/redis: peek: %w", err)
 	}
-	if code == 0 {
+	switch kindOf(v) {
+	case kindRecord:
+		res, err = judgeRecord(v, fp)
+		return res, err == nil, err
+	case kindMarker:
+		mk := decodeMarker(v)
+		if mk.fp != fp {
+			return res, false, nil
+		}
+		pttl, err := s.client.PTTL(ctx, key).Result()
+		if err != nil {
+			return res, false, fmt.Errorf("idemkey/store/redis: peek: pttl: %w", err)
+		}
+		if left := mk.remaining(pttl); pttl > 0 && left > 0 {
+			return store.ClaimResult{Outcome: store.InFlight, RetryAfter: left.Truncate(time.Millisecond)}, true, nil
+		}
 		return res, false, nil
 	}
-	if code == 1 {
-		return res, false, corrupt("peek reply code")
-	}
-	res, err = claimResult([]any(r), fp, store.Token{})
-	return res, err == nil, err
+	return res, false, corrupt("value under the record key")
 }
 
 // Mark overwrites id's key with an in-flight marker held by token (the token the
-// authoritative store issued) whose key expires with lease on the Redis clock.
-// Complete, Release and Renew with the same token then act on the marker. Errors:
-// store.ErrInvalid (empty key, zero token, lease <= 0), otherwise the client's error.
+// authoritative store issued) whose key expires with lease on the Redis clock: one
+// SET. Complete, Release and Renew with the same token then act on the marker.
+// Errors: store.ErrInvalid (empty key, zero token, lease <= 0), otherwise the
+// client's error.
 func (s *Store) Mark(ctx context.Context, id store.ID, fp store.Fingerprint, token store.Token, lease time.Duration) error {
 	if err := store.ValidateHolder(id, token); err != nil {
 		return err
@@ -235,36 +325,44 @@ func (s *Store) Mark(ctx context.Context, id store.ID, fp store.Fingerprint, tok
 	if err := store.ValidateLease(lease); err != nil {
 		return err
 	}
-	_, err := s.eval(ctx, "mark", markScript, id, fp[:], token[:], codec.Millis(lease))
-	return err
+	if s.client == nil {
+		return errNilClient
+	}
+	ms := codec.Millis(lease)
+	m := make([]byte, markerLen)
+	putMarker(m, fp, token, ms, 0)
+	if err := s.client.Set(ctx, keyFor(s.prefix, id), m, millis(ms)).Err(); err != nil {
+		return fmt.Errorf("idemkey/store/redis: mark: %w", err)
+	}
+	return nil
 }
 
 // Fill writes the completed record rec (as the authoritative store returned it) to
-// id's key and lets the key expire after ttl on the Redis clock. A record already
-// under the key is left alone: a completed record is rec or a newer one, and a marker
-// is a newer claim's (overwriting it would answer Mismatch to that claim's retries)
-// or expires with its lease; foreign data is replaced. Record times are kept as
-// given (the authoritative store's clock), at millisecond precision. Errors:
-// store.ErrInvalid (empty key, nil record, invalid response or ttl), or the client's.
+// id's key and lets the key expire after ttl on the Redis clock: one SET NX GET. A
+// record already under the key is left alone: a completed record is rec or a newer
+// one, and a marker is a newer claim's (overwriting it would answer Mismatch to that
+// claim's retries) or expires with its lease; foreign data is replaced (by a
+// script). Record times are kept as given (the authoritative store's clock), at
+// millisecond precision. Errors: store.ErrInvalid (empty key, nil record, invalid
+// response or ttl), or the client's.
 func (s *Store) Fill(ctx context.Context, id store.ID, rec *store.Record, ttl time.Duration) error {
 	if err := store.ValidateRecord(id, rec, ttl); err != nil {
 		return err
 	}
-	omitted := ""
-	if rec.BodyOmitted {
-		omitted = "1"
+	if s.client == nil {
+		return errNilClient
 	}
-	body := rec.Body
-	if body == nil {
-		body = []byte{}
+	key, val, ms := keyFor(s.prefix, id), encodeRecord(rec), codec.Millis(ttl)
+	v, err := s.client.SetArgs(ctx, key, val, goredis.SetArgs{Mode: "NX", TTL: millis(ms), Get: true}).Result()
+	switch {
+	case err == goredis.Nil:
+		return nil
+	case err == nil && kindOf(v) != 0:
+		return nil
+	case err != nil && !isWrongType(err):
+		return fmt.Errorf("idemkey/store/redis: fill: %w", err)
 	}
-	head := codec.EncodeHeader(rec.Header)
-	if head == nil {
-		head = []byte{}
-	}
-	_, err := s.eval(ctx, "fill", fillScript, id,
-		rec.Fingerprint[:], rec.CreatedAt.UnixMilli(), rec.CompletedAt.UnixMilli(), rec.ExpiresAt.UnixMilli(),
-		codec.Millis(ttl), strconv.Itoa(rec.Status), head, body, omitted)
+	_, err = s.run(ctx, "fill", fillScript, key, val, ms)
 	return err
 }
 

@@ -2,6 +2,7 @@ package redis_test
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"net/http"
 	"strings"
@@ -12,6 +13,7 @@ import (
 	goredis "github.com/redis/go-redis/v9"
 
 	"github.com/idemkey/idemkey/store"
+	"github.com/idemkey/idemkey/store/codec"
 	"github.com/idemkey/idemkey/store/redis"
 	"github.com/idemkey/idemkey/store/redis/redistest"
 	"github.com/idemkey/idemkey/store/storetest"
@@ -42,14 +44,28 @@ func TestConformanceCluster(t *testing.T) {
 	// The suite's keys really were spread over the masters.
 	var used atomic.Int32
 	_ = c.ForEachMaster(t.Context(), func(ctx context.Context, n *goredis.Client) error {
-		if strings.Contains(n.Info(ctx, "commandstats").Val(), "cmdstat_evalsha") {
+		if strings.Contains(n.Info(ctx, "commandstats").Val(), "cmdstat_set:") {
 			used.Add(1)
 		}
 		return nil
 	})
 	if used.Load() < 2 {
-		t.Errorf("scripts ran on %d masters, want the keys spread over at least 2", used.Load())
+		t.Errorf("claims ran on %d masters, want the keys spread over at least 2", used.Load())
 	}
+}
+
+// TestConformanceSentinel runs the suite through a Sentinel failover client
+// (redis.NewFailoverClient) on a private master and Sentinel.
+func TestConformanceSentinel(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a redis-server and a Sentinel")
+	}
+	c := redistest.StartSentinel(t)
+	storetest.Run(t, func(t *testing.T) storetest.Subject {
+		s := redis.New(c, redis.WithPrefix(redistest.Prefix(t, c)))
+		t.Cleanup(s.StopSubscriber)
+		return storetest.Subject{Store: s}
+	})
 }
 
 var (
@@ -107,6 +123,11 @@ func TestCorruptRecord(t *testing.T) {
 		{"omitted with body", func(k string) {
 			c.HSet(ctx, k, "v", "1", "st", "c", "fp", string(fpA[:]), "ca", "1", "cd", "2", "ex", "3", "s", "200", "b", "x", "o", "1")
 		}},
+		{"marker of the wrong length", func(k string) { c.Set(ctx, k, "\x02p\x00"+string(fpA[:])+"short", 0) }},
+		{"record, bad status", func(k string) { c.Set(ctx, k, record(0, 0, 0, ""), 0) }},
+		{"record, headers past the end", func(k string) { c.Set(ctx, k, record(0, 200, 5, "ab"), 0) }},
+		{"record, bad headers", func(k string) { c.Set(ctx, k, record(0, 200, 2, "\x05\xff"), 0) }},
+		{"record, omitted with body", func(k string) { c.Set(ctx, k, record(1, 200, 0, "x"), 0) }},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -143,8 +164,17 @@ func TestCorruptRecord(t *testing.T) {
 	}
 }
 
-// TestRecordLayout pins the documented encoding: raw fingerprint, token and body
-// bytes (no base64), TTLs on the server clock.
+// record returns a value in the record format (format.go) of fpA with the given
+// flags, status and header length, followed by rest.
+func record(flags byte, status, hlen int, rest string) string {
+	b := append([]byte{2, 'c', flags}, fpA[:]...)
+	b = append(b, make([]byte, 56)...) // token, nonce, times
+	b = append(b, byte(status>>8), byte(status), 0, 0, byte(hlen>>8), byte(hlen))
+	return string(b) + rest
+}
+
+// TestRecordLayout pins the documented encoding (format.go): one string per key,
+// raw fingerprint, token and body bytes, TTLs on the server clock.
 func TestRecordLayout(t *testing.T) {
 	c := redistest.Shared(t)
 	ctx := t.Context()
@@ -158,21 +188,26 @@ func TestRecordLayout(t *testing.T) {
 	if ttl := c.PTTL(ctx, key).Val(); ttl <= 59*time.Second || ttl > time.Minute {
 		t.Errorf("in-flight TTL %v, want the retention (1m)", ttl)
 	}
-	h := c.HGetAll(ctx, key).Val()
-	if h["st"] != "p" || h["fp"] != string(fpA[:]) || h["tok"] != string(res.Token[:]) || h["v"] != "1" {
-		t.Errorf("pending record %q", h)
+	m := c.Get(ctx, key).Val()
+	be := func(s string) int64 { return int64(binary.BigEndian.Uint64([]byte(s))) }
+	if len(m) != 67 || m[:3] != "\x02p\x00" || m[3:35] != string(fpA[:]) || m[35:51] != string(res.Token[:]) ||
+		be(m[51:59]) != 60000 || be(m[59:67]) != 59000 {
+		t.Errorf("marker %q", m)
 	}
 	body := []byte{0, 1, 2, 0xff, 0xfe}
 	resp := store.Response{Status: 201, Header: http.Header{"Location": {"/x"}}, Body: body}
 	if err := s.Complete(ctx, id, res.Token, resp, 2*time.Minute); err != nil {
 		t.Fatal(err)
 	}
-	h = c.HGetAll(ctx, key).Val()
-	if h["st"] != "c" || h["b"] != string(body) || h["s"] != "201" {
-		t.Errorf("completed record %q", h)
+	r := c.Get(ctx, key).Val()
+	head := codec.EncodeHeader(resp.Header)
+	if len(r) != 97+len(head)+len(body) || r[:3] != "\x02c\x00" || r[3:35] != string(fpA[:]) || r[35:51] != string(res.Token[:]) ||
+		r[91:93] != "\x00\xc9" || r[93:97] != "\x00\x00\x00"+string(rune(len(head))) || r[97:97+len(head)] != string(head) ||
+		r[97+len(head):] != string(body) {
+		t.Errorf("completed record %q", r)
 	}
-	if _, ok := h["le"]; ok {
-		t.Error("completed record kept its lease")
+	if created, done, exp := be(r[67:75]), be(r[75:83]), be(r[83:91]); created > done || exp-done != 120000 {
+		t.Errorf("record times created %d completed %d expires %d", created, done, exp)
 	}
 	if ttl := c.PTTL(ctx, key).Val(); ttl <= 119*time.Second || ttl > 2*time.Minute {
 		t.Errorf("completed TTL %v, want the retention (2m)", ttl)
@@ -220,7 +255,8 @@ func TestNoScriptFallback(t *testing.T) {
 }
 
 // TestOneRoundTripPerTransition counts commands: each transition, including a
-// refused claim that returns the record, is exactly one.
+// refused claim that returns the record, is exactly one; an in-flight duplicate
+// is two (the claim, then PTTL for Retry-After).
 func TestOneRoundTripPerTransition(t *testing.T) {
 	shared := redistest.Shared(t)
 	c := goredis.NewClient(shared.Options())
@@ -266,8 +302,12 @@ func TestOneRoundTripPerTransition(t *testing.T) {
 		if err := st.do(); err != nil {
 			t.Fatalf("%s: %v", st.name, err)
 		}
-		if n := hook.Count() - before; n != 1 {
-			t.Errorf("%s: %d round trips, want 1", st.name, n)
+		want := int64(1)
+		if st.name == "in flight" {
+			want = 2 // SET NX GET met the marker; PTTL tells the remaining lease
+		}
+		if n := hook.Count() - before; n != want {
+			t.Errorf("%s: %d round trips, want %d", st.name, n, want)
 		}
 	}
 }

@@ -13,7 +13,7 @@ import (
 	"github.com/idemkey/idemkey/store/redis/redistest"
 )
 
-// redeliverHook sends every script call twice and keeps the second reply: what a
+// redeliverHook sends every script call and SET twice and keeps the second reply: what a
 // go-redis retry does when the first reply was lost (a read timeout or a dropped
 // connection after the server ran the script).
 type redeliverHook struct{}
@@ -21,7 +21,7 @@ type redeliverHook struct{}
 func (redeliverHook) DialHook(next goredis.DialHook) goredis.DialHook { return next }
 func (redeliverHook) ProcessHook(next goredis.ProcessHook) goredis.ProcessHook {
 	return func(ctx context.Context, cmd goredis.Cmder) error {
-		if n := cmd.Name(); n == "evalsha" || n == "eval" {
+		if n := cmd.Name(); n == "evalsha" || n == "eval" || n == "set" {
 			_ = next(ctx, cmd)
 		}
 		return next(ctx, cmd)

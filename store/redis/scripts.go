@@ -2,169 +2,150 @@ package redis
 
 import goredis "github.com/redis/go-redis/v9"
 
-// The Lua scripts behind every transition. Each touches exactly one key, KEYS[1], the
-// record hash of one (scope, key) (see keyFor), so each is legal on Redis Cluster.
-//
-// Record hash fields (all values are strings; times are Unix milliseconds on the Redis
-// server's clock, read with TIME inside the script):
-//
-//	v    format version, "1"
-//	st   state: "p" in flight (pending), "c" completed
-//	fp   fingerprint, 32 raw bytes
-//	tok  fencing token of the holder, 16 raw bytes
-//	le   lease deadline (pending only)
-//	ca   created at (first claim)
-//	cd   completed at (completed only)
-//	ex   expires at = cd + retention (completed only)
-//	s    HTTP status, decimal (completed only)
-//	h    replayable headers, binary (see store/codec; completed only)
-//	b    body bytes as is (completed only)
-//	o    "1" when the body was omitted (completed only)
-//	cn   nonce of the Complete call that completed the record (completed only), so
-//	     that a client's re-delivery of that very call (go-redis retries a command
-//	     whose reply was lost) answers stored, not lease lost
-//	w    "1" once a duplicate waits for the claim in flight (waitScript): Complete
-//	     and Release then PUBLISH the record's key on the store's channel, and
-//	     only then, so a key nobody waits for publishes nothing
-//
-// The key's own TTL (PEXPIRE) enforces retention: a pending record lives for the
-// claim's retention (never less than its lease), a completed one for the retention
-// given to Complete. Anything under our key that is not such a hash answers -1
-// (corrupt); the scripts never raise an error on foreign data.
+// The scripts of the string format (format.go), for the transitions that must
+// compare before they write: Redis 7 has no SET that checks the old value. The
+// common paths need none of them: a claim of a new key is SET NX GET, a replay
+// the same SET answered with the record, Peek a GET and Mark a SET. Each script
+// touches exactly one key, KEYS[1], so each is legal on Redis Cluster.
 //
 // Result codes shared by the scripts:
 //
+//	-2 the key holds another type (a legacy hash): the store runs the legacy script
 //	-1 corrupt  0 lease lost / miss  1 claimed or ok  2 completed  3 in flight  4 mismatch
 
-// prelude reads the record (r), the server time in ms (now) and returns -1 early on
-// foreign data. It leaves r == nil for an absent key.
+// prelude reads the value (v) and classifies it: kind 0 absent, 1 marker, 2
+// record; it returns -1 on foreign data and -2 on a key of another type.
 const prelude = `
 local k = KEYS[1]
-local r = redis.pcall('HMGET', k, 'v','st','fp','tok','le','ca','cd','ex','s','h','b','o','cn','w')
-if type(r) ~= 'table' or r['err'] then return {-1} end
-if not r[1] then
-  if redis.call('EXISTS', k) == 1 then return {-1} end
-  r = nil
-elseif r[1] ~= '1' then
-  return {-1}
+local v = redis.pcall('GET', k)
+if type(v) == 'table' then return {-2} end
+local kind = 0
+if v then
+  if #v == 67 and string.byte(v, 1) == 2 and string.byte(v, 2) == 112 then kind = 1
+  elseif #v >= 97 and string.byte(v, 1) == 2 and string.byte(v, 2) == 99 then kind = 2
+  else return {-1} end
 end
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local function now()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
 `
 
-// completedReply is the reply for a completed record with the caller's fingerprint.
-const completedReply = `{2, r[6] or '', r[7] or '', r[8] or '', r[9] or '', r[10] or '', r[11] or '', r[12] or ''}`
-
-// claimScript: ARGV fp, token, lease ms, retention ms.
-// Replies {1, takeover} | {2, ca, cd, ex, s, h, b, o} | {3, remaining ms} | {4} | {-1}.
-var claimScript = goredis.NewScript(prelude + `
-local fp, tok, lease, ret = ARGV[1], ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
-if r == nil then
-  redis.call('HSET', k, 'v','1', 'st','p', 'fp',fp, 'tok',tok, 'le',now + lease, 'ca',now)
-  redis.call('PEXPIRE', k, ret)
+// contendScript is the claim of a key whose SET NX met a marker of the same
+// request held by another token (or that changed meanwhile): it decides again,
+// atomically, and takes an expired lease over. ARGV fp, token, lease ms,
+// retention ms, the marker of a fresh claim. Replies {1, takeover} | {2, record}
+// | {3, remaining ms} | {4} | {-1} | {-2}.
+var contendScript = goredis.NewScript(prelude + `
+local ret, lease = tonumber(ARGV[4]), tonumber(ARGV[3])
+if kind == 0 then
+  redis.call('SET', k, ARGV[5], 'PX', ret)
   return {1, 0}
 end
-if r[3] ~= fp then
-  if r[2] == 'c' or r[2] == 'p' then return {4} end
-  return {-1}
-end
-if r[2] == 'c' then return ` + completedReply + ` end
-if r[2] ~= 'p' then return {-1} end
-if r[4] == tok then return {1, 0} end -- a retried delivery of this very claim
-local le = tonumber(r[5])
-if not le then return {-1} end
-if le > now then return {3, le - now} end
-redis.call('HSET', k, 'tok',tok, 'le',now + lease)
-redis.call('PEXPIRE', k, ret)
+if kind == 2 then return {2, v} end
+if string.sub(v, 4, 35) ~= ARGV[1] then return {4} end
+if string.sub(v, 36, 51) == ARGV[2] then return {1, 0} end
+local created, leaseEnd = struct.unpack('>i8i8', v, 52)
+local exp, t = redis.call('PEXPIRETIME', k), now()
+if exp - leaseEnd > t then return {3, exp - leaseEnd - t} end
+redis.call('SET', k, string.sub(v, 1, 35) .. ARGV[2] .. struct.pack('>i8i8', t + ret - (exp - created), ret - lease), 'PX', ret)
 return {1, 1}
 `)
 
-// completeScript: ARGV token, retention ms, status, header, body, omitted ("1" or ""),
-// call nonce, the waiters' channel. Replies {1} stored (or this very call was already applied) | {0} lease
-// lost (also when already completed by another call) | {-1}.
+// completeScript turns the marker of ARGV token into the record. ARGV token,
+// call nonce, retention ms, flags byte, status + header length + headers, body,
+// the waiters' channel. Replies {1} stored (or this very call was applied
+// already) | {0} lease lost (also when completed by another call) | {-1} | {-2}.
 var completeScript = goredis.NewScript(prelude + `
-if r ~= nil and r[2] == 'c' and r[4] == ARGV[1] and r[13] == ARGV[7] then return {1} end
-if r == nil or r[4] ~= ARGV[1] or r[2] ~= 'p' then return {0} end
-local ret = tonumber(ARGV[2])
-redis.call('HSET', k, 'st','c', 'cd',now, 'ex',now + ret, 's',ARGV[3], 'h',ARGV[4], 'b',ARGV[5], 'o',ARGV[6], 'cn',ARGV[7])
-redis.call('HDEL', k, 'le')
-redis.call('PEXPIRE', k, ret)
-if r[14] then redis.call('PUBLISH', ARGV[8], k) end
+if kind == 2 and string.sub(v, 36, 51) == ARGV[1] and string.sub(v, 52, 67) == ARGV[2] then return {1} end
+if kind ~= 1 or string.sub(v, 36, 51) ~= ARGV[1] then return {0} end
+local t, ret = now(), tonumber(ARGV[3])
+local created = redis.call('PEXPIRETIME', k) - struct.unpack('>i8', v, 52)
+redis.call('SET', k, string.char(2, 99) .. ARGV[4] .. string.sub(v, 4, 51) .. ARGV[2] ..
+  struct.pack('>i8i8i8', created, t, t + ret) .. ARGV[5] .. ARGV[6], 'PX', ret)
+if string.byte(v, 3) % 2 == 1 then redis.call('PUBLISH', ARGV[7], k) end
 return {1}
 `)
 
-// releaseScript: ARGV token, the waiters' channel. Replies {1} forgotten | {0} lease
-// lost | {-1}.
+// releaseScript deletes the marker of ARGV token. ARGV token, the waiters'
+// channel. Replies {1} | {0} lease lost | {-1} | {-2}.
 var releaseScript = goredis.NewScript(prelude + `
-if r == nil or r[4] ~= ARGV[1] or r[2] ~= 'p' then return {0} end
+if kind ~= 1 or string.sub(v, 36, 51) ~= ARGV[1] then return {0} end
 redis.call('DEL', k)
-if r[14] then redis.call('PUBLISH', ARGV[2], k) end
+if string.byte(v, 3) % 2 == 1 then redis.call('PUBLISH', ARGV[2], k) end
 return {1}
 `)
 
-// waitScript flags a live claim in flight as waited for (field w). Replies {1}
-// flagged | {0} no live claim (absent, completed, lease expired) | {-1}.
-var waitScript = goredis.NewScript(prelude + `
-if r == nil or r[2] == 'c' then return {0} end
-if r[2] ~= 'p' then return {-1} end
-local le = tonumber(r[5])
-if not le then return {-1} end
-if le <= now then return {0} end
-redis.call('HSET', k, 'w', '1')
-return {1}
-`)
-
-// renewScript: ARGV token, lease ms. Replies {1} renewed | {0} lease lost | {-1}.
-// The key's TTL is raised to the lease when shorter, never lowered.
+// renewScript moves the lease of ARGV token's marker to now + ARGV lease ms,
+// raising the key's expiry to it when later (never lowering it). Replies {1} |
+// {0} lease lost | {-1} | {-2}.
 var renewScript = goredis.NewScript(prelude + `
-if r == nil or r[4] ~= ARGV[1] or r[2] ~= 'p' then return {0} end
-local lease = tonumber(ARGV[2])
-redis.call('HSET', k, 'le', now + lease)
-if redis.call('PTTL', k) < lease then redis.call('PEXPIRE', k, lease) end
-return {1}
-`)
-
-// peekScript (read only): ARGV fp.
-// Replies {2, ...} completed | {3, remaining ms} live lease, same fingerprint |
-// {4} completed with another fingerprint | {0} nothing Redis can answer alone | {-1}.
-var peekScript = goredis.NewScript(prelude + `
-if r == nil then return {0} end
-if r[2] == 'c' then
-  if r[3] ~= ARGV[1] then return {4} end
-  return ` + completedReply + `
+if kind ~= 1 or string.sub(v, 36, 51) ~= ARGV[1] then return {0} end
+local exp, le = redis.call('PEXPIRETIME', k), now() + tonumber(ARGV[2])
+local created = exp - struct.unpack('>i8', v, 52)
+if le > exp then
+  redis.call('PEXPIREAT', k, le)
+  exp = le
 end
-if r[2] ~= 'p' then return {-1} end
-if r[3] ~= ARGV[1] then return {0} end
-local le = tonumber(r[5])
-if not le then return {-1} end
-if le > now then return {3, le - now} end
-return {0}
-`)
-
-// markScript: ARGV fp, token, lease ms. Overwrites the key with an in-flight marker
-// whose key expires with the lease. Replies {1}.
-var markScript = goredis.NewScript(`
-local k = KEYS[1]
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local lease = tonumber(ARGV[3])
-redis.call('DEL', k)
-redis.call('HSET', k, 'v','1', 'st','p', 'fp',ARGV[1], 'tok',ARGV[2], 'le',now + lease, 'ca',now)
-redis.call('PEXPIRE', k, lease)
+redis.call('SETRANGE', k, 51, struct.pack('>i8i8', exp - created, exp - le))
 return {1}
 `)
 
-// fillScript: ARGV fp, ca, cd, ex, ttl ms, status, header, body, omitted. Writes a
-// completed record that expires after ttl, unless the key already holds a record
-// (format 1): that one reached Redis after the authoritative read the fill copies, so
-// it is the same record or a newer one. Anything else under the key is replaced.
-// Replies {1} written | {0} left alone.
+// waitScript flags a live marker as waited for. Replies {1} flagged | {0} no
+// live claim (absent, completed, lease expired) | {-1} | {-2}.
+var waitScript = goredis.NewScript(prelude + `
+if kind ~= 1 then return {0} end
+local _, leaseEnd = struct.unpack('>i8i8', v, 52)
+if redis.call('PEXPIRETIME', k) - leaseEnd <= now() then return {0} end
+redis.call('SETRANGE', k, 2, string.char(string.byte(v, 3) - string.byte(v, 3) % 2 + 1))
+return {1}
+`)
+
+// fillScript writes ARGV record with a TTL of ARGV ttl ms unless the key holds
+// a record or marker of either format. Replies {1} written | {0} left alone.
 var fillScript = goredis.NewScript(`
 local k = KEYS[1]
-if redis.pcall('HGET', k, 'v') == '1' then return {0} end
-redis.call('DEL', k)
-redis.call('HSET', k, 'v','1', 'st','c', 'fp',ARGV[1], 'tok','', 'ca',ARGV[2], 'cd',ARGV[3], 'ex',ARGV[4],
-  's',ARGV[6], 'h',ARGV[7], 'b',ARGV[8], 'o',ARGV[9])
-redis.call('PEXPIRE', k, tonumber(ARGV[5]))
+local t = redis.call('TYPE', k)['ok']
+if t == 'hash' and redis.call('HGET', k, 'v') == '1' then return {0} end
+if t == 'string' then
+  local v = redis.call('GET', k)
+  if string.byte(v, 1) == 2 and ((#v == 67 and string.byte(v, 2) == 112) or (#v >= 97 and string.byte(v, 2) == 99)) then
+    return {0}
+  end
+end
+redis.call('SET', k, ARGV[1], 'PX', tonumber(ARGV[2]))
 return {1}
+`)
+
+// inspectScript (read only) replies {0, now} absent | {1, now, first 97 bytes,
+// length, expiry (PEXPIRETIME)} | {-1} | {-2}.
+var inspectScript = goredis.NewScript(prelude + `
+if kind == 0 then return {0, now()} end
+return {1, now(), string.sub(v, 1, 97), #v, redis.call('PEXPIRETIME', k)}
+`)
+
+// evictScript: ARGV "1" or "" for each of: a completed record, an in-flight one
+// whose lease expired, one whose lease is live; then the waiters' channel.
+// Deletes the key if the flag for its state is set; replies as inspectScript,
+// with code 2 instead of 1 when it deleted. A record whose status or header
+// length make no sense is -1, so Evict never deletes what it cannot describe.
+var evictScript = goredis.NewScript(prelude + `
+if kind == 0 then return {0, now()} end
+if kind == 2 then
+  local status, hlen = struct.unpack('>I2I4', v, 92)
+  if status < 100 or status > 999 or 97 + hlen > #v then return {-1} end
+end
+local t, exp = now(), redis.call('PEXPIRETIME', k)
+local allowed = ARGV[1]
+if kind == 1 then
+  local _, leaseEnd = struct.unpack('>i8i8', v, 52)
+  if exp - leaseEnd <= t then allowed = ARGV[2] else allowed = ARGV[3] end
+end
+local code = 1
+if allowed == '1' then
+  redis.call('DEL', k)
+  if kind == 1 and string.byte(v, 3) % 2 == 1 then redis.call('PUBLISH', ARGV[4], k) end
+  code = 2
+end
+return {code, t, string.sub(v, 1, 97), #v, exp}
 `)

@@ -36,7 +36,7 @@ func WithLogger(l *slog.Logger) Option {
 // anyone waits and WithSubscriberIdle after); the message of a key wakes all its
 // waiters in this process. It registers, makes sure the subscription is
 // confirmed, then flags the record as waited for in one script (the check): no
-// live claim returns nil at once. Complete and Release of a flagged record
+// live claim returns nil at once. Complete and Release of a flagged marker
 // PUBLISH its key from their script; a key nobody waits for publishes nothing,
 // and the server's notify-keyspace-events setting is not needed. A resubscription
 // after a lost connection wakes every waiter (a spurious nil: they claim again).
@@ -49,22 +49,32 @@ func (s *Store) Wait(ctx context.Context, id store.ID) error {
 	if s.client == nil {
 		return fmt.Errorf("%w: redis: nil client", store.ErrInvalid)
 	}
-	return s.waiters.Wait(ctx, keyFor(s.prefix, id), func(ctx context.Context) (bool, error) {
-		v, err := s.eval(ctx, "wait", waitScript, id)
+	key := keyFor(s.prefix, id)
+	return s.waiters.Wait(ctx, key, func(ctx context.Context) (bool, error) {
+		v, err := s.run(ctx, "wait", waitScript, key)
 		if err != nil {
 			return false, err
 		}
-		_, code, err := asReply(v)
-		switch {
-		case err != nil:
-			return false, err
-		case code == 1:
-			return true, nil
-		case code == 0:
-			return false, nil
+		if _, code, err := asReply(v); err == nil && code == -2 {
+			return s.legacyWait(ctx, key)
 		}
-		return false, corrupt("wait reply code")
+		return waitReply(v)
 	})
+}
+
+// waitReply decodes the reply of waitScript or legacyWaitScript: whether a live
+// claim was flagged as waited for.
+func waitReply(v any) (bool, error) {
+	_, code, err := asReply(v)
+	switch {
+	case err != nil:
+		return false, err
+	case code == 1:
+		return true, nil
+	case code == 0:
+		return false, nil
+	}
+	return false, corrupt("wait reply code")
 }
 
 // subscribe is the waiters' subscription (waitset.Listen).

@@ -11,7 +11,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemkey/idemkey/claim"
 	"github.com/idemkey/idemkey/middleware"
+	"github.com/idemkey/idemkey/policy"
 	"github.com/idemkey/idemkey/store"
 )
 
@@ -31,7 +33,7 @@ func HungWhileHandlerRuns(t *testing.T, st store.Store, pause, resume func()) {
 	events := make(chan middleware.Event, 16)
 	m, err := middleware.New(st, middleware.GlobalScope, middleware.WithLease(lease),
 		middleware.WithLogger(slog.New(slog.DiscardHandler)),
-		middleware.WithStoreFailure(middleware.StoreFailureRule{Timeouts: middleware.StoreTimeouts{Claim: bound, Complete: bound, Release: bound}}),
+		middleware.WithStoreFailure(policy.StoreFailureRule{Timeouts: claim.Timeouts{Claim: bound, Complete: bound, Release: bound}}),
 		middleware.WithObserver(middleware.ObserverFunc(func(_ context.Context, ev middleware.Event) {
 			if ev.ID.Key == "hung" && ev.Decision == middleware.Executed {
 				events <- ev

@@ -9,7 +9,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemkey/idemkey/claim"
 	"github.com/idemkey/idemkey/middleware"
+	"github.com/idemkey/idemkey/policy"
 	"github.com/idemkey/idemkey/store"
 )
 
@@ -24,7 +26,7 @@ func LostClaimReleased(t *testing.T, st store.Store, pause, resume func()) {
 	t.Helper()
 	var runs atomic.Int32
 	m, err := middleware.New(st, middleware.GlobalScope, middleware.WithLease(10*time.Second),
-		middleware.WithStoreFailure(middleware.StoreFailureRule{Timeouts: middleware.StoreTimeouts{Claim: 500 * time.Millisecond, Release: time.Second}}))
+		middleware.WithStoreFailure(policy.StoreFailureRule{Timeouts: claim.Timeouts{Claim: 500 * time.Millisecond, Release: time.Second}}))
 	if err != nil {
 		t.Fatal(err)
 	}

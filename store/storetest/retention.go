@@ -10,7 +10,7 @@ import (
 // testCompleteRetention checks that the retention given to Complete, not the
 // claim's, decides how long a completed record lives, in both directions: a
 // handler may shorten its record's life (a failed validation kept minutes) or
-// lengthen it (a payment kept a month; middleware.SetRetention).
+// lengthen it (a payment kept a month; claim.SetRetention).
 func testCompleteRetention(t *testing.T, s *suite) {
 	long := 30 * 24 * time.Hour
 	lengthened := newID(t)

@@ -16,6 +16,7 @@ import (
 	"log/slog"
 	"net/http"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/google/uuid"
@@ -25,6 +26,7 @@ import (
 
 	"github.com/idemkey/idemkey/celeriant"
 	"github.com/idemkey/idemkey/celeriant/celeriantsim"
+	"github.com/idemkey/idemkey/claim"
 	"github.com/idemkey/idemkey/examples/accounts"
 	"github.com/idemkey/idemkey/examples/accounts/httpapi"
 	"github.com/idemkey/idemkey/examples/accounts/watchfeed"
@@ -91,7 +93,7 @@ type check struct {
 }
 
 // Open builds the account service on env and conns: Celeriant (the wire client
-// for env.CeleriantAddr, else an in-process simulator), the projection (memory, or
+// for env.CeleriantAddrs, else an in-process simulator), the projection (memory, or
 // Postgres on conns.Pool, migrated at startup), the account service (seeded at
 // startup; a failure to seed fails Open) and its API, the readiness checks (st,
 // Celeriant, the Postgres projection) and the Go and process collectors in reg.
@@ -106,14 +108,14 @@ func Open(ctx context.Context, env setup.Env, conns *setup.Conns, st store.Store
 	}()
 	a.checks = append(a.checks, check{"store", func(ctx context.Context) error { return store.Ping(ctx, st) }})
 
-	if env.CeleriantAddr == "" {
+	if len(env.CeleriantAddrs) == 0 {
 		sim := celeriantsim.New(celeriantsim.Options{Precision: env.TimestampPrecision})
 		a.Events = sim
 		a.closers = append(a.closers, func() { _ = sim.Close() })
 	} else {
-		client, err := celeriant.New(celeriant.Config{Addrs: []string{env.CeleriantAddr}, Logger: logger, APIKey: env.APIKey})
+		client, err := celeriant.New(celeriant.Config{Addrs: env.CeleriantAddrs, Logger: logger, APIKey: env.APIKey, Identity: env.Identity})
 		if err != nil {
-			return a, fmt.Errorf("%w: CELERIANT_ADDR=%q: %w", setup.ErrConfig, env.CeleriantAddr, err)
+			return a, fmt.Errorf("%w: CELERIANT_ADDR=%q: %w", setup.ErrConfig, strings.Join(env.CeleriantAddrs, ","), err)
 		}
 		a.Events = client
 		a.closers = append(a.closers, func() { _ = client.Close() })
@@ -150,7 +152,7 @@ func Open(ctx context.Context, env setup.Env, conns *setup.Conns, st store.Store
 	err = a.Service.Seed(seedCtx)
 	cancel()
 	if err != nil {
-		return a, fmt.Errorf("seeding the accounts (is Celeriant at %q up?): %w", env.CeleriantAddr, err)
+		return a, fmt.Errorf("seeding the accounts (is Celeriant at %q up?): %w", strings.Join(env.CeleriantAddrs, ","), err)
 	}
 	if sim, ok := a.Events.(*celeriantsim.Sim); ok && env.SimDelay > 0 {
 		sim.SetDelay(env.SimDelay)
@@ -221,7 +223,7 @@ func (a *App) accountVersion(ctx context.Context, acct uuid.UUID) (uint64, error
 // expired lease: the previous holder may have written before it died, so the service
 // searches the stream for the request's event before writing.
 func takeoverFromRequest(r *http.Request) bool {
-	c, ok := middleware.ClaimFromContext(r.Context())
+	c, ok := claim.FromContext(r.Context())
 	return ok && c.Takeover
 }
 

@@ -5,6 +5,7 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"strings"
 
 	"github.com/idemkey/idemkey/examples/internal/serve"
 	"github.com/idemkey/idemkey/examples/internal/setup"
@@ -54,8 +55,8 @@ func Serve(ctx context.Context, env setup.Env, h http.Handler, stdout io.Writer,
 }
 
 func celeriantName(env setup.Env) string {
-	if env.CeleriantAddr == "" {
+	if len(env.CeleriantAddrs) == 0 {
 		return "in-process simulator"
 	}
-	return env.CeleriantAddr
+	return strings.Join(env.CeleriantAddrs, ",")
 }

@@ -7,10 +7,14 @@
 // Environment (docs/architecture.md section 6, plus the test-only names):
 //
 //	ADDR                   listen address, default 127.0.0.1:8080
-//	IDEM_STORE             memory (default), postgres, redis, tiered or mysql
+//	IDEM_STORE             memory (default), postgres, redis, tiered, mysql or dynamodb
 //	DATABASE_URL           Postgres: the store (postgres, tiered) and PROJECTION=postgres
 //	REDIS_URL              Redis: the store (redis, tiered)
 //	MYSQL_DSN              MySQL or MariaDB (go-sql-driver DSN): the mysql store
+//	AWS_REGION             DynamoDB's region (the dynamodb store; credentials as the
+//	                       AWS SDK finds them)
+//	DYNAMODB_ENDPOINT      a DynamoDB-compatible endpoint (dynalite, DynamoDB Local)
+//	                       instead of AWS's; region us-east-1 unless AWS_REGION
 //	IDEM_LEASE             claim lease, Go duration, at least 100ms, default 10s
 //	IDEM_RETENTION         how long responses are replayed, default 24h
 //	IDEM_WAIT              how long a duplicate of a request in flight waits for its
@@ -18,9 +22,10 @@
 //	                       5s; 0 answers 409 at once (the account examples)
 //	IDEM_MEMORY_MAX_BYTES  the memory store's bound on the bytes it keeps
 //	                       (memory.WithMaxBytes), default 67108864 (64 MiB); 0: none
-//	IDEM_TABLE             the Postgres or MySQL store's table, default idemkey_records
+//	IDEM_TABLE             the Postgres, MySQL or DynamoDB store's table, default idemkey_records
 //	IDEM_REDIS_PREFIX      the Redis store's key prefix, default idemkey:
-//	CELERIANT_ADDR         Celeriant wire address host:port; empty: in-process simulator
+//	CELERIANT_ADDR         Celeriant wire address host:port, or a cluster's nodes
+//	                       separated by commas; empty: in-process simulator
 //	CELERIANT_TIMESTAMP_PRECISION
 //	                       the Celeriant server's --timestamp-precision: ms (default),
 //	                       us or ns; the simulator stamps in it; a server that stamps
@@ -28,8 +33,12 @@
 //	CELERIANT_API_KEY      API key (standard base64 of 32 bytes) sent in the Identify
 //	                       handshake of every connection; empty: no handshake. Never
 //	                       logged
+//	CELERIANT_IDENTITY_KEY a file holding an RSA private key (PEM, or Celeriant's base64
+//	                       PKCS#8) the client proves in the Identify handshake of every
+//	                       connection; the service then writes under its client id
 //	CELERIANT_CLIENT_ID    the Celeriant client id (a UUID) the account service writes
-//	                       under, shared by all its replicas; default the service's own
+//	                       under, shared by all its replicas; default the identity's,
+//	                       else the service's own
 //	PROJECTION             memory (default) or postgres
 //	ACCOUNTS_TABLE_PREFIX  prefix of the Postgres projection's tables, default none
 //	CELERIANT_SIM_DELAY    latency the in-process simulator adds to every call after
@@ -39,6 +48,7 @@
 package setup
 
 import (
+	"crypto/rsa"
 	"encoding/base64"
 	"errors"
 	"fmt"
@@ -49,7 +59,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/idemkey/idemkey/celeriant"
-	"github.com/idemkey/idemkey/middleware"
+	"github.com/idemkey/idemkey/claim"
 	"github.com/idemkey/idemkey/store/memory"
 	"github.com/idemkey/idemkey/store/postgres"
 	"github.com/idemkey/idemkey/store/redis"
@@ -71,7 +81,8 @@ type Env struct {
 	// Addr is the listen address (ADDR); port 0 picks a free port.
 	Addr string
 	// Store is the idempotency store (IDEM_STORE): "memory", "postgres", "redis",
-	// "tiered" (Redis in front of Postgres) or "mysql" (MySQL or MariaDB).
+	// "tiered" (Redis in front of Postgres), "mysql" (MySQL or MariaDB) or
+	// "dynamodb".
 	Store string
 	// DatabaseURL is the Postgres connection string (DATABASE_URL); required by
 	// the postgres and tiered stores and by PROJECTION=postgres.
@@ -83,6 +94,9 @@ type Env struct {
 	// (MYSQL_DSN), such as app@tcp(127.0.0.1:3306)/app; required by the mysql
 	// store.
 	MySQLDSN string
+	// AWSRegion (AWS_REGION) and DynamoDBEndpoint (DYNAMODB_ENDPOINT) locate the
+	// dynamodb store's table; it needs one of them.
+	AWSRegion, DynamoDBEndpoint string
 	// Lease and Retention are the middleware's claim lease and record retention
 	// (IDEM_LEASE, IDEM_RETENTION); Retention >= Lease > 0.
 	Lease, Retention time.Duration
@@ -98,9 +112,10 @@ type Env struct {
 	IdemTable string
 	// RedisPrefix prefixes the Redis store's keys (IDEM_REDIS_PREFIX).
 	RedisPrefix string
-	// CeleriantAddr is the Celeriant wire address (CELERIANT_ADDR); empty runs the
-	// in-process simulator, whose log lives and dies with the process.
-	CeleriantAddr string
+	// CeleriantAddrs are the Celeriant nodes' wire addresses (CELERIANT_ADDR, comma
+	// separated); none runs the in-process simulator, whose log lives and dies with
+	// the process.
+	CeleriantAddrs []string
 	// TimestampPrecision is the Celeriant server's timestamp precision
 	// (CELERIANT_TIMESTAMP_PRECISION: ms, us or ns; default ms): the protocol does
 	// not carry it (docs/celeriant-protocol.md section 6.8).
@@ -108,6 +123,8 @@ type Env struct {
 	// APIKey is the Celeriant API key (CELERIANT_API_KEY), sent in the Identify
 	// handshake; it formats and logs as [redacted].
 	APIKey celeriant.Secret
+	// Identity is the RSA key of CELERIANT_IDENTITY_KEY, nil without one.
+	Identity *rsa.PrivateKey
 	// ClientID is the Celeriant client id the account service writes under
 	// (CELERIANT_CLIENT_ID); uuid.Nil keeps the service's default. Every replica must
 	// use the same one, and it must not change once events exist
@@ -153,11 +170,12 @@ func Load(getenv func(string) string) (Env, error) {
 		MemoryMaxBytes: memory.DefaultMaxBytes,
 		IdemTable:      getenv("IDEM_TABLE"),
 		RedisPrefix:    getenv("IDEM_REDIS_PREFIX"),
-		CeleriantAddr:  strings.TrimSpace(getenv("CELERIANT_ADDR")),
+		CeleriantAddrs: splitAddrs(getenv("CELERIANT_ADDR")),
 		Projection:     strings.ToLower(strings.TrimSpace(getenv("PROJECTION"))),
 		TablePrefix:    getenv("ACCOUNTS_TABLE_PREFIX"),
 		ReplayHeader:   strings.TrimSpace(getenv("IDEM_REPLAY_HEADER")),
 	}
+	e.AWSRegion, e.DynamoDBEndpoint = strings.TrimSpace(getenv("AWS_REGION")), strings.TrimSpace(getenv("DYNAMODB_ENDPOINT"))
 	if v := strings.TrimSpace(getenv("ADDR")); v != "" {
 		e.Addr = v
 	}
@@ -176,13 +194,13 @@ func Load(getenv func(string) string) (Env, error) {
 	if err := parseBytes(getenv, "IDEM_MEMORY_MAX_BYTES", &e.MemoryMaxBytes); err != nil {
 		return e, err
 	}
-	if e.Lease < middleware.MinLease {
-		return e, fmt.Errorf("%w: IDEM_LEASE=%v is under the minimum lease %v (it is renewed every third of it)", ErrConfig, e.Lease, middleware.MinLease)
+	if e.Lease < claim.MinLease {
+		return e, fmt.Errorf("%w: IDEM_LEASE=%v is under the minimum lease %v (it is renewed every third of it)", ErrConfig, e.Lease, claim.MinLease)
 	}
 	if e.Retention < e.Lease {
 		return e, fmt.Errorf("%w: IDEM_RETENTION (%v) must be at least IDEM_LEASE (%v)", ErrConfig, e.Retention, e.Lease)
 	}
-	if e.SimDelay > 0 && e.CeleriantAddr != "" {
+	if e.SimDelay > 0 && len(e.CeleriantAddrs) > 0 {
 		return e, fmt.Errorf("%w: CELERIANT_SIM_DELAY applies to the in-process simulator only, not CELERIANT_ADDR", ErrConfig)
 	}
 	err := e.check() // defaults the store and projection: before e is returned
@@ -220,9 +238,9 @@ func (e *Env) check() error {
 	switch e.Store {
 	case "":
 		e.Store = "memory"
-	case "memory", "postgres", "redis", "tiered", "mysql":
+	case "memory", "postgres", "redis", "tiered", "mysql", "dynamodb":
 	default:
-		return fmt.Errorf("%w: IDEM_STORE=%q is not one of memory, postgres, redis, tiered, mysql", ErrConfig, e.Store)
+		return fmt.Errorf("%w: IDEM_STORE=%q is not one of memory, postgres, redis, tiered, mysql, dynamodb", ErrConfig, e.Store)
 	}
 	switch e.Projection {
 	case "":
@@ -236,6 +254,9 @@ func (e *Env) check() error {
 	}
 	if e.Store == "mysql" && e.MySQLDSN == "" {
 		return fmt.Errorf("%w: IDEM_STORE=mysql needs MYSQL_DSN", ErrConfig)
+	}
+	if e.Store == "dynamodb" && e.AWSRegion == "" && e.DynamoDBEndpoint == "" {
+		return fmt.Errorf("%w: IDEM_STORE=dynamodb needs AWS_REGION or DYNAMODB_ENDPOINT", ErrConfig)
 	}
 	if e.NeedsRedis() && e.RedisURL == "" {
 		return fmt.Errorf("%w: IDEM_STORE=%s needs REDIS_URL", ErrConfig, e.Store)
@@ -264,7 +285,32 @@ func (e *Env) loadCeleriant(getenv func(string) string) error {
 		}
 		e.ClientID = id
 	}
+	if v := strings.TrimSpace(getenv("CELERIANT_IDENTITY_KEY")); v != "" {
+		key, err := celeriant.LoadIdentity(v)
+		if err != nil {
+			return fmt.Errorf("%w: CELERIANT_IDENTITY_KEY: %w", ErrConfig, err)
+		}
+		id, err := celeriant.IdentityClientID(&key.PublicKey)
+		if err != nil {
+			return fmt.Errorf("%w: CELERIANT_IDENTITY_KEY: %w", ErrConfig, err)
+		}
+		if e.ClientID != uuid.Nil && e.ClientID != id {
+			return fmt.Errorf("%w: CELERIANT_CLIENT_ID=%s but the server binds CELERIANT_IDENTITY_KEY's connections to client id %s (unset CELERIANT_CLIENT_ID)", ErrConfig, e.ClientID, id)
+		}
+		e.Identity, e.ClientID = key, id
+	}
 	return nil
+}
+
+// splitAddrs splits CELERIANT_ADDR's comma-separated nodes, dropping blanks.
+func splitAddrs(v string) []string {
+	var addrs []string
+	for a := range strings.SplitSeq(v, ",") {
+		if a = strings.TrimSpace(a); a != "" {
+			addrs = append(addrs, a)
+		}
+	}
+	return addrs
 }
 
 // postgresUser names the setting that needs Postgres, for errors.

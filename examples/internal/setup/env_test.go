@@ -2,7 +2,15 @@ package setup
 
 import (
 	"context"
+	"crypto/rand"
+	"crypto/rsa"
+	"crypto/x509"
+	"encoding/base64"
+	"encoding/pem"
 	"errors"
+	"os"
+	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -27,7 +35,7 @@ func TestLoad(t *testing.T) {
 			"IDEM_RETENTION": "1h", "CELERIANT_ADDR": "127.0.0.1:10000", "PROJECTION": "Postgres", "DATABASE_URL": "postgres://x",
 			"REDIS_URL": "redis://y", "IDEM_TABLE": "t", "IDEM_REDIS_PREFIX": "p:", "ACCOUNTS_TABLE_PREFIX": "t_",
 			"IDEM_REPLAY_HEADER": "Idempotency-Replayed"},
-			want: Env{Addr: "127.0.0.1:0", Store: "tiered", Lease: 2 * time.Second, Retention: time.Hour, Wait: DefaultWait, MemoryMaxBytes: 64 << 20, CeleriantAddr: "127.0.0.1:10000",
+			want: Env{Addr: "127.0.0.1:0", Store: "tiered", Lease: 2 * time.Second, Retention: time.Hour, Wait: DefaultWait, MemoryMaxBytes: 64 << 20, CeleriantAddrs: []string{"127.0.0.1:10000"},
 				Projection: "postgres", DatabaseURL: "postgres://x", RedisURL: "redis://y", IdemTable: "t", RedisPrefix: "p:",
 				TablePrefix: "t_", ReplayHeader: "Idempotency-Replayed"}},
 		{name: "sim delay", env: map[string]string{"CELERIANT_SIM_DELAY": "1s"}, want: with(func(e *Env) { e.SimDelay = time.Second })},
@@ -45,6 +53,11 @@ func TestLoad(t *testing.T) {
 		{name: "mysql store", env: map[string]string{"IDEM_STORE": "MySQL", "MYSQL_DSN": "root@tcp(db:3306)/app"},
 			want: with(func(e *Env) { e.Store, e.MySQLDSN = "mysql", "root@tcp(db:3306)/app" })},
 		{name: "mysql store without a DSN", env: map[string]string{"IDEM_STORE": "mysql"}, wantErr: "IDEM_STORE=mysql needs MYSQL_DSN"},
+		{name: "dynamodb store", env: map[string]string{"IDEM_STORE": "dynamodb", "AWS_REGION": "eu-west-1", "DYNAMODB_ENDPOINT": "http://127.0.0.1:8000"},
+			want: with(func(e *Env) {
+				e.Store, e.AWSRegion, e.DynamoDBEndpoint = "dynamodb", "eu-west-1", "http://127.0.0.1:8000"
+			})},
+		{name: "dynamodb store without a region", env: map[string]string{"IDEM_STORE": "dynamodb"}, wantErr: "IDEM_STORE=dynamodb needs AWS_REGION or DYNAMODB_ENDPOINT"},
 		{name: "redis store without Redis", env: map[string]string{"IDEM_STORE": "redis"}, wantErr: "REDIS_URL"},
 		{name: "unknown projection", env: map[string]string{"PROJECTION": "mysql"}, wantErr: "PROJECTION"},
 		{name: "postgres projection without a database", env: map[string]string{"PROJECTION": "postgres"}, wantErr: "PROJECTION=postgres needs DATABASE_URL"},
@@ -70,6 +83,9 @@ func TestLoad(t *testing.T) {
 		{name: "no memory bound", env: map[string]string{"IDEM_MEMORY_MAX_BYTES": "0"}, want: with(func(e *Env) { e.MemoryMaxBytes = 0 })},
 		{name: "memory bound with a unit", env: map[string]string{"IDEM_MEMORY_MAX_BYTES": "64MiB"}, wantErr: "IDEM_MEMORY_MAX_BYTES"},
 		{name: "negative memory bound", env: map[string]string{"IDEM_MEMORY_MAX_BYTES": "-1"}, wantErr: "IDEM_MEMORY_MAX_BYTES"},
+		{name: "a cluster's nodes", env: map[string]string{"CELERIANT_ADDR": " 127.0.0.1:10000, 127.0.0.1:10010,,127.0.0.1:10020 "},
+			want: with(func(e *Env) { e.CeleriantAddrs = []string{"127.0.0.1:10000", "127.0.0.1:10010", "127.0.0.1:10020"} })},
+		{name: "identity key missing", env: map[string]string{"CELERIANT_IDENTITY_KEY": "/nonexistent/key.pem"}, wantErr: "CELERIANT_IDENTITY_KEY"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			got, err := Load(func(k string) string { return tc.env[k] })
@@ -79,7 +95,7 @@ func TestLoad(t *testing.T) {
 				}
 				return
 			}
-			if err != nil || got != tc.want {
+			if err != nil || !reflect.DeepEqual(got, tc.want) {
 				t.Fatalf("got %+v, %v; want %+v", got, err, tc.want)
 			}
 		})
@@ -151,5 +167,40 @@ func TestCloseOrder(t *testing.T) {
 	c.Close()
 	if len(order) != 2 || order[0] != 2 || order[1] != 1 {
 		t.Errorf("close order %v, want [2 1]", order)
+	}
+}
+
+// TestLoadIdentity: CELERIANT_IDENTITY_KEY names an RSA key file (PEM PKCS#8 or
+// PKCS#1, or Celeriant's base64 PKCS#8); the service then writes under the client id
+// the server derives from it, and a CELERIANT_CLIENT_ID that differs from that id is a
+// configuration error (the server would answer every write 10003).
+func TestLoadIdentity(t *testing.T) {
+	key, err := rsa.GenerateKey(rand.Reader, 2048)
+	if err != nil {
+		t.Fatal(err)
+	}
+	id, _ := celeriant.IdentityClientID(&key.PublicKey)
+	pkcs8, _ := x509.MarshalPKCS8PrivateKey(key)
+	dir := t.TempDir()
+	files := map[string][]byte{
+		"pkcs8.pem":   pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: pkcs8}),
+		"pkcs1.pem":   pem.EncodeToMemory(&pem.Block{Type: "RSA PRIVATE KEY", Bytes: x509.MarshalPKCS1PrivateKey(key)}),
+		"private_key": []byte(base64.StdEncoding.EncodeToString(pkcs8) + "\n"),
+	}
+	for name, data := range files {
+		path := filepath.Join(dir, name)
+		if err := os.WriteFile(path, data, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		e, err := Load(func(k string) string { return map[string]string{"CELERIANT_IDENTITY_KEY": path}[k] })
+		if err != nil || e.ClientID != id || e.Identity == nil || !e.Identity.Equal(key) {
+			t.Errorf("%s: client id %s, %v; want %s", name, e.ClientID, err, id)
+		}
+		_, err = Load(func(k string) string {
+			return map[string]string{"CELERIANT_IDENTITY_KEY": path, "CELERIANT_CLIENT_ID": uuid.NewString()}[k]
+		})
+		if !errors.Is(err, ErrConfig) || !strings.Contains(err.Error(), id.String()) {
+			t.Errorf("%s with another CELERIANT_CLIENT_ID: %v, want ErrConfig naming %s", name, err, id)
+		}
 	}
 }

@@ -1,6 +1,7 @@
 // Command gateway is the fake payment provider of the payments example (package
 // fakegateway): POST /charges deduplicated by Idempotency-Key, GET /charges
-// listing every charge, and injectable faults.
+// listing every charge, POST /charges/{id}/refund, signed webhooks delivered at
+// least once, and injectable faults.
 //
 //	go run ./examples/payments/gateway
 //
@@ -11,6 +12,11 @@
 //	GATEWAY_FAIL_RATE   share (0 to 1) of charges answered 503 without charging
 //	GATEWAY_LOSE_RATE   share (0 to 1) of charges whose answer is lost after charging
 //	GATEWAY_LOSE_FIRST  1: the first answer for every new key is lost after charging
+//	GATEWAY_WEBHOOK_URL         where events (charge.succeeded, charge.refunded) are
+//	                            POSTed, signed; default: none are sent
+//	GATEWAY_WEBHOOK_SECRET      the HMAC-SHA256 key of the signatures, required with the URL
+//	GATEWAY_WEBHOOK_DELIVERIES  copies of each event, each delivered until answered 2xx, default 1
+//	GATEWAY_WEBHOOK_SHUFFLE     1: deliver the waiting copies in random order
 //
 // The query parameters latency, fail, lose and loseFirst of POST /charges override
 // the environment for that call. Once the listener accepts connections it prints
@@ -41,7 +47,15 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer, logg
 	if addr == "" {
 		addr = DefaultAddr
 	}
+	hooks, err := fakegateway.WebhooksFromEnv(getenv)
+	if err != nil {
+		return err
+	}
 	g := fakegateway.New(faults, logger)
+	if err := g.StartWebhooks(ctx, hooks); err != nil {
+		return err
+	}
 	return serve.ListenAndServe(ctx, addr, g, stdout, logger,
-		"latency", faults.Latency, "failRate", faults.FailRate, "loseRate", faults.LoseRate, "loseFirst", faults.LoseFirst)
+		"latency", faults.Latency, "failRate", faults.FailRate, "loseRate", faults.LoseRate, "loseFirst", faults.LoseFirst,
+		"webhookURL", hooks.URL, "webhookDeliveries", hooks.Deliveries, "webhookShuffle", hooks.Shuffle)
 }

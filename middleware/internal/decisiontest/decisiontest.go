@@ -23,6 +23,7 @@ import (
 
 	"github.com/idemkey/idemkey/internal/testclock"
 	"github.com/idemkey/idemkey/middleware"
+	"github.com/idemkey/idemkey/policy"
 	"github.com/idemkey/idemkey/store"
 	"github.com/idemkey/idemkey/store/memory"
 )
@@ -166,10 +167,13 @@ func (a *App) Get(ok bool) string {
 	return fmt.Sprint("keyed=", ok)
 }
 
-// harness is one row's router and app.
+// harness is one row's router and app, and the responses its requests got.
 type harness struct {
 	h http.Handler
 	a *App
+
+	mu   sync.Mutex
+	seen []Observation
 }
 
 // Req is one request of a row.
@@ -191,6 +195,9 @@ func (hs *harness) do(r req) *httptest.ResponseRecorder {
 	}
 	w := httptest.NewRecorder()
 	hs.h.ServeHTTP(w, hr)
+	hs.mu.Lock()
+	hs.seen = append(hs.seen, Observe(w.Result()))
+	hs.mu.Unlock()
 	return w
 }
 
@@ -216,9 +223,11 @@ func decode(t *testing.T, w *httptest.ResponseRecorder) map[string]any {
 	return v
 }
 
-// Row is one row of the table.
+// Row is one row of the table; doc is the id of the row of docs/architecture.md
+// section 3 whose answer its requests must observe.
 type row struct {
 	name string
+	doc  string
 	opts []middleware.Option
 	run  func(t *testing.T, hs *harness)
 }
@@ -226,7 +235,7 @@ type row struct {
 var pay = req{method: "POST", path: "/api/pay/7", key: `"k-1"`, body: `{"n":1}`, client: "alice"}
 
 var rows = []row{
-	{name: "new key runs once, retry replayed with marker", run: func(t *testing.T, hs *harness) {
+	{name: "new key runs once, retry replayed with marker", doc: "new-key", run: func(t *testing.T, hs *harness) {
 		first := hs.do(pay)
 		if first.Code != 201 || first.Header().Get("Idempotent-Replayed") != "" {
 			t.Fatalf("first: %d %v %s", first.Code, first.Header(), first.Body)
@@ -249,7 +258,7 @@ var rows = []row{
 			t.Errorf("other scope: %d %v", w.Code, w.Header())
 		}
 	}},
-	{name: "same key while running is 409 with Retry-After", run: func(t *testing.T, hs *harness) {
+	{name: "same key while running is 409 with Retry-After", doc: "in-flight", run: func(t *testing.T, hs *harness) {
 		slow := req{method: "POST", path: "/api/slow", key: "s", body: "x"}
 		done := make(chan *httptest.ResponseRecorder)
 		go func() { done <- hs.do(slow) }()
@@ -268,7 +277,7 @@ var rows = []row{
 			t.Errorf("handler ran %d times", n)
 		}
 	}},
-	{name: "same key while running, waiting on: the retry gets the original's answer", opts: []middleware.Option{middleware.WithWaitInFlight(guard)}, run: func(t *testing.T, hs *harness) {
+	{name: "same key while running, waiting on: the retry gets the original's answer", doc: "wait-in-flight", opts: []middleware.Option{middleware.WithWaitInFlight(guard)}, run: func(t *testing.T, hs *harness) {
 		slow := req{method: "POST", path: "/api/slow", key: "w", body: "x"}
 		done := make(chan *httptest.ResponseRecorder, 1)
 		go func() { done <- hs.do(slow) }()
@@ -292,7 +301,7 @@ var rows = []row{
 			t.Errorf("handler ran %d times", n)
 		}
 	}},
-	{name: "same key, other body is 422", run: func(t *testing.T, hs *harness) {
+	{name: "same key, other body is 422", doc: "mismatch", run: func(t *testing.T, hs *harness) {
 		hs.do(pay)
 		other := pay
 		other.body = `{"n":2}`
@@ -304,13 +313,13 @@ var rows = []row{
 			t.Errorf("handler ran %d times", n)
 		}
 	}},
-	{name: "missing key is 400", run: func(t *testing.T, hs *harness) {
+	{name: "missing key is 400", doc: "key-missing", run: func(t *testing.T, hs *harness) {
 		problemCode(t, hs.do(req{method: "POST", path: "/api/pay/1", body: "{}"}), 400, middleware.CodeKeyMissing)
 		if n := hs.a.Runs("pay"); n != 0 {
 			t.Errorf("handler ran %d times", n)
 		}
 	}},
-	{name: "invalid keys are 400", run: func(t *testing.T, hs *harness) {
+	{name: "invalid keys are 400", doc: "key-invalid", run: func(t *testing.T, hs *harness) {
 		for _, r := range []req{
 			{method: "POST", path: "/api/pay/1", key: `"unterminated`},
 			{method: "POST", path: "/api/pay/1", key: strings.Repeat("k", 256)},
@@ -322,10 +331,10 @@ var rows = []row{
 			t.Errorf("handler ran %d times", n)
 		}
 	}},
-	{name: "body over the limit is 413", run: func(t *testing.T, hs *harness) {
+	{name: "body over the limit is 413", doc: "body-too-large", run: func(t *testing.T, hs *harness) {
 		problemCode(t, hs.do(req{method: "POST", path: "/api/pay/1", key: "big", body: strings.Repeat("x", MaxRequestBody+1)}), 413, middleware.CodeRequestTooLarge)
 	}},
-	{name: "handler error 5xx releases, the retry runs, then replays", run: func(t *testing.T, hs *harness) {
+	{name: "handler error 5xx releases, the retry runs, then replays", doc: "release-status", run: func(t *testing.T, hs *harness) {
 		hs.a.fail.Store(1)
 		r := req{method: "POST", path: "/api/flaky", key: "f"}
 		if w := hs.do(r); w.Code != 503 || !strings.Contains(w.Body.String(), "try later") {
@@ -341,7 +350,7 @@ var rows = []row{
 			t.Errorf("handler ran %d times, want 2", n)
 		}
 	}},
-	{name: "handler error 4xx is rendered once, stored and replayed", run: func(t *testing.T, hs *harness) {
+	{name: "handler error 4xx is rendered once, stored and replayed", doc: "replay", run: func(t *testing.T, hs *harness) {
 		r := req{method: "POST", path: "/api/refuse", key: "r"}
 		first := hs.do(r)
 		if first.Code != 422 || !strings.Contains(first.Body.String(), "no") {
@@ -355,7 +364,7 @@ var rows = []row{
 			t.Errorf("handler ran %d times", n)
 		}
 	}},
-	{name: "store error is 503 with Retry-After; handler not run", run: func(t *testing.T, hs *harness) {
+	{name: "store error is 503 with Retry-After; handler not run", doc: "store-down", run: func(t *testing.T, hs *harness) {
 		hs.a.st.down.Store(true)
 		w := hs.do(pay)
 		problemCode(t, w, 503, middleware.CodeStoreUnavailable)
@@ -366,7 +375,7 @@ var rows = []row{
 			t.Errorf("handler ran %d times", n)
 		}
 	}},
-	{name: "panic releases and re-panics, the retry runs", run: func(t *testing.T, hs *harness) {
+	{name: "panic releases and re-panics, the retry runs", doc: "release-status", run: func(t *testing.T, hs *harness) {
 		hs.a.fail.Store(1)
 		r := req{method: "POST", path: "/api/panic", key: "p"}
 		if w := hs.do(r); w.Code != 500 {
@@ -379,7 +388,7 @@ var rows = []row{
 			t.Errorf("handler ran %d times, want 2", n)
 		}
 	}},
-	{name: "response over the storage cap streams, replay omits the body", run: func(t *testing.T, hs *harness) {
+	{name: "response over the storage cap streams, replay omits the body", doc: "over-cap", run: func(t *testing.T, hs *harness) {
 		r := req{method: "POST", path: "/api/large", key: "l"}
 		if w := hs.do(r); w.Code != 200 || w.Body.Len() != 200 {
 			t.Fatalf("first: %d, %d bytes", w.Code, w.Body.Len())
@@ -392,7 +401,7 @@ var rows = []row{
 			t.Errorf("handler ran %d times", n)
 		}
 	}},
-	{name: "expired lease is taken over; the stale holder's completion is refused", run: func(t *testing.T, hs *harness) {
+	{name: "expired lease is taken over; the stale holder's completion is refused", doc: "takeover", run: func(t *testing.T, hs *harness) {
 		slow := req{method: "POST", path: "/api/slow", key: "s", body: "x"}
 		stale := make(chan *httptest.ResponseRecorder)
 		go func() { stale <- hs.do(slow) }()
@@ -412,7 +421,7 @@ var rows = []row{
 			t.Errorf("replay after the takeover: %d %v %q, want the new holder's answer", w.Code, w.Header(), w.Body)
 		}
 	}},
-	{name: "GET passes through, key ignored", run: func(t *testing.T, hs *harness) {
+	{name: "GET passes through, key ignored", doc: "pass-through", run: func(t *testing.T, hs *harness) {
 		for range 2 {
 			w := hs.do(req{method: "GET", path: "/api/pay/1", key: "g"})
 			if w.Code != 200 || w.Body.String() != "keyed=false" || w.Header().Get("Idempotent-Replayed") != "" {
@@ -423,7 +432,7 @@ var rows = []row{
 			t.Errorf("GET handler ran %d times, want 2", n)
 		}
 	}},
-	{name: "optional key: a request without one runs unprotected", opts: []middleware.Option{middleware.WithKey(middleware.KeyRule{Optional: true})}, run: func(t *testing.T, hs *harness) {
+	{name: "optional key: a request without one runs unprotected", doc: "pass-through", opts: []middleware.Option{middleware.WithKey(policy.KeyRule{Optional: true})}, run: func(t *testing.T, hs *harness) {
 		for range 2 {
 			w := hs.do(req{method: "POST", path: "/api/pay/1", body: "{}"})
 			if w.Code != 201 || w.Header().Get("Idempotent-Replayed") != "" || !strings.Contains(w.Body.String(), `"keyed":false`) {
@@ -453,12 +462,27 @@ func New(t *testing.T, opts ...middleware.Option) (*middleware.Middleware, *App)
 }
 
 // Run runs every row of the table as a subtest, each on a router newServer
-// builds with a fresh middleware (New, plus opts and the row's options) and App.
-func Run(t *testing.T, newServer Factory, opts ...middleware.Option) {
+// builds with a fresh middleware (New, plus opts and the row's options) and App,
+// and checks that the responses of each row's requests include the answer the
+// row of docs/architecture.md section 3 it covers gives (Doc, Matches). It
+// returns the responses by that row's id, for TestDecisionTableDoc.
+func Run(t *testing.T, newServer Factory, opts ...middleware.Option) map[string][]Observation {
+	doc := Doc(t)
+	seen := make(map[string][]Observation)
 	for _, r := range rows {
 		t.Run(r.name, func(t *testing.T) {
 			m, a := New(t, append(append([]middleware.Option{}, opts...), r.opts...)...)
-			r.run(t, &harness{h: newServer(t, m, a), a: a})
+			hs := &harness{h: newServer(t, m, a), a: a}
+			r.run(t, hs)
+			want, ok := doc[r.doc]
+			switch {
+			case !ok:
+				t.Fatalf("row %q of docs/architecture.md section 3 does not exist", r.doc)
+			case !Matches(want, hs.seen):
+				t.Fatalf("docs/architecture.md section 3, row %q, says %q; the responses were %+v", r.doc, want, hs.seen)
+			}
+			seen[r.doc] = append(seen[r.doc], hs.seen...)
 		})
 	}
+	return seen
 }

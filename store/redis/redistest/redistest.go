@@ -254,3 +254,39 @@ func StartCluster(t testing.TB) *goredis.ClusterClient {
 	}
 	return c
 }
+
+// StartSentinel starts a private redis-server and a Sentinel (redis-server
+// --sentinel) monitoring it as master "idemkey", both on free ports, and returns
+// a Sentinel failover client that finds the master through the Sentinel.
+// Everything is stopped at cleanup.
+func StartSentinel(t testing.TB) *goredis.Client {
+	t.Helper()
+	master := StartServer(t)
+	if _, err := exec.LookPath("redis-server"); err != nil {
+		t.Skip("redis-server not installed")
+	}
+	dir := t.TempDir()
+	port := freePort(t)
+	_, mport, _ := net.SplitHostPort(master.Addr)
+	conf := filepath.Join(dir, "sentinel.conf")
+	text := fmt.Sprintf("port %d\nbind 127.0.0.1\ndir %s\nsentinel monitor idemkey 127.0.0.1 %s 1\n", port, dir, mport)
+	if err := os.WriteFile(conf, []byte(text), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	s := &Server{Addr: "127.0.0.1:" + strconv.Itoa(port), dir: dir, args: []string{conf, "--sentinel"}}
+	t.Cleanup(s.Stop)
+	s.start(t)
+	c := goredis.NewFailoverClient(&goredis.FailoverOptions{MasterName: "idemkey", SentinelAddrs: []string{s.Addr}})
+	t.Cleanup(func() { _ = c.Close() })
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		err := c.Ping(context.Background()).Err()
+		if err == nil {
+			return c
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("failover client through the Sentinel at %s: %v\n%s", s.Addr, err, s.out)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}

@@ -2,10 +2,6 @@ module github.com/idemkey/idemkey/store/sharded/integration
 
 go 1.26.0
 
-replace github.com/idemkey/idemkey => ../../..
-
-replace github.com/idemkey/idemkey/store/postgres => ../../postgres
-
 require (
 	github.com/idemkey/idemkey v0.1.0
 	github.com/idemkey/idemkey/store/postgres v0.1.0

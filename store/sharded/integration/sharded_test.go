@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/idemkey/idemkey/claim"
 	"github.com/idemkey/idemkey/middleware"
 	"github.com/idemkey/idemkey/store"
 	"github.com/idemkey/idemkey/store/postgres"
@@ -161,8 +162,8 @@ func TestCompleteTxInTheTenantDatabase(t *testing.T) {
 	}
 	handler := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		ctx := r.Context()
-		claim, _ := middleware.ClaimFromContext(ctx)
-		sh, err := s.Shard(claim.ID.Scope)
+		cl, _ := claim.FromContext(ctx)
+		sh, err := s.Shard(cl.ID.Scope)
 		if err != nil {
 			http.Error(w, err.Error(), http.StatusServiceUnavailable)
 			return
@@ -173,16 +174,16 @@ func TestCompleteTxInTheTenantDatabase(t *testing.T) {
 			return
 		}
 		defer tx.Rollback(context.WithoutCancel(ctx))
-		_, err = tx.Exec(ctx, "INSERT INTO "+pgx.Identifier{schemas[sh], "charges"}.Sanitize()+" VALUES ($1, $2)", claim.ID.Scope, claim.ID.Key)
-		resp := store.Response{Status: 201, Body: []byte("charged " + claim.ID.Scope)}
+		_, err = tx.Exec(ctx, "INSERT INTO "+pgx.Identifier{schemas[sh], "charges"}.Sanitize()+" VALUES ($1, $2)", cl.ID.Scope, cl.ID.Key)
+		resp := store.Response{Status: 201, Body: []byte("charged " + cl.ID.Scope)}
 		if err == nil {
-			err = sh.(*postgres.Store).CompleteTx(ctx, tx, claim.ID, claim.Token, resp, claim.Retention)
+			err = sh.(*postgres.Store).CompleteTx(ctx, tx, cl.ID, cl.Token, resp, cl.Retention)
 		}
 		if err == nil {
 			err = tx.Commit(ctx)
 		}
 		if err == nil {
-			err = middleware.MarkCompleted(ctx, resp)
+			err = claim.MarkCompleted(ctx, resp)
 		}
 		if err != nil {
 			http.Error(w, err.Error(), http.StatusInternalServerError)

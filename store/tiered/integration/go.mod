@@ -2,21 +2,25 @@ module github.com/idemkey/idemkey/store/tiered/integration
 
 go 1.26.0
 
-replace github.com/idemkey/idemkey => ../../..
-
-replace github.com/idemkey/idemkey/store/postgres => ../../postgres
-
-replace github.com/idemkey/idemkey/store/redis => ../../redis
-
-replace github.com/idemkey/idemkey/store/mysql => ../../mysql
-
 require (
 	github.com/idemkey/idemkey v0.1.0
+	github.com/idemkey/idemkey/store/dynamodb v0.1.0
 	github.com/idemkey/idemkey/store/mysql v0.1.0
 	github.com/idemkey/idemkey/store/postgres v0.1.0
 	github.com/idemkey/idemkey/store/redis v0.1.0
 	github.com/jackc/pgx/v5 v5.13.0
 	github.com/redis/go-redis/v9 v9.23.0
+)
+
+require (
+	github.com/aws/aws-sdk-go-v2 v1.48.0 // indirect
+	github.com/aws/aws-sdk-go-v2/credentials v1.21.1 // indirect
+	github.com/aws/aws-sdk-go-v2/internal/configsources v1.5.12 // indirect
+	github.com/aws/aws-sdk-go-v2/internal/endpoints/v2 v2.8.12 // indirect
+	github.com/aws/aws-sdk-go-v2/service/dynamodb v1.74.1 // indirect
+	github.com/aws/aws-sdk-go-v2/service/internal/accept-encoding v1.13.25 // indirect
+	github.com/aws/aws-sdk-go-v2/service/internal/endpoint-discovery v1.13.12 // indirect
+	github.com/aws/smithy-go v1.28.9 // indirect
 )
 
 require (

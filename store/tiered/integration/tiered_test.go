@@ -76,10 +76,10 @@ func TestRoundTrips(t *testing.T) {
 			tok = r.Token
 			return r.Outcome, err
 		}, store.Claimed, 2, 1},
-		{"duplicate in flight: marker answers", func() (store.Outcome, error) {
+		{"duplicate in flight: marker answers (GET, then PTTL for Retry-After)", func() (store.Outcome, error) {
 			r, err := s.Claim(ctx, req)
 			return r.Outcome, err
-		}, store.InFlight, 1, 0},
+		}, store.InFlight, 2, 0},
 		{"renew: backstop then marker", func() (store.Outcome, error) {
 			return 0, s.Renew(ctx, id, tok, 2*time.Second)
 		}, 0, 1, 1},

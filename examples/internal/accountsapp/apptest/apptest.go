@@ -18,6 +18,7 @@ import (
 	"testing"
 	"time"
 
+	awsdynamodb "github.com/aws/aws-sdk-go-v2/service/dynamodb"
 	_ "github.com/go-sql-driver/mysql" // the "mysql" driver of DropMySQLTables
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -30,6 +31,7 @@ import (
 	"github.com/idemkey/idemkey/examples/accounts/httpapi"
 	"github.com/idemkey/idemkey/examples/internal/accountsapp"
 	"github.com/idemkey/idemkey/examples/internal/setup"
+	"github.com/idemkey/idemkey/store/dynamodb/dynamotest"
 )
 
 // Server is a server started in-process by Start.
@@ -162,6 +164,15 @@ func Backends(t *testing.T) map[string]map[string]string {
 		t.Error("CI=true but MYSQL_DSN is not set")
 	} else {
 		t.Log("MYSQL_DSN not set: skipping the MySQL backend")
+	}
+	if ep := os.Getenv("DYNAMODB_ENDPOINT"); ep != "" {
+		table := "idem_app_" + RandomSuffix()
+		out["dynamodb"] = map[string]string{"IDEM_STORE": "dynamodb", "DYNAMODB_ENDPOINT": ep, "IDEM_TABLE": table}
+		t.Cleanup(func() { deleteDynamoTable(t, table) })
+	} else if ci {
+		t.Error("CI=true but DYNAMODB_ENDPOINT is not set")
+	} else {
+		t.Log("DYNAMODB_ENDPOINT not set: skipping the DynamoDB backend")
 	}
 	if db, rd := os.Getenv("DATABASE_URL"), os.Getenv("REDIS_URL"); db != "" && rd != "" {
 		sfx := RandomSuffix()
@@ -331,4 +342,15 @@ func problemCode(t testing.TB, r Response) (code string, members map[string]any)
 		t.Errorf("problem status member %v, answer %d", members["status"], r.Status)
 	}
 	return code, members
+}
+
+// deleteDynamoTable deletes the dynamodb store's table on DYNAMODB_ENDPOINT.
+func deleteDynamoTable(t *testing.T, table string) {
+	t.Helper()
+	c := dynamotest.Client(t, nil)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := c.DeleteTable(ctx, &awsdynamodb.DeleteTableInput{TableName: &table}); err != nil {
+		t.Errorf("deleting %s: %v", table, err)
+	}
 }

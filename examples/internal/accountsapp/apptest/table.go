@@ -275,7 +275,6 @@ func probes(t *testing.T, s *Server) {
 		`idemkey_in_flight_total 1`,
 		`idemkey_mismatches_total `,
 		`idemkey_store_errors_total 0`,
-		`idemkey_complete_retries_total 0`,
 		`idemkey_wait_seconds_count `,
 		`idemkey_handler_answers_total{status="200"} `,
 		`go_goroutines `,

@@ -5,7 +5,17 @@
 //	POST /charges  {"amountCents": n, "currency": "EUR"}, header Idempotency-Key
 //	               201 {"id", "idempotencyKey", "amountCents", "currency"}
 //	GET  /charges  200 [{"id", "idempotencyKey", "amountCents", "currency"}, ...]
-//	               every charge, oldest first
+//	               every charge, oldest first ("refunded": true once refunded)
+//	POST /charges/{id}/refund  200 the charge, refunded (once: a second call
+//	               refunds nothing and answers the same, Idempotent-Replayed: true)
+//	GET  /events   200 [{"id", "type", "created", "data"}, ...] every event, oldest first
+//	GET  /webhooks 200 {"events", "pending", "delivered", "attempts", "gaveUp"}
+//
+// Every charge is captured at once and emits a charge.succeeded event; a refund
+// emits charge.refunded. With StartWebhooks (GATEWAY_WEBHOOK_URL) every event is
+// POSTed there, signed (Sign, SignatureHeader), at least once as providers do:
+// each of Webhooks.Deliveries copies until it is answered 2xx (retried with
+// back-off), in random order with Webhooks.Shuffle.
 //
 // POST /charges deduplicates by key, as payment providers do: a second call with a
 // key it has seen answers the first call's charge, with Idempotent-Replayed: true,
@@ -50,6 +60,8 @@ type Charge struct {
 	AmountCents int64 `json:"amountCents"`
 	// Currency is the ISO 4217 code, three upper-case letters.
 	Currency string `json:"currency"`
+	// Refunded reports a refund (POST /charges/{id}/refund); omitted while false.
+	Refunded bool `json:"refunded,omitempty"`
 }
 
 // ChargeRequest is the body of POST /charges.
@@ -128,7 +140,10 @@ type Gateway struct {
 	mu      sync.Mutex
 	charges []Charge
 	byKey   map[string]int // index into charges
+	byID    map[string]int // index into charges
 	seq     uint64
+	events  []*Event
+	hooks   *webhookQueue // nil until StartWebhooks
 }
 
 // New returns a gateway that injects faults; a nil logger logs nowhere.
@@ -136,7 +151,7 @@ func New(faults Faults, logger *slog.Logger) *Gateway {
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
 	}
-	return &Gateway{faults: faults, logger: logger, byKey: make(map[string]int)}
+	return &Gateway{faults: faults, logger: logger, byKey: make(map[string]int), byID: make(map[string]int)}
 }
 
 // Charges returns a copy of every charge, oldest first.
@@ -146,10 +161,21 @@ func (g *Gateway) Charges() []Charge {
 	return append(make([]Charge, 0, len(g.charges)), g.charges...) // never nil: GET /charges answers [] when empty
 }
 
-// ServeHTTP serves POST /charges and GET /charges.
+// ServeHTTP serves POST /charges, GET /charges, POST /charges/{id}/refund,
+// GET /events and GET /webhooks.
 func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	if r.URL.Path != "/charges" {
-		writeProblem(w, http.StatusNotFound, "not_found", "No such route; the gateway serves /charges.")
+	switch id, isRefund := strings.CutPrefix(r.URL.Path, "/charges/"); {
+	case isRefund && strings.HasSuffix(id, "/refund") && r.Method == http.MethodPost:
+		g.refund(w, strings.TrimSuffix(id, "/refund"))
+		return
+	case r.URL.Path == "/events" && r.Method == http.MethodGet:
+		writeJSON(w, http.StatusOK, g.Events(), false)
+		return
+	case r.URL.Path == "/webhooks" && r.Method == http.MethodGet:
+		writeJSON(w, http.StatusOK, g.WebhookStats(), false)
+		return
+	case r.URL.Path != "/charges":
+		writeProblem(w, http.StatusNotFound, "not_found", "No such route; the gateway serves /charges, POST /charges/{id}/refund, GET /events and GET /webhooks.")
 		return
 	}
 	switch r.Method {
@@ -228,8 +254,39 @@ func (g *Gateway) chargeOnce(key string, req ChargeRequest) (c Charge, replayed 
 	g.seq++
 	c = Charge{ID: fmt.Sprintf("ch_%08x%016x", g.seq, rand.Uint64()), IdempotencyKey: key, AmountCents: req.AmountCents, Currency: req.Currency}
 	g.byKey[key] = len(g.charges)
+	g.byID[c.ID] = len(g.charges)
 	g.charges = append(g.charges, c)
+	g.emit(EventChargeSucceeded, c) // captured at once
 	return c, false, nil
+}
+
+// Refund refunds the charge id once: it returns the refunded charge, and
+// whether this call refunded it (false: it was refunded before, or id is
+// unknown: ok is then false). The first refund emits EventChargeRefunded.
+func (g *Gateway) Refund(id string) (c Charge, refunded, ok bool) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	i, ok := g.byID[id]
+	if !ok {
+		return Charge{}, false, false
+	}
+	if g.charges[i].Refunded {
+		return g.charges[i], false, true
+	}
+	g.charges[i].Refunded = true
+	g.emit(EventChargeRefunded, g.charges[i])
+	return g.charges[i], true, true
+}
+
+// refund serves POST /charges/{id}/refund: 200 with the refunded charge (a
+// second refund answers the same, refunding nothing), 404 for an unknown id.
+func (g *Gateway) refund(w http.ResponseWriter, id string) {
+	c, refunded, ok := g.Refund(id)
+	if !ok {
+		writeProblem(w, http.StatusNotFound, "not_found", "No charge with this id.")
+		return
+	}
+	writeJSON(w, http.StatusOK, c, !refunded)
 }
 
 // loseAnswer breaks the connection in the middle of the answer: the status line
