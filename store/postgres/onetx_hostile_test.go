@@ -166,14 +166,12 @@ func TestOneTxHandlerCannotEndTx(t *testing.T) {
 			_, err := tx.Exec(r.Context(), stmts[i])
 			if first {
 				errs[i] = err
+				entered <- struct{}{}
+				<-proceed
 			}
 			if _, err := tx.Exec(r.Context(), `INSERT INTO `+e.side+` (key) VALUES ($1)`, id.Key); err != nil {
 				http.Error(w, err.Error(), 500)
 				return
-			}
-			if first {
-				entered <- struct{}{}
-				<-proceed
 			}
 			w.WriteHeader(201)
 		}
