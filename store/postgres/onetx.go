@@ -24,15 +24,10 @@ const DefaultLockWait = time.Second
 // endTimeout bounds the ROLLBACK that ends a transaction no handler runs in.
 const endTimeout = 5 * time.Second
 
-// The claim's statements (docs/architecture.md section 9.1). tryLockSQL takes the
-// key's lock ($1, keyLock) until the transaction ends if no other transaction
-// holds it, without waiting, and marks the transaction as the claim's ($2, the
-// token: a transaction-local setting, gone when the transaction ends, however it
-// ends). The read of the key's row follows in the same batch (each statement
-// reads with a snapshot of its own, so it sees whatever the lock's previous
-// holder committed); only a claim that found the lock held waits for it
-// (keyLockSQL: lock_timeout set to the lock wait $1, the lock $2 taken, and
-// lock_timeout set back, in one statement of constant text), one round trip more.
+// The claim's statements (docs/architecture.md section 9.1): tryLockSQL tries the
+// key's lock ($1) and marks the transaction as the claim's ($2, the token, in a
+// transaction-local setting); keyLockSQL waits for the lock ($2) at most the lock
+// wait ($1, lock_timeout set and set back), only when another transaction held it.
 const (
 	tryLockSQL = `SELECT pg_try_advisory_xact_lock($1) FROM set_config('idemkey.claim', encode($2, 'hex'), true)`
 	keyLockSQL = `WITH prev AS MATERIALIZED (SELECT current_setting('lock_timeout') AS v),
@@ -40,12 +35,11 @@ const (
      held AS MATERIALIZED (SELECT v, pg_advisory_xact_lock($2) FROM bound)
 SELECT set_config('lock_timeout', v, true) FROM held`
 
-	// recordSQL inserts the record of a claim that found no row (%[1]s the
-	// table; completeSQL's arguments, $9 the fingerprint); fenceSQL wraps it, or
-	// the completion of a row taken over, with the fence the server checks: this
-	// transaction is still the claim's ($3, the token, set by tryLockSQL) and holds
-	// the key's lock ($%[2]d). Without it the statement fails (division by zero),
-	// the transaction is aborted and the COMMIT behind it does not run.
+	// recordSQL inserts the record of a claim that found no row (completeSQL's
+	// arguments, $9 the fingerprint). fenceSQL wraps it, or the completion of a row
+	// taken over: the server writes only if the transaction still carries the
+	// claim's mark ($3) and holds the key's lock ($%[2]d), else it fails (division
+	// by zero) and the COMMIT behind it does not run.
 	recordSQL = `INSERT INTO %[1]s (scope, key, fingerprint, token, status, headers, body, body_omitted,
     created_at, completed_at, expires_at)
 VALUES ($1, $2, $9, $3, $4, $5, $6, $7, now(), now(), now() + $8::bigint * interval '1 millisecond') RETURNING 1`
@@ -53,16 +47,13 @@ VALUES ($1, $2, $9, $3, $4, $5, $6, $7, now(), now(), now() + $8::bigint * inter
 WHERE current_setting('idemkey.claim', true) = encode($3, 'hex') AND pg_try_advisory_xact_lock($%[2]d)`
 )
 
-// TxStore is the store's one-transaction mode (docs/architecture.md section 9.1):
-// it holds a claim in a transaction (claim.TxStore), in which the handler's
-// statements run (TxFromContext) and the record commits with them, once. The
-// claim takes the key's advisory lock (keyLock); the completion inserts the
-// record; a duplicate blocks on the lock at most the lock wait (WithLockWait)
-// and then finds the committed record (replay) or is answered in flight (409).
-// The transaction is the lease and the fence: nothing is renewed, a crash aborts
-// it and frees the key. Routes select the mode explicitly
-// (middleware.Middleware.OneTx, idem.Runner.DoTx); everywhere else TxStore is
-// the Store it embeds. Build it with Store.OneTx. Safe for concurrent use.
+// TxStore is the store's one-transaction mode (claim.TxStore, docs/architecture.md
+// section 9.1): the claim takes the key's advisory lock in a transaction, the
+// handler's statements run in it (TxFromContext) and the record commits with
+// them, once; a duplicate waits on the lock at most WithLockWait, then replays
+// or gets 409. Routes select the mode (middleware.Middleware.OneTx,
+// idem.Runner.DoTx); elsewhere TxStore is the Store it embeds. Build it with
+// Store.OneTx. Safe for concurrent use.
 type TxStore struct {
 	*Store
 	pool        *pgxpool.Pool
@@ -93,14 +84,10 @@ func WithLockWait(d time.Duration) TxOption { return func(t *TxStore) { t.wait =
 // whose own context ends first ends then.
 func WithStatementTimeout(d time.Duration) TxOption { return func(t *TxStore) { t.stmtTimeout = d } }
 
-// OneTx returns the one-transaction mode of s on pool, the pool of s's database
-// (usually the Querier s was built with). Errors wrap store.ErrInvalid: a nil
-// pool, a lock wait outside 1 ms to 24 days, a statement timeout not positive.
-//
-// The handler's statements and the claim's run on pool's connections in pool's
-// own query exec mode, not in the mode WithTransactionPooler forces on s's own
-// statements: behind a transaction pooler such as PgBouncer, configure pool for
-// it as the handler's own queries need.
+// OneTx returns the one-transaction mode of s on pool, the pool of s's database.
+// Errors wrap store.ErrInvalid: a nil pool, a lock wait outside 1 ms to 24 days,
+// a statement timeout not positive. Its statements run in pool's own query exec
+// mode: behind a transaction pooler, configure pool as the handler's queries need.
 func (s *Store) OneTx(pool *pgxpool.Pool, opts ...TxOption) (*TxStore, error) {
 	if pool == nil {
 		return nil, fmt.Errorf("%w: postgres: nil pool for the one-transaction mode", store.ErrInvalid)
@@ -134,18 +121,13 @@ func (t *TxStore) lockFor(ctx context.Context) string {
 	return t.lockWait
 }
 
-// ClaimTx implements claim.TxStore. It begins a transaction and claims in it in
-// one round trip when no one holds the key (BEGIN, the key's lock tried, the
-// read of its record; lockAndRead), two when another transaction holds it
-// (then the wait for the lock, at most the lock wait, and the read again). A
-// key without a record claims without writing (the commit inserts the record);
-// an expired record, or one whose lease lapsed, is taken over by the store's
-// claim statement in the same transaction, one round trip more. Any answer but
-// Claimed ends the transaction at once (a lock wait over: InFlight with
-// RetryAfter the lease). A serialization failure or deadlock, or a takeover
-// that met a newer row, claims again in a new transaction (at most 5 times in
-// all). Errors: store.ErrInvalid for bad arguments, otherwise the driver's
-// errors wrapped.
+// ClaimTx implements claim.TxStore: one round trip when no one holds the key
+// (lockAndRead), two when another transaction does; a takeover of an expired
+// record one more (the store's claim statement). Any answer but Claimed ends
+// the transaction (a lock wait over: InFlight, RetryAfter the lease). A
+// serialization failure, a deadlock or a takeover that met a newer row claims
+// again (at most 5 times). Errors: store.ErrInvalid for bad arguments, else the
+// driver's, wrapped.
 func (t *TxStore) ClaimTx(ctx context.Context, req store.ClaimRequest) (store.ClaimResult, claim.Tx, error) {
 	var tx claim.Tx
 	res, err := t.claimLoop(req, "claim in transaction", func(tok store.Token, args []any) (store.ClaimResult, bool, error) {
@@ -194,10 +176,8 @@ func (t *TxStore) claimOnce(ctx context.Context, req store.ClaimRequest, tok sto
 	return res, nil, false, err
 }
 
-// lockAndRead begins the claim's transaction, takes the key's lock in it and
-// reads the key's row after the lock: one round trip when the lock is free,
-// two when another transaction holds it. The results are read in order,
-// without callbacks, which would allocate.
+// lockAndRead begins the claim's transaction, takes the key's lock and reads the
+// key's row after it (its own snapshot sees what the lock's last holder committed).
 func (c *txClaim) lockAndRead(ctx context.Context, args []any) (found bool, r claimRow, err error) {
 	b := &pgx.Batch{}
 	b.BeginTx(pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
@@ -245,12 +225,10 @@ func scanKey(row pgx.Row, k *keyRow) (found bool, err error) {
 	return err == nil, err
 }
 
-// keyLock returns the key of id's advisory lock: FNV-1a (64 bits) of the
-// table's quoted name, the scope's length (a zero byte, then 8 bytes big
-// endian) and the scope and key bytes, so stores on other tables, and the
-// application's own advisory locks, meet it only by a hash collision (a
-// needless wait, never a wrong answer). Every build must compute the same key
-// (TestKeyLockIsFNV1a).
+// keyLock returns id's advisory lock key: FNV-1a (64 bits) of the table's quoted
+// name, a zero byte, the scope's length (8 bytes big endian), the scope and the
+// key; others meet it only by a collision (a needless wait). Every build must
+// compute the same (TestKeyLockIsFNV1a).
 func (t *TxStore) keyLock(id store.ID) int64 {
 	const offset, prime = 14695981039346656037, 1099511628211
 	h := uint64(offset)
