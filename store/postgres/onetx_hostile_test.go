@@ -108,7 +108,6 @@ func TestOneTxAbortedThenAnswered(t *testing.T) {
 	}
 }
 
-
 // TestOneTxHandlerCannotEndTx: whatever statement the handler sends to end its
 // transaction (COMMIT, COMMIT AND CHAIN, COMMIT; BEGIN, ROLLBACK, END, ...) is
 // refused with ErrTxOwned and not sent, so the key's lock holds: a duplicate
