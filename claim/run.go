@@ -70,8 +70,8 @@ type Ending struct {
 // whose values the store calls keep (not its cancellation); lost as in Start.
 //
 // In the default mode the caller's answer waits for the completion or the
-// release at most the answer grace (1 s; store.InProcess stores are called
-// directly): past it the call goes on in the background (Ending.Pending). In
+// release at most the answer grace (1 s; store.InProcess stores, and calls
+// whose own bound is no longer, are waited for): past it the call goes on in the background (Ending.Pending). In
 // the transaction mode the answer depends on the commit, which runs on the
 // caller's path under the completion deadline.
 //
