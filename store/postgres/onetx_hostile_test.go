@@ -16,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemkey/idemkey/claim"
+	"github.com/idemkey/idemkey/idem"
 	"github.com/idemkey/idemkey/middleware"
 	"github.com/idemkey/idemkey/policy"
 	"github.com/idemkey/idemkey/store"
@@ -307,4 +308,55 @@ func newServer(t *testing.T, h http.Handler) string {
 	srv := httptest.NewServer(h)
 	t.Cleanup(srv.Close)
 	return srv.URL
+}
+
+// TestOneTxIdemDoTx: idem selects the one-transaction mode per call (DoTx): fn's
+// row and the result commit once; the repeat replays without running fn; an
+// error the release policy releases rolls fn's row back; a plain Do on the same
+// runner gets no transaction.
+func TestOneTxIdemDoTx(t *testing.T) {
+	pool := newPool(t, "")
+	s := newStore(t, pool, nil)
+	side := sideTable(t, pool, s, "")
+	ts, err := s.OneTx(pool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := idem.New(ts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	runs := 0
+	fn := func(fail bool) idem.Func {
+		return func(ctx context.Context) ([]byte, error) {
+			runs++
+			tx, ok := TxFromContext(ctx)
+			if !ok {
+				return nil, errors.New("no transaction")
+			}
+			if _, err := tx.Exec(ctx, `INSERT INTO `+side+` (key) VALUES ('k')`); err != nil {
+				return nil, err
+			}
+			if fail {
+				return nil, errors.New("declined")
+			}
+			return []byte("done"), nil
+		}
+	}
+	id := newID()
+	if _, err := r.DoTx(t.Context(), id, fingerprint("a"), fn(true)); err == nil || countRows(t, pool, side) != 0 {
+		t.Fatalf("released error: %v with %d rows; want fn's error, its row rolled back", err, countRows(t, pool, side))
+	}
+	for i := range 2 {
+		res, err := r.DoTx(t.Context(), id, fingerprint("a"), fn(false))
+		if err != nil || string(res.Value) != "done" || res.Replayed != (i == 1) {
+			t.Fatalf("call %d: %+v %v", i, res, err)
+		}
+	}
+	if runs != 2 || countRows(t, pool, side) != 1 {
+		t.Fatalf("%d runs, %d rows; want 2 runs (the released one, the first) and 1 row", runs, countRows(t, pool, side))
+	}
+	if _, err := r.Do(t.Context(), newID(), fingerprint("b"), fn(false)); err == nil {
+		t.Fatal("Do ran fn in a transaction")
+	}
 }
