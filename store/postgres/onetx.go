@@ -148,7 +148,7 @@ func (t *TxStore) claimOnce(ctx context.Context, req store.ClaimRequest, tok sto
 	if err != nil {
 		return store.ClaimResult{}, nil, false, fmt.Errorf("idemkey/postgres: claim in transaction: %w", err)
 	}
-	c := &txClaim{t: t, conn: conn, id: req.ID, token: tok, req: req, lock: t.keyLock(req.ID)}
+	c := &txClaim{t: t, conn: conn, id: req.ID, token: tok, req: req, lock: t.keyLock(req.ID), use: make(chan struct{}, 1)}
 	found, r, err := c.lockAndRead(ctx, args)
 	c.insert = !found
 	if err == nil && r.stale { // takeable: take the row over, in this transaction

@@ -35,16 +35,17 @@ func (t *claimTx) hold(ctx context.Context, sql string) (_ context.Context, rele
 	if sqltext.EndsTx(sql) {
 		return nil, nil, nil, ErrTxOwned
 	}
-	t.c.use.Lock()
+	t.c.use <- struct{}{}
+	release = func() { <-t.c.use }
 	t.c.mu.Lock()
 	closed := t.c.closed
 	t.c.mu.Unlock()
 	if closed || t.c.conn.Conn().PgConn().TxStatus() == 'I' {
-		t.c.use.Unlock()
+		release()
 		return nil, nil, nil, pgx.ErrTxClosed
 	}
 	ctx, cancel = context.WithTimeout(ctx, t.c.t.stmtTimeout)
-	return ctx, t.c.use.Unlock, cancel, nil
+	return ctx, release, cancel, nil
 }
 
 func (t *claimTx) Commit(ctx context.Context) error   { return t.end(ctx, t.Tx.Commit) }

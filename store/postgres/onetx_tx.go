@@ -35,7 +35,7 @@ type txClaim struct {
 	insert  bool     // the claim found no row: the commit inserts the record
 	handler *claimTx // the handler's view of the transaction
 
-	use      sync.Mutex // held by a statement of the handler's (claimTx.use), taken before mu
+	use      chan struct{} // holds one token while a statement of the handler's runs (claimTx.hold)
 	mu       sync.Mutex
 	closed   bool // the library took the transaction back: the handler's statements are refused
 	sideDoor bool // the handler took the connection (Conn, LargeObjects): what it did is unknown
@@ -78,10 +78,16 @@ func TxFromContext(ctx context.Context) (pgx.Tx, bool) {
 }
 
 // take closes the transaction to the handler, once a statement of its under way
-// ended (at most useWait), and reports whether it used a side door.
+// ended, and reports whether it used a side door. It waits at most useWait: a
+// QueryRow never scanned holds the transaction for ever; the commit then fails
+// on the busy connection, which the pool closes.
 func (c *txClaim) take() (sideDoor bool) {
-	if c.lockUse() {
-		defer c.use.Unlock()
+	timer := time.NewTimer(useWait)
+	defer timer.Stop()
+	select {
+	case c.use <- struct{}{}:
+		defer func() { <-c.use }()
+	case <-timer.C:
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -89,35 +95,8 @@ func (c *txClaim) take() (sideDoor bool) {
 	return c.sideDoor
 }
 
-// useWait bounds how long take waits for a statement of the handler's: a
-// QueryRow never scanned holds it for ever; take then goes on without it, and
-// the commit fails on the busy connection, which the pool closes.
+// useWait bounds how long take waits for a statement of the handler's.
 var useWait = endTimeout
-
-// lockUse takes c.use, waiting at most useWait, and tells whether it did.
-func (c *txClaim) lockUse() bool {
-	if c.use.TryLock() {
-		return true
-	}
-	got, abandon := make(chan struct{}), make(chan struct{})
-	go func() {
-		c.use.Lock()
-		select {
-		case got <- struct{}{}:
-		case <-abandon:
-			c.use.Unlock()
-		}
-	}()
-	timer := time.NewTimer(useWait)
-	defer timer.Stop()
-	select {
-	case <-got:
-		return true
-	case <-timer.C:
-		close(abandon)
-		return false
-	}
-}
 
 // end rolls the transaction back, if still open, and gives the connection back
 // to the pool (which closes it when the rollback failed).
