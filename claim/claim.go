@@ -1,4 +1,6 @@
-// Package claim owns one claimed execution, from the store's answer to its end:
+// Package claim owns one claimed execution, from the store's answer to its end
+// (Execution.Run, its one entry point, in the default mode or in a transaction
+// that holds the claim, TxStore):
 // the claim call itself (bounded), the fencing token it holds, the lease renewal,
 // completion with back-off, release, the record completed inside the caller's own
 // transaction (MarkCompleted), and the claim carried in the context
@@ -20,9 +22,13 @@
 //     renewals stop and the execution's context is cancelled with cause
 //     store.ErrLeaseLost: another holder runs now, so this one should stop its
 //     side effects. Its result is never stored (Complete refuses a stale token).
-//   - One store bound on the caller's path: after the execution returns, the
-//     caller waits for one bounded attempt at most, the completion or the release.
-//     Stop does not wait for a renewal in progress.
+//   - The caller's answer is not held by the store: after the execution returns
+//     (Execution.Run), the caller waits for the completion or the release one
+//     answer grace at most (1 s, or the call's own bound when shorter); past it
+//     the call goes on in the background, fenced by the token. In the
+//     transaction mode (TxStore) the answer waits for the commit, under the
+//     completion bound, since it depends on it. Stop does not wait for a renewal
+//     in progress.
 //   - Completion: a Complete that fails (an error other than ErrLeaseLost,
 //     ErrInvalid or ErrCorrupt) is retried in the background, with back-off (20 ms
 //     doubling, at most a third of the lease) while the lease is held and

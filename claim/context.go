@@ -199,8 +199,8 @@ func MarkCompleted(ctx context.Context, resp store.Response) error {
 		return ErrNoClaim
 	}
 	e := c.exec
-	e.ctx.mu.Lock()
-	defer e.ctx.mu.Unlock()
+	e.txMu.Lock()
+	defer e.txMu.Unlock()
 	if e.token != c.claim.Token || e.id != c.claim.ID || e.returned {
 		return ErrNoClaim
 	}

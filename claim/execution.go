@@ -12,10 +12,12 @@ import (
 )
 
 // Execution is one claimed execution: the claim's token, its renewals, its
-// completion or release. The zero value is ready for Start; after Stop (and
-// Complete or Release) Reset readies it for another claim, so callers may pool
-// it. Start, Stop, Complete, Release and Reset are called from the executing
-// goroutine; MarkCompleted and FromContext are safe from any.
+// completion or release, or the transaction that holds it (Tx). Run drives it
+// from the store's answer to its end; the zero value is ready for it. One
+// Execution serves one claim (it is not reused: a goroutine the execution left
+// behind may still look at it). Start, Stop, Complete and Release are the steps
+// Run takes, called from the executing goroutine; MarkCompleted and FromContext
+// are safe from any.
 type Execution struct {
 	cl    *Claimer
 	id    store.ID
@@ -23,14 +25,16 @@ type Execution struct {
 	ctx   detachedCtx
 	lost  func(error) // cancels the execution's context on a lost lease
 	hctx  *Context    // the execution's context, when it cancels itself (Context.Set)
+	tx    Tx          // the transaction that holds the claim (TxStore); nil in the default mode
 
-	// In-transaction completion (MarkCompleted), guarded by ctx.mu (with the
-	// detached context's parent, so Start sets both under one lock): the
-	// executing code may call it while a renewal holds mu.
+	// In-transaction completion (MarkCompleted), guarded by txMu: the executing
+	// code may call it from any goroutine.
+	txMu      sync.Mutex
 	returned  bool // the execution returned; MarkCompleted is refused
 	inTx      bool
 	txResp    store.Response
 	retention time.Duration // SetRetention's; 0: the Claimer's
+	end       Ending        // how Run ended it
 
 	released   bool
 	releaseErr error
@@ -48,55 +52,26 @@ type Execution struct {
 }
 
 // detachedCtx keeps the caller's context values but not its cancellation, so
-// Complete and Release still reach the store when the caller has gone. A store
-// may keep a context past its call (pgxpool finishes a dial in the background
-// with the caller's values): parent is guarded, since a pooled Execution sets it
-// for the next claim; a context kept that long sees no values, or the next
-// claim's. mu also guards the Execution's in-transaction state.
-type detachedCtx struct {
-	mu     sync.Mutex
-	parent context.Context
-}
+// Complete and Release still reach the store when the caller has gone. It is
+// set once, before the execution's first store call, and never changes.
+type detachedCtx struct{ parent context.Context }
 
 func (d *detachedCtx) Deadline() (time.Time, bool) { return time.Time{}, false }
 func (d *detachedCtx) Done() <-chan struct{}       { return nil }
 func (d *detachedCtx) Err() error                  { return nil }
 func (d *detachedCtx) Value(k any) any {
-	d.mu.Lock()
-	p := d.parent
-	d.mu.Unlock()
-	if p == nil { // a store kept the context past its call
+	if d.parent == nil {
 		return nil
 	}
-	return p.Value(k)
+	return d.parent.Value(k)
 }
 
 // values returns the context whose values the execution's store calls keep.
 func (e *Execution) values() context.Context {
-	e.ctx.mu.Lock()
-	defer e.ctx.mu.Unlock()
 	if e.ctx.parent == nil {
 		return context.Background()
 	}
 	return e.ctx.parent
-}
-
-func (d *detachedCtx) set(parent context.Context) {
-	d.mu.Lock()
-	d.parent = parent
-	d.mu.Unlock()
-}
-
-// Detached returns a context with the values of the context last given to
-// Detach or Start but none of its cancellation: the context of the store calls
-// after the execution (and of a claim that must not be abandoned half way).
-// Valid until Reset.
-func (e *Execution) Detached() context.Context { return &e.ctx }
-
-// Detach sets the parent of Detached before Start (for the claim call).
-func (e *Execution) Detach(cl *Claimer, parent context.Context) {
-	e.cl = cl
-	e.ctx.set(parent)
 }
 
 // Start begins the execution of the claim res answered (res.Outcome must be
@@ -108,15 +83,14 @@ func (e *Execution) Detach(cl *Claimer, parent context.Context) {
 // set over a parent that is never cancelled cancels itself (no lost needed).
 func (e *Execution) Start(cl *Claimer, values context.Context, id store.ID, token store.Token, sent time.Time, lost func(error)) {
 	e.cl, e.lost = cl, lost
-	e.ctx.mu.Lock() // a late MarkCompleted from a goroutine left behind reads them
 	e.ctx.parent = values
 	e.id, e.token = id, token
-	e.returned, e.inTx, e.txResp, e.retention = false, false, store.Response{}, 0
-	e.ctx.mu.Unlock()
 	e.sent = sent
+	if e.tx != nil { // the transaction holds the key: nothing to renew
+		return
+	}
 	first := max(cl.cfg.Lease/3-time.Since(sent), 0)
 	e.mu.Lock()
-	e.stopped, e.returnedE = false, false
 	e.arm(first)
 	e.mu.Unlock()
 }
@@ -203,31 +177,29 @@ func (e *Execution) heldAt() time.Time {
 // reports whether the record was completed in the caller's own transaction, and
 // with what response.
 func (e *Execution) Returned() (inTx bool, resp store.Response) {
-	e.ctx.mu.Lock()
-	defer e.ctx.mu.Unlock()
+	e.txMu.Lock()
+	defer e.txMu.Unlock()
 	e.returned = true
 	return e.inTx, e.txResp
 }
 
 // completedInTx reports whether MarkCompleted was called.
 func (e *Execution) completedInTx() bool {
-	e.ctx.mu.Lock()
-	defer e.ctx.mu.Unlock()
+	e.txMu.Lock()
+	defer e.txMu.Unlock()
 	return e.inTx
 }
 
 // Stop stops the renewals, without waiting for one in progress (a hung store
 // must not hold the caller: its answer is acted on only while the execution
-// runs). It reports whether e may be reused: false when a renewal has fired and
-// not yet ended, since it still looks at e.
-func (e *Execution) Stop() (reusable bool) {
+// runs).
+func (e *Execution) Stop() {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	e.stopped, e.returnedE = true, true
-	if e.timer == nil {
-		return true
+	if e.timer != nil {
+		e.timer.Stop()
 	}
-	return e.timer.Stop() && !e.renewing
 }
 
 // restart schedules renewals again after Stop, the next at once when the last
@@ -255,6 +227,14 @@ func (e *Execution) Release() error {
 	e.stopped, e.returnedE = true, true // the claim ends here: no renewal is due, no lease left to lose
 	e.mu.Unlock()
 	cl := e.cl
+	if e.tx != nil { // the transaction holds the claim: roll it back
+		ctx, cancel := cl.Bound(&e.ctx, cl.cfg.Timeouts.Release)
+		ctx, d := cl.observe(ctx, OpRelease, e.id)
+		e.releaseErr = e.tx.Rollback(ctx)
+		cancel()
+		done(d, e.releaseErr)
+		return e.releaseErr
+	}
 	ctx, cancel := cl.Bound(&e.ctx, cl.cfg.Timeouts.Release)
 	ctx, d := cl.observe(ctx, OpRelease, e.id)
 	e.releaseErr = cl.cfg.Store.Release(ctx, e.id, e.token)
@@ -294,21 +274,4 @@ func (e *Execution) NotifyCompleted(resp store.Response) {
 	ctx, cancel := e.cl.Bound(&e.ctx, e.cl.cfg.Timeouts.Complete)
 	n.NotifyCompleted(ctx, e.id, e.token, resp, rest)
 	cancel()
-}
-
-// Reset readies e for another claim (a pool). Call it only when Stop reported e
-// reusable. The claim's ID, token and in-transaction state stay until the next
-// Start replaces them under the lock a late MarkCompleted takes (one from a
-// goroutine the execution left behind finds it returned, or sets state Start
-// clears).
-func (e *Execution) Reset() {
-	e.ctx.set(nil)
-	e.lost, e.hctx = nil, nil
-	e.released, e.releaseErr = false, nil
-	if e.renewLost.Load() {
-		e.renewLost.Store(false)
-	}
-	if e.held.Load() != 0 { // a renewal ran
-		e.held.Store(0)
-	}
 }

@@ -24,8 +24,8 @@ func SetRetention(ctx context.Context, d time.Duration) error {
 		return fmt.Errorf("%w: idemkey/claim: retention %v must be positive", store.ErrInvalid, d)
 	}
 	e := c.exec
-	e.ctx.mu.Lock()
-	defer e.ctx.mu.Unlock()
+	e.txMu.Lock()
+	defer e.txMu.Unlock()
 	if e.token != c.claim.Token || e.id != c.claim.ID || e.returned {
 		return ErrNoClaim
 	}
@@ -36,8 +36,8 @@ func SetRetention(ctx context.Context, d time.Duration) error {
 // retentionOf returns SetRetention's retention while e still executes cl (ok
 // false when it was not called, or e has moved on to another claim).
 func (e *Execution) retentionOf(cl Claim) (time.Duration, bool) {
-	e.ctx.mu.Lock()
-	defer e.ctx.mu.Unlock()
+	e.txMu.Lock()
+	defer e.txMu.Unlock()
 	if e.retention == 0 || e.token != cl.Token || e.id != cl.ID {
 		return 0, false
 	}
@@ -49,8 +49,8 @@ func (e *Execution) retentionOf(cl Claim) (time.Duration, bool) {
 // executing goroutine (or one it started since) reads it without the lock.
 func (e *Execution) recordRetention() time.Duration {
 	if !e.returned { // written only by the executing goroutine
-		e.ctx.mu.Lock()
-		defer e.ctx.mu.Unlock()
+		e.txMu.Lock()
+		defer e.txMu.Unlock()
 	}
 	if e.retention > 0 {
 		return e.retention

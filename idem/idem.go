@@ -252,10 +252,35 @@ func Do(ctx context.Context, st store.Store, id store.ID, fp store.Fingerprint, 
 //     the completion in time is no error: Result.CompletionPending is set and
 //     the result is stored in the background (package claim).
 func (r *Runner) Do(ctx context.Context, id store.ID, fp store.Fingerprint, fn Func) (Result, error) {
+	return r.do(ctx, id, fp, fn, false)
+}
+
+// DoTx is Do in the one-transaction mode (docs/architecture.md section 9.1): the
+// claim, every statement fn runs in the transaction the store hands it
+// (store/postgres TxFromContext on fn's context) and the result commit once, or
+// not at all. The store must hold claims in transactions (claim.TxStore:
+// store/postgres Store.OneTx); otherwise an error wrapping store.ErrInvalid and
+// fn does not run. An error fn returns that the release policy releases rolls
+// the transaction back. Errors as Do's, and when the commit failed (fn's
+// statements did not commit, or may not have) the store's error, wrapping
+// claim.ErrTxEnded when fn ended or left the transaction itself.
+func (r *Runner) DoTx(ctx context.Context, id store.ID, fp store.Fingerprint, fn Func) (Result, error) {
+	return r.do(ctx, id, fp, fn, true)
+}
+
+func (r *Runner) do(ctx context.Context, id store.ID, fp store.Fingerprint, fn Func, inTx bool) (Result, error) {
 	if fn == nil {
 		return Result{}, fmt.Errorf("%w: idem: nil fn", store.ErrInvalid)
 	}
-	res, sent, err := r.claimer.Claim(ctx, store.ClaimRequest{ID: id, Fingerprint: fp})
+	var res store.ClaimResult
+	var tx claim.Tx
+	var sent time.Time
+	var err error
+	if inTx {
+		res, tx, sent, err = r.claimer.ClaimTx(ctx, store.ClaimRequest{ID: id, Fingerprint: fp})
+	} else {
+		res, sent, err = r.claimer.Claim(ctx, store.ClaimRequest{ID: id, Fingerprint: fp})
+	}
 	if err != nil {
 		return Result{}, fmt.Errorf("idemkey/idem: claim: %w", err)
 	}
@@ -270,7 +295,7 @@ func (r *Runner) Do(ctx context.Context, id store.ID, fp store.Fingerprint, fn F
 	default:
 		return Result{}, fmt.Errorf("idemkey/idem: claim: %w: outcome %v", store.ErrCorrupt, res.Outcome)
 	}
-	return r.run(ctx, id, res, sent, fn)
+	return r.run(ctx, id, res, sent, tx, fn)
 }
 
 // Wait waits until the store work r does after Do returned has ended, or ctx is
@@ -295,75 +320,54 @@ func replay(id store.ID, rec *store.Record) (Result, error) {
 		store.ErrCorrupt, id.Key, id.Scope, rec.Status)
 }
 
-func (r *Runner) run(ctx context.Context, id store.ID, res store.ClaimResult, sent time.Time, fn Func) (out Result, err error) {
+func (r *Runner) run(ctx context.Context, id store.ID, res store.ClaimResult, sent time.Time, tx claim.Tx, fn Func) (out Result, err error) {
 	fnCtx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 	// Renewals and the store calls after fn keep the caller's values but not its
 	// cancellation: a caller that gave up still leaves the key in a definite state.
 	// A lost lease cancels fn's context with cause store.ErrLeaseLost.
 	var e claim.Execution
-	e.Start(r.claimer, ctx, id, res.Token, sent, cancel)
-	returned := false
-	defer func() {
-		if returned {
-			return
+	cl := claim.Claim{ID: id, Token: res.Token, Takeover: res.Takeover, Retention: r.retention, CompleteTimeout: r.storeTimeout}
+	var value []byte
+	var fnErr error
+	end := e.Run(r.claimer, ctx, claim.Claimed{Claim: cl, Sent: sent, Tx: tx}, cancel, func() claim.Outcome {
+		value, fnErr = fn(claim.NewContext(fnCtx, cl, &e))
+		switch {
+		case e.LeaseLost(): // the key is another caller's now: complete refuses, nothing is stored
+		case fnErr != nil && r.release(fnErr):
+			return claim.Outcome{Release: true}
+		case fnErr != nil:
+			return claim.Outcome{Response: store.Response{Status: statusFailed, Body: []byte(fnErr.Error())}}
 		}
-		// fn panicked (or called runtime.Goexit): release, then let it go on.
-		e.Stop()
-		r.releaseKey(&e)
-	}()
-	value, fnErr := fn(claim.NewContext(fnCtx, claim.Claim{ID: id, Token: res.Token, Takeover: res.Takeover,
-		Retention: r.retention, CompleteTimeout: r.storeTimeout}, &e))
-	returned = true
-	e.Stop()
+		return claim.Outcome{Response: store.Response{Status: statusResult, Body: value}}
+	})
 	out = Result{Value: value, Takeover: res.Takeover}
-	if inTx, resp := e.Returned(); inTx {
-		// fn completed the record in its own transaction (claim.MarkCompleted): it
-		// is committed; a cache in front of the store is told.
-		e.NotifyCompleted(resp)
-		return out, fnErr
+	if fnErr != nil {
+		out.Value = nil
 	}
-
-	if e.LeaseLost() { // the key is another caller's now: neither release nor complete it
+	switch {
+	case end.InTx: // fn completed the record in its own transaction (claim.MarkCompleted)
+		out.Value = value
+		return out, fnErr
+	case end.Released:
+		return out, fnErr
+	case e.LeaseLost() || errors.Is(end.Err, store.ErrLeaseLost) && tx == nil:
 		err := fmt.Errorf("idemkey/idem: key %q in scope %q taken over while fn ran; result not stored: %w", id.Key, id.Scope, store.ErrLeaseLost)
 		if fnErr != nil {
-			return Result{Takeover: res.Takeover}, errors.Join(err, fnErr)
+			return out, errors.Join(err, fnErr)
+		}
+		return out, err
+	case end.Pending:
+		out.CompletionPending = true
+		return out, fnErr
+	case end.Err != nil:
+		r.logger.LogAttrs(context.Background(), slog.LevelError, "idempotency store refused a function's result; the key stays claimed until its lease expires",
+			slog.String("scope", id.Scope), slog.String("key", id.Key), slog.Any("error", end.Err))
+		err := fmt.Errorf("idemkey/idem: complete: %w", end.Err)
+		if fnErr != nil {
+			return out, errors.Join(fnErr, err)
 		}
 		return out, err
 	}
-	if fnErr != nil {
-		if r.release(fnErr) {
-			r.releaseKey(&e)
-			return Result{Takeover: res.Takeover}, fnErr
-		}
-		resp := store.Response{Status: statusFailed, Body: []byte(fnErr.Error())}
-		pending, err := r.complete(&e, resp)
-		if err != nil {
-			return Result{Takeover: res.Takeover}, errors.Join(fnErr, err)
-		}
-		return Result{Takeover: res.Takeover, CompletionPending: pending}, fnErr
-	}
-	out.CompletionPending, err = r.complete(&e, store.Response{Status: statusResult, Body: value})
-	return out, err
+	return out, fnErr
 }
-
-// complete stores resp: one attempt on the caller's path; when it fails while
-// the lease is held, completion goes on in the background (pending, no error:
-// package claim retries it and logs its end).
-func (r *Runner) complete(e *claim.Execution, resp store.Response) (pending bool, err error) {
-	id := e.ID()
-	pending, err = e.Complete(resp)
-	switch {
-	case err == nil || pending:
-		return pending, nil
-	case errors.Is(err, store.ErrLeaseLost):
-		return false, fmt.Errorf("idemkey/idem: key %q in scope %q taken over while fn ran; result not stored: %w", id.Key, id.Scope, err)
-	}
-	r.logger.LogAttrs(context.Background(), slog.LevelError, "idempotency store refused a function's result; the key stays claimed until its lease expires",
-		slog.String("scope", id.Scope), slog.String("key", id.Key), slog.Any("error", err))
-	return false, fmt.Errorf("idemkey/idem: complete: %w", err)
-}
-
-// releaseKey releases the claim; a failure is logged by the execution, and the
-// key then stays claimed until its lease expires.
-func (r *Runner) releaseKey(e *claim.Execution) { _ = e.Release() }

@@ -9,12 +9,15 @@ import (
 )
 
 // TestAllocsMemoryStore pins what a request costs in allocations on the memory
-// store: a first execution makes at most 3 (the handler's request with its
-// context, which detaches itself from the client's, the stored copy of the
-// response, and the handler's own header value, which it makes without the middleware
-// too; the record takes a slot of its shard's blocks, no allocation of its
-// own), a replay none (its header values come from the call's chunk, one
-// allocation per 64 values, and the record is built once).
+// store: a first execution makes at most 6 (the execution, which holds the
+// handler's request and its context, and is not pooled since a goroutine the
+// handler leaves behind may keep it; the claim's context detached from the
+// client's; the renewal timer and its function; the stored copy of the
+// response; and the handler's own header value, which it makes without the
+// middleware too; the record takes a slot of its shard's blocks, no allocation
+// of its own), a replay one (the claim's detached context: its header values
+// come from the call's chunk, one allocation per 64 values, and the record is
+// built once). Only byte buffers are pooled.
 func TestAllocsMemoryStore(t *testing.T) {
 	if raceEnabled || testing.CoverMode() != "" {
 		t.Skip("allocation counts do not hold under the race detector or coverage")
@@ -39,8 +42,8 @@ func TestAllocsMemoryStore(t *testing.T) {
 	if w.code != http.StatusCreated || w.h.Get(DefaultReplayedHeader) != "" {
 		t.Fatalf("first execution answered %d, replayed %q", w.code, w.h.Get(DefaultReplayedHeader))
 	}
-	if first > 3 {
-		t.Errorf("a first execution makes %v allocations, want at most 3", first)
+	if first > 6 {
+		t.Errorf("a first execution makes %v allocations, want at most 6", first)
 	}
 	replay := testing.AllocsPerRun(runs, func() {
 		w.reset()
@@ -49,7 +52,7 @@ func TestAllocsMemoryStore(t *testing.T) {
 	if w.code != http.StatusCreated || w.h.Get(DefaultReplayedHeader) != "true" {
 		t.Fatalf("replay answered %d, replayed %q", w.code, w.h.Get(DefaultReplayedHeader))
 	}
-	if replay != 0 {
-		t.Errorf("a replay makes %v allocations, want 0", replay)
+	if replay > 1 {
+		t.Errorf("a replay makes %v allocations, want at most 1", replay)
 	}
 }

@@ -261,3 +261,57 @@ func (l *logRecorder) has(msg string) bool {
 	}
 	return false
 }
+
+// With the default store bounds (5 s, longer than the answer grace of package
+// claim), a store that hangs once the handler is running delays the client's
+// answer by the grace at most, never by a release or completion bound: the
+// call goes on in the background, fenced by the token (issue 32 item 11). On
+// the stored and the released path alike; once the store answers again the
+// key is completed (the retry replays) or free (the retry runs).
+func TestAnswerNotDelayedByHungStore(t *testing.T) {
+	const grace = time.Second // claim's answerGrace
+	for _, status := range []int{http.StatusCreated, http.StatusServiceUnavailable} {
+		t.Run(http.StatusText(status), func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				e := &hungEnv{st: &gateStore{Store: memory.New()}, evs: make(chan Event, 8)}
+				m, err := New(e.st, GlobalScope, WithLease(30*time.Second), WithLogger(discardLogger()),
+					WithObserver(ObserverFunc(func(_ context.Context, ev Event) { e.evs <- ev })))
+				if err != nil {
+					t.Fatal(err)
+				}
+				e.h = m.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+					if e.runs.Add(1) == 1 {
+						e.st.shut()
+						time.Sleep(handlerTime)
+					}
+					w.WriteHeader(status)
+					io.WriteString(w, "part1")
+				}))
+				w, took := e.serve()
+				if w.code != status || took > handlerTime+grace {
+					t.Fatalf("answer %d after %v; want %d within %v (the handler, then the grace; the store bound is %v)",
+						w.code, took, status, handlerTime+grace, claim.DefaultStoreTimeout)
+				}
+				if ev := <-e.evs; status < 500 && !ev.CompletionPending || status >= 500 && (ev.Decision != Released || ev.Err != nil) {
+					t.Fatalf("event %+v; want the store call going on in the background", ev)
+				}
+				e.st.open()
+				synctest.Wait()
+				time.Sleep(time.Second) // a background retry's back-off, if any
+				synctest.Wait()
+				w, _ = e.serve()
+				<-e.evs
+				wantRuns := int32(1)
+				if status >= 500 {
+					wantRuns = 2
+				}
+				if w.code != status || e.runs.Load() != wantRuns {
+					t.Fatalf("retry: %d after %d runs; want %d after %d", w.code, e.runs.Load(), status, wantRuns)
+				}
+				if err := m.Wait(t.Context()); err != nil {
+					t.Fatal(err)
+				}
+			})
+		})
+	}
+}

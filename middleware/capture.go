@@ -11,20 +11,23 @@ import (
 	"time"
 
 	"github.com/idemkey/idemkey/claim"
-	"github.com/idemkey/idemkey/store"
 )
 
-// maxPooledBuffer bounds the capacity of the buffers kept in the pool (bytes).
-const maxPooledBuffer = 64 << 10
-
-// call is the state of one claimed execution; pooled. It is the
-// http.ResponseWriter the handler sees: writes go to the live writer first and
-// are copied once into body until the storage cap is passed.
-type call struct {
+// execution is one claimed request's execution, allocated per claimed request
+// (a goroutine the handler leaves behind may keep any of it): the handler's
+// request and context, the claim's execution (package claim), and the
+// http.ResponseWriter the handler sees, whose writes go to the live writer
+// first and are copied once into body until the storage cap is passed. In the
+// one-transaction mode (tx) every response is held until the commit decides
+// it. Only its byte buffers come from the pool (call).
+type execution struct {
+	hr    handlerReq // the handler's request and its context
 	m     *Middleware
 	w     http.ResponseWriter
-	exec  claim.Execution // the claim's renewal, completion, release
+	bufs  *call           // the pooled buffers: the capture buffer comes from it
+	exec  claim.Execution // the claim's renewal, completion, release (claim.Execution.Run)
 	route string          // the fingerprint's route, for the handler duration estimate
+	tx    bool            // the one-transaction mode: hold every response until the commit
 	// cancelLost cancels the handler's context with cause store.ErrLeaseLost when
 	// a renewal finds the lease taken over.
 	cancelLost context.CancelCauseFunc
@@ -41,13 +44,6 @@ type call struct {
 	header      http.Header // replayable headers, snapshot when the status was committed
 	pre         []string    // header names present before the handler ran
 
-	// Header values of replays and problems: the chunk they are carved from (headerValues).
-	values []string
-
-	// Request body, read once.
-	reqBuf  []byte
-	reqBody requestBody
-
 	// Release before the client can retry: a response the claim will be released
 	// for is held back (status, body) until the release is done.
 	holding        bool
@@ -55,15 +51,9 @@ type call struct {
 	releaseLatency time.Duration
 }
 
-// start readies c for the handler: the claim sent at sent is renewed from then.
-func (c *call) start(w http.ResponseWriter, ctx context.Context, id store.ID, token store.Token, sent time.Time) {
-	c.w = w
-	c.exec.Start(c.m.claimer, ctx, id, token, sent, c.cancelLost)
-}
-
 // releaseNow releases the claim once (token-checked), recording the result;
 // never after MarkCompleted, whose record is committed.
-func (c *call) releaseNow() {
+func (c *execution) releaseNow() {
 	if c.exec.Released() {
 		return
 	}
@@ -74,7 +64,7 @@ func (c *call) releaseNow() {
 
 // unhold sends a held response to the client: status, then the buffered body;
 // nothing once the connection was hijacked (the handler answered on it).
-func (c *call) unhold() {
+func (c *execution) unhold() {
 	if !c.holding {
 		return
 	}
@@ -90,43 +80,9 @@ func (c *call) unhold() {
 	}
 }
 
-// resetUnstarted readies c for the pool when start never ran: only the claim's
-// context and the request body were set.
-func (c *call) resetUnstarted() {
-	c.exec.Reset()
-	c.resetRequestBody()
-}
-
-// resetRequestBody drops the request body, keeping a buffer of at most
-// maxPooledBuffer bytes.
-func (c *call) resetRequestBody() {
-	if cap(c.reqBuf) > maxPooledBuffer {
-		c.reqBuf = nil
-	}
-	c.reqBuf = c.reqBuf[:0]
-	c.reqBody.Reset(nil)
-}
-
-// reset readies c for the pool.
-func (c *call) reset() {
-	c.w, c.route, c.cancelLost = nil, "", nil
-	c.exec.Reset()
-	c.wroteHeader, c.status, c.hijacked, c.omitted = false, 0, false, false
-	c.writeFailed, c.written, c.declared = false, 0, 0
-	c.holding, c.releaseErr, c.releaseLatency = false, nil, 0
-	if cap(c.body) > maxPooledBuffer {
-		c.body = nil
-	}
-	c.body = c.body[:0]
-	clear(c.header)
-	clear(c.pre)
-	c.pre = c.pre[:0]
-	c.resetRequestBody()
-}
-
 // commit records the final status and snapshots the replayable headers, as the
 // live response commits them.
-func (c *call) commit(code int) {
+func (c *execution) commit(code int) {
 	c.wroteHeader, c.status = true, code
 	h := c.w.Header()
 	c.declared = -1
@@ -156,13 +112,13 @@ func (c *call) commit(code int) {
 }
 
 // Header returns the live response's header map.
-func (c *call) Header() http.Header { return c.w.Header() }
+func (c *execution) Header() http.Header { return c.w.Header() }
 
 // WriteHeader passes code on; the first final (non-1xx) status is the one stored.
 // A status the claim will be released for (the release policy) is held back with
 // its body until the claim is released, so a client that gets it and retries at
 // once never meets the dead claim (409); a 101 releases before it is sent.
-func (c *call) WriteHeader(code int) {
+func (c *execution) WriteHeader(code int) {
 	if c.wroteHeader || (code >= 100 && code < 200 && code != http.StatusSwitchingProtocols) {
 		if !c.holding {
 			c.w.WriteHeader(code)
@@ -174,11 +130,11 @@ func (c *call) WriteHeader(code int) {
 
 // begin commits the first final status: held back when the claim will be
 // released for it, passed on otherwise.
-func (c *call) begin(code int) {
+func (c *execution) begin(code int) {
 	switch {
 	case code == http.StatusSwitchingProtocols:
 		c.releaseNow()
-	case code >= 200 && code <= 999 && c.m.release(code):
+	case code >= 200 && code <= 999 && (c.tx || c.m.release(code)):
 		c.commit(code)
 		c.holding = true
 		return
@@ -192,9 +148,15 @@ func (c *call) begin(code int) {
 // keeps what the handler wrote even when the live write fails (one client gone
 // must not truncate the answer every retry gets), except a body the status does
 // not allow (http.ErrBodyNotAllowed), which no client ever sees.
-func (c *call) Write(p []byte) (int, error) {
+func (c *execution) Write(p []byte) (int, error) {
 	if !c.wroteHeader {
 		c.begin(http.StatusOK)
+	}
+	if c.holding && c.tx { // held until the commit, whatever its size
+		c.body = append(c.body, p...)
+		c.written += int64(len(p))
+		c.omitted = c.omitted || len(c.body) > c.m.maxStoredBody
+		return len(p), nil
 	}
 	if c.holding {
 		if len(c.body)+len(p) <= c.m.maxStoredBody {
@@ -226,11 +188,11 @@ func (c *call) Write(p []byte) (int, error) {
 }
 
 // Flush flushes the live response (http.Flusher).
-func (c *call) Flush() { _ = c.FlushError() }
+func (c *execution) Flush() { _ = c.FlushError() }
 
 // FlushError flushes the live response and reports failure; http.ResponseController
 // uses it.
-func (c *call) FlushError() error {
+func (c *execution) FlushError() error {
 	if !c.wroteHeader {
 		c.begin(http.StatusOK)
 	}
@@ -249,7 +211,7 @@ func (c *call) FlushError() error {
 // match, or it returned after its client went away (request context done)
 // having written nothing or having seen a live write fail. wroteNothing is
 // whether the handler returned without committing a status.
-func (c *call) incomplete(ctx context.Context, wroteNothing bool) bool {
+func (c *execution) incomplete(ctx context.Context, wroteNothing bool) bool {
 	if c.declared >= 0 && c.written != c.declared && bodyAllowed(c.status) {
 		return true
 	}
@@ -267,7 +229,7 @@ func bodyAllowed(status int) bool {
 // the connection. A hijack that fails (say, on HTTP/2) releases nothing: the
 // handler's answer is then stored as any other. When the handler already sent a
 // status (which hijacking flushes to the client), the claim is released first.
-func (c *call) Hijack() (net.Conn, *bufio.ReadWriter, error) {
+func (c *execution) Hijack() (net.Conn, *bufio.ReadWriter, error) {
 	if c.wroteHeader && !c.holding {
 		c.releaseNow()
 	}
@@ -281,7 +243,7 @@ func (c *call) Hijack() (net.Conn, *bufio.ReadWriter, error) {
 
 // Unwrap returns the live ResponseWriter, so http.ResponseController reaches its
 // deadlines and full-duplex controls.
-func (c *call) Unwrap() http.ResponseWriter { return c.w }
+func (c *execution) Unwrap() http.ResponseWriter { return c.w }
 
 // replayable reports whether the response header k may be stored for replay,
 // but for the headers a Connection header names (see namedBy), which are not

@@ -6,64 +6,148 @@ import (
 	"net/http"
 	"time"
 
+	"github.com/idemkey/idemkey/claim"
 	"github.com/idemkey/idemkey/store"
 )
 
-// execute runs the handler under the claim a answered, then completes or
-// releases it. It reports whether c may go back to the pool.
-func (m *Middleware) execute(c *call, w http.ResponseWriter, r *http.Request, next http.Handler, a *answer) (reusable bool) {
-	c.start(w, r.Context(), a.id, a.res.Token, a.sent)
-	if h := w.Header(); len(h) > 0 {
+// execute runs the handler under the claim a answered (claim.Execution.Run:
+// start, renewals, the handler, then completion or release, or in the
+// one-transaction mode the commit or the rollback), and answers the client:
+// the response it streamed, or the response it held (a released status, or
+// every status in the one-transaction mode) once the claim's end is known; a
+// 503 store_unavailable instead when the one-transaction commit failed.
+func (m *Middleware) execute(x *execution, r *http.Request, next http.Handler, cl claim.Claim, a *answer) {
+	if h := x.w.Header(); len(h) > 0 {
 		for k := range h {
-			c.pre = append(c.pre, k) // set by outer middleware: not the handler's to replay
+			x.pre = append(x.pre, k) // set by outer middleware: not the handler's to replay
 		}
 	}
 	ev := Event{ID: a.id, Takeover: a.res.Takeover, Waited: a.waited}
 	returned := false
 	defer func() {
 		if !returned {
-			m.panicked(c, r, ev, a.latency)
+			m.panicked(x, r, ev, a.latency)
 		}
 	}()
 	var began time.Time // the handler's start on a caller's clock (WithClock with Now)
 	if !m.monoClock {
 		began = m.clockNow()
 	}
-	next.ServeHTTP(c, r)
+	end := x.exec.Run(m.claimer, r.Context(), claim.Claimed{Claim: cl, Sent: a.sent, Tx: a.tx}, x.cancelLost, func() claim.Outcome {
+		next.ServeHTTP(x, r)
+		m.work.observe(x.route, m.handlerTime(a.sent, began))
+		return m.outcome(x, r, next)
+	})
 	returned = true
-	inTx, txResp := c.exec.Returned()
-	m.work.observe(c.route, m.handlerTime(a.sent, began))
-	reusable = c.exec.Stop()
-
-	wroteNothing := !c.wroteHeader
-	if wroteNothing {
-		c.commit(http.StatusOK) // net/http sends 200 for a handler that wrote nothing
-	}
-	ev.Status = c.status
+	ev.Status = x.status
 	switch {
-	case inTx:
+	case end.InTx:
 		// The handler completed the record in its own transaction (MarkCompleted):
-		// the store already holds it; a cache in front of it is told, best effort.
+		// the store already holds it; a cache in front of it was told.
 		ev.Decision, ev.InTransaction = Executed, true
-		ev.StoreLatency = m.notifyCompleted(c, txResp)
-		c.unhold()
-	case c.exec.Released() || c.hijacked || c.status == http.StatusSwitchingProtocols || m.release(c.status) ||
-		c.incomplete(r.Context(), wroteNothing) || m.unrouted(next, r, c):
-		if c.hijacked {
+	case end.Released:
+		if x.hijacked {
 			ev.Status = 0
 		}
-		ev.Decision = Released
-		c.releaseNow() // before a held response's first byte reaches the client
-		ev.Err, ev.StoreLatency = c.releaseErr, c.releaseLatency
-		c.unhold()
+		ev.Decision, ev.Err = Released, end.Err
+		if x.releaseErr != nil {
+			ev.Err = x.releaseErr
+		}
 	default:
-		if !m.storeResponse(c, r, &ev) {
-			reusable = false // the background completion still looks at c
+		m.completed(x, r, &ev, end)
+	}
+	x.unhold() // a held response goes out once the claim's end is known
+	if m.observer != nil {
+		ev.StoreLatency = a.latency + end.StoreTime + x.releaseLatency
+	}
+	if !end.Pending { // no completion reads the buffers any more
+		clear(x.header)
+		x.bufs.body, x.bufs.header = x.body, x.header
+	}
+	m.observe(r.Context(), ev)
+}
+
+// outcome decides, once the handler returned, whether its response is stored
+// or the claim released: released for a status the release policy names, a
+// hijacked connection or a 101, a response known to be cut short, or the
+// router's own answer (Unrouted).
+func (m *Middleware) outcome(x *execution, r *http.Request, next http.Handler) claim.Outcome {
+	wroteNothing := !x.wroteHeader
+	if wroteNothing {
+		x.commit(http.StatusOK) // net/http sends 200 for a handler that wrote nothing
+		x.holding = x.tx        // sent once the commit decided
+	}
+	if x.exec.Released() || x.hijacked || x.status == http.StatusSwitchingProtocols || m.release(x.status) ||
+		x.incomplete(r.Context(), wroteNothing) || m.unrouted(next, r, x) {
+		return claim.Outcome{Release: true}
+	}
+	if x.exec.LeaseLost() {
+		id := x.exec.ID()
+		m.logger.LogAttrs(r.Context(), slog.LevelWarn,
+			"idempotency lease lost while the handler ran; its response will not be stored",
+			slog.String("scope", id.Scope), slog.String("key", id.Key))
+	}
+	resp := store.Response{Status: x.status, Header: x.header, Body: x.body, BodyOmitted: x.omitted}
+	if x.omitted {
+		resp.Body = nil
+	}
+	if len(resp.Header) == 0 {
+		resp.Header = nil
+	}
+	return claim.Outcome{Response: resp}
+}
+
+// completed fills ev in for a response the execution stored (or tried to):
+// completion pending in the background (logged by package claim), the lease
+// lost, a store refusal; in the one-transaction mode a commit that failed turns
+// the held response into 503 store_unavailable, the configured problem.
+func (m *Middleware) completed(x *execution, r *http.Request, ev *Event, end claim.Ending) {
+	id := x.exec.ID()
+	ev.Decision, ev.CompletionPending, ev.Err = Executed, end.Pending, end.Err
+	err := end.Err
+	if x.tx && err != nil {
+		m.unavailable(x)
+		ev.Status = http.StatusServiceUnavailable
+		ev.Decision = StoreError
+		if errors.Is(err, store.ErrLeaseLost) {
+			ev.Decision = LeaseLost
+		}
+		return
+	}
+	switch {
+	case end.Pending: // logged by package claim, at the attempt and at the end
+	case errors.Is(err, store.ErrLeaseLost):
+		ev.Decision = LeaseLost
+		m.logger.LogAttrs(r.Context(), slog.LevelWarn,
+			"idempotency lease lost before completion: this claim's token no longer holds the key (its lease expired and another request may have claimed it, or the key was released, evicted or expired); the response was not stored",
+			slog.String("scope", id.Scope), slog.String("key", id.Key), slog.Int("status", x.status))
+	case err != nil:
+		m.logger.LogAttrs(r.Context(), slog.LevelError, "idempotency store refused the completion; the key stays claimed until its lease expires",
+			slog.String("scope", id.Scope), slog.String("key", id.Key), slog.Any("error", err))
+	}
+}
+
+// unavailable replaces a held response with 503 store_unavailable (the
+// configured problem, with Retry-After): the one-transaction commit failed, so
+// the handler's rows may not exist. The handler's headers are dropped.
+func (m *Middleware) unavailable(x *execution) {
+	x.holding = false
+	h := x.w.Header()
+	for k := range h {
+		if !contains(x.pre, k) {
+			delete(h, k)
 		}
 	}
-	ev.StoreLatency += a.latency
-	m.observe(r.Context(), ev)
-	return reusable
+	m.writeProblem(x.w, x.bufs, http.StatusServiceUnavailable, m.problems.storeDown, max(m.storeRetryAfter, 1))
+}
+
+func contains(list []string, s string) bool {
+	for _, v := range list {
+		if v == s {
+			return true
+		}
+	}
+	return false
 }
 
 // handlerTime returns the duration of a handler that just returned, for the
@@ -77,73 +161,24 @@ func (m *Middleware) handlerTime(sent, began time.Time) time.Duration {
 	return m.clockNow().Sub(began)
 }
 
-// panicked ends an execution whose handler panicked (or called
-// runtime.Goexit): release, then re-panic. A held response (see call.hold) is
-// never sent. A record the handler completed in its own transaction before it
-// panicked (MarkCompleted) is committed: not released, and a cache in front of
-// the store is told.
-func (m *Middleware) panicked(c *call, r *http.Request, ev Event, latency time.Duration) {
+// panicked observes an execution whose handler panicked (or called
+// runtime.Goexit), which claim.Execution.Run ended (released, or kept the record
+// the handler completed in its own transaction), then re-panics. A held
+// response (see execution.begin) is never sent.
+func (m *Middleware) panicked(x *execution, r *http.Request, ev Event, latency time.Duration) {
 	p := recover()
-	inTx, txResp := c.exec.Returned()
-	c.exec.Stop()
-	ev.Status = c.status
-	if inTx {
+	end := x.exec.Ending()
+	ev.Status = x.status
+	if end.InTx {
 		ev.Decision, ev.InTransaction = Executed, true
-		ev.StoreLatency = latency + m.notifyCompleted(c, txResp)
 	} else {
-		ev.Decision = Released
-		c.releaseNow()
-		ev.Err = c.releaseErr
-		ev.StoreLatency = latency + c.releaseLatency
+		ev.Decision, ev.Err = Released, end.Err
+	}
+	if m.observer != nil {
+		ev.StoreLatency = latency + end.StoreTime
 	}
 	m.observe(r.Context(), ev)
 	if p != nil {
 		panic(p)
 	}
-}
-
-// storeResponse completes the record with the captured response and fills ev
-// in: one attempt on the request's path (claim.Execution.Complete); when it
-// fails while the lease is held, completion goes on in the background (ev says
-// so, and its end is logged) and the answer goes to the client at once. It
-// reports whether c may be reused: not while that work still looks at it.
-func (m *Middleware) storeResponse(c *call, r *http.Request, ev *Event) (reusable bool) {
-	id := c.exec.ID()
-	ev.Decision = Executed
-	if c.exec.LeaseLost() {
-		m.logger.LogAttrs(r.Context(), slog.LevelWarn,
-			"idempotency lease lost while the handler ran; its response will not be stored",
-			slog.String("scope", id.Scope), slog.String("key", id.Key))
-	}
-	resp := store.Response{Status: c.status, Header: c.header, Body: c.body, BodyOmitted: c.omitted}
-	if c.omitted {
-		resp.Body = nil
-	}
-	if len(resp.Header) == 0 {
-		resp.Header = nil
-	}
-	t0 := m.now()
-	ev.CompletionPending, ev.Err = c.exec.Complete(resp)
-	ev.StoreLatency = m.since(t0)
-	switch err := ev.Err; {
-	case ev.CompletionPending: // logged by package claim, at the attempt and at the end
-	case errors.Is(err, store.ErrLeaseLost):
-		ev.Decision = LeaseLost
-		m.logger.LogAttrs(r.Context(), slog.LevelWarn,
-			"idempotency lease lost before completion: this claim's token no longer holds the key (its lease expired and another request may have claimed it, or the key was released, evicted or expired); the response was not stored",
-			slog.String("scope", id.Scope), slog.String("key", id.Key), slog.Int("status", c.status))
-	case err != nil:
-		m.logger.LogAttrs(r.Context(), slog.LevelError, "idempotency store refused the completion; the key stays claimed until its lease expires",
-			slog.String("scope", id.Scope), slog.String("key", id.Key), slog.Any("error", err))
-	}
-	return !ev.CompletionPending
-}
-
-// notifyCompleted tells a store that keeps a copy of records (store.CompletionNotifier)
-// that the handler completed c's record in its own transaction with resp, best
-// effort, and returns the time it took (0 without an observer).
-func (m *Middleware) notifyCompleted(c *call, resp store.Response) time.Duration {
-	t0 := m.now()
-	c.exec.NotifyCompleted(resp)
-	return m.since(t0)
 }

@@ -131,7 +131,7 @@ func (m *Middleware) sum(r *http.Request, body []byte, route string, v int) (sto
 // One more round trip, on the mismatch path only. The second answer replaces
 // the first (its latency added): a store failure there is a 503, since the
 // record may be this request's.
-func (m *Middleware) claimAsV1(ctx context.Context, c *call, r *http.Request, body []byte, route string, a *answer) {
+func (m *Middleware) claimAsV1(ctx context.Context, r *http.Request, body []byte, route string, tx bool, a *answer) {
 	if a.err != nil || a.res.Outcome != store.Mismatch {
 		return
 	}
@@ -139,7 +139,7 @@ func (m *Middleware) claimAsV1(ctx context.Context, c *call, r *http.Request, bo
 	if err != nil {
 		return
 	}
-	b := m.claimKey(ctx, c, a.id, old)
+	b := m.claimKey(ctx, a.id, old, tx)
 	b.latency += a.latency
 	b.waited += a.waited
 	*a = b

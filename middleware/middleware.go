@@ -141,7 +141,7 @@ func Unrouted(h http.Handler) http.Handler {
 // from the router rather than an application route: marked by Unrouted, or
 // answered by a ServeMux (next itself) that matched no pattern or redirected to
 // the canonical path (see muxRedirect).
-func (m *Middleware) unrouted(next http.Handler, r *http.Request, c *call) bool {
+func (m *Middleware) unrouted(next http.Handler, r *http.Request, c *execution) bool {
 	if !m.releaseUnrouted {
 		return false
 	}
@@ -261,9 +261,7 @@ func New(s store.Store, scope ScopeFunc, opts ...Option) (*Middleware, error) {
 	for i := range m.retryAfterVals {
 		m.retryAfterVals[i] = []string{strconv.Itoa(i)}
 	}
-	m.pool.New = func() any {
-		return &call{m: m, header: make(http.Header)}
-	}
+	m.pool.New = func() any { return new(call) }
 	return m, nil
 }
 
@@ -271,7 +269,33 @@ func New(s store.Store, scope ScopeFunc, opts ...Option) (*Middleware, error) {
 // func(http.Handler) http.Handler, fits net/http chains and router adapters
 // (middleware/echo, middleware/echov5, middleware/gin).
 func (m *Middleware) Handler(next http.Handler) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { m.serve(w, r, next) })
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { m.serve(w, r, next, false) })
+}
+
+// OneTx returns next protected in the one-transaction mode (docs/architecture.md
+// section 9.1): the claim, every statement next runs in the transaction the
+// store hands it (store/postgres TxFromContext) and the record commit once, or
+// not at all. The store must hold claims in transactions (claim.TxStore:
+// store/postgres Store.OneTx); OneTx panics otherwise, like http.Handle with a
+// nil handler, while the routes are set up. Other routes of the same
+// middleware keep the default mode (Handler).
+//
+// next answers as usual; every answer is held until the transaction ended and
+// reaches the client only then (Flush and 1xx responses are not passed on): a
+// stored answer (2xx, 4xx) commits with the record and every retry replays it;
+// an answer the key is released for (5xx, 408, 409, 425, 429, a panic) rolls the
+// transaction back. When the commit fails, or the handler ended or left the
+// transaction itself, the client gets 503 store_unavailable (the configured
+// problem, with Retry-After) instead: never a success for rows that did not
+// commit.
+func (m *Middleware) OneTx(next http.Handler) http.Handler {
+	if !m.claimer.HoldsTx() {
+		panic(fmt.Sprintf("idemkey/middleware: OneTx: the store (%T) holds no claim in a transaction (claim.TxStore; store/postgres Store.OneTx)", m.store))
+	}
+	if next == nil {
+		panic("idemkey/middleware: OneTx: nil handler")
+	}
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { m.serve(w, r, next, true) })
 }
 
 // Wait waits until the store work the middleware does after its requests

@@ -21,8 +21,8 @@ import (
 // the handler under the claim, capture.go captures its response, and execute.go
 // completes or releases the claim.
 
-// serve handles one request.
-func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Handler) {
+// serve handles one request; tx selects the one-transaction mode (OneTx).
+func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Handler, tx bool) {
 	ctx := r.Context()
 	if !m.protected(r.Method) {
 		next.ServeHTTP(w, r)
@@ -34,28 +34,43 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		return
 	}
 	c := m.pool.Get().(*call)
-	pooled := true
-	defer func() {
-		if pooled {
-			if c.w == nil {
-				c.resetUnstarted() // no handler ran under a claim (replay, 409, 422, ...)
-			} else {
-				c.reset()
-			}
-			m.pool.Put(c)
-		}
-	}()
+	defer m.putCall(c)
 	body, route, fp, ok := m.readFingerprint(w, r, c, id)
 	if !ok {
 		return
 	}
-	a := m.claimKey(ctx, c, id, fp)
-	m.claimAsV1(ctx, c, r, body, route, &a) // a record stored before an upgrade
+	a := m.claimKey(ctx, id, fp, tx)
+	m.claimAsV1(ctx, r, body, route, tx, &a) // a record stored before an upgrade
 	if m.claimFailed(w, r, next, c, body, &a) {
 		return
 	}
-	pooled = false // a handler that panics under the claim leaves c out of the pool
-	pooled = m.decide(w, r, next, c, body, route, fp, &a)
+	m.decide(w, r, next, c, body, route, fp, &a)
+}
+
+// call holds the byte buffers a request borrows from the pool: the request body
+// read once, the header values of the middleware's own answers (headerValues),
+// and the capture buffer an execution takes (execution.body), which comes back
+// only when no completion still reads it.
+type call struct {
+	reqBuf []byte
+	values []string
+	body   []byte
+	header http.Header // the captured headers: the execution takes it, as body
+}
+
+// maxPooledBuffer bounds the capacity of the buffers kept in the pool (bytes).
+const maxPooledBuffer = 64 << 10
+
+// putCall gives c's buffers back to the pool.
+func (m *Middleware) putCall(c *call) {
+	if cap(c.reqBuf) > maxPooledBuffer {
+		c.reqBuf = nil
+	}
+	if cap(c.body) > maxPooledBuffer {
+		c.body = nil
+	}
+	c.reqBuf, c.body = c.reqBuf[:0], c.body[:0]
+	m.pool.Put(c)
 }
 
 // parseKey reads the key header: it answers the request itself (a pass-through
@@ -138,15 +153,16 @@ func (m *Middleware) readFingerprint(w http.ResponseWriter, r *http.Request, c *
 type answer struct {
 	id      store.ID
 	res     store.ClaimResult
+	tx      claim.Tx  // the one-transaction mode: the transaction that holds the claim
 	sent    time.Time // when the claim that answered was sent: the lease's start
 	err     error
 	latency time.Duration // store time (0 without an observer)
 	waited  time.Duration // time waiting for a claim in flight (WithWaitInFlight)
 }
 
-// claimKey claims id (package claim bounds the call), waiting for a claim in
-// flight when WithWaitInFlight allows.
-func (m *Middleware) claimKey(ctx context.Context, c *call, id store.ID, fp store.Fingerprint) answer {
+// claimKey claims id (package claim bounds the call), in a transaction when tx,
+// waiting for a claim in flight when WithWaitInFlight allows.
+func (m *Middleware) claimKey(ctx context.Context, id store.ID, fp store.Fingerprint, tx bool) answer {
 	t0 := m.now()
 	req := store.ClaimRequest{ID: id, Fingerprint: fp, Lease: m.lease, Retention: m.retention}
 	claimParent := ctx
@@ -154,15 +170,22 @@ func (m *Middleware) claimKey(ctx context.Context, c *call, id store.ID, fp stor
 		// A hang-up does not cancel the claim, as it would not cancel the handler: a
 		// claim the store made but the middleware gave up on would answer 409 until
 		// its lease ends, and the hang-up would count as a store outage.
-		c.exec.Detach(m.claimer, ctx)
-		claimParent = c.exec.Detached()
+		claimParent = context.WithoutCancel(ctx)
 	}
 	a := answer{id: id}
-	a.res, a.sent, a.err = m.claimer.Claim(claimParent, req)
+	if tx {
+		a.res, a.tx, a.sent, a.err = m.claimer.ClaimTx(claimParent, req)
+	} else {
+		a.res, a.sent, a.err = m.claimer.Claim(claimParent, req)
+	}
 	a.latency = m.since(t0)
 	if a.err == nil && a.res.Outcome == store.InFlight && m.wait > 0 {
 		var claimTime time.Duration
-		a.res, a.sent, claimTime, a.waited, a.err = m.waitInFlight(ctx, claimParent, req, a.res, a.sent)
+		var txp *claim.Tx
+		if tx {
+			txp = &a.tx
+		}
+		a.res, a.sent, claimTime, a.waited, a.err = m.waitInFlight(ctx, claimParent, req, a.res, a.sent, txp)
 		if m.observer != nil {
 			a.latency += claimTime
 		}
@@ -201,7 +224,7 @@ func (m *Middleware) claimFailed(w http.ResponseWriter, r *http.Request, next ht
 		m.logger.LogAttrs(ctx, slog.LevelDebug, "idempotency store failed; running the handler unprotected (fail open)",
 			slog.String("scope", id.Scope), slog.String("key", id.Key), slog.Any("error", err))
 		sw := &statusWriter{ResponseWriter: w}
-		next.ServeHTTP(sw, c.handlerRequest(r, claim.Claim{ID: id}, nil, body))
+		next.ServeHTTP(sw, unprotectedRequest(r, id, body))
 		ev.Decision, ev.Status = FailOpen, sw.status()
 	default:
 		m.storeFailed(ctx, err)
@@ -216,9 +239,9 @@ func (m *Middleware) claimFailed(w http.ResponseWriter, r *http.Request, next ht
 
 // decide answers the store's answer: replay a completed record, 409 for a claim
 // in flight, 422 for another fingerprint, or run the handler under the new
-// claim. It reports whether c may go back to the pool.
+// claim.
 func (m *Middleware) decide(w http.ResponseWriter, r *http.Request, next http.Handler, c *call, body []byte,
-	route string, fp store.Fingerprint, a *answer) (reusable bool) {
+	route string, fp store.Fingerprint, a *answer) {
 	ctx, id, res := r.Context(), a.id, a.res
 	switch res.Outcome {
 	case store.Completed:
@@ -233,10 +256,13 @@ func (m *Middleware) decide(w http.ResponseWriter, r *http.Request, next http.Ha
 	case store.Claimed:
 		cl := claim.Claim{ID: id, Token: res.Token, Fingerprint: fp, Takeover: res.Takeover, Retention: m.retention,
 			CompleteTimeout: m.timeouts.Complete}
-		c.route = route
-		return m.execute(c, w, c.handlerRequest(r, cl, c, body), next, a)
+		if c.header == nil {
+			c.header = make(http.Header)
+		}
+		x := &execution{m: m, w: w, bufs: c, route: route, tx: a.tx != nil, header: c.header, body: c.body[:0]}
+		c.body, c.header = nil, nil // the execution's now; back once no completion reads them (execute)
+		m.execute(x, x.handlerRequest(r, cl, body), next, cl, a)
 	}
-	return true
 }
 
 // replay writes a stored response: status, stored headers, the replay mark, the
@@ -303,36 +329,47 @@ func (c *call) headerValues(n int) []string {
 }
 
 // handlerRequest returns the request the handler sees: the key in its context
-// (KeyFromContext), the claim when it runs under one (ClaimFromContext; cl is
-// then the call) and, as its body, the bytes the middleware read.
+// (KeyFromContext), the claim (ClaimFromContext) and, as its body, the bytes the
+// middleware read.
 //
-// Under a claim the context is detached from the client's connection unless
+// The context is detached from the client's connection unless
 // WithCancelOnDisconnect is on: a hang-up must not stop a side effect half way.
 // A lost lease cancels it, with cause store.ErrLeaseLost (package claim: the
 // claim's context cancels itself when detached).
-func (c *call) handlerRequest(r *http.Request, cl0 claim.Claim, cl *call, body []byte) *http.Request {
+func (x *execution) handlerRequest(r *http.Request, cl claim.Claim, body []byte) *http.Request {
 	parent := r.Context()
-	hr := &handlerReq{}
-	switch {
-	case cl == nil:
-		hr.ctx.Set(parent, cl0, nil)
-	case c.m.cancelOnGone:
-		parent, cl.cancelLost = context.WithCancelCause(parent)
-		hr.ctx.Set(parent, cl0, &cl.exec)
-	default:
-		hr.ctx.SetDetached(parent, cl0, &cl.exec) // cancels itself on a lost lease
+	hr := &x.hr
+	if x.m.cancelOnGone {
+		parent, x.cancelLost = context.WithCancelCause(parent)
+		hr.ctx.Set(parent, cl, &x.exec)
+	} else {
+		hr.ctx.SetDetached(parent, cl, &x.exec) // cancels itself on a lost lease
 	}
 	hr.req = *r.WithContext(&hr.ctx) // inlined: its copy stays on the stack
-	c.reqBody.Reset(body)
-	hr.req.Body = &c.reqBody
+	hr.body.Reset(body)
+	hr.req.Body = &hr.body
 	return &hr.req
 }
 
-// handlerReq is the handler's request and its context in one allocation; neither
-// is pooled, since a goroutine the handler leaves behind may keep either.
+// unprotectedRequest returns the request of a handler that runs without a claim
+// (StoreFailureRule.FailOpen): the key in its context, the bytes the middleware
+// read as its body.
+func unprotectedRequest(r *http.Request, id store.ID, body []byte) *http.Request {
+	hr := &handlerReq{}
+	hr.ctx.Set(r.Context(), claim.Claim{ID: id}, nil)
+	hr.req = *r.WithContext(&hr.ctx)
+	hr.body.Reset(body)
+	hr.req.Body = &hr.body
+	return &hr.req
+}
+
+// handlerReq is the handler's request, its context and its body reader, in the
+// execution's allocation; never pooled, since a goroutine the handler leaves
+// behind may keep any of them.
 type handlerReq struct {
-	req http.Request
-	ctx keyCtx
+	req  http.Request
+	ctx  keyCtx
+	body requestBody
 }
 
 // requestBody is the handler's request body: the bytes the middleware read.

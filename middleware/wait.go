@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/idemkey/idemkey/claim"
 	"github.com/idemkey/idemkey/store"
 )
 
@@ -55,10 +56,17 @@ func WithWaitInFlight(d time.Duration) Option { return func(c *config) { c.pol.W
 // context the first claim ran on (by default detached from the client's
 // hang-up, so a claim the store made is never abandoned half-way: it would
 // answer 409 until its lease ends, and the hang-up would count as an outage).
-func (m *Middleware) waitInFlight(ctx, claimCtx context.Context, req store.ClaimRequest, res store.ClaimResult, sent time.Time) (_ store.ClaimResult, _ time.Time, claimTime, waited time.Duration, err error) {
+//
+// In the one-transaction mode (tx not nil) each claim itself waits on the
+// holder's transaction (its lock wait), so there is no Wait call and no
+// back-off; a claim that wins leaves its transaction in *tx.
+func (m *Middleware) waitInFlight(ctx, claimCtx context.Context, req store.ClaimRequest, res store.ClaimResult, sent time.Time, tx *claim.Tx) (_ store.ClaimResult, _ time.Time, claimTime, waited time.Duration, err error) {
 	start := time.Now()
 	deadline := start.Add(m.wait)
 	waiter, _ := m.store.(store.Waiter)
+	if tx != nil {
+		waiter = nil
+	}
 	backoff := time.Duration(0) // no floor before the first wake-up
 	last := start               // the previous claim
 	defer func() { waited = time.Since(start) - claimTime }()
@@ -94,7 +102,9 @@ func (m *Middleware) waitInFlight(ctx, claimCtx context.Context, req store.Claim
 		// The back-off floor: no claim sooner than backoff after the previous one
 		// (all of d when polling).
 		floor := backoff
-		if waiter == nil {
+		if tx != nil {
+			floor = 0
+		} else if waiter == nil {
 			floor = min(max(backoff, waitBackoffMin), d)
 		}
 		if rest := floor - time.Since(last); rest > 0 {
@@ -106,7 +116,11 @@ func (m *Middleware) waitInFlight(ctx, claimCtx context.Context, req store.Claim
 			break
 		}
 		t0 := time.Now()
-		res, sent, err = m.claimer.Claim(claimCtx, req)
+		if tx != nil {
+			res, *tx, sent, err = m.claimer.ClaimTx(claimCtx, req)
+		} else {
+			res, sent, err = m.claimer.Claim(claimCtx, req)
+		}
 		claimTime += time.Since(t0)
 		last = time.Now()
 		if err != nil {

@@ -12,7 +12,7 @@
 // writing the record in the handler's transaction adds), ordinary (the middleware on the Postgres store; the handler's own
 // transaction, then the store's Complete), commit (postgres CommitResponse: the
 // record completed in the handler's transaction), onetx (Store.OneTx and
-// TxStore.Route: claim, row and record in one transaction). all runs the five
+// middleware.OneTx: claim, row and record in one transaction). all runs the five
 // in turn, -rounds times (every other round in reverse order), and prints each
 // mode's medians and its ratio to none.
 //

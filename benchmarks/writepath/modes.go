@@ -181,7 +181,7 @@ func handler(mode string, pool *pgxpool.Pool, st *pgstore.Store) (http.Handler, 
 		if err != nil {
 			return nil, err
 		}
-		return ts.Route(mw.Handler, http.HandlerFunc(inTx)), nil
+		return mw.OneTx(http.HandlerFunc(inTx)), nil
 	}
 	return nil, fmt.Errorf("unknown mode %q (none, record, ordinary, commit, onetx)", mode)
 }

@@ -128,11 +128,12 @@
 // # One transaction per route
 //
 // Store.OneTx returns the store's one-transaction mode (TxStore), for handlers
-// that only touch this database: on a route wrapped with TxStore.Route, the claim
+// that only touch this database: a claim.TxStore, so on a route the middleware
+// runs in this mode (middleware.Middleware.OneTx; idem.Runner.DoTx per call) the claim
 // (BEGIN, the key's advisory lock tried, and the read of its record in one pgx
 // batch; when another transaction holds the lock, a wait for it bounded by a
 // local lock_timeout and the read again), the handler's statements in the transaction of
-// TxFromContext, and the completion (the record's insert) with the COMMIT (a
+// TxFromContext, and the completion (the record's insert, fenced on the server) with the COMMIT (a
 // second batch) make one transaction and one commit. A duplicate waits on the
 // key's lock up to WithLockWait, then replays or gets 409; a crash aborts the
 // transaction and frees the key; an answer the middleware releases for (5xx,

@@ -71,7 +71,7 @@ func ExampleStore_OneTx() {
 		log.Fatal(err)
 	}
 	mux := http.NewServeMux()
-	mux.Handle("POST /orders", ts.Route(m.Handler, http.HandlerFunc(order)))
+	mux.Handle("POST /orders", m.OneTx(http.HandlerFunc(order)))
 	srv := httptest.NewServer(mux)
 	defer srv.Close()
 	for range 2 {

@@ -23,9 +23,9 @@ func TestOneTxKillHelperProcess(t *testing.T) {
 		t.Skip("helper process of TestOneTxKillMidHandler")
 	}
 	pool, s := helperStore(t, schema)
-	ts, m := oneTxMiddleware(t, s, pool, nil)
+	_, m := oneTxMiddleware(t, s, pool, nil)
 	side := s.ident("charges")
-	h := ts.Route(m.Handler, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	h := m.OneTx(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		tx, _ := TxFromContext(r.Context())
 		id, _ := middleware.KeyFromContext(r.Context())
 		if _, err := tx.Exec(r.Context(), `INSERT INTO `+side+` (key) VALUES ($1)`, id.Key); err != nil {

@@ -59,7 +59,7 @@ func stormExecMode(t *testing.T, url string, mode pgx.QueryExecMode) {
 	e := &oneTxEnv{t: t, pool: admin, st: s, ts: ts, side: side,
 		client: &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 64}}}
 	inner := insertInTx(e)
-	srv := httptest.NewServer(ts.Route(m.Handler, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	srv := httptest.NewServer(m.OneTx(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if us := rand.IntN(2000) - 1000; us > 0 { // half the holders commit at once
 			tx, _ := TxFromContext(r.Context())
 			if _, err := tx.Exec(r.Context(), `SELECT pg_sleep($1)`, float64(us)/1e6); err != nil {

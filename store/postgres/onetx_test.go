@@ -43,7 +43,7 @@ func newOneTxEnv(t *testing.T, pool *pgxpool.Pool, handler func(e *oneTxEnv) htt
 	ts, m := oneTxMiddleware(t, s, pool, txOpts, opts...)
 	e := &oneTxEnv{t: t, pool: pool, st: s, ts: ts, side: sideTable(t, pool, s, ""),
 		client: &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 64}}}
-	srv := httptest.NewServer(ts.Route(m.Handler, handler(e)))
+	srv := httptest.NewServer(m.OneTx(handler(e)))
 	t.Cleanup(srv.Close)
 	e.url = srv.URL
 	return e
@@ -470,14 +470,13 @@ func TestOneTxClaimTextConstant(t *testing.T) {
 	}
 	texts := make([]int, 0, 3)
 	for i, bound := range []time.Duration{time.Hour, 900 * time.Millisecond, 300 * time.Millisecond} {
-		ctx := context.WithValue(t.Context(), txKey{}, &txSlot{})
-		ctx, cancel := context.WithTimeout(ctx, bound)
+		ctx, cancel := context.WithTimeout(t.Context(), bound)
 		id := store.ID{Scope: "s", Key: fmt.Sprint("text-", i)}
-		res, err := ts.Claim(ctx, store.ClaimRequest{ID: id, Fingerprint: fingerprint("a"), Lease: time.Second, Retention: time.Hour})
+		res, tx, err := ts.ClaimTx(ctx, store.ClaimRequest{ID: id, Fingerprint: fingerprint("a"), Lease: time.Second, Retention: time.Hour})
 		if err != nil || res.Outcome != store.Claimed {
 			t.Fatal(res, err)
 		}
-		if err := ts.Release(ctx, id, res.Token); err != nil {
+		if err := tx.Rollback(ctx); err != nil {
 			t.Fatal(err)
 		}
 		cancel()

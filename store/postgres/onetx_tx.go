@@ -3,162 +3,199 @@ package postgres
 import (
 	"context"
 	"errors"
+	"fmt"
+	"sync"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemkey/idemkey/claim"
+	"github.com/idemkey/idemkey/store"
 )
 
-// ErrTxOwned is returned by Commit and Rollback of the transaction of a
-// one-transaction route (TxFromContext): the middleware commits it with the
-// record once the handler returned, or rolls it back when the handler answers
-// 5xx.
-var ErrTxOwned = errors.New("idemkey/postgres: the idempotency middleware commits or rolls back this transaction")
+// ErrTxOwned is returned by Commit and Rollback of the handler's transaction
+// (TxFromContext), and by a statement that would end it (COMMIT, ROLLBACK, END,
+// ABORT, PREPARE TRANSACTION, with or without AND CHAIN): the library commits
+// it with the record once the handler returned, or rolls it back when the
+// handler's answer releases the key. The statement is not sent.
+var ErrTxOwned = errors.New("idemkey/postgres: the idempotency library commits or rolls back this transaction")
 
-// claimTx is the handler's pgx.Tx on a one-transaction route: the transaction
-// begun with the claim, usable while the request's slot holds it, whose Commit
-// and Rollback are the middleware's; or a savepoint in it (root set), usable as
-// long as the transaction, whose Commit and Rollback are its own.
-type claimTx struct {
-	pgx.Tx
-	slot *txSlot
-	root *claimTx // the request's transaction, for a savepoint; nil for it
+// txClaim is a claim held by an open transaction (claim.Tx): the connection,
+// the transaction and what the commit writes.
+type txClaim struct {
+	t       *TxStore
+	conn    *pgxpool.Conn
+	tx      pgx.Tx
+	id      store.ID
+	token   store.Token
+	req     store.ClaimRequest
+	lock    int64
+	insert  bool     // the claim found no row: the commit inserts the record
+	handler *claimTx // the handler's view of the transaction
+
+	use      chan struct{} // holds one token while a statement of the handler's runs (claimTx.hold)
+	mu       sync.Mutex
+	closed   bool // the library took the transaction back: the handler's statements are refused
+	sideDoor bool // the handler took the connection (Conn, LargeObjects): what it did is unknown
 }
 
-// live reports whether the transaction is still the handler's, and still open:
-// a handler that ended it with SQL of its own (COMMIT, ROLLBACK) would
-// otherwise go on in autocommit, each statement committing outside the record.
-func (t *claimTx) live() bool {
-	root := t
-	if t.root != nil {
-		root = t.root
+// TxFromContext returns the transaction the handler runs in when the request
+// (or call) runs in the one-transaction mode (middleware.Middleware.OneTx,
+// idem.Runner.DoTx) on a TxStore: its statements commit together with the
+// idempotency record, or not at all. ok is false in the default mode, without a
+// claim (a method the middleware does not protect, no key where keys are
+// optional, StoreFailureRule.FailOpen during an outage), and once the handler
+// has returned.
+//
+// What the handler may do with it: run statements, with each bounded by the
+// statement timeout (WithStatementTimeout); open savepoints (Begin) and commit
+// or roll them back; answer an error status (5xx, or any status the release
+// policy releases) to have everything rolled back; answer a stored status after
+// a failed statement aborted the transaction (its statements are rolled back and
+// the record is committed on its own, so retries replay that answer). What it
+// may not: end the transaction (Commit and Rollback return ErrTxOwned, and so
+// does a statement that would end it, which is not sent); use it after
+// returning (pgx.ErrTxClosed); leave a Rows or a batch open past its return (the
+// commit then fails: 503). Conn and LargeObjects are side doors the library
+// cannot watch: if the transaction was ended through them, the commit's fence
+// finds it, the client gets 503 and the key stays claimed for a lease (no
+// duplicate runs meanwhile; once the lease ends the key is taken over). Leave
+// the store's table alone.
+func TxFromContext(ctx context.Context) (pgx.Tx, bool) {
+	tx, ok := claim.TxFromContext(ctx)
+	for ok {
+		if c, mine := tx.(*txClaim); mine {
+			return c.handler, true
+		}
+		var w interface{ Unwrap() claim.Tx } // a store in front of this one (store/tiered)
+		if w, ok = tx.(interface{ Unwrap() claim.Tx }); ok {
+			tx = w.Unwrap()
+		}
 	}
-	t.slot.mu.Lock()
-	defer t.slot.mu.Unlock()
-	return t.slot.tx == root && t.slot.conn.Conn().PgConn().TxStatus() != 'I'
+	return nil, false
 }
 
-// use holds the transaction for one call of the handler's: ok false when it is
-// no longer live (nothing held); otherwise done must be called once the call
-// returned. The slot's take waits for it, so a statement that passed the check
-// runs in the transaction, never on the connection after its commit (a
-// goroutine of the handler still running when the middleware completes).
-func (t *claimTx) use() (done func(), ok bool) {
-	t.slot.use.Lock()
-	if !t.live() {
-		t.slot.use.Unlock()
-		return nil, false
+// take closes the transaction to the handler, once a statement of its under way
+// ended, and reports whether it used a side door. It waits at most useWait: a
+// QueryRow never scanned holds the transaction for ever; the commit then fails
+// on the busy connection, which the pool closes.
+func (c *txClaim) take() (sideDoor bool) {
+	timer := time.NewTimer(useWait)
+	defer timer.Stop()
+	select {
+	case c.use <- struct{}{}:
+		defer func() { <-c.use }()
+	case <-timer.C:
 	}
-	return t.slot.use.Unlock, true
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.closed = true
+	return c.sideDoor
 }
 
-// Commit returns ErrTxOwned; on a savepoint it releases it (pgx.ErrTxClosed
-// once the request's transaction has ended).
-func (t *claimTx) Commit(ctx context.Context) error { return t.end(ctx, t.Tx.Commit) }
+// useWait bounds how long take waits for a statement of the handler's.
+var useWait = endTimeout
 
-// Rollback returns ErrTxOwned; on a savepoint it rolls back to it
-// (pgx.ErrTxClosed once the request's transaction has ended).
-func (t *claimTx) Rollback(ctx context.Context) error { return t.end(ctx, t.Tx.Rollback) }
-
-// end runs a savepoint's Commit or Rollback f while the transaction is live.
-func (t *claimTx) end(ctx context.Context, f func(context.Context) error) error {
-	if t.root == nil {
-		return ErrTxOwned
-	}
-	done, ok := t.use()
-	if !ok {
-		return pgx.ErrTxClosed
-	}
-	defer done()
-	return f(ctx)
+// end rolls the transaction back, if still open, and gives the connection back
+// to the pool (which closes it when the rollback failed).
+func (c *txClaim) end() {
+	ctx, cancel := context.WithTimeout(context.Background(), endTimeout)
+	_ = c.tx.Rollback(ctx)
+	cancel()
+	c.conn.Release()
 }
 
-// Begin opens a savepoint, which refuses use once the request's transaction
-// has ended, as the transaction does (pgx's own savepoint would run its
-// statements on the connection the transaction committed on).
-func (t *claimTx) Begin(ctx context.Context) (pgx.Tx, error) {
-	done, ok := t.use()
-	if !ok {
-		return nil, pgx.ErrTxClosed
-	}
-	defer done()
-	sp, err := t.Tx.Begin(ctx)
-	if err != nil {
-		return nil, err
-	}
-	root := t.root
-	if root == nil {
-		root = t
-	}
-	return &claimTx{Tx: sp, slot: t.slot, root: root}, nil
+// Rollback implements claim.Tx: the handler's statements are undone, the key is
+// free.
+func (c *txClaim) Rollback(context.Context) error {
+	c.take()
+	c.end()
+	return nil
 }
 
-func (t *claimTx) CopyFrom(ctx context.Context, table pgx.Identifier, cols []string, src pgx.CopyFromSource) (int64, error) {
-	done, ok := t.use()
-	if !ok {
-		return 0, pgx.ErrTxClosed
+// Commit implements claim.Tx: the record and the COMMIT in one round trip,
+// fenced by the server (fenceSQL). A transaction a failed statement aborted has
+// its record committed on its own (recordAlone); one the handler ended or left
+// fails closed (failClosed). A commit that fails is rolled back: an error
+// wrapping store.ErrLeaseLost when the server refused it, ErrCommitUnknown too
+// when its outcome is not known (the connection broke).
+func (c *txClaim) Commit(ctx context.Context, resp store.Response, retention time.Duration) (claim.TxEnd, error) {
+	sideDoor := c.take()
+	if err := c.t.checkComplete(c.id, c.token, resp, retention); err != nil {
+		c.end()
+		return 0, fmt.Errorf("%w (%w)", err, store.ErrLeaseLost)
 	}
-	defer done()
-	return t.Tx.CopyFrom(ctx, table, cols, src)
-}
-
-func (t *claimTx) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
-	done, ok := t.use()
-	if !ok {
-		return pgx.FailedBatchResults(b, pgx.ErrTxClosed)
+	switch c.conn.Conn().PgConn().TxStatus() {
+	case 'T':
+	case 'E':
+		if !sideDoor {
+			return c.recordAlone(ctx, resp, retention)
+		}
+		return 0, c.failClosed(ctx, errors.New("aborted after the handler used its connection"))
+	default:
+		return 0, c.failClosed(ctx, errors.New("no transaction open"))
 	}
-	defer done()
-	return t.Tx.SendBatch(ctx, b)
-}
-
-func (t *claimTx) Prepare(ctx context.Context, name, sql string) (*pgconn.StatementDescription, error) {
-	done, ok := t.use()
-	if !ok {
-		return nil, pgx.ErrTxClosed
+	b := &pgx.Batch{}
+	if args := c.t.completeArgs(c.id, c.token, resp, retention); c.insert {
+		b.Queue(c.t.recordSQL, append(args, c.req.Fingerprint[:], c.lock)...)
+	} else {
+		b.Queue(c.t.completeSQL, append(args, c.lock)...)
 	}
-	defer done()
-	return t.Tx.Prepare(ctx, name, sql)
-}
-
-func (t *claimTx) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
-	done, ok := t.use()
-	if !ok {
-		return pgconn.CommandTag{}, pgx.ErrTxClosed
+	b.Queue("COMMIT") // on the connection: pgx's Tx does not learn of it, and is dropped
+	err := c.conn.SendBatch(ctx, b).Close()
+	if err == nil {
+		c.conn.Release()
+		return claim.TxCommitted, nil
 	}
-	defer done()
-	return t.Tx.Exec(ctx, sql, args...)
-}
-
-func (t *claimTx) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
-	done, ok := t.use()
-	if !ok {
-		return nil, pgx.ErrTxClosed
+	var pg *pgconn.PgError
+	switch {
+	case errors.As(err, &pg) && pg.Code == "22012": // the fence: not the claim's transaction
+		return 0, c.failClosed(ctx, err)
+	case errors.As(err, &pg): // the server refused: nothing committed
+		c.end()
+		return 0, fmt.Errorf("idemkey/postgres: complete in transaction: rolled back (%w): %w", store.ErrLeaseLost, err)
 	}
-	defer done()
-	return t.Tx.Query(ctx, sql, args...)
+	c.end()
+	return 0, fmt.Errorf("idemkey/postgres: complete in transaction: %w (%w): %w", ErrCommitUnknown, store.ErrLeaseLost, err)
 }
 
-// QueryRow holds the transaction until the row is scanned, so the completion
-// waits for it (the row's result is still on the connection until then).
-func (t *claimTx) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
-	done, ok := t.use()
-	if !ok {
-		return closedRow{}
+// recordAlone commits the record of a transaction a failed statement aborted:
+// none of the handler's statements will commit, so the record is written on its
+// own, by the plain store's claim and completion under the same token on
+// another connection, while the aborted transaction still holds the key's lock
+// (a duplicate waits, then replays). A takeover's transaction holds the old
+// row's lock too: it is rolled back and the error answered (the retry runs).
+func (c *txClaim) recordAlone(ctx context.Context, resp store.Response, retention time.Duration) (claim.TxEnd, error) {
+	defer c.end()
+	if !c.insert {
+		return 0, errors.New("idemkey/postgres: complete in transaction: a failed statement aborted the transaction of a takeover; rolled back")
 	}
-	return heldRow{row: t.Tx.QueryRow(ctx, sql, args...), done: done}
+	req := c.req
+	req.Token = c.token
+	res, err := c.t.Store.Claim(ctx, req)
+	switch {
+	case err != nil:
+		return 0, fmt.Errorf("idemkey/postgres: record of an aborted transaction: %w", err)
+	case res.Outcome != store.Claimed:
+		return 0, fmt.Errorf("idemkey/postgres: record of an aborted transaction: the key is no longer free (%w)", store.ErrLeaseLost)
+	}
+	if err := c.t.Store.Complete(ctx, c.id, c.token, resp, retention); err != nil {
+		return 0, fmt.Errorf("idemkey/postgres: record of an aborted transaction: %w", err)
+	}
+	return claim.TxRecordAlone, nil
 }
 
-// heldRow is a row of the transaction, which it holds until Scan.
-type heldRow struct {
-	row  pgx.Row
-	done func()
+// failClosed ends a transaction the handler ended or left (cause): what
+// committed is unknown, so the key is kept claimed for a lease by the plain
+// store's claim under the same token (duplicates get 409 meanwhile, then take
+// it over) and the connection is closed. It returns ErrTxEnded wrapped.
+func (c *txClaim) failClosed(ctx context.Context, cause error) error {
+	req := c.req
+	req.Token = c.token
+	_, cerr := c.t.Store.Claim(ctx, req)
+	_ = c.conn.Conn().Close(ctx)
+	c.conn.Release()
+	return errors.Join(fmt.Errorf("idemkey/postgres: complete in transaction: %w: %w", claim.ErrTxEnded, cause), cerr)
 }
-
-func (r heldRow) Scan(dest ...any) error {
-	defer r.done()
-	return r.row.Scan(dest...)
-}
-
-// closedRow answers pgx.ErrTxClosed.
-type closedRow struct{}
-
-func (closedRow) Scan(...any) error { return pgx.ErrTxClosed }

@@ -51,7 +51,6 @@ func BenchmarkReplay(b *testing.B) {
 	selectSQL := `SELECT fingerprint, status, headers, body, body_omitted, created_at, completed_at, expires_at, lease_until
 FROM ` + s.Table() + ` WHERE scope = $1 AND key = $2`
 	args := claimArgs(req, store.NewToken())
-	slotCtx := context.WithValue(ctx, txKey{}, &txSlot{})
 	ops := []struct {
 		name string
 		do   func() error
@@ -73,7 +72,7 @@ FROM ` + s.Table() + ` WHERE scope = $1 AND key = $2`
 		}},
 		{"claim", func() error { _, err := s.Claim(ctx, req); return err }},
 		{"claimdefault", func() error { _, err := plain.Claim(ctx, req); return err }},
-		{"onetx", func() error { _, err := ts.Claim(slotCtx, req); return err }},
+		{"onetx", func() error { _, _, err := ts.ClaimTx(ctx, req); return err }},
 	}
 	const chunk = 50
 	per := make([][]float64, len(ops))

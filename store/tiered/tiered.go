@@ -43,6 +43,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/idemkey/idemkey/claim"
 	"github.com/idemkey/idemkey/store"
 )
 
@@ -513,3 +514,70 @@ func isTimeout(err error) bool {
 	var t interface{ Timeout() bool }
 	return errors.As(err, &t) && t.Timeout()
 }
+
+// HoldsTx reports whether the backstop holds claims in transactions
+// (claim.TxStore, store/postgres TxStore): then the one-transaction mode works
+// through s (ClaimTx).
+func (s *Store) HoldsTx() bool {
+	_, ok := s.backstop.(claim.TxStore)
+	return ok
+}
+
+// ClaimTx implements claim.TxStore over a backstop that does (HoldsTx): the
+// cache answers what it holds (a replay, a claim in flight), as in Claim, and
+// the backstop claims in its transaction; a completed record it returns
+// backfills the cache, which learns of a committed one through
+// NotifyCompleted. Errors as Claim's; store.ErrInvalid when the backstop holds
+// no claim in a transaction.
+func (s *Store) ClaimTx(ctx context.Context, req store.ClaimRequest) (store.ClaimResult, claim.Tx, error) {
+	bs, ok := s.backstop.(claim.TxStore)
+	if !ok {
+		return store.ClaimResult{}, nil, fmt.Errorf("%w: tiered: the backstop holds no claim in a transaction", store.ErrInvalid)
+	}
+	if err := req.Validate(); err != nil {
+		return store.ClaimResult{}, nil, err
+	}
+	var res store.ClaimResult
+	var answer bool
+	ran, err := s.fastCall(ctx, OpPeek, func(ctx context.Context) (err error) {
+		res, answer, err = s.fast.Peek(ctx, req.ID, req.Fingerprint)
+		return err
+	})
+	if ran && err == nil && answer {
+		s.event(OpPeek, FastAnswer, nil)
+		return res, nil, nil
+	}
+	res, tx, err := bs.ClaimTx(ctx, req)
+	if err != nil {
+		return store.ClaimResult{}, nil, fmt.Errorf("idemkey/store/tiered: backstop claim: %w", err)
+	}
+	switch res.Outcome {
+	case store.Claimed: // the marker NotifyCompleted completes after the commit
+		_, _ = s.fastCall(ctx, OpMark, func(ctx context.Context) error {
+			return s.fast.Mark(ctx, req.ID, req.Fingerprint, res.Token, req.Lease)
+		})
+		tx = markedTx{Tx: tx, s: s, id: req.ID, token: res.Token}
+	case store.Completed:
+		s.backfill(ctx, req.ID, res.Record)
+	}
+	return res, tx, nil
+}
+
+// markedTx is a backstop transaction whose claim is marked in the cache: its
+// rollback releases the marker too, which would otherwise answer InFlight until
+// its lease ran out.
+type markedTx struct {
+	claim.Tx
+	s     *Store
+	id    store.ID
+	token store.Token
+}
+
+func (t markedTx) Rollback(ctx context.Context) error {
+	err := t.Tx.Rollback(ctx)
+	_, _ = t.s.fastCall(ctx, OpRelease, func(ctx context.Context) error { return t.s.fast.Release(ctx, t.id, t.token) })
+	return err
+}
+
+// Unwrap returns the backstop's transaction (its accessor finds it so).
+func (t markedTx) Unwrap() claim.Tx { return t.Tx }

@@ -1,6 +1,8 @@
 package tiered_test
 
 import (
+	"context"
+	"github.com/idemkey/idemkey/claim"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -123,14 +125,14 @@ func TestOneTxTiered(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	back := &probe{Store: ts}
+	back := &txProbe{probe: probe{Store: ts}, ts: ts}
 	s := mustTiered(t, redis.New(c, redis.WithPrefix(redistest.Prefix(t, shared))), back, tiered.WithTimeout(testTimeout))
 	m, err := middleware.New(s, middleware.GlobalScope)
 	if err != nil {
 		t.Fatal(err)
 	}
 	runs := 0
-	h := ts.Route(m.Handler, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	h := m.OneTx(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		runs++
 		tx, ok := postgres.TxFromContext(r.Context())
 		if !ok {
@@ -162,4 +164,15 @@ func TestOneTxTiered(t *testing.T) {
 		t.Fatalf("retry: %d %q after %d runs, %d backstop calls; want the committed response from Redis alone",
 			w.Code, w.Body, runs, back.calls.Load()-b0)
 	}
+}
+
+// txProbe is a probe over a store that holds claims in transactions.
+type txProbe struct {
+	probe
+	ts claim.TxStore
+}
+
+func (p *txProbe) ClaimTx(ctx context.Context, req store.ClaimRequest) (store.ClaimResult, claim.Tx, error) {
+	p.calls.Add(1)
+	return p.ts.ClaimTx(ctx, req)
 }
