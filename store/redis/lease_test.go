@@ -13,8 +13,9 @@ import (
 // TestMarkerWithoutExpiry: a marker's lease is an offset from its key's expiry,
 // so a marker whose key lost its expiry (PERSIST, RESTORE without a TTL) has no
 // lease to judge. A duplicate must not take it over (a second execution while
-// the first runs) and Renew must not invent an expiry; the holder can still
-// complete (with a real creation time) or release it.
+// the first runs), Renew must not invent an expiry, and Inspect and Evict must
+// not call the lease expired (an operator's sweep would delete a live claim).
+// The holder can still complete (with a real creation time) or release it.
 func TestMarkerWithoutExpiry(t *testing.T) {
 	c := redistest.Shared(t)
 	ctx := t.Context()
@@ -39,6 +40,12 @@ func TestMarkerWithoutExpiry(t *testing.T) {
 		}
 		if ttl := c.PTTL(ctx, s.Key(id)).Val(); ttl != -1 {
 			t.Errorf("Renew moved the expiry to %v", ttl)
+		}
+		if info, err := s.Inspect(ctx, id); !errors.Is(err, store.ErrCorrupt) {
+			t.Errorf("Inspect: %+v %v, want ErrCorrupt", info, err)
+		}
+		if _, evicted, err := s.Evict(ctx, id, store.EvictLeaseExpired); evicted || !errors.Is(err, store.ErrCorrupt) {
+			t.Errorf("Evict of expired leases: evicted %v %v, want ErrCorrupt", evicted, err)
 		}
 		if end == "release" {
 			if err := s.Release(ctx, id, held.Token); err != nil {

@@ -10,8 +10,9 @@ import goredis "github.com/redis/go-redis/v9"
 //
 // A marker's deadlines are offsets from the key's expiry, so a marker whose key
 // has none (PERSIST, a RESTORE without TTL) has no lease anyone can judge: the
-// scripts that judge or move the lease answer -1 (corrupt) rather than take it
-// over or renew it; Complete and Release still end it.
+// scripts that judge or move the lease (contend, renew, wait, inspect, evict)
+// answer -1 (corrupt) rather than take it over, renew it or call it expired;
+// Complete and Release still end it.
 //
 // Result codes shared by the scripts:
 //
@@ -132,7 +133,9 @@ return {1}
 // length, expiry (PEXPIRETIME)} | {-1} | {-2}.
 var inspectScript = goredis.NewScript(prelude + `
 if kind == 0 then return {0, now()} end
-return {1, now(), string.sub(v, 1, 97), #v, redis.call('PEXPIRETIME', k)}
+local exp = redis.call('PEXPIRETIME', k)
+if kind == 1 and exp < 0 then return {-1} end
+return {1, now(), string.sub(v, 1, 97), #v, exp}
 `)
 
 // evictScript: ARGV "1" or "" for each of: a completed record, an in-flight one
@@ -147,6 +150,7 @@ if kind == 2 then
   if status < 100 or status > 999 or 97 + hlen > #v then return {-1} end
 end
 local t, exp = now(), redis.call('PEXPIRETIME', k)
+if kind == 1 and exp < 0 then return {-1} end
 local allowed = ARGV[1]
 if kind == 1 then
   local _, leaseEnd = struct.unpack('>i8i8', v, 52)
