@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"strings"
 	"time"
 
@@ -79,7 +80,7 @@ func (s *Store) Claim(ctx context.Context, req store.ClaimRequest) (store.ClaimR
 	}
 	tok := req.ClaimToken()
 	key := keyFor(s.prefix, req.ID)
-	lease, ret := codec.Millis(req.Lease), codec.Millis(req.Retention)
+	lease, ret := ttlMillis(req.Lease), ttlMillis(req.Retention)
 	m := make([]byte, markerLen)
 	putMarker(m, req.Fingerprint, tok, ret, ret-lease)
 	v, err := s.client.SetArgs(ctx, key, m, goredis.SetArgs{Mode: "NX", TTL: millis(ret), Get: true}).Result()
@@ -130,7 +131,7 @@ func judgeRecord(v string, fp store.Fingerprint) (store.ClaimResult, error) {
 // key changed between the SET and the PTTL.
 func (s *Store) contend(ctx context.Context, key string, req store.ClaimRequest, tok store.Token, m []byte) (store.ClaimResult, error) {
 	v, err := s.run(ctx, "claim", contendScript, key,
-		req.Fingerprint[:], tok[:], codec.Millis(req.Lease), codec.Millis(req.Retention), m)
+		req.Fingerprint[:], tok[:], ttlMillis(req.Lease), ttlMillis(req.Retention), m)
 	if err != nil {
 		return store.ClaimResult{}, err
 	}
@@ -253,8 +254,16 @@ func (s *Store) run(ctx context.Context, op string, sc *goredis.Script, key stri
 var errNilClient = fmt.Errorf("%w: redis: nil client", store.ErrInvalid)
 
 // millis is ms milliseconds as a Duration (go-redis then sends PX, or EX for
-// whole seconds).
+// whole seconds); ms is at most maxTTL.
 func millis(ms int64) time.Duration { return time.Duration(ms) * time.Millisecond }
+
+// maxTTL is the longest TTL in ms that a Duration holds (about 292 years).
+const maxTTL = int64(math.MaxInt64 / time.Millisecond)
+
+// ttlMillis is d as a key's TTL in whole ms: codec.Millis, clamped to maxTTL.
+// Unclamped, millis of a "forever" retention (math.MaxInt64) overflowed to a
+// negative Duration, go-redis sent no PX, and the marker had no expiry.
+func ttlMillis(d time.Duration) int64 { return min(codec.Millis(d), maxTTL) }
 
 // isWrongType reports whether err is Redis's WRONGTYPE: the key holds a legacy
 // hash (or foreign data of another type).
@@ -328,7 +337,7 @@ func (s *Store) Mark(ctx context.Context, id store.ID, fp store.Fingerprint, tok
 	if s.client == nil {
 		return errNilClient
 	}
-	ms := codec.Millis(lease)
+	ms := ttlMillis(lease)
 	m := make([]byte, markerLen)
 	putMarker(m, fp, token, ms, 0)
 	if err := s.client.Set(ctx, keyFor(s.prefix, id), m, millis(ms)).Err(); err != nil {
@@ -352,7 +361,7 @@ func (s *Store) Fill(ctx context.Context, id store.ID, rec *store.Record, ttl ti
 	if s.client == nil {
 		return errNilClient
 	}
-	key, val, ms := keyFor(s.prefix, id), encodeRecord(rec), codec.Millis(ttl)
+	key, val, ms := keyFor(s.prefix, id), encodeRecord(rec), ttlMillis(ttl)
 	v, err := s.client.SetArgs(ctx, key, val, goredis.SetArgs{Mode: "NX", TTL: millis(ms), Get: true}).Result()
 	switch {
 	case err == goredis.Nil:
