@@ -103,12 +103,12 @@ func (s *Store) Claim(ctx context.Context, req store.ClaimRequest) (store.ClaimR
 		case mk.token == tok: // a re-delivery of this very claim
 			return store.ClaimResult{Outcome: store.Claimed, Token: tok}, nil
 		}
-		pttl, err := s.client.PTTL(ctx, key).Result()
+		left, err := s.leaseLeft(ctx, "claim", key, &mk)
 		if err != nil {
-			return store.ClaimResult{}, fmt.Errorf("idemkey/store/redis: claim: pttl: %w", err)
+			return store.ClaimResult{}, err
 		}
-		if left := mk.remaining(pttl); pttl > 0 && left > 0 {
-			return store.ClaimResult{Outcome: store.InFlight, RetryAfter: left.Truncate(time.Millisecond)}, nil
+		if left > 0 {
+			return store.ClaimResult{Outcome: store.InFlight, RetryAfter: left}, nil
 		}
 		return s.contend(ctx, key, req, tok, m)
 	}
@@ -125,6 +125,20 @@ func judgeRecord(v string, fp store.Fingerprint) (store.ClaimResult, error) {
 		return store.ClaimResult{}, err
 	}
 	return store.ClaimResult{Outcome: store.Completed, Record: rec}, nil
+}
+
+// leaseLeft is what remains of mk's lease, read from its key's PTTL (one round
+// trip, the Redis clock): 0 once the lease ended, the key is gone (PTTL -2) or
+// has no expiry (-1), where only contendScript may decide.
+func (s *Store) leaseLeft(ctx context.Context, op, key string, mk *marker) (time.Duration, error) {
+	pttl, err := s.client.PTTL(ctx, key).Result()
+	if err != nil {
+		return 0, fmt.Errorf("idemkey/store/redis: %s: pttl: %w", op, err)
+	}
+	if left := mk.remaining(pttl); pttl > 0 && left > 0 {
+		return left.Truncate(time.Millisecond), nil
+	}
+	return 0, nil
 }
 
 // contend runs contendScript: the lease of the marker found expired, or the
@@ -310,14 +324,11 @@ func (s *Store) Peek(ctx context.Context, id store.ID, fp store.Fingerprint) (re
 		if mk.fp != fp {
 			return res, false, nil
 		}
-		pttl, err := s.client.PTTL(ctx, key).Result()
-		if err != nil {
-			return res, false, fmt.Errorf("idemkey/store/redis: peek: pttl: %w", err)
+		left, err := s.leaseLeft(ctx, "peek", key, &mk)
+		if err != nil || left == 0 {
+			return res, false, err
 		}
-		if left := mk.remaining(pttl); pttl > 0 && left > 0 {
-			return store.ClaimResult{Outcome: store.InFlight, RetryAfter: left.Truncate(time.Millisecond)}, true, nil
-		}
-		return res, false, nil
+		return store.ClaimResult{Outcome: store.InFlight, RetryAfter: left}, true, nil
 	}
 	return res, false, corrupt("value under the record key")
 }
