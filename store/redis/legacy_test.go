@@ -3,6 +3,9 @@ package redis
 import (
 	"context"
 	"testing"
+	"time"
+
+	goredis "github.com/redis/go-redis/v9"
 
 	"github.com/idemkey/idemkey/store"
 	"github.com/idemkey/idemkey/store/redis/redistest"
@@ -10,21 +13,58 @@ import (
 )
 
 // legacyWriter is the store as a fleet in the middle of an upgrade sees it: every
-// new key is claimed in the legacy hash format (as the previous release wrote
-// it), and every other call is the store's own, which must then read, complete,
-// renew, release, wait on, inspect and evict hashes.
+// new key is claimed in the legacy hash format (by previousClaim, as the previous
+// release wrote it), and every other call is the store's own, which must then
+// read, complete, renew, release, wait on, inspect and evict hashes.
 type legacyWriter struct{ *Store }
+
+// previousClaim is the previous release's claim of a new key: a hash. ARGV fp,
+// token, lease ms, retention ms. Replies 1 claimed, 0 the key exists.
+var previousClaim = goredis.NewScript(`
+local k = KEYS[1]
+if redis.call('EXISTS', k) == 1 then return 0 end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+redis.call('HSET', k, 'v','1', 'st','p', 'fp',ARGV[1], 'tok',ARGV[2], 'le',now + tonumber(ARGV[3]), 'ca',now)
+redis.call('PEXPIRE', k, tonumber(ARGV[4]))
+return 1
+`)
 
 func (l legacyWriter) Claim(ctx context.Context, req store.ClaimRequest) (store.ClaimResult, error) {
 	if err := req.Validate(); err != nil {
 		return store.ClaimResult{}, err
 	}
-	key := keyFor(l.prefix, req.ID)
-	n, err := l.client.Exists(ctx, key).Result()
-	if err != nil || n == 1 {
+	tok := req.ClaimToken()
+	n, err := previousClaim.Run(ctx, l.client, []string{keyFor(l.prefix, req.ID)},
+		req.Fingerprint[:], tok[:], ttlMillis(req.Lease), ttlMillis(req.Retention)).Int()
+	if err != nil || n == 0 {
+		req.Token = tok
 		return l.Store.Claim(ctx, req)
 	}
-	return l.legacyClaim(ctx, key, req, req.ClaimToken())
+	return store.ClaimResult{Outcome: store.Claimed, Token: tok}, nil
+}
+
+// TestLegacyClaimOfAnExpiredHash: a hash that expires between the command that
+// met it (WRONGTYPE) and the legacy claim script leaves the key new, and the
+// new key is claimed in the string format, not as a fresh hash.
+func TestLegacyClaimOfAnExpiredHash(t *testing.T) {
+	c := redistest.Shared(t)
+	ctx := t.Context()
+	s := New(c, WithPrefix(redistest.Prefix(t, c)))
+	req := store.ClaimRequest{ID: store.ID{Scope: "s", Key: "k"}, Lease: time.Second, Retention: time.Minute}
+	tok := store.NewToken()
+	m := make([]byte, markerLen)
+	putMarker(m, req.Fingerprint, tok, 60000, 59000)
+	res, err := s.legacyClaim(ctx, s.Key(req.ID), req, tok, m)
+	if err != nil || res.Outcome != store.Claimed {
+		t.Fatalf("legacyClaim: %+v %v", res, err)
+	}
+	if typ := c.Type(ctx, s.Key(req.ID)).Val(); typ != "string" {
+		t.Fatalf("a new key claimed as a %s", typ)
+	}
+	if res, err := s.Claim(ctx, req); err != nil || res.Outcome != store.InFlight {
+		t.Errorf("duplicate: %+v %v, want InFlight", res, err)
+	}
 }
 
 // TestConformanceLegacyRecords runs the whole store suite on records of the

@@ -88,7 +88,7 @@ func (s *Store) Claim(ctx context.Context, req store.ClaimRequest) (store.ClaimR
 	case err == goredis.Nil:
 		return store.ClaimResult{Outcome: store.Claimed, Token: tok}, nil
 	case isWrongType(err):
-		return s.legacyClaim(ctx, key, req, tok)
+		return s.legacyClaim(ctx, key, req, tok, m)
 	case err != nil:
 		return store.ClaimResult{}, fmt.Errorf("idemkey/store/redis: claim: %w", err)
 	}
@@ -154,7 +154,7 @@ func (s *Store) contend(ctx context.Context, key string, req store.ClaimRequest,
 	case err != nil:
 		return store.ClaimResult{}, err
 	case code == -2:
-		return s.legacyClaim(ctx, key, req, tok)
+		return s.legacyClaim(ctx, key, req, tok, m)
 	case code == 1:
 		takeover, _ := r.int(1)
 		return store.ClaimResult{Outcome: store.Claimed, Token: tok, Takeover: takeover == 1}, nil
