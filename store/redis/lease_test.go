@@ -1,9 +1,14 @@
 package redis_test
 
 import (
+	"context"
 	"errors"
+	"fmt"
+	"sync"
 	"testing"
 	"time"
+
+	goredis "github.com/redis/go-redis/v9"
 
 	"github.com/idemkey/idemkey/store"
 	"github.com/idemkey/idemkey/store/redis"
@@ -63,5 +68,78 @@ func TestMarkerWithoutExpiry(t *testing.T) {
 		if res.Record.CreatedAt.Before(before) || res.Record.CreatedAt.After(res.Record.CompletedAt) {
 			t.Errorf("CreatedAt %v, CompletedAt %v", res.Record.CreatedAt, res.Record.CompletedAt)
 		}
+	}
+}
+
+// endLease ends the lease of the marker under key without waiting for it: its
+// lease offset (format.go) becomes its created offset, a lease that ended when
+// it began.
+func endLease(ctx context.Context, c *goredis.Client, key string) error {
+	created, err := c.GetRange(ctx, key, 51, 58).Result()
+	if err == nil && len(created) != 8 {
+		err = fmt.Errorf("no marker under %q", key)
+	}
+	if err != nil {
+		return err
+	}
+	return c.SetRange(ctx, key, 59, created).Err()
+}
+
+// TestTakeoverFencesTheStaleHolder: 64 concurrent claims of a marker whose lease
+// ended (and whose retention did not) give one takeover and 63 InFlight; the
+// stale holder's Complete, Release and Renew are then refused, and the record
+// stays the new holder's.
+func TestTakeoverFencesTheStaleHolder(t *testing.T) {
+	c := redistest.Shared(t)
+	ctx := t.Context()
+	s := redis.New(c, redis.WithPrefix(redistest.Prefix(t, c)))
+	id := store.ID{Scope: "s{x}:\x00", Key: "}{k\x00"}
+	req := claimReq(id, fpA)
+	stale, err := s.Claim(ctx, req)
+	if err != nil || stale.Outcome != store.Claimed {
+		t.Fatalf("Claim: %+v %v", stale, err)
+	}
+	if err := endLease(ctx, c, s.Key(id)); err != nil {
+		t.Fatal(err)
+	}
+	results := make(chan store.ClaimResult, 64)
+	var wg sync.WaitGroup
+	for range 64 {
+		wg.Go(func() {
+			res, err := s.Claim(ctx, req)
+			if err != nil {
+				t.Error(err)
+			}
+			results <- res
+		})
+	}
+	wg.Wait()
+	close(results)
+	var winner store.ClaimResult
+	for res := range results {
+		switch {
+		case res.Outcome == store.Claimed && res.Takeover && winner.Token.IsZero():
+			winner = res
+		case res.Outcome != store.InFlight:
+			t.Errorf("claim %+v, want one takeover and InFlight for the rest", res)
+		}
+	}
+	if winner.Token.IsZero() {
+		t.Fatal("no takeover")
+	}
+	for op, err := range map[string]error{
+		"Complete": s.Complete(ctx, id, stale.Token, store.Response{Status: 500}, time.Minute),
+		"Release":  s.Release(ctx, id, stale.Token),
+		"Renew":    s.Renew(ctx, id, stale.Token, time.Minute),
+	} {
+		if !errors.Is(err, store.ErrLeaseLost) {
+			t.Errorf("stale %s: %v, want ErrLeaseLost", op, err)
+		}
+	}
+	if err := s.Complete(ctx, id, winner.Token, store.Response{Status: 201}, time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	if res, err := s.Claim(ctx, req); err != nil || res.Record == nil || res.Record.Status != 201 {
+		t.Errorf("replay %+v %v, want the new holder's 201", res, err)
 	}
 }
