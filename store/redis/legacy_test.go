@@ -2,6 +2,8 @@ package redis
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -85,5 +87,52 @@ func TestConformanceLegacyRecords(t *testing.T) {
 	}
 	if typ := c.Type(t.Context(), s.Key(id)).Val(); typ != "hash" {
 		t.Fatalf("legacy claim wrote a %s", typ)
+	}
+}
+
+// TestPreviousReleaseFailsClosed: the previous release's scripts (the legacy
+// scripts are its scripts) meet a string of the new format as foreign data:
+// ErrCorrupt (503), never a claim, a replay of garbage or a write.
+func TestPreviousReleaseFailsClosed(t *testing.T) {
+	c := redistest.Shared(t)
+	ctx := t.Context()
+	s := New(c, WithPrefix(redistest.Prefix(t, c)))
+	for _, done := range []bool{false, true} {
+		req := store.ClaimRequest{ID: store.ID{Scope: "s", Key: fmt.Sprint(done)}, Lease: time.Second, Retention: time.Minute}
+		res, err := s.Claim(ctx, req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if done {
+			if err := s.Complete(ctx, req.ID, res.Token, store.Response{Status: 201}, time.Minute); err != nil {
+				t.Fatal(err)
+			}
+		}
+		key := s.Key(req.ID)
+		before := c.Dump(ctx, key).Val()
+		tok := store.NewToken()
+		for name, run := range map[string]func() error{
+			"claim": func() error {
+				v, err := legacyClaimScript.Run(ctx, c, []string{key}, req.Fingerprint[:], tok[:], 1000, 60000, "").Result()
+				if err == nil {
+					_, err = claimResult(v, req.Fingerprint, tok)
+				}
+				return err
+			},
+			"complete": func() error {
+				return s.fencedLegacy(ctx, "complete", legacyCompleteScript, key, res.Token[:], 60000, "200", "", "", "", tok[:], s.channel)
+			},
+			"release": func() error { return s.fencedLegacy(ctx, "release", legacyReleaseScript, key, res.Token[:], s.channel) },
+			"renew":   func() error { return s.fencedLegacy(ctx, "renew", legacyRenewScript, key, res.Token[:], 1000) },
+			"wait":    func() error { _, err := s.legacyWait(ctx, key); return err },
+			"peek":    func() error { _, _, err := s.legacyPeek(ctx, key, req.Fingerprint); return err },
+		} {
+			if err := run(); !errors.Is(err, store.ErrCorrupt) {
+				t.Errorf("completed %v: the previous release's %s: %v, want ErrCorrupt", done, name, err)
+			}
+		}
+		if c.Dump(ctx, key).Val() != before {
+			t.Errorf("completed %v: the previous release's scripts changed the value", done)
+		}
 	}
 }
