@@ -34,9 +34,11 @@
 // (fingerprint, token, millisecond times, status, the headers in the compact binary
 // form store/postgres keeps, and the body as is, no base64), the key expiring with
 // the record's retention; format.go documents the bytes. Leases and retentions are
-// sent in whole milliseconds, rounded up, like every store's. Anything else under a
-// record key (another type, a malformed value) answers store.ErrCorrupt; the store
-// never panics on it and never takes it as a new key.
+// sent in whole milliseconds, rounded up, like every store's (and at most the
+// 292 years a time.Duration holds, so a "forever" retention still expires).
+// Anything else under a record key (another type, a malformed value, a marker
+// whose key has no expiry, hence no lease to judge) answers store.ErrCorrupt;
+// the store never panics on it and never takes it as a new key.
 //
 // # Records of the previous format
 //

@@ -70,13 +70,14 @@ local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 // legacyCompletedReply is the reply for a completed record with the caller's fingerprint.
 const legacyCompletedReply = `{2, r[6] or '', r[7] or '', r[8] or '', r[9] or '', r[10] or '', r[11] or '', r[12] or ''}`
 
-// legacyClaimScript: ARGV fp, token, lease ms, retention ms.
+// legacyClaimScript: ARGV fp, token, lease ms, retention ms, the marker of a
+// fresh claim (format.go). A hash that expired since the command that met it
+// leaves the key new: it is claimed in the string format, never as a new hash.
 // Replies {1, takeover} | {2, ca, cd, ex, s, h, b, o} | {3, remaining ms} | {4} | {-1}.
 var legacyClaimScript = goredis.NewScript(legacyPrelude + `
 local fp, tok, lease, ret = ARGV[1], ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
 if r == nil then
-  redis.call('HSET', k, 'v','1', 'st','p', 'fp',fp, 'tok',tok, 'le',now + lease, 'ca',now)
-  redis.call('PEXPIRE', k, ret)
+  redis.call('SET', k, ARGV[5], 'PX', ret)
   return {1, 0}
 end
 if r[3] ~= fp then
@@ -157,9 +158,9 @@ return {0}
 `)
 
 // legacyClaim claims key, a hash of the legacy format, with legacyClaimScript.
-func (s *Store) legacyClaim(ctx context.Context, key string, req store.ClaimRequest, tok store.Token) (store.ClaimResult, error) {
+func (s *Store) legacyClaim(ctx context.Context, key string, req store.ClaimRequest, tok store.Token, m []byte) (store.ClaimResult, error) {
 	v, err := s.run(ctx, "claim", legacyClaimScript, key,
-		req.Fingerprint[:], tok[:], codec.Millis(req.Lease), codec.Millis(req.Retention))
+		req.Fingerprint[:], tok[:], ttlMillis(req.Lease), ttlMillis(req.Retention), m)
 	if err != nil {
 		return store.ClaimResult{}, err
 	}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"strings"
 	"time"
 
@@ -79,7 +80,7 @@ func (s *Store) Claim(ctx context.Context, req store.ClaimRequest) (store.ClaimR
 	}
 	tok := req.ClaimToken()
 	key := keyFor(s.prefix, req.ID)
-	lease, ret := codec.Millis(req.Lease), codec.Millis(req.Retention)
+	lease, ret := ttlMillis(req.Lease), ttlMillis(req.Retention)
 	m := make([]byte, markerLen)
 	putMarker(m, req.Fingerprint, tok, ret, ret-lease)
 	v, err := s.client.SetArgs(ctx, key, m, goredis.SetArgs{Mode: "NX", TTL: millis(ret), Get: true}).Result()
@@ -87,7 +88,7 @@ func (s *Store) Claim(ctx context.Context, req store.ClaimRequest) (store.ClaimR
 	case err == goredis.Nil:
 		return store.ClaimResult{Outcome: store.Claimed, Token: tok}, nil
 	case isWrongType(err):
-		return s.legacyClaim(ctx, key, req, tok)
+		return s.legacyClaim(ctx, key, req, tok, m)
 	case err != nil:
 		return store.ClaimResult{}, fmt.Errorf("idemkey/store/redis: claim: %w", err)
 	}
@@ -102,12 +103,12 @@ func (s *Store) Claim(ctx context.Context, req store.ClaimRequest) (store.ClaimR
 		case mk.token == tok: // a re-delivery of this very claim
 			return store.ClaimResult{Outcome: store.Claimed, Token: tok}, nil
 		}
-		pttl, err := s.client.PTTL(ctx, key).Result()
+		left, err := s.leaseLeft(ctx, "claim", key, &mk)
 		if err != nil {
-			return store.ClaimResult{}, fmt.Errorf("idemkey/store/redis: claim: pttl: %w", err)
+			return store.ClaimResult{}, err
 		}
-		if left := mk.remaining(pttl); pttl > 0 && left > 0 {
-			return store.ClaimResult{Outcome: store.InFlight, RetryAfter: left.Truncate(time.Millisecond)}, nil
+		if left > 0 {
+			return store.ClaimResult{Outcome: store.InFlight, RetryAfter: left}, nil
 		}
 		return s.contend(ctx, key, req, tok, m)
 	}
@@ -126,11 +127,25 @@ func judgeRecord(v string, fp store.Fingerprint) (store.ClaimResult, error) {
 	return store.ClaimResult{Outcome: store.Completed, Record: rec}, nil
 }
 
+// leaseLeft is what remains of mk's lease, read from its key's PTTL (one round
+// trip, the Redis clock): 0 once the lease ended, the key is gone (PTTL -2) or
+// has no expiry (-1), where only contendScript may decide.
+func (s *Store) leaseLeft(ctx context.Context, op, key string, mk *marker) (time.Duration, error) {
+	pttl, err := s.client.PTTL(ctx, key).Result()
+	if err != nil {
+		return 0, fmt.Errorf("idemkey/store/redis: %s: pttl: %w", op, err)
+	}
+	if left := mk.remaining(pttl); pttl > 0 && left > 0 {
+		return left.Truncate(time.Millisecond), nil
+	}
+	return 0, nil
+}
+
 // contend runs contendScript: the lease of the marker found expired, or the
 // key changed between the SET and the PTTL.
 func (s *Store) contend(ctx context.Context, key string, req store.ClaimRequest, tok store.Token, m []byte) (store.ClaimResult, error) {
 	v, err := s.run(ctx, "claim", contendScript, key,
-		req.Fingerprint[:], tok[:], codec.Millis(req.Lease), codec.Millis(req.Retention), m)
+		req.Fingerprint[:], tok[:], ttlMillis(req.Lease), ttlMillis(req.Retention), m)
 	if err != nil {
 		return store.ClaimResult{}, err
 	}
@@ -139,7 +154,7 @@ func (s *Store) contend(ctx context.Context, key string, req store.ClaimRequest,
 	case err != nil:
 		return store.ClaimResult{}, err
 	case code == -2:
-		return s.legacyClaim(ctx, key, req, tok)
+		return s.legacyClaim(ctx, key, req, tok, m)
 	case code == 1:
 		takeover, _ := r.int(1)
 		return store.ClaimResult{Outcome: store.Claimed, Token: tok, Takeover: takeover == 1}, nil
@@ -253,8 +268,16 @@ func (s *Store) run(ctx context.Context, op string, sc *goredis.Script, key stri
 var errNilClient = fmt.Errorf("%w: redis: nil client", store.ErrInvalid)
 
 // millis is ms milliseconds as a Duration (go-redis then sends PX, or EX for
-// whole seconds).
+// whole seconds); ms is at most maxTTL.
 func millis(ms int64) time.Duration { return time.Duration(ms) * time.Millisecond }
+
+// maxTTL is the longest TTL in ms that a Duration holds (about 292 years).
+const maxTTL = int64(math.MaxInt64 / time.Millisecond)
+
+// ttlMillis is d as a key's TTL in whole ms: codec.Millis, clamped to maxTTL.
+// Unclamped, millis of a "forever" retention (math.MaxInt64) overflowed to a
+// negative Duration, go-redis sent no PX, and the marker had no expiry.
+func ttlMillis(d time.Duration) int64 { return min(codec.Millis(d), maxTTL) }
 
 // isWrongType reports whether err is Redis's WRONGTYPE: the key holds a legacy
 // hash (or foreign data of another type).
@@ -301,14 +324,11 @@ func (s *Store) Peek(ctx context.Context, id store.ID, fp store.Fingerprint) (re
 		if mk.fp != fp {
 			return res, false, nil
 		}
-		pttl, err := s.client.PTTL(ctx, key).Result()
-		if err != nil {
-			return res, false, fmt.Errorf("idemkey/store/redis: peek: pttl: %w", err)
+		left, err := s.leaseLeft(ctx, "peek", key, &mk)
+		if err != nil || left == 0 {
+			return res, false, err
 		}
-		if left := mk.remaining(pttl); pttl > 0 && left > 0 {
-			return store.ClaimResult{Outcome: store.InFlight, RetryAfter: left.Truncate(time.Millisecond)}, true, nil
-		}
-		return res, false, nil
+		return store.ClaimResult{Outcome: store.InFlight, RetryAfter: left}, true, nil
 	}
 	return res, false, corrupt("value under the record key")
 }
@@ -328,7 +348,7 @@ func (s *Store) Mark(ctx context.Context, id store.ID, fp store.Fingerprint, tok
 	if s.client == nil {
 		return errNilClient
 	}
-	ms := codec.Millis(lease)
+	ms := ttlMillis(lease)
 	m := make([]byte, markerLen)
 	putMarker(m, fp, token, ms, 0)
 	if err := s.client.Set(ctx, keyFor(s.prefix, id), m, millis(ms)).Err(); err != nil {
@@ -352,7 +372,7 @@ func (s *Store) Fill(ctx context.Context, id store.ID, rec *store.Record, ttl ti
 	if s.client == nil {
 		return errNilClient
 	}
-	key, val, ms := keyFor(s.prefix, id), encodeRecord(rec), codec.Millis(ttl)
+	key, val, ms := keyFor(s.prefix, id), encodeRecord(rec), ttlMillis(ttl)
 	v, err := s.client.SetArgs(ctx, key, val, goredis.SetArgs{Mode: "NX", TTL: millis(ms), Get: true}).Result()
 	switch {
 	case err == goredis.Nil:

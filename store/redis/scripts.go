@@ -8,6 +8,12 @@ import goredis "github.com/redis/go-redis/v9"
 // the same SET answered with the record, Peek a GET and Mark a SET. Each script
 // touches exactly one key, KEYS[1], so each is legal on Redis Cluster.
 //
+// A marker's deadlines are offsets from the key's expiry, so a marker whose key
+// has none (PERSIST, a RESTORE without TTL) has no lease anyone can judge: the
+// scripts that judge or move the lease (contend, renew, wait, inspect, evict)
+// answer -1 (corrupt) rather than take it over, renew it or call it expired;
+// Complete and Release still end it.
+//
 // Result codes shared by the scripts:
 //
 //	-2 the key holds another type (a legacy hash): the store runs the legacy script
@@ -47,6 +53,7 @@ if string.sub(v, 4, 35) ~= ARGV[1] then return {4} end
 if string.sub(v, 36, 51) == ARGV[2] then return {1, 0} end
 local created, leaseEnd = struct.unpack('>i8i8', v, 52)
 local exp, t = redis.call('PEXPIRETIME', k), now()
+if exp < 0 then return {-1} end
 if exp - leaseEnd > t then return {3, exp - leaseEnd - t} end
 redis.call('SET', k, string.sub(v, 1, 35) .. ARGV[2] .. struct.pack('>i8i8', t + ret - (exp - created), ret - lease), 'PX', ret)
 return {1, 1}
@@ -60,7 +67,9 @@ var completeScript = goredis.NewScript(prelude + `
 if kind == 2 and string.sub(v, 36, 51) == ARGV[1] and string.sub(v, 52, 67) == ARGV[2] then return {1} end
 if kind ~= 1 or string.sub(v, 36, 51) ~= ARGV[1] then return {0} end
 local t, ret = now(), tonumber(ARGV[3])
-local created = redis.call('PEXPIRETIME', k) - struct.unpack('>i8', v, 52)
+local exp = redis.call('PEXPIRETIME', k)
+local created = exp - struct.unpack('>i8', v, 52)
+if exp < 0 then created = t end
 redis.call('SET', k, string.char(2, 99) .. ARGV[4] .. string.sub(v, 4, 51) .. ARGV[2] ..
   struct.pack('>i8i8i8', created, t, t + ret) .. ARGV[5] .. ARGV[6], 'PX', ret)
 if string.byte(v, 3) % 2 == 1 then redis.call('PUBLISH', ARGV[7], k) end
@@ -82,6 +91,7 @@ return {1}
 var renewScript = goredis.NewScript(prelude + `
 if kind ~= 1 or string.sub(v, 36, 51) ~= ARGV[1] then return {0} end
 local exp, le = redis.call('PEXPIRETIME', k), now() + tonumber(ARGV[2])
+if exp < 0 then return {-1} end
 local created = exp - struct.unpack('>i8', v, 52)
 if le > exp then
   redis.call('PEXPIREAT', k, le)
@@ -96,7 +106,9 @@ return {1}
 var waitScript = goredis.NewScript(prelude + `
 if kind ~= 1 then return {0} end
 local _, leaseEnd = struct.unpack('>i8i8', v, 52)
-if redis.call('PEXPIRETIME', k) - leaseEnd <= now() then return {0} end
+local exp = redis.call('PEXPIRETIME', k)
+if exp < 0 then return {-1} end
+if exp - leaseEnd <= now() then return {0} end
 redis.call('SETRANGE', k, 2, string.char(string.byte(v, 3) - string.byte(v, 3) % 2 + 1))
 return {1}
 `)
@@ -121,7 +133,9 @@ return {1}
 // length, expiry (PEXPIRETIME)} | {-1} | {-2}.
 var inspectScript = goredis.NewScript(prelude + `
 if kind == 0 then return {0, now()} end
-return {1, now(), string.sub(v, 1, 97), #v, redis.call('PEXPIRETIME', k)}
+local exp = redis.call('PEXPIRETIME', k)
+if kind == 1 and exp < 0 then return {-1} end
+return {1, now(), string.sub(v, 1, 97), #v, exp}
 `)
 
 // evictScript: ARGV "1" or "" for each of: a completed record, an in-flight one
@@ -136,6 +150,7 @@ if kind == 2 then
   if status < 100 or status > 999 or 97 + hlen > #v then return {-1} end
 end
 local t, exp = now(), redis.call('PEXPIRETIME', k)
+if kind == 1 and exp < 0 then return {-1} end
 local allowed = ARGV[1]
 if kind == 1 then
   local _, leaseEnd = struct.unpack('>i8i8', v, 52)

@@ -2,10 +2,10 @@
 // front of an authoritative backstop, normally store/postgres (docs/architecture.md section 4,
 // "Tiered"). The cache answers what it holds; the backstop decides everything else.
 //
-//   - Claim asks the cache first (one script, store/redis Peek). A completed record with
-//     the request's fingerprint is replayed, a completed record of another
-//     fingerprint is a Mismatch, and a live in-flight marker with the same
-//     fingerprint is InFlight: one cache round trip, no backstop call.
+//   - Claim asks the cache first (store/redis Peek: one GET, and a PTTL for a
+//     marker). A completed record with the request's fingerprint is replayed, a
+//     completed record of another fingerprint is a Mismatch, and a live in-flight
+//     marker with the same fingerprint is InFlight: no backstop call.
 //   - Anything else goes to the backstop's Claim, and only a backstop claim lets the
 //     handler run: a record missing from the cache is never taken as new. A backstop
 //     claim writes an in-flight marker to the cache (expiring with the lease); a

@@ -99,11 +99,12 @@ func freePort(t testing.TB) int {
 
 // Server is a private redis-server process.
 type Server struct {
-	Addr string // 127.0.0.1:port; the same port after Restart
-	dir  string
-	args []string
-	cmd  *exec.Cmd
-	out  *syncBuffer
+	Addr   string // 127.0.0.1:port; the same port after Restart
+	dir    string
+	args   []string
+	cmd    *exec.Cmd
+	exited chan struct{} // closed once cmd has exited
+	out    *syncBuffer
 }
 
 // syncBuffer collects a server's output; safe for the exec copier and the test.
@@ -135,7 +136,7 @@ func StartServer(t testing.TB, extra ...string) *Server {
 func (s *Server) Stop() {
 	if s.cmd != nil {
 		_ = s.cmd.Process.Kill()
-		_ = s.cmd.Wait()
+		<-s.exited
 		s.cmd = nil
 	}
 }
@@ -163,41 +164,64 @@ func startRedis(t testing.TB, dir string, extra ...string) *Server {
 		}
 		t.Skip("redis-server not installed")
 	}
-	port := freePort(t)
-	s := &Server{Addr: "127.0.0.1:" + strconv.Itoa(port), dir: dir}
-	s.args = append([]string{"--port", strconv.Itoa(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-		"--dir", dir, "--daemonize", "no", "--maxmemory-policy", "noeviction"}, extra...)
+	s := &Server{dir: dir}
 	t.Cleanup(s.Stop)
-	s.start(t)
-	return s
+	// freePort's port may be taken before redis-server binds it (by another
+	// test's server on this shared machine): then start again on another one.
+	var err error
+	for range 5 {
+		port := freePort(t)
+		s.Addr = "127.0.0.1:" + strconv.Itoa(port)
+		s.args = append([]string{"--port", strconv.Itoa(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+			"--dir", dir, "--daemonize", "no", "--maxmemory-policy", "noeviction"}, extra...)
+		if err = s.tryStart(); err == nil {
+			return s
+		}
+		s.Stop()
+	}
+	t.Fatal(err)
+	return nil
 }
 
 func (s *Server) start(t testing.TB) {
 	t.Helper()
+	if err := s.tryStart(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// tryStart starts the process and waits until it answers on s.Addr as itself
+// (INFO's process_id): a server of someone else on that port is an error, never
+// a server to test against.
+func (s *Server) tryStart() error {
 	cmd := exec.Command("redis-server", s.args...)
 	s.out = new(syncBuffer)
 	cmd.Stdout, cmd.Stderr = s.out, s.out
 	if err := cmd.Start(); err != nil {
-		t.Fatalf("redis-server: %v", err)
+		return fmt.Errorf("redis-server: %w", err)
 	}
-	s.cmd = cmd
-	waitPing(t, s.Addr, s.out)
-}
-
-func waitPing(t testing.TB, addr string, out fmt.Stringer) {
-	t.Helper()
-	c := goredis.NewClient(&goredis.Options{Addr: addr, MaxRetries: -1})
+	s.cmd, s.exited = cmd, make(chan struct{})
+	go func(done chan struct{}) { _ = cmd.Wait(); close(done) }(s.exited)
+	c := goredis.NewClient(&goredis.Options{Addr: s.Addr, MaxRetries: -1})
 	defer c.Close()
+	want := "process_id:" + strconv.Itoa(cmd.Process.Pid) + "\r\n"
 	deadline := time.Now().Add(10 * time.Second)
 	for {
-		err := c.Ping(context.Background()).Err()
-		if err == nil {
-			return
+		info, err := c.Info(context.Background(), "server").Result()
+		switch {
+		case err == nil && strings.Contains(info, want):
+			return nil
+		case err == nil:
+			return fmt.Errorf("another server answers on %s", s.Addr)
+		}
+		select {
+		case <-s.exited:
+			return fmt.Errorf("redis-server on %s exited: %v\n%s", s.Addr, err, s.out)
+		case <-time.After(20 * time.Millisecond):
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("redis-server at %s did not start: %v\n%s", addr, err, out)
+			return fmt.Errorf("redis-server at %s did not start: %v\n%s", s.Addr, err, s.out)
 		}
-		time.Sleep(20 * time.Millisecond)
 	}
 }
 
