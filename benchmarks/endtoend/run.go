@@ -2,15 +2,12 @@ package main
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"fmt"
-	"io"
 	"math/rand/v2"
 	"net/http"
 	"os"
 	"os/exec"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -18,6 +15,7 @@ import (
 
 	goredis "github.com/redis/go-redis/v9"
 
+	"github.com/idemkey/idemkey/benchmarks/internal/httpload"
 	"github.com/idemkey/idemkey/store"
 )
 
@@ -91,7 +89,7 @@ func (b *bench) setFloor() error {
 	if err != nil {
 		return err
 	}
-	err = send(srv.cl, srv.url, newKey(rand.Uint32(), 0, 0), b.body)
+	err = httpload.Send(srv.cl, srv.url, newKey(rand.Uint32(), 0, 0), b.body)
 	srv.stop()
 	if err != nil {
 		return err
@@ -179,14 +177,14 @@ func (b *bench) run(subject, mode, prefix string) (runResult, error) {
 	cl, url := srv.cl, srv.url
 	replayKey := newKey(rand.Uint32(), 0, 0)
 	if mode == "replay" {
-		if err := send(cl, url, replayKey, b.body); err != nil {
+		if err := httpload.Send(cl, url, replayKey, b.body); err != nil {
 			return runResult{}, err
 		}
 	}
 	if _, err := b.load(cl, url, mode, replayKey, b.d/10); err != nil {
 		return runResult{}, err
 	}
-	cpu0, err := serverCPU(cl, srv.base)
+	cpu0, err := httpload.ServerCPU(cl, srv.base)
 	if err != nil {
 		return runResult{}, err
 	}
@@ -204,7 +202,7 @@ func (b *bench) run(subject, mode, prefix string) (runResult, error) {
 	if err != nil {
 		return runResult{}, err
 	}
-	cpu1, err := serverCPU(cl, srv.base)
+	cpu1, err := httpload.ServerCPU(cl, srv.base)
 	if err != nil {
 		return runResult{}, err
 	}
@@ -240,7 +238,7 @@ func (b *bench) sequential(cl *http.Client, url, floorURL, mode, replayKey strin
 				if mode != "replay" || side == 1 {
 					key = newKey(run, side+1, done+i)
 				}
-				if err := send(cl, u, key, b.body); err != nil {
+				if err := httpload.Send(cl, u, key, b.body); err != nil {
 					return subject, floor, err
 				}
 			}
@@ -277,7 +275,7 @@ func (b *bench) load(cl *http.Client, url, mode, replayKey string, d time.Durati
 				if mode != "replay" {
 					key = newKey(run, w, i)
 				}
-				if err := send(cl, url, key, b.body); err != nil {
+				if err := httpload.Send(cl, url, key, b.body); err != nil {
 					errs <- err
 					return
 				}
@@ -292,41 +290,4 @@ func (b *bench) load(cl *http.Client, url, mode, replayKey string, d time.Durati
 	default:
 		return n.Load(), nil
 	}
-}
-
-// send posts body with key and checks the answer.
-func send(cl *http.Client, url, key string, body []byte) error {
-	req, err := http.NewRequest(http.MethodPost, url, bytes.NewReader(body))
-	if err != nil {
-		return err
-	}
-	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set("Idempotency-Key", key)
-	req.Header.Set("X-Client-ID", "tenant-1")
-	resp, err := cl.Do(req)
-	if err != nil {
-		return err
-	}
-	defer resp.Body.Close()
-	if _, err := io.Copy(io.Discard, resp.Body); err != nil {
-		return err
-	}
-	if resp.StatusCode != http.StatusCreated {
-		return fmt.Errorf("key %s: status %d", key, resp.StatusCode)
-	}
-	return nil
-}
-
-// serverCPU asks the server for the CPU time it used so far (ns).
-func serverCPU(cl *http.Client, base string) (int64, error) {
-	resp, err := cl.Get(base + "/cpu")
-	if err != nil {
-		return 0, err
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	if err != nil {
-		return 0, err
-	}
-	return strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64)
 }

@@ -27,7 +27,6 @@ package main
 
 import (
 	"bufio"
-	"bytes"
 	"errors"
 	"flag"
 	"fmt"
@@ -46,6 +45,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/idemkey/idemkey/benchmarks/internal/httpload"
 	"github.com/idemkey/idemkey/middleware"
 	"github.com/idemkey/idemkey/policy"
 	"github.com/idemkey/idemkey/store/memory"
@@ -150,7 +150,7 @@ func runMode(mode string, body []byte, c int, d time.Duration) (result, error) {
 	defer tr.CloseIdleConnections()
 	cl := &http.Client{Transport: tr}
 	if mode == "replay" { // the one key every request replays
-		if err := send(cl, url, "replayed-key", body); err != nil {
+		if err := httpload.Send(cl, url, "replayed-key", body); err != nil {
 			return result{}, err
 		}
 	}
@@ -159,7 +159,7 @@ func runMode(mode string, body []byte, c int, d time.Duration) (result, error) {
 	}
 	// The server's CPU is read at its exit: measure the warm-up's apart by
 	// asking the server for its usage so far.
-	before, err := serverCPU(cl, strings.TrimSuffix(url, "/api/transfers"))
+	before, err := httpload.ServerCPU(cl, strings.TrimSuffix(url, "/api/transfers"))
 	if err != nil {
 		return result{}, err
 	}
@@ -169,7 +169,7 @@ func runMode(mode string, body []byte, c int, d time.Duration) (result, error) {
 		return result{}, err
 	}
 	elapsed := time.Since(start)
-	after, err := serverCPU(cl, strings.TrimSuffix(url, "/api/transfers"))
+	after, err := httpload.ServerCPU(cl, strings.TrimSuffix(url, "/api/transfers"))
 	if err != nil {
 		return result{}, err
 	}
@@ -195,7 +195,7 @@ func load(cl *http.Client, url, mode string, body []byte, c int, d time.Duration
 				if mode != "replay" {
 					key = tag + strconv.Itoa(w) + "-" + strconv.Itoa(i)
 				}
-				if err := send(cl, url, key, body); err != nil {
+				if err := httpload.Send(cl, url, key, body); err != nil {
 					errs <- err
 					return
 				}
@@ -210,43 +210,6 @@ func load(cl *http.Client, url, mode string, body []byte, c int, d time.Duration
 	default:
 		return n.Load(), nil
 	}
-}
-
-// send posts body with key and checks the answer.
-func send(cl *http.Client, url, key string, body []byte) error {
-	req, err := http.NewRequest(http.MethodPost, url, bytes.NewReader(body))
-	if err != nil {
-		return err
-	}
-	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set("Idempotency-Key", key)
-	req.Header.Set("X-Client-ID", "tenant-1")
-	resp, err := cl.Do(req)
-	if err != nil {
-		return err
-	}
-	defer resp.Body.Close()
-	if _, err := io.Copy(io.Discard, resp.Body); err != nil {
-		return err
-	}
-	if resp.StatusCode != http.StatusCreated {
-		return fmt.Errorf("key %s: status %d", key, resp.StatusCode)
-	}
-	return nil
-}
-
-// serverCPU asks the server for the CPU time it used so far (ns).
-func serverCPU(cl *http.Client, base string) (int64, error) {
-	resp, err := cl.Get(base + "/cpu")
-	if err != nil {
-		return 0, err
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	if err != nil {
-		return 0, err
-	}
-	return strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64)
 }
 
 // serve runs the server of mode on a free loopback port, prints its address,
@@ -271,7 +234,7 @@ func serve(mode string) {
 	mux := http.NewServeMux()
 	mux.Handle("POST /api/transfers", handler)
 	mux.HandleFunc("GET /cpu", func(w http.ResponseWriter, r *http.Request) {
-		fmt.Fprintln(w, int64(cpuTime()))
+		fmt.Fprintln(w, int64(httpload.CPUTime()))
 	})
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {

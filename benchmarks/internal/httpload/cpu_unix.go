@@ -1,14 +1,14 @@
 //go:build unix
 
-package main
+package httpload
 
 import (
 	"syscall"
 	"time"
 )
 
-// cpuTime returns the CPU time (user and system) the process has used so far.
-func cpuTime() time.Duration {
+// CPUTime returns the CPU time (user and system) the process has used so far.
+func CPUTime() time.Duration {
 	var ru syscall.Rusage
 	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
 		return 0
