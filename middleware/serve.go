@@ -329,7 +329,7 @@ func (c *call) headerValues(n int) []string {
 }
 
 // handlerRequest returns the request the handler sees: the key in its context
-// (KeyFromContext), the claim (ClaimFromContext) and, as its body, the bytes the
+// (KeyFromContext), the claim (claim.FromContext) and, as its body, the bytes the
 // middleware read.
 //
 // The context is detached from the client's connection unless
