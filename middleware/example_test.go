@@ -5,9 +5,12 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
+	"time"
 
 	"github.com/idemkey/idemkey/middleware"
+	"github.com/idemkey/idemkey/policy"
 	"github.com/idemkey/idemkey/store/memory"
 )
 
@@ -117,4 +120,42 @@ func ExampleWithMethods() {
 	}
 	fmt.Println("runs:", runs)
 	// Output: runs: 3
+}
+
+// Options apply to every request a Middleware wraps. A route that needs other
+// decisions gets a Middleware of its own, built from the shared options followed
+// by its own (a later option replaces that whole decision), wrapping only that
+// route's handler. Wrap each route, not the mux as well: a request under two
+// Middlewares over one store would be claimed twice and answered 409.
+func ExampleMiddleware_Handler_perRoute() {
+	scope := middleware.ScopeFromHeader("X-Client-ID", "anonymous")
+	st := memory.New()
+	shared := []middleware.Option{middleware.WithPolicy(policy.Config{Lease: 30 * time.Second})}
+	payments, err := middleware.New(st, scope, shared...)
+	if err != nil {
+		panic(err)
+	}
+	// Refund records are kept a week: the shared options, then the route's own.
+	refunds, err := middleware.New(st, scope, slices.Concat(shared, []middleware.Option{
+		middleware.WithRecordRetention(policy.RetentionRule{Default: 7 * 24 * time.Hour}),
+	})...)
+	if err != nil {
+		panic(err)
+	}
+	ok := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusCreated) })
+	mux := http.NewServeMux()
+	mux.Handle("POST /payments", payments.Handler(ok))
+	mux.Handle("POST /refunds", refunds.Handler(ok))
+
+	for _, path := range []string{"/payments", "/refunds", "/refunds"} {
+		r := httptest.NewRequest("POST", path, strings.NewReader("{}"))
+		r.Header.Set("Idempotency-Key", `"k-`+path+`"`)
+		w := httptest.NewRecorder()
+		mux.ServeHTTP(w, r)
+		fmt.Println(path, w.Code, "replayed:", w.Header().Get("Idempotent-Replayed") == "true")
+	}
+	// Output:
+	// /payments 201 replayed: false
+	// /refunds 201 replayed: false
+	// /refunds 201 replayed: true
 }

@@ -24,6 +24,11 @@
 // WithProblems, WithCancelOnDisconnect, WithObserver, WithLogger and WithClock.
 // Each option sets its whole decision: a zero field is the documented default,
 // and a later option replaces an earlier one (docs/architecture.md section 3.1).
+// The options apply to every request a Middleware wraps: a route that needs
+// other decisions gets a Middleware of its own (the shared options, then its
+// own) wrapping only its handler. Never nest two Middlewares over one store: the
+// inner one finds the key claimed by the outer one and answers 409 every time
+// (Example (PerRoute) of Middleware.Handler).
 //
 // The handler reads the scope and key with KeyFromContext, and its claim (fencing
 // token included) with claim.FromContext.
