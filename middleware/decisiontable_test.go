@@ -115,7 +115,7 @@ func probes(t *testing.T) map[string][]decisiontest.Observation {
 		"rule-changed":        {do(plain, "rc", `{"amount":5}`), do(ruled, "rc", `{"amount":5}`)},
 		"body-not-json":       {do(ruled, "nj", `amount=5`)},
 		"body-duplicate-name": {do(ruled, "dn", `{"amount":1,"AMOUNT":2}`)},
-		"key-refused":         {do(mw(memory.New(), middleware.GlobalScope, ok, middleware.WithKey(policy.KeyRule{Validate: middleware.UUIDKeys})), "not-a-uuid", "{}")},
+		"key-refused":         {do(mw(memory.New(), middleware.GlobalScope, ok, middleware.WithKey(policy.KeyRule{Validate: policy.UUIDKeys})), "not-a-uuid", "{}")},
 		"scope-invalid":       {do(mw(memory.New(), middleware.ScopeFromHeader("X-Client-ID", "anonymous"), ok), "k", "{}", "X-Client-ID", strings.Repeat("c", store.MaxScopeLen+1))},
 		"unrouted":            {muxMissing("u"), do(unrouted, "u", "{}")},
 		"store-full":          {do(full, "f", "{}")},

@@ -82,7 +82,7 @@ func ExampleWithReplay() {
 // validator's text as the problem's detail. The header and whether a key is
 // required are the other fields of the rule.
 func ExampleWithKey() {
-	m, _ := middleware.New(memory.New(), middleware.GlobalScope, middleware.WithKey(policy.KeyRule{Validate: middleware.UUIDKeys}))
+	m, _ := middleware.New(memory.New(), middleware.GlobalScope, middleware.WithKey(policy.KeyRule{Validate: policy.UUIDKeys}))
 	h := m.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusCreated) }))
 	fmt.Println(send(h, "order-42", "{}").Code)
 	fmt.Println(send(h, `"8e03978e-40d5-43e8-bc93-6894a57f9324"`, "{}").Code)
@@ -199,7 +199,7 @@ func ExampleWithStoreFailure() {
 func ExampleWithPolicy() {
 	ok := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusCreated) })
 	shared := policy.Config{
-		Key:          policy.KeyRule{Validate: middleware.UUIDKeys},
+		Key:          policy.KeyRule{Validate: policy.UUIDKeys},
 		StoreFailure: policy.StoreFailureRule{FailOpen: true, RetryAfter: 2 * time.Second},
 	}
 	quiet := middleware.WithLogger(slog.New(slog.DiscardHandler))

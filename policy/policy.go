@@ -76,7 +76,7 @@ type KeyRule struct {
 	// the detail, so write it for the client. The IETF draft asks servers to
 	// publish their key format and validate keys against it (section 5). It runs
 	// on every protected call with a key, concurrently, before the claim.
-	// middleware.UUIDKeys is one. nil: no rule beyond the syntax.
+	// UUIDKeys is one. nil: no rule beyond the syntax.
 	Validate func(key string) error
 }
 

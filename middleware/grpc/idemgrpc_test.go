@@ -179,7 +179,7 @@ func TestKeyMissingAndMethods(t *testing.T) {
 
 func TestInvalidKey(t *testing.T) {
 	svc := &service{}
-	conn := serve(t, newInterceptor(t, memory.New(), idemgrpc.WithKey(policy.KeyRule{Validate: middleware.UUIDKeys})), svc)
+	conn := serve(t, newInterceptor(t, memory.New(), idemgrpc.WithKey(policy.KeyRule{Validate: policy.UUIDKeys})), svc)
 	for _, key := range []string{strings.Repeat("a", 256), "   ", "not-a-uuid"} {
 		_, _, err := call(context.Background(), conn, chargeMethod, key, "x")
 		wantProblem(t, err, codes.InvalidArgument, middleware.CodeKeyInvalid)

@@ -29,7 +29,7 @@ import (
 // carries, and the Retry-After of an outage.
 func TestOnePolicyEveryEntryPoint(t *testing.T) {
 	cfg := policy.Config{
-		Key:          policy.KeyRule{Header: "X-Request-Key", Validate: middleware.UUIDKeys},
+		Key:          policy.KeyRule{Header: "X-Request-Key", Validate: policy.UUIDKeys},
 		Lease:        2 * time.Second,
 		Retention:    policy.RetentionRule{Default: 3 * time.Hour},
 		StoreFailure: policy.StoreFailureRule{RetryAfter: 7 * time.Second},
