@@ -28,7 +28,7 @@ func EndsTx(sql string) bool {
 		case ch == '\'' || ch == '"':
 			escapes := ch == '\'' && i > 0 && sql[i-1]|0x20 == 'e' && (i == 1 || !isWordByte(sql[i-2]))
 			i = skipQuoted(sql, i, ch, escapes)
-		case ch == '$':
+		case ch == '$' && (i == 0 || !inIdent(sql[i-1])): // a$b$ is one identifier, as the server reads it
 			if j := strings.IndexByte(sql[i+1:], '$'); j >= 0 && isTag(sql[i+1:i+1+j]) {
 				tag := sql[i : i+j+2]
 				k := strings.Index(sql[i+len(tag):], tag)
@@ -71,6 +71,10 @@ func stmtEnds(words []string) bool {
 func isWordByte(ch byte) bool {
 	return ch == '_' || ch >= 'a' && ch <= 'z' || ch >= 'A' && ch <= 'Z' || ch >= '0' && ch <= '9'
 }
+
+// inIdent reports whether ch continues an identifier (then a $ after it is part
+// of the identifier, not a dollar quote).
+func inIdent(ch byte) bool { return isWordByte(ch) || ch == '$' || ch >= 0x80 }
 
 func isTag(s string) bool {
 	for i := range len(s) {
