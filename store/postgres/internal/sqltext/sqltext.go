@@ -9,8 +9,17 @@ import "strings"
 // COMMIT, END, ABORT, ROLLBACK (not ROLLBACK TO a savepoint), PREPARE
 // TRANSACTION. It reads the first words of each statement, past comments and
 // quoted text; a function's body (dollar-quoted) cannot end the transaction of
-// its caller (the server refuses).
+// its caller (the server refuses). Quoted text is read both as standard strings
+// and with backslash escapes, since the transaction may have turned
+// standard_conforming_strings off: either reading that finds such a statement
+// refuses the text.
 func EndsTx(sql string) bool {
+	return endsTx(sql, false) || endsTx(sql, true)
+}
+
+// endsTx is EndsTx with quoted strings read with backslash escapes (backslashes) or
+// as standard strings.
+func endsTx(sql string, backslashes bool) bool {
 	var words []string
 	for i := 0; i <= len(sql); i++ {
 		if i == len(sql) || sql[i] == ';' {
@@ -26,7 +35,7 @@ func EndsTx(sql string) bool {
 		case ch == '/' && strings.HasPrefix(sql[i:], "/*"):
 			i = skipComment(sql, i)
 		case ch == '\'' || ch == '"':
-			escapes := ch == '\'' && i > 0 && sql[i-1]|0x20 == 'e' && (i == 1 || !isWordByte(sql[i-2]))
+			escapes := ch == '\'' && (backslashes || i > 0 && sql[i-1]|0x20 == 'e' && (i == 1 || !isWordByte(sql[i-2])))
 			i = skipQuoted(sql, i, ch, escapes)
 		case ch == '$' && (i == 0 || !inIdent(sql[i-1])): // a$b$ is one identifier, as the server reads it
 			if j := strings.IndexByte(sql[i+1:], '$'); j >= 0 && isTag(sql[i+1:i+1+j]) {
