@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"sync/atomic"
 	"time"
 
 	"github.com/idemkey/idemkey/store"
@@ -129,7 +130,7 @@ func (e *Execution) finish(out Outcome) (end Ending) {
 			return end
 		}
 		var err error
-		end.Pending = !e.cl.await(func() { err = e.Release() })
+		end.Pending = !e.cl.await(func() { err = e.Release() }, nil) // a failure is logged by Release
 		if !end.Pending {
 			end.Err = err
 		}
@@ -141,7 +142,15 @@ func (e *Execution) finish(out Outcome) (end Ending) {
 	}
 	var pending bool
 	var err error
-	if !e.cl.await(func() { pending, err = e.Complete(out.Response) }) {
+	if !e.cl.await(func() { pending, err = e.Complete(out.Response) }, func() {
+		// The caller has answered: nobody else learns of a completion that failed
+		// for good (one still pending is logged by completeLater).
+		if err != nil && !pending {
+			e.cl.cfg.Logger.LogAttrs(context.Background(), slog.LevelWarn,
+				"idempotency completion failed after the answer was sent; the response was not stored (the next request runs again, or meets another holder's claim)",
+				slog.String("scope", e.id.Scope), slog.String("key", e.id.Key), slog.Any("error", err))
+		}
+	}) {
 		end.Pending = true
 		return end
 	}
@@ -202,14 +211,19 @@ func (cl *Claimer) inBackground(bound time.Duration) bool {
 }
 
 // await runs f and waits for it at most the answer grace; false when it goes on
-// in the background (counted for Wait).
-func (cl *Claimer) await(f func()) bool {
+// in the background (counted for Wait): then late, if not nil, runs after f, in
+// its goroutine (the caller no longer reads what f wrote).
+func (cl *Claimer) await(f, late func()) bool {
+	var state atomic.Int32 // 1: f returned first; 2: the caller left first
 	ch := make(chan struct{})
 	cl.work.add()
 	go func() {
 		defer cl.work.done()
 		defer close(ch)
 		f()
+		if !state.CompareAndSwap(0, 1) && late != nil {
+			late()
+		}
 	}()
 	select {
 	case <-ch:
@@ -220,8 +234,11 @@ func (cl *Claimer) await(f func()) bool {
 	defer t.Stop()
 	select {
 	case <-ch:
-		return true
 	case <-t.C:
-		return false
+		if state.CompareAndSwap(0, 2) {
+			return false
+		}
+		<-ch // f returned as the grace ended: its results are the caller's
 	}
+	return true
 }

@@ -9,8 +9,17 @@ import "strings"
 // COMMIT, END, ABORT, ROLLBACK (not ROLLBACK TO a savepoint), PREPARE
 // TRANSACTION. It reads the first words of each statement, past comments and
 // quoted text; a function's body (dollar-quoted) cannot end the transaction of
-// its caller (the server refuses).
+// its caller (the server refuses). Quoted text is read both as standard strings
+// and with backslash escapes, since the transaction may have turned
+// standard_conforming_strings off: either reading that finds such a statement
+// refuses the text.
 func EndsTx(sql string) bool {
+	return endsTx(sql, false) || endsTx(sql, true)
+}
+
+// endsTx is EndsTx with quoted strings read with backslash escapes (backslashes) or
+// as standard strings.
+func endsTx(sql string, backslashes bool) bool {
 	var words []string
 	for i := 0; i <= len(sql); i++ {
 		if i == len(sql) || sql[i] == ';' {
@@ -26,9 +35,9 @@ func EndsTx(sql string) bool {
 		case ch == '/' && strings.HasPrefix(sql[i:], "/*"):
 			i = skipComment(sql, i)
 		case ch == '\'' || ch == '"':
-			escapes := ch == '\'' && i > 0 && sql[i-1]|0x20 == 'e' && (i == 1 || !isWordByte(sql[i-2]))
+			escapes := ch == '\'' && (backslashes || i > 0 && sql[i-1]|0x20 == 'e' && (i == 1 || !isWordByte(sql[i-2])))
 			i = skipQuoted(sql, i, ch, escapes)
-		case ch == '$':
+		case ch == '$' && (i == 0 || !inIdent(sql[i-1])): // a$b$ is one identifier, as the server reads it
 			if j := strings.IndexByte(sql[i+1:], '$'); j >= 0 && isTag(sql[i+1:i+1+j]) {
 				tag := sql[i : i+j+2]
 				k := strings.Index(sql[i+len(tag):], tag)
@@ -71,6 +80,10 @@ func stmtEnds(words []string) bool {
 func isWordByte(ch byte) bool {
 	return ch == '_' || ch >= 'a' && ch <= 'z' || ch >= 'A' && ch <= 'Z' || ch >= '0' && ch <= '9'
 }
+
+// inIdent reports whether ch continues an identifier (then a $ after it is part
+// of the identifier, not a dollar quote).
+func inIdent(ch byte) bool { return isWordByte(ch) || ch == '$' || ch >= 0x80 }
 
 func isTag(s string) bool {
 	for i := range len(s) {

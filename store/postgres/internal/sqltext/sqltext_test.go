@@ -12,7 +12,9 @@ import (
 func TestEndsTx(t *testing.T) {
 	ends := []string{"COMMIT", "COMMIT AND CHAIN", "COMMIT; BEGIN", "END", "ABORT", "ROLLBACK", "ROLLBACK WORK",
 		"ROLLBACK AND CHAIN", "ROLLBACK TRANSACTION", "COMMIT WORK", "END TRANSACTION", "PREPARE TRANSACTION 'x'",
-		"SELECT 1; COMMIT", "SELECT ';'; COMMIT", "SELECT $$;$$; COMMIT", "SELECT E'\\';'; COMMIT"}
+		"SELECT 1; COMMIT", "SELECT ';'; COMMIT", "SELECT $$;$$; COMMIT", "SELECT E'\\';'; COMMIT",
+		"SELECT 1 AS a$b$; COMMIT", "SELECT a$$b$$ FROM t; COMMIT", "SELECT 1 AS \u00e9$x$; COMMIT",
+		"SELECT 'a\\'; SELECT '; COMMIT; --'"}
 	keeps := []string{"SELECT 1", "SELECT 'commit'", "SELECT $$COMMIT$$", "SELECT $a$ ; COMMIT $a$", "ROLLBACK TO SAVEPOINT a",
 		"ROLLBACK TO a", "rollback work to savepoint a", "RELEASE SAVEPOINT a", "SAVEPOINT a", `SELECT "commit" FROM t`,
 		"SELECT 1 -- ; COMMIT", "SELECT 1 /* ; COMMIT */", "SELECT E'\\'; COMMIT'", "INSERT INTO t VALUES ('a''; COMMIT')",
