@@ -45,6 +45,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	goredis "github.com/redis/go-redis/v9"
 
+	"github.com/idemkey/idemkey/benchmarks/internal/httpload"
 	"github.com/idemkey/idemkey/store"
 )
 
@@ -101,7 +102,7 @@ func main() {
 		}
 		runList = append(runList, s)
 	}
-	b := bench{cfg: cfg, rc: rc, body: jsonBody(max(*size, 80)), c: *c, d: *d, seq: max(*seq, 1)}
+	b := bench{cfg: cfg, rc: rc, body: httpload.JSONBody(max(*size, 80)), c: *c, d: *d, seq: max(*seq, 1)}
 	fmt.Printf("endtoend: %d rounds of %v per run, %d connections, %d-byte body, Redis %s\n",
 		*rounds, *d, *c, len(b.body), cfg.redisAddr)
 	if err := b.setFloor(); err != nil {
@@ -121,23 +122,4 @@ func dropSchema(url, schema string) {
 	}
 	defer pool.Close()
 	_, _ = pool.Exec(context.Background(), "DROP SCHEMA IF EXISTS "+pgx.Identifier{schema}.Sanitize()+" CASCADE")
-}
-
-// jsonBody returns a JSON request body of n bytes (n >= 80).
-func jsonBody(n int) []byte {
-	b := []byte(`{"fromAccountId":"acc-1","toAccountId":"acc-2","amountCents":1234,"memo":"`)
-	b = append(b, strings.Repeat("m", n-len(b)-2)...)
-	return append(b, `"}`...)
-}
-
-func median(xs []float64) float64 {
-	if len(xs) == 0 {
-		return 0
-	}
-	s := slices.Clone(xs)
-	slices.Sort(s)
-	if len(s)%2 == 1 {
-		return s[len(s)/2]
-	}
-	return (s[len(s)/2-1] + s[len(s)/2]) / 2
 }

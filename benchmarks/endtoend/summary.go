@@ -1,6 +1,10 @@
 package main
 
-import "fmt"
+import (
+	"fmt"
+
+	"github.com/idemkey/idemkey/benchmarks/internal/httpload"
+)
 
 // ratio is one figure of the summary: num/den per round, then the median.
 // Redis CPU figures are the sequential phase's (seq-us).
@@ -89,7 +93,7 @@ func summarize(all []roundResult) {
 				}
 			}
 			if len(r) > 0 {
-				fmt.Printf("%-20s %9.0f %11.1f %9.2f %9.2f %9.2f\n", key, median(r), median(c), median(rd), median(sq), median(fl))
+				fmt.Printf("%-20s %9.0f %11.1f %9.2f %9.2f %9.2f\n", key, httpload.Median(r), httpload.Median(c), httpload.Median(rd), httpload.Median(sq), httpload.Median(fl))
 			}
 		}
 	}
@@ -97,7 +101,7 @@ func summarize(all []roundResult) {
 	for _, rr := range all {
 		g, st = append(g, rr.get.cpuPerReq), append(st, rr.set.cpuPerReq)
 	}
-	fmt.Printf("%-20s %9s %11s %9s %9.2f\n%-20s %9s %11s %9s %9.2f\n", "plain GET loop", "", "", "", median(g), "plain SET loop", "", "", "", median(st))
+	fmt.Printf("%-20s %9s %11s %9s %9.2f\n%-20s %9s %11s %9s %9.2f\n", "plain GET loop", "", "", "", httpload.Median(g), "plain SET loop", "", "", "", httpload.Median(st))
 	fmt.Printf("\nratios (median of the rounds' ratios)\n")
 	for _, q := range ratios {
 		var xs []float64
@@ -111,6 +115,6 @@ func summarize(all []roundResult) {
 		if len(xs) == 0 {
 			continue
 		}
-		fmt.Printf("  %-66s %6.2f  %s\n", q.name, median(xs), q.target)
+		fmt.Printf("  %-66s %6.2f  %s\n", q.name, httpload.Median(xs), q.target)
 	}
 }

@@ -38,7 +38,6 @@ import (
 	"os"
 	"os/exec"
 	"runtime/pprof"
-	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -71,7 +70,7 @@ func main() {
 	if *rounds < 1 || *c < 1 || *d <= 0 {
 		log.Fatal("-rounds, -c and -d must be positive")
 	}
-	body := jsonBody(max(*bodySize, 80))
+	body := httpload.JSONBody(max(*bodySize, 80))
 	fmt.Printf("loopback: %d rounds of %v per mode, %d connections, %d-byte body\n", *rounds, *d, *c, len(body))
 	fmt.Println("round mode      req/s   cpu-us/req  x bare (req/s)  x bare (cpu)")
 	res := map[string][]result{}
@@ -99,11 +98,11 @@ func main() {
 	}
 	fmt.Println("\nmedians over rounds   req/s  cpu-us/req  x bare (req/s)  x bare (cpu)")
 	for _, mode := range modes {
-		rps := median(mapSlice(res[mode], func(x result) float64 { return x.rps }))
-		cpu := median(mapSlice(res[mode], func(x result) float64 { return x.cpuPerReq }))
+		rps := httpload.Median(mapSlice(res[mode], func(x result) float64 { return x.rps }))
+		cpu := httpload.Median(mapSlice(res[mode], func(x result) float64 { return x.cpuPerReq }))
 		line := fmt.Sprintf("%-20s %8.0f %10.1f", mode, rps, cpu)
 		if mode != "bare" {
-			line += fmt.Sprintf("  %12.2f  %12.2f", median(ratios[mode]), median(cpuRatios[mode]))
+			line += fmt.Sprintf("  %12.2f  %12.2f", httpload.Median(ratios[mode]), httpload.Median(cpuRatios[mode]))
 		}
 		fmt.Println(line)
 	}
@@ -260,25 +259,6 @@ func serve(mode string) {
 	if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
 		log.Fatal(err)
 	}
-}
-
-// jsonBody returns a JSON request body of n bytes (n >= 80).
-func jsonBody(n int) []byte {
-	b := []byte(`{"fromAccountId":"acc-1","toAccountId":"acc-2","amountCents":1234,"memo":"`)
-	b = append(b, strings.Repeat("m", n-len(b)-2)...)
-	return append(b, `"}`...)
-}
-
-func median(xs []float64) float64 {
-	if len(xs) == 0 {
-		return 0
-	}
-	s := slices.Clone(xs)
-	slices.Sort(s)
-	if len(s)%2 == 1 {
-		return s[len(s)/2]
-	}
-	return (s[len(s)/2-1] + s[len(s)/2]) / 2
 }
 
 func mapSlice[T, U any](xs []T, f func(T) U) []U {
