@@ -29,22 +29,24 @@ const endTimeout = 5 * time.Second
 // transaction-local setting); keyLockSQL waits for the lock ($2) at most the lock
 // wait ($1, lock_timeout set and set back), only when another transaction held it.
 const (
-	tryLockSQL = `SELECT pg_try_advisory_xact_lock($1) FROM set_config('idemkey.claim', encode($2, 'hex'), true)`
+	tryLockSQL = `SELECT pg_try_advisory_xact_lock($1), set_config('idemkey.claim', encode($2, 'hex'), true)`
 	keyLockSQL = `WITH prev AS MATERIALIZED (SELECT current_setting('lock_timeout') AS v),
      bound AS MATERIALIZED (SELECT v, set_config('lock_timeout', $1, true) FROM prev),
      held AS MATERIALIZED (SELECT v, pg_advisory_xact_lock($2) FROM bound)
 SELECT set_config('lock_timeout', v, true) FROM held`
 
 	// recordSQL inserts the record of a claim that found no row (completeSQL's
-	// arguments, $9 the fingerprint). fenceSQL wraps it, or the completion of a row
-	// taken over: the server writes only if the transaction still carries the
-	// claim's mark ($3) and holds the key's lock ($%[2]d), else it fails (division
-	// by zero) and the COMMIT behind it does not run.
+	// arguments, $9 the fingerprint), fenced by the server in its RETURNING: it
+	// fails (division by zero), and the COMMIT behind it does not run, unless the
+	// transaction still carries the claim's mark ($3) and holds the key's lock
+	// ($10). fenceSQL wraps the completion of a row taken over (the store's
+	// completeSQL) in the same test, and fails as well when it matched no row.
 	recordSQL = `INSERT INTO %[1]s (scope, key, fingerprint, token, status, headers, body, body_omitted,
     created_at, completed_at, expires_at)
-VALUES ($1, $2, $9, $3, $4, $5, $6, $7, now(), now(), now() + $8::bigint * interval '1 millisecond') RETURNING 1`
-	fenceSQL = `WITH done AS (%[1]s) SELECT 1 / count(*) FROM done
-WHERE current_setting('idemkey.claim', true) = encode($3, 'hex') AND pg_try_advisory_xact_lock($%[2]d)`
+VALUES ($1, $2, $9, $3, $4, $5, $6, $7, now(), now(), now() + $8::bigint * interval '1 millisecond')
+RETURNING 1 / CASE WHEN ` + fenced + ` THEN 1 ELSE 0 END`
+	fenceSQL = `WITH done AS (%[1]s) SELECT 1 / count(*) FROM done WHERE ` + fenced
+	fenced   = `current_setting('idemkey.claim', true) = encode($3, 'hex') AND pg_try_advisory_xact_lock($%[2]d)`
 )
 
 // TxStore is the store's one-transaction mode (claim.TxStore, docs/architecture.md
@@ -105,7 +107,7 @@ func (s *Store) OneTx(pool *pgxpool.Pool, opts ...TxOption) (*TxStore, error) {
 	}
 	t.lockWait = strconv.FormatInt(ms, 10)
 	t.completeSQL = fmt.Sprintf(fenceSQL, s.completeSQL, 9)
-	t.recordSQL = fmt.Sprintf(fenceSQL, fmt.Sprintf(recordSQL, s.qualified), 10)
+	t.recordSQL = fmt.Sprintf(recordSQL, s.qualified, 10)
 	return t, nil
 }
 
@@ -188,7 +190,7 @@ func (c *txClaim) lockAndRead(ctx context.Context, args []any) (found bool, r cl
 	var k keyRow
 	held := false
 	if _, err = br.Exec(); err == nil { // BEGIN
-		err = br.QueryRow().Scan(&held)
+		err = br.QueryRow().Scan(&held, nil)
 	}
 	if err == nil {
 		found, err = scanKey(br.QueryRow(), &k)
@@ -196,7 +198,14 @@ func (c *txClaim) lockAndRead(ctx context.Context, args []any) (found bool, r cl
 	if cerr := br.Close(); err == nil {
 		err = cerr
 	}
-	if err == nil && !held { // another transaction holds the key: wait for it, then read again
+	if found {
+		r = k.judge(c.req.Fingerprint)
+	}
+	// Another transaction holds the key: wait for it, then read again; unless the
+	// key's record is completed and live, which no holder changes (a replay, a
+	// mismatch: hot keys' replays do not queue on the lock).
+	if err == nil && !held && !(found && r.status.Valid && !r.stale) {
+		r = claimRow{}
 		b = &pgx.Batch{}
 		b.Queue(keyLockSQL, c.t.lockFor(ctx), c.lock)
 		b.Queue(c.t.readSQL, args[0], args[1])
@@ -207,12 +216,11 @@ func (c *txClaim) lockAndRead(ctx context.Context, args []any) (found bool, r cl
 		if cerr := br.Close(); err == nil {
 			err = cerr
 		}
+		if found {
+			r = k.judge(c.req.Fingerprint)
+		}
 	}
-	if found {
-		r = k.judge(c.req.Fingerprint)
-	} else {
-		r.claimed = true
-	}
+	r.claimed = !found
 	return found, r, err
 }
 
