@@ -24,29 +24,26 @@ const DefaultLockWait = time.Second
 // endTimeout bounds the ROLLBACK that ends a transaction no handler runs in.
 const endTimeout = 5 * time.Second
 
-// The claim's statements (docs/architecture.md section 9.1): tryLockSQL tries the
-// key's lock ($1) and marks the transaction as the claim's ($2, the token, in a
-// transaction-local setting); keyLockSQL waits for the lock ($2) at most the lock
-// wait ($1, lock_timeout set and set back), only when another transaction held it.
+// The claim's statements (docs/architecture.md section 9.1). tryLockSQL tries
+// the key's lock ($1) and marks the transaction as the claim's ($2, the token,
+// a transaction-local setting); keyLockSQL waits for the lock ($2) at most the
+// lock wait ($1: lock_timeout set, then set back), when another transaction
+// held it. recordSQL inserts the record of a claim that found no row
+// (completeSQL's arguments, $9 the fingerprint): its RETURNING fails (division
+// by zero), and the COMMIT behind it does not run, unless the transaction still
+// carries the mark ($3) and holds the lock ($10). fenceSQL puts the completion
+// of a row taken over to the same test, and fails when it matched no row.
 const (
 	tryLockSQL = `SELECT pg_try_advisory_xact_lock($1), set_config('idemkey.claim', encode($2, 'hex'), true)`
 	keyLockSQL = `WITH prev AS MATERIALIZED (SELECT current_setting('lock_timeout') AS v),
      bound AS MATERIALIZED (SELECT v, set_config('lock_timeout', $1, true) FROM prev),
      held AS MATERIALIZED (SELECT v, pg_advisory_xact_lock($2) FROM bound)
 SELECT set_config('lock_timeout', v, true) FROM held`
-
-	// recordSQL inserts the record of a claim that found no row (completeSQL's
-	// arguments, $9 the fingerprint), fenced by the server in its RETURNING: it
-	// fails (division by zero), and the COMMIT behind it does not run, unless the
-	// transaction still carries the claim's mark ($3) and holds the key's lock
-	// ($10). fenceSQL wraps the completion of a row taken over (the store's
-	// completeSQL) in the same test, and fails as well when it matched no row.
 	recordSQL = `INSERT INTO %[1]s (scope, key, fingerprint, token, status, headers, body, body_omitted,
     created_at, completed_at, expires_at)
-VALUES ($1, $2, $9, $3, $4, $5, $6, $7, now(), now(), now() + $8::bigint * interval '1 millisecond')
-RETURNING 1 / CASE WHEN ` + fenced + ` THEN 1 ELSE 0 END`
-	fenceSQL = `WITH done AS (%[1]s) SELECT 1 / count(*) FROM done WHERE ` + fenced
+VALUES ($1, $2, $9, $3, $4, $5, $6, $7, now(), now(), now() + $8::bigint * interval '1 millisecond')`
 	fenced   = `current_setting('idemkey.claim', true) = encode($3, 'hex') AND pg_try_advisory_xact_lock($%[2]d)`
+	fenceSQL = `WITH done AS (%[1]s) SELECT 1 / count(*) FROM done WHERE ` + fenced
 )
 
 // TxStore is the store's one-transaction mode (claim.TxStore, docs/architecture.md
@@ -62,8 +59,9 @@ type TxStore struct {
 	wait        time.Duration // the lock wait
 	lockWait    string        // the lock wait in milliseconds, keyLockSQL's $1
 	stmtTimeout time.Duration // bound of each statement of the handler's (WithStatementTimeout)
-	recordSQL   string        // the fenced insert of a claim that found no row
-	completeSQL string        // the fenced completion of a row taken over
+	// The fenced insert of a claim that found no row, the fenced completion of a
+	// row taken over, the unfenced insert of a record committed on its own.
+	recordSQL, completeSQL, aloneSQL string
 }
 
 var _ claim.TxStore = (*TxStore)(nil)
@@ -79,11 +77,10 @@ type TxOption func(*TxStore)
 func WithLockWait(d time.Duration) TxOption { return func(t *TxStore) { t.wait = d } }
 
 // WithStatementTimeout bounds each statement the handler runs in its
-// transaction (default claim.DefaultStoreTimeout, 5 s): a context deadline on
-// the connection, so a hung server fails the statement within it (the
-// connection is then closed, the transaction lost, the key freed) and the
-// client has its answer within the handler's time plus one bound. A statement
-// whose own context ends first ends then.
+// transaction (default claim.DefaultStoreTimeout, 5 s): a context deadline, so
+// a hung server fails the statement within it (the connection is then closed,
+// the transaction lost, the key freed) and the client has its answer within
+// the handler's time plus one bound.
 func WithStatementTimeout(d time.Duration) TxOption { return func(t *TxStore) { t.stmtTimeout = d } }
 
 // OneTx returns the one-transaction mode of s on pool, the pool of s's database.
@@ -106,8 +103,9 @@ func (s *Store) OneTx(pool *pgxpool.Pool, opts ...TxOption) (*TxStore, error) {
 		return nil, fmt.Errorf("%w: postgres: lock wait %v outside 1 ms to 24 days, or statement timeout %v not positive", store.ErrInvalid, t.wait, t.stmtTimeout)
 	}
 	t.lockWait = strconv.FormatInt(ms, 10)
+	t.aloneSQL = fmt.Sprintf(recordSQL, s.qualified)
+	t.recordSQL = t.aloneSQL + fmt.Sprintf(" RETURNING 1 / CASE WHEN "+fenced+" THEN 1 ELSE 0 END", nil, 10)
 	t.completeSQL = fmt.Sprintf(fenceSQL, s.completeSQL, 9)
-	t.recordSQL = fmt.Sprintf(recordSQL, s.qualified, 10)
 	return t, nil
 }
 
@@ -124,12 +122,12 @@ func (t *TxStore) lockFor(ctx context.Context) string {
 }
 
 // ClaimTx implements claim.TxStore: one round trip when no one holds the key
-// (lockAndRead), two when another transaction does; a takeover of an expired
-// record one more (the store's claim statement). Any answer but Claimed ends
-// the transaction (a lock wait over: InFlight, RetryAfter the lease). A
-// serialization failure, a deadlock or a takeover that met a newer row claims
-// again (at most 5 times). Errors: store.ErrInvalid for bad arguments, else the
-// driver's, wrapped.
+// or its record is completed (lockAndRead), two when another transaction holds
+// it; a takeover of an expired record one more (the store's claim statement).
+// Any answer but Claimed ends the transaction (a lock wait over: InFlight,
+// RetryAfter the lease). A serialization failure, a deadlock or a takeover that
+// met a newer row claims again (at most 5 times). Errors: store.ErrInvalid for
+// bad arguments, else the driver's, wrapped.
 func (t *TxStore) ClaimTx(ctx context.Context, req store.ClaimRequest) (store.ClaimResult, claim.Tx, error) {
 	var tx claim.Tx
 	res, err := t.claimLoop(req, "claim in transaction", func(tok store.Token, args []any) (store.ClaimResult, bool, error) {
@@ -150,7 +148,7 @@ func (t *TxStore) claimOnce(ctx context.Context, req store.ClaimRequest, tok sto
 	if err != nil {
 		return store.ClaimResult{}, nil, false, fmt.Errorf("idemkey/postgres: claim in transaction: %w", err)
 	}
-	c := &txClaim{t: t, conn: conn, id: req.ID, token: tok, req: req, lock: t.keyLock(req.ID), use: make(chan struct{}, 1)}
+	c := &txClaim{t: t, conn: conn, token: tok, req: req, lock: t.keyLock(req.ID), use: make(chan struct{}, 1)}
 	found, r, err := c.lockAndRead(ctx, args)
 	c.insert = !found
 	if err == nil && r.stale { // takeable: take the row over, in this transaction

@@ -2,6 +2,7 @@ package postgres
 
 import (
 	"context"
+	"sync"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -10,42 +11,65 @@ import (
 )
 
 // claimTx is the handler's pgx.Tx (TxFromContext): the claim's transaction, or
-// a savepoint in it (root set). Each call runs while the transaction is the
+// a savepoint in it (sp set). Each call runs while the transaction is the
 // handler's (the library has not taken it back), under the statement timeout,
 // and refuses SQL that would end it (sqltext.EndsTx).
 type claimTx struct {
 	pgx.Tx
-	c    *txClaim
-	root bool // a savepoint: its Commit and Rollback are its own
+	c  *txClaim
+	sp bool // a savepoint: its Commit and Rollback are its own
 }
 
-// use holds the transaction for one call, with ctx bounded by the statement
-// timeout: done ends the hold and the bound (split: release then cancel). An
-// error, and nothing held, once the library took the transaction back
-// (pgx.ErrTxClosed) or when sql would end it (ErrTxOwned).
-func (t *claimTx) use(ctx context.Context, sql string) (_ context.Context, done func(), err error) {
-	ctx, release, cancel, err := t.hold(ctx, sql)
-	if err != nil {
-		return nil, nil, err
+// hold takes the transaction for one call whose SQL is sqls, with ctx bounded
+// by the statement timeout: release gives the transaction back, cancel ends the
+// bound. ErrTxOwned when an SQL text would end the transaction, pgx.ErrTxClosed
+// once the library took it back.
+func (t *claimTx) hold(ctx context.Context, sqls ...string) (_ context.Context, release, cancel func(), err error) {
+	for _, sql := range sqls {
+		if sqltext.EndsTx(sql) {
+			return nil, nil, nil, ErrTxOwned
+		}
 	}
-	return ctx, func() { release(); cancel() }, nil
-}
-
-func (t *claimTx) hold(ctx context.Context, sql string) (_ context.Context, release, cancel func(), err error) {
-	if sqltext.EndsTx(sql) {
-		return nil, nil, nil, ErrTxOwned
-	}
-	t.c.use <- struct{}{}
-	release = func() { <-t.c.use }
-	t.c.mu.Lock()
-	closed := t.c.closed
-	t.c.mu.Unlock()
-	if closed || t.c.conn.Conn().PgConn().TxStatus() == 'I' {
-		release()
+	c := t.c
+	c.use <- struct{}{}
+	c.mu.Lock()
+	closed := c.closed
+	c.mu.Unlock()
+	if closed || c.conn.Conn().PgConn().TxStatus() == 'I' {
+		<-c.use
 		return nil, nil, nil, pgx.ErrTxClosed
 	}
-	ctx, cancel = context.WithTimeout(ctx, t.c.t.stmtTimeout)
-	return ctx, release, cancel, nil
+	ctx, cancel = context.WithTimeout(ctx, c.t.stmtTimeout)
+	return ctx, func() { <-c.use }, cancel, nil
+}
+
+// call runs f, which sends sqls, holding the transaction.
+func call[T any](t *claimTx, ctx context.Context, f func(context.Context) (T, error), sqls ...string) (T, error) {
+	ctx, release, cancel, err := t.hold(ctx, sqls...)
+	if err != nil {
+		var zero T
+		return zero, err
+	}
+	defer cancel()
+	defer release()
+	return f(ctx)
+}
+
+// opened runs f, which opens results (Rows, a batch) that stay bounded by the
+// statement timeout, and counted open (take), until closed; the transaction is
+// held only while f runs, so the handler's own next call meets pgx's "conn
+// busy", not a wait.
+func opened[T any](t *claimTx, ctx context.Context, f func(context.Context) (T, error), sqls ...string) (_ T, closer func(), err error) {
+	ctx, release, cancel, err := t.hold(ctx, sqls...)
+	if err != nil {
+		var zero T
+		return zero, func() {}, err
+	}
+	defer release()
+	t.c.open.Add(1)
+	once := sync.OnceFunc(func() { t.c.open.Add(-1); cancel() })
+	v, err := f(ctx)
+	return v, once, err
 }
 
 func (t *claimTx) Commit(ctx context.Context) error   { return t.end(ctx, t.Tx.Commit) }
@@ -53,30 +77,21 @@ func (t *claimTx) Rollback(ctx context.Context) error { return t.end(ctx, t.Tx.R
 
 // end is a savepoint's Commit or Rollback f; the transaction's own are ErrTxOwned.
 func (t *claimTx) end(ctx context.Context, f func(context.Context) error) error {
-	if !t.root {
+	if !t.sp {
 		return ErrTxOwned
 	}
-	ctx, done, err := t.use(ctx, "")
-	if err != nil {
-		return err
-	}
-	defer done()
-	return f(ctx)
+	_, err := call(t, ctx, func(ctx context.Context) (struct{}, error) { return struct{}{}, f(ctx) })
+	return err
 }
 
 // Begin opens a savepoint, which refuses use once the transaction was taken
 // back, as the transaction does.
 func (t *claimTx) Begin(ctx context.Context) (pgx.Tx, error) {
-	ctx, done, err := t.use(ctx, "")
+	sp, err := call(t, ctx, t.Tx.Begin)
 	if err != nil {
 		return nil, err
 	}
-	defer done()
-	sp, err := t.Tx.Begin(ctx)
-	if err != nil {
-		return nil, err
-	}
-	return &claimTx{Tx: sp, c: t.c, root: true}, nil
+	return &claimTx{Tx: sp, c: t.c, sp: true}, nil
 }
 
 // Conn and LargeObjects are side doors: what the handler does through them is
@@ -91,100 +106,94 @@ func (t *claimTx) Conn() *pgx.Conn {
 func (t *claimTx) LargeObjects() pgx.LargeObjects { t.Conn(); return t.Tx.LargeObjects() }
 
 func (t *claimTx) CopyFrom(ctx context.Context, table pgx.Identifier, cols []string, src pgx.CopyFromSource) (int64, error) {
-	ctx, done, err := t.use(ctx, "")
-	if err != nil {
-		return 0, err
-	}
-	defer done()
-	return t.Tx.CopyFrom(ctx, table, cols, src)
-}
-
-func (t *claimTx) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
-	for _, q := range b.QueuedQueries {
-		if sqltext.EndsTx(q.SQL) {
-			return pgx.FailedBatchResults(b, ErrTxOwned)
-		}
-	}
-	ctx, release, cancel, err := t.hold(ctx, "")
-	if err != nil {
-		return pgx.FailedBatchResults(b, err)
-	}
-	defer release()
-	return heldBatch{BatchResults: t.Tx.SendBatch(ctx, b), cancel: cancel}
+	return call(t, ctx, func(ctx context.Context) (int64, error) { return t.Tx.CopyFrom(ctx, table, cols, src) })
 }
 
 func (t *claimTx) Prepare(ctx context.Context, name, sql string) (*pgconn.StatementDescription, error) {
-	ctx, done, err := t.use(ctx, sql)
-	if err != nil {
-		return nil, err
-	}
-	defer done()
-	return t.Tx.Prepare(ctx, name, sql)
+	return call(t, ctx, func(ctx context.Context) (*pgconn.StatementDescription, error) { return t.Tx.Prepare(ctx, name, sql) }, sql)
 }
 
 func (t *claimTx) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
-	ctx, done, err := t.use(ctx, sql)
-	if err != nil {
-		return pgconn.CommandTag{}, err
-	}
-	defer done()
-	return t.Tx.Exec(ctx, sql, args...)
+	return call(t, ctx, func(ctx context.Context) (pgconn.CommandTag, error) { return t.Tx.Exec(ctx, sql, args...) }, sql)
 }
 
-// Query's Rows stay bounded by the statement timeout until closed.
+func (t *claimTx) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
+	sqls := make([]string, len(b.QueuedQueries))
+	for i, q := range b.QueuedQueries {
+		sqls[i] = q.SQL
+	}
+	br, closer, err := opened(t, ctx, func(ctx context.Context) (pgx.BatchResults, error) { return t.Tx.SendBatch(ctx, b), nil }, sqls...)
+	if err != nil {
+		return pgx.FailedBatchResults(b, err)
+	}
+	return heldBatch{BatchResults: br, closer: closer}
+}
+
+// Query's Rows stay bounded by the statement timeout, and counted open, until
+// closed or read to their end.
 func (t *claimTx) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
-	ctx, release, cancel, err := t.hold(ctx, sql)
+	rows, closer, err := opened(t, ctx, func(ctx context.Context) (pgx.Rows, error) { return t.Tx.Query(ctx, sql, args...) }, sql)
 	if err != nil {
+		closer()
 		return nil, err
 	}
-	defer release()
-	rows, err := t.Tx.Query(ctx, sql, args...)
-	if err != nil {
-		cancel()
-		return nil, err
-	}
-	return &heldRows{Rows: rows, cancel: cancel}, nil
+	return &heldRows{Rows: rows, closer: closer}, nil
 }
 
-// QueryRow holds the transaction until the row is scanned.
+// QueryRow's row is a Query's: counted open until scanned.
 func (t *claimTx) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
-	ctx, done, err := t.use(ctx, sql)
-	if err != nil {
-		return errRow{err}
-	}
-	return heldRow{row: t.Tx.QueryRow(ctx, sql, args...), done: done}
+	rows, err := t.Query(ctx, sql, args...)
+	return heldRow{rows: rows, err: err}
 }
 
 type heldRow struct {
-	row  pgx.Row
-	done func()
+	rows pgx.Rows
+	err  error
 }
 
+// Scan is pgx's QueryRow Scan: pgx.ErrNoRows without a row.
 func (r heldRow) Scan(dest ...any) error {
-	defer r.done()
-	return r.row.Scan(dest...)
+	if r.err != nil {
+		return r.err
+	}
+	defer r.rows.Close()
+	if !r.rows.Next() {
+		if err := r.rows.Err(); err != nil {
+			return err
+		}
+		return pgx.ErrNoRows
+	}
+	if err := r.rows.Scan(dest...); err != nil {
+		return err
+	}
+	r.rows.Close()
+	return r.rows.Err()
 }
-
-type errRow struct{ err error }
-
-func (r errRow) Scan(...any) error { return r.err }
 
 type heldRows struct {
 	pgx.Rows
-	cancel func()
+	closer func()
+}
+
+func (r *heldRows) Next() bool {
+	if r.Rows.Next() {
+		return true
+	}
+	r.closer()
+	return false
 }
 
 func (r *heldRows) Close() {
 	r.Rows.Close()
-	r.cancel()
+	r.closer()
 }
 
 type heldBatch struct {
 	pgx.BatchResults
-	cancel func()
+	closer func()
 }
 
 func (b heldBatch) Close() error {
-	defer b.cancel()
+	defer b.closer()
 	return b.BatchResults.Close()
 }

@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
+
 	"github.com/idemkey/idemkey/store"
 )
 
@@ -54,6 +56,84 @@ func TestOneTxReplayWhileLockHeld(t *testing.T) {
 		}
 		if want == store.Completed && (res.Record == nil || res.Record.Status != http.StatusCreated) {
 			t.Fatalf("record %+v", res.Record)
+		}
+	}
+}
+
+// TestOneTxLeftoverStatementNotShared: a statement of the handler's still
+// running in a goroutine the handler left when the library takes the
+// transaction back is never sharing the connection with the commit: past
+// useWait the connection is closed under it and dropped from the pool, the
+// client gets 503, nothing commits (-race finds the sharing).
+func TestOneTxLeftoverStatementNotShared(t *testing.T) {
+	defer func(d time.Duration) { useWait = d }(useWait)
+	useWait = 100 * time.Millisecond
+	leftover := make(chan error, 1)
+	e := newOneTxEnv(t, nil, func(e *oneTxEnv) http.HandlerFunc {
+		return func(w http.ResponseWriter, r *http.Request) {
+			tx, _ := TxFromContext(r.Context())
+			started := make(chan struct{})
+			go func() {
+				close(started)
+				_, err := tx.Exec(context.WithoutCancel(r.Context()), `INSERT INTO `+e.side+` (key) SELECT 'leftover' FROM pg_sleep(2)`)
+				leftover <- err
+			}()
+			<-started
+			time.Sleep(20 * time.Millisecond) // let the statement start; either way the commit must not share the connection
+			w.WriteHeader(201)
+		}
+	}, nil)
+	code, _, _, err := e.post("leftover")
+	if err != nil || code != 503 {
+		t.Fatalf("answered %d, %v; want 503", code, err)
+	}
+	if err := <-leftover; err == nil {
+		t.Fatal("the leftover statement succeeded after the library took the transaction back")
+	}
+	if rows, _, records := e.counts(); rows != 0 || records != 0 {
+		t.Fatalf("%d rows, %d records committed; want none", rows, records)
+	}
+}
+
+// TestOneTxUnscannedAnswersAtOnce: a QueryRow left unscanned (or Rows left
+// open) does not make the answer wait for useWait: the library sees the open
+// result, abandons the connection and answers 503 at once.
+func TestOneTxUnscannedAnswersAtOnce(t *testing.T) {
+	defer func(d time.Duration) { useWait = d }(useWait)
+	useWait = 10 * time.Second
+	e := newOneTxEnv(t, nil, func(e *oneTxEnv) http.HandlerFunc {
+		return func(w http.ResponseWriter, r *http.Request) {
+			tx, _ := TxFromContext(r.Context())
+			_ = tx.QueryRow(r.Context(), `SELECT 1`) // never scanned
+			w.WriteHeader(201)
+		}
+	}, nil)
+	t0 := time.Now()
+	code, _, _, err := e.post("unscanned-fast")
+	if err != nil || code != 503 || time.Since(t0) > 3*time.Second {
+		t.Fatalf("answered %d, %v after %v; want 503 at once", code, err, time.Since(t0))
+	}
+}
+
+// TestOneTxAbortedRecordOnOneConnection: the record of an aborted transaction
+// is committed on the claim's own connection: with a pool of one connection the
+// stored status is answered and replayed (a second connection would wait for
+// the claim timeout and answer 503).
+func TestOneTxAbortedRecordOnOneConnection(t *testing.T) {
+	pool := newPool(t, "", func(c *pgxpool.Config) { c.MaxConns = 1 })
+	e := newOneTxEnv(t, pool, func(e *oneTxEnv) http.HandlerFunc {
+		return func(w http.ResponseWriter, r *http.Request) {
+			tx, _ := TxFromContext(r.Context())
+			if _, err := tx.Exec(r.Context(), `SELECT 1/0`); err == nil {
+				t.Error("1/0 succeeded")
+			}
+			w.WriteHeader(422)
+		}
+	}, nil)
+	for i := range 2 {
+		code, h, _, err := e.post("aborted-one-conn")
+		if err != nil || code != 422 || (i == 1) != (h.Get("Idempotent-Replayed") != "") {
+			t.Fatalf("request %d: %d %v replayed %q", i, code, err, h.Get("Idempotent-Replayed"))
 		}
 	}
 }

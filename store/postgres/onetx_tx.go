@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -22,22 +23,26 @@ import (
 // handler's answer releases the key. The statement is not sent.
 var ErrTxOwned = errors.New("idemkey/postgres: the idempotency library commits or rolls back this transaction")
 
+// errConnBusy: a statement, Rows or batch of the handler's still held the
+// connection when the library took the transaction back (past useWait).
+var errConnBusy = errors.New("idemkey/postgres: complete in transaction: a statement of the handler's still held the connection; the transaction was abandoned (nothing committed) and its connection closed")
+
 // txClaim is a claim held by an open transaction (claim.Tx): the connection,
 // the transaction and what the commit writes.
 type txClaim struct {
 	t       *TxStore
 	conn    *pgxpool.Conn
 	tx      pgx.Tx
-	id      store.ID
 	token   store.Token
 	req     store.ClaimRequest
 	lock    int64
 	insert  bool     // the claim found no row: the commit inserts the record
 	handler *claimTx // the handler's view of the transaction
 
-	use      chan struct{} // holds one token while a statement of the handler's runs (claimTx.hold)
+	use      chan struct{} // holds one token while a call of the handler's runs (claimTx.hold)
+	open     atomic.Int32  // the handler's Rows and batches not yet closed
 	mu       sync.Mutex
-	closed   bool // the library took the transaction back: the handler's statements are refused
+	closed   bool // the library took the transaction back: the handler's calls are refused
 	sideDoor bool // the handler took the connection (Conn, LargeObjects): what it did is unknown
 }
 
@@ -57,12 +62,14 @@ type txClaim struct {
 // the record is committed on its own, so retries replay that answer). What it
 // may not: end the transaction (Commit and Rollback return ErrTxOwned, and so
 // does a statement that would end it, which is not sent); use it after
-// returning (pgx.ErrTxClosed); leave a Rows or a batch open past its return (the
-// commit then fails: 503). Conn and LargeObjects are side doors the library
-// cannot watch: if the transaction was ended through them, the commit's fence
-// finds it, the client gets 503 and the key stays claimed for a lease (no
-// duplicate runs meanwhile; once the lease ends the key is taken over). Leave
-// the store's table alone.
+// returning (pgx.ErrTxClosed); leave a statement, a Rows or a batch open past
+// its return (in another goroutine, or unclosed: the library waits at most 5 s,
+// then closes the connection under it, never sharing it; nothing commits and
+// the client gets 503). Conn and LargeObjects are side doors the library cannot
+// watch: if the transaction was ended through them, the commit's fence finds
+// it, the client gets 503 and the key stays claimed for a lease (no duplicate
+// runs meanwhile; once the lease ends the key is taken over). Leave the store's
+// table alone.
 func TxFromContext(ctx context.Context) (pgx.Tx, bool) {
 	tx, ok := claim.TxFromContext(ctx)
 	for ok {
@@ -77,68 +84,84 @@ func TxFromContext(ctx context.Context) (pgx.Tx, bool) {
 	return nil, false
 }
 
-// take closes the transaction to the handler, once a statement of its under way
-// ended, and reports whether it used a side door. It waits at most useWait: a
-// QueryRow never scanned holds the transaction for ever; the commit then fails
-// on the busy connection, which the pool closes.
-func (c *txClaim) take() (sideDoor bool) {
+// take closes the transaction to the handler once its call under way ended,
+// and reports whether it used a side door. busy: a call still held the
+// connection after useWait, or a Rows or a batch is open (a goroutine the
+// handler left, an early return): the connection is then closed under it and
+// dropped from the pool (abandon), never used by the library at the same time.
+func (c *txClaim) take() (sideDoor, busy bool) {
 	timer := time.NewTimer(useWait)
 	defer timer.Stop()
 	select {
 	case c.use <- struct{}{}:
 		defer func() { <-c.use }()
 	case <-timer.C:
+		busy = true
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.closed = true
-	return c.sideDoor
+	return c.sideDoor, busy || c.open.Load() > 0
 }
 
-// useWait bounds how long take waits for a statement of the handler's.
+// useWait bounds how long take waits for a call of the handler's.
 var useWait = endTimeout
+
+// abandon closes the connection's socket, which the handler's call holds (the
+// server rolls the transaction back, the key is free), and takes it out of the
+// pool; nothing else of the connection's is touched.
+func (c *txClaim) abandon() {
+	_ = c.conn.Conn().PgConn().Conn().Close()
+	c.conn.Hijack()
+}
 
 // end rolls the transaction back, if still open, and gives the connection back
 // to the pool (which closes it when the rollback failed).
 func (c *txClaim) end() {
-	ctx, cancel := context.WithTimeout(context.Background(), endTimeout)
-	_ = c.tx.Rollback(ctx)
-	cancel()
+	if c.conn.Conn().PgConn().TxStatus() != 'I' {
+		ctx, cancel := context.WithTimeout(context.Background(), endTimeout)
+		_, _ = c.conn.Exec(ctx, "ROLLBACK")
+		cancel()
+	}
 	c.conn.Release()
 }
 
 // Rollback implements claim.Tx: the handler's statements are undone, the key is
 // free.
 func (c *txClaim) Rollback(context.Context) error {
-	c.take()
-	c.end()
+	if _, busy := c.take(); busy {
+		c.abandon()
+	} else {
+		c.end()
+	}
 	return nil
 }
 
 // Commit implements claim.Tx: the record and the COMMIT in one round trip,
-// fenced by the server (fenceSQL). A transaction a failed statement aborted has
-// its record committed on its own (recordAlone); one the handler ended or left
-// fails closed (failClosed). A commit that fails is rolled back: an error
-// wrapping store.ErrLeaseLost when the server refused it, ErrCommitUnknown too
-// when its outcome is not known (the connection broke).
+// fenced by the server (recordSQL, fenceSQL). A transaction a failed statement
+// aborted has its record committed on its own (recordAlone); one the handler
+// ended or left fails closed (failClosed); one whose connection a call of the
+// handler's still holds is abandoned (errConnBusy). A commit that fails is
+// rolled back: an error wrapping store.ErrLeaseLost when the server refused it,
+// ErrCommitUnknown too when its outcome is not known (the connection broke).
 func (c *txClaim) Commit(ctx context.Context, resp store.Response, retention time.Duration) (claim.TxEnd, error) {
-	sideDoor := c.take()
-	if err := c.t.checkComplete(c.id, c.token, resp, retention); err != nil {
+	sideDoor, busy := c.take()
+	if busy {
+		c.abandon()
+		return 0, errConnBusy
+	}
+	if err := c.t.checkComplete(c.req.ID, c.token, resp, retention); err != nil {
 		c.end()
 		return 0, fmt.Errorf("%w (%w)", err, store.ErrLeaseLost)
 	}
-	switch c.conn.Conn().PgConn().TxStatus() {
-	case 'T':
-	case 'E':
-		if !sideDoor {
-			return c.recordAlone(ctx, resp, retention)
-		}
-		return 0, c.failClosed(ctx, errors.New("aborted after the handler used its connection"))
-	default:
-		return 0, c.failClosed(ctx, errors.New("no transaction open"))
+	switch st := c.conn.Conn().PgConn().TxStatus(); {
+	case st == 'E' && !sideDoor:
+		return c.recordAlone(ctx, resp, retention)
+	case st != 'T':
+		return 0, c.failClosed(ctx, fmt.Errorf("transaction status %q after the handler", st))
 	}
 	b := &pgx.Batch{}
-	if args := c.t.completeArgs(c.id, c.token, resp, retention); c.insert {
+	if args := c.t.completeArgs(c.req.ID, c.token, resp, retention); c.insert {
 		b.Queue(c.t.recordSQL, append(args, c.req.Fingerprint[:], c.lock)...)
 	} else {
 		b.Queue(c.t.completeSQL, append(args, c.lock)...)
@@ -161,27 +184,25 @@ func (c *txClaim) Commit(ctx context.Context, resp store.Response, retention tim
 	return 0, fmt.Errorf("idemkey/postgres: complete in transaction: %w (%w): %w", ErrCommitUnknown, store.ErrLeaseLost, err)
 }
 
-// recordAlone commits the record of a transaction a failed statement aborted:
-// none of the handler's statements will commit, so the record is written on its
-// own, by the plain store's claim and completion under the same token on
-// another connection, while the aborted transaction still holds the key's lock
-// (a duplicate waits, then replays). A takeover's transaction holds the old
+// recordAlone commits the record of a transaction a failed statement aborted,
+// on the same connection: ROLLBACK (none of the handler's statements commit;
+// the key's lock goes), then the record's unfenced INSERT in autocommit. A
+// duplicate that takes the lock in between and misses the record runs its
+// handler, whose record INSERT then fails on the key (unique violation: its
+// statements roll back, it answers 503 and its retry replays), so no statement
+// commits twice; the pool is not asked for a second connection, which a full
+// pool would make the answer wait for. A takeover's transaction holds the old
 // row's lock too: it is rolled back and the error answered (the retry runs).
 func (c *txClaim) recordAlone(ctx context.Context, resp store.Response, retention time.Duration) (claim.TxEnd, error) {
 	defer c.end()
 	if !c.insert {
 		return 0, errors.New("idemkey/postgres: complete in transaction: a failed statement aborted the transaction of a takeover; rolled back")
 	}
-	req := c.req
-	req.Token = c.token
-	res, err := c.t.Store.Claim(ctx, req)
-	switch {
-	case err != nil:
-		return 0, fmt.Errorf("idemkey/postgres: record of an aborted transaction: %w", err)
-	case res.Outcome != store.Claimed:
-		return 0, fmt.Errorf("idemkey/postgres: record of an aborted transaction: the key is no longer free (%w)", store.ErrLeaseLost)
+	_, err := c.conn.Exec(ctx, "ROLLBACK")
+	if err == nil {
+		_, err = c.conn.Exec(ctx, c.t.aloneSQL, append(c.t.completeArgs(c.req.ID, c.token, resp, retention), c.req.Fingerprint[:])...)
 	}
-	if err := c.t.Store.Complete(ctx, c.id, c.token, resp, retention); err != nil {
+	if err != nil {
 		return 0, fmt.Errorf("idemkey/postgres: record of an aborted transaction: %w", err)
 	}
 	return claim.TxRecordAlone, nil
@@ -190,7 +211,9 @@ func (c *txClaim) recordAlone(ctx context.Context, resp store.Response, retentio
 // failClosed ends a transaction the handler ended or left (cause): what
 // committed is unknown, so the key is kept claimed for a lease by the plain
 // store's claim under the same token (duplicates get 409 meanwhile, then take
-// it over) and the connection is closed. It returns ErrTxEnded wrapped.
+// it over) and the connection is closed. The claim takes another connection:
+// this one's state is whatever the handler left through its side door, which
+// the library does not trust with the key. It returns ErrTxEnded wrapped.
 func (c *txClaim) failClosed(ctx context.Context, cause error) error {
 	req := c.req
 	req.Token = c.token

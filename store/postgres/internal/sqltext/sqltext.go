@@ -20,13 +20,14 @@ func EndsTx(sql string) bool {
 // endsTx is EndsTx with quoted strings read with backslash escapes (backslashes) or
 // as standard strings.
 func endsTx(sql string, backslashes bool) bool {
-	var words []string
+	var buf [3]string // a statement's first words: no allocation
+	words := buf[:0]
 	for i := 0; i <= len(sql); i++ {
 		if i == len(sql) || sql[i] == ';' {
 			if stmtEnds(words) {
 				return true
 			}
-			words = words[:0]
+			words = buf[:0]
 			continue
 		}
 		switch ch := sql[i]; {
@@ -51,7 +52,7 @@ func endsTx(sql string, backslashes bool) bool {
 			for j < len(sql) && isWordByte(sql[j]) {
 				j++
 			}
-			words = append(words, strings.ToLower(sql[i:j]))
+			words = append(words, sql[i:j])
 			i = j - 1
 		}
 	}
@@ -60,21 +61,17 @@ func endsTx(sql string, backslashes bool) bool {
 
 // stmtEnds reports whether a statement starting with words ends the transaction.
 func stmtEnds(words []string) bool {
-	if len(words) == 0 {
-		return false
-	}
-	switch words[0] {
-	case "commit", "end", "abort":
+	is := func(k int, w string) bool { return len(words) > k && strings.EqualFold(words[k], w) }
+	switch {
+	case is(0, "commit"), is(0, "end"), is(0, "abort"):
 		return true
-	case "rollback": // ROLLBACK [WORK | TRANSACTION] TO [SAVEPOINT] name keeps it
-		if len(words) > 1 && (words[1] == "work" || words[1] == "transaction") {
-			words = words[1:]
+	case is(0, "rollback"): // ROLLBACK [WORK | TRANSACTION] TO [SAVEPOINT] name keeps it
+		if is(1, "work") || is(1, "transaction") {
+			return !is(2, "to")
 		}
-		return len(words) < 2 || words[1] != "to"
-	case "prepare":
-		return len(words) > 1 && words[1] == "transaction"
+		return !is(1, "to")
 	}
-	return false
+	return is(0, "prepare") && is(1, "transaction")
 }
 
 func isWordByte(ch byte) bool {
