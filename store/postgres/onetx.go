@@ -2,6 +2,7 @@ package postgres
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"math"
@@ -176,59 +177,44 @@ func (t *TxStore) claimOnce(ctx context.Context, req store.ClaimRequest, tok sto
 	return res, nil, false, err
 }
 
-// lockAndRead begins the claim's transaction, takes the key's lock and reads the
-// key's row after it (its own snapshot sees what the lock's last holder committed).
+// lockAndRead begins the claim's transaction, tries the key's lock and reads
+// the key's row after it (a statement of its own: its snapshot sees what the
+// lock's last holder committed). When another transaction holds the lock it
+// waits for it and reads again, unless the row is a completed live record,
+// which no holder changes (replays of a hot key do not queue on the lock).
 func (c *txClaim) lockAndRead(ctx context.Context, args []any) (found bool, r claimRow, err error) {
+	held := false
 	b := &pgx.Batch{}
 	b.BeginTx(pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
-	b.Queue(tryLockSQL, c.lock, args[3])
-	b.Queue(c.t.readSQL, args[0], args[1])
-	br := c.conn.SendBatch(ctx, b)
-	c.tx = br.Tx()
-	var k keyRow
-	held := false
-	if _, err = br.Exec(); err == nil { // BEGIN
-		err = br.QueryRow().Scan(&held, nil)
-	}
-	if err == nil {
-		found, err = scanKey(br.QueryRow(), &k)
-	}
-	if cerr := br.Close(); err == nil {
-		err = cerr
-	}
-	if found {
-		r = k.judge(c.req.Fingerprint)
-	}
-	// Another transaction holds the key: wait for it, then read again; unless the
-	// key's record is completed and live, which no holder changes (a replay, a
-	// mismatch: hot keys' replays do not queue on the lock).
+	b.Queue(tryLockSQL, c.lock, args[3]).QueryRow(func(row pgx.Row) error { return row.Scan(&held, nil) })
+	found, r, err = c.read(b, args, func(b *pgx.Batch) pgx.BatchResults {
+		br := c.conn.SendBatch(ctx, b)
+		c.tx = br.Tx()
+		return br
+	})
 	if err == nil && !held && !(found && r.status.Valid && !r.stale) {
-		r = claimRow{}
 		b = &pgx.Batch{}
 		b.Queue(keyLockSQL, c.t.lockFor(ctx), c.lock)
-		b.Queue(c.t.readSQL, args[0], args[1])
-		br = c.tx.SendBatch(ctx, b)
-		if _, err = br.Exec(); err == nil {
-			found, err = scanKey(br.QueryRow(), &k)
-		}
-		if cerr := br.Close(); err == nil {
-			err = cerr
-		}
-		if found {
-			r = k.judge(c.req.Fingerprint)
-		}
+		found, r, err = c.read(b, args, func(b *pgx.Batch) pgx.BatchResults { return c.tx.SendBatch(ctx, b) })
 	}
-	r.claimed = !found
 	return found, r, err
 }
 
-// scanKey reads the key's row into k; found false when there is none.
-func scanKey(row pgx.Row, k *keyRow) (found bool, err error) {
-	err = row.Scan(k.dest()...)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return false, nil
+// read sends b and the read of the key's row; r.claimed when there is none.
+func (c *txClaim) read(b *pgx.Batch, args []any, send func(*pgx.Batch) pgx.BatchResults) (found bool, r claimRow, err error) {
+	var k keyRow
+	b.Queue(c.t.readSQL, args[0], args[1]).QueryRow(func(row pgx.Row) error {
+		err := row.Scan(k.dest()...)
+		if found = err == nil; errors.Is(err, pgx.ErrNoRows) {
+			return nil
+		}
+		return err
+	})
+	if err = send(b).Close(); found {
+		r = k.judge(c.req.Fingerprint)
 	}
-	return err == nil, err
+	r.claimed = !found
+	return found, r, err
 }
 
 // keyLock returns id's advisory lock key: FNV-1a (64 bits) of the table's quoted
@@ -236,20 +222,17 @@ func scanKey(row pgx.Row, k *keyRow) (found bool, err error) {
 // key; others meet it only by a collision (a needless wait). Every build must
 // compute the same (TestKeyLockIsFNV1a).
 func (t *TxStore) keyLock(id store.ID) int64 {
-	const offset, prime = 14695981039346656037, 1099511628211
-	h := uint64(offset)
-	for i := range len(t.qualified) {
-		h = (h ^ uint64(t.qualified[i])) * prime
+	h := uint64(14695981039346656037)
+	add := func(s string) {
+		for i := range len(s) {
+			h = (h ^ uint64(s[i])) * 1099511628211
+		}
 	}
-	h *= prime // the zero byte
-	for shift := 56; shift >= 0; shift -= 8 {
-		h = (h ^ uint64(len(id.Scope)>>shift&0xff)) * prime
-	}
-	for i := range len(id.Scope) {
-		h = (h ^ uint64(id.Scope[i])) * prime
-	}
-	for i := range len(id.Key) {
-		h = (h ^ uint64(id.Key[i])) * prime
-	}
+	var n [9]byte // the zero byte, then the scope's length
+	binary.BigEndian.PutUint64(n[1:], uint64(len(id.Scope)))
+	add(t.qualified)
+	add(string(n[:]))
+	add(id.Scope)
+	add(id.Key)
 	return int64(h)
 }

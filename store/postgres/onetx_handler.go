@@ -20,10 +20,9 @@ type claimTx struct {
 	sp bool // a savepoint: its Commit and Rollback are its own
 }
 
-// hold takes the transaction for one call whose SQL is sqls, with ctx bounded
-// by the statement timeout: release gives the transaction back, cancel ends the
-// bound. ErrTxOwned when an SQL text would end the transaction, pgx.ErrTxClosed
-// once the library took it back.
+// hold takes the transaction for a call sending sqls, ctx bounded by the
+// statement timeout (cancel); release gives it back. ErrTxOwned when an SQL
+// text would end the transaction, pgx.ErrTxClosed once the library took it.
 func (t *claimTx) hold(ctx context.Context, sqls ...string) (_ context.Context, release, cancel func(), err error) {
 	for _, sql := range sqls {
 		if sqltext.EndsTx(sql) {
@@ -55,10 +54,9 @@ func call[T any](t *claimTx, ctx context.Context, f func(context.Context) (T, er
 	return f(ctx)
 }
 
-// opened runs f, which opens results (Rows, a batch) that stay bounded by the
-// statement timeout, and counted open (take), until closed; the transaction is
-// held only while f runs, so the handler's own next call meets pgx's "conn
-// busy", not a wait.
+// opened runs f, which opens results (Rows, a batch), bounded and
+// counted open (take) until closer; the transaction is held only while f runs,
+// so the handler's next call meets pgx's "conn busy", not a wait.
 func opened[T any](t *claimTx, ctx context.Context, f func(context.Context) (T, error), sqls ...string) (_ T, closer func(), err error) {
 	ctx, release, cancel, err := t.hold(ctx, sqls...)
 	if err != nil {
@@ -84,8 +82,7 @@ func (t *claimTx) end(ctx context.Context, f func(context.Context) error) error 
 	return err
 }
 
-// Begin opens a savepoint, which refuses use once the transaction was taken
-// back, as the transaction does.
+// Begin opens a savepoint, held as the transaction is.
 func (t *claimTx) Begin(ctx context.Context) (pgx.Tx, error) {
 	sp, err := call(t, ctx, t.Tx.Begin)
 	if err != nil {
@@ -94,8 +91,7 @@ func (t *claimTx) Begin(ctx context.Context) (pgx.Tx, error) {
 	return &claimTx{Tx: sp, c: t.c, sp: true}, nil
 }
 
-// Conn and LargeObjects are side doors: what the handler does through them is
-// not watched, so the commit trusts only its fence (Commit, failClosed).
+// Conn and LargeObjects are side doors: the commit trusts only its fence.
 func (t *claimTx) Conn() *pgx.Conn {
 	t.c.mu.Lock()
 	t.c.sideDoor = true
@@ -129,8 +125,7 @@ func (t *claimTx) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults 
 	return heldBatch{BatchResults: br, closer: closer}
 }
 
-// Query's Rows stay bounded by the statement timeout, and counted open, until
-// closed or read to their end.
+// Query's Rows are counted open until closed or read to their end.
 func (t *claimTx) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
 	rows, closer, err := opened(t, ctx, func(ctx context.Context) (pgx.Rows, error) { return t.Tx.Query(ctx, sql, args...) }, sql)
 	if err != nil {
@@ -140,34 +135,27 @@ func (t *claimTx) Query(ctx context.Context, sql string, args ...any) (pgx.Rows,
 	return &heldRows{Rows: rows, closer: closer}, nil
 }
 
-// QueryRow's row is a Query's: counted open until scanned.
+// QueryRow holds the transaction until the row is scanned (a call under way).
 func (t *claimTx) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
-	rows, err := t.Query(ctx, sql, args...)
-	return heldRow{rows: rows, err: err}
+	ctx, release, cancel, err := t.hold(ctx, sql)
+	if err != nil {
+		return heldRow{err: err, done: func() {}}
+	}
+	return heldRow{row: t.Tx.QueryRow(ctx, sql, args...), done: func() { release(); cancel() }}
 }
 
 type heldRow struct {
-	rows pgx.Rows
+	row  pgx.Row
 	err  error
+	done func()
 }
 
-// Scan is pgx's QueryRow Scan: pgx.ErrNoRows without a row.
 func (r heldRow) Scan(dest ...any) error {
+	defer r.done()
 	if r.err != nil {
 		return r.err
 	}
-	defer r.rows.Close()
-	if !r.rows.Next() {
-		if err := r.rows.Err(); err != nil {
-			return err
-		}
-		return pgx.ErrNoRows
-	}
-	if err := r.rows.Scan(dest...); err != nil {
-		return err
-	}
-	r.rows.Close()
-	return r.rows.Err()
+	return r.row.Scan(dest...)
 }
 
 type heldRows struct {

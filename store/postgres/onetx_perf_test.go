@@ -95,26 +95,6 @@ func TestOneTxLeftoverStatementNotShared(t *testing.T) {
 	}
 }
 
-// TestOneTxUnscannedAnswersAtOnce: a QueryRow left unscanned (or Rows left
-// open) does not make the answer wait for useWait: the library sees the open
-// result, abandons the connection and answers 503 at once.
-func TestOneTxUnscannedAnswersAtOnce(t *testing.T) {
-	defer func(d time.Duration) { useWait = d }(useWait)
-	useWait = 10 * time.Second
-	e := newOneTxEnv(t, nil, func(e *oneTxEnv) http.HandlerFunc {
-		return func(w http.ResponseWriter, r *http.Request) {
-			tx, _ := TxFromContext(r.Context())
-			_ = tx.QueryRow(r.Context(), `SELECT 1`) // never scanned
-			w.WriteHeader(201)
-		}
-	}, nil)
-	t0 := time.Now()
-	code, _, _, err := e.post("unscanned-fast")
-	if err != nil || code != 503 || time.Since(t0) > 3*time.Second {
-		t.Fatalf("answered %d, %v after %v; want 503 at once", code, err, time.Since(t0))
-	}
-}
-
 // TestOneTxAbortedRecordOnOneConnection: the record of an aborted transaction
 // is committed on the claim's own connection: with a pool of one connection the
 // stored status is answered and replayed (a second connection would wait for

@@ -23,12 +23,10 @@ import (
 // handler's answer releases the key. The statement is not sent.
 var ErrTxOwned = errors.New("idemkey/postgres: the idempotency library commits or rolls back this transaction")
 
-// errConnBusy: a statement, Rows or batch of the handler's still held the
-// connection when the library took the transaction back (past useWait).
+// errConnBusy: a call of the handler's still held the connection (take).
 var errConnBusy = errors.New("idemkey/postgres: complete in transaction: a statement of the handler's still held the connection; the transaction was abandoned (nothing committed) and its connection closed")
 
-// txClaim is a claim held by an open transaction (claim.Tx): the connection,
-// the transaction and what the commit writes.
+// txClaim is a claim held by an open transaction (claim.Tx).
 type txClaim struct {
 	t       *TxStore
 	conn    *pgxpool.Conn
@@ -46,30 +44,16 @@ type txClaim struct {
 	sideDoor bool // the handler took the connection (Conn, LargeObjects): what it did is unknown
 }
 
-// TxFromContext returns the transaction the handler runs in when the request
-// (or call) runs in the one-transaction mode (middleware.Middleware.OneTx,
-// idem.Runner.DoTx) on a TxStore: its statements commit together with the
-// idempotency record, or not at all. ok is false in the default mode, without a
-// claim (a method the middleware does not protect, no key where keys are
-// optional, StoreFailureRule.FailOpen during an outage), and once the handler
-// has returned.
-//
-// What the handler may do with it: run statements, with each bounded by the
-// statement timeout (WithStatementTimeout); open savepoints (Begin) and commit
-// or roll them back; answer an error status (5xx, or any status the release
-// policy releases) to have everything rolled back; answer a stored status after
-// a failed statement aborted the transaction (its statements are rolled back and
-// the record is committed on its own, so retries replay that answer). What it
-// may not: end the transaction (Commit and Rollback return ErrTxOwned, and so
-// does a statement that would end it, which is not sent); use it after
-// returning (pgx.ErrTxClosed); leave a statement, a Rows or a batch open past
-// its return (in another goroutine, or unclosed: the library waits at most 5 s,
-// then closes the connection under it, never sharing it; nothing commits and
-// the client gets 503). Conn and LargeObjects are side doors the library cannot
-// watch: if the transaction was ended through them, the commit's fence finds
-// it, the client gets 503 and the key stays claimed for a lease (no duplicate
-// runs meanwhile; once the lease ends the key is taken over). Leave the store's
-// table alone.
+// TxFromContext returns the transaction the handler runs in, in the
+// one-transaction mode (middleware.Middleware.OneTx, idem.Runner.DoTx) on a
+// TxStore: its statements commit with the record, or not at all. ok is false in
+// the default mode, without a claim, and once the handler has returned. Each
+// statement is bounded by WithStatementTimeout; savepoints (Begin) are the
+// handler's. Commit, Rollback and SQL that would end the transaction return
+// ErrTxOwned (not sent); use after returning, pgx.ErrTxClosed. A call left
+// holding the connection past the handler's return makes the commit fail (503),
+// Conn and LargeObjects are side doors the commit's fence decides on
+// (docs/architecture.md section 9.1 lists what a handler may and may not do).
 func TxFromContext(ctx context.Context) (pgx.Tx, bool) {
 	tx, ok := claim.TxFromContext(ctx)
 	for ok {
@@ -84,11 +68,9 @@ func TxFromContext(ctx context.Context) (pgx.Tx, bool) {
 	return nil, false
 }
 
-// take closes the transaction to the handler once its call under way ended,
-// and reports whether it used a side door. busy: a call still held the
-// connection after useWait, or a Rows or a batch is open (a goroutine the
-// handler left, an early return): the connection is then closed under it and
-// dropped from the pool (abandon), never used by the library at the same time.
+// take closes the transaction to the handler once its call under way ended
+// and reports whether it used a side door; busy when a call still held the
+// connection after useWait or a result is open: then only abandon may follow.
 func (c *txClaim) take() (sideDoor, busy bool) {
 	timer := time.NewTimer(useWait)
 	defer timer.Stop()
@@ -107,16 +89,14 @@ func (c *txClaim) take() (sideDoor, busy bool) {
 // useWait bounds how long take waits for a call of the handler's.
 var useWait = endTimeout
 
-// abandon closes the connection's socket, which the handler's call holds (the
-// server rolls the transaction back, the key is free), and takes it out of the
-// pool; nothing else of the connection's is touched.
+// abandon closes the socket under the handler's call (the server rolls back,
+// the key is free) and drops the connection from the pool, touching nothing else.
 func (c *txClaim) abandon() {
 	_ = c.conn.Conn().PgConn().Conn().Close()
 	c.conn.Hijack()
 }
 
-// end rolls the transaction back, if still open, and gives the connection back
-// to the pool (which closes it when the rollback failed).
+// end rolls the transaction back, if open, and gives the connection back.
 func (c *txClaim) end() {
 	if c.conn.Conn().PgConn().TxStatus() != 'I' {
 		ctx, cancel := context.WithTimeout(context.Background(), endTimeout)
@@ -126,8 +106,7 @@ func (c *txClaim) end() {
 	c.conn.Release()
 }
 
-// Rollback implements claim.Tx: the handler's statements are undone, the key is
-// free.
+// Rollback implements claim.Tx.
 func (c *txClaim) Rollback(context.Context) error {
 	if _, busy := c.take(); busy {
 		c.abandon()
@@ -137,13 +116,11 @@ func (c *txClaim) Rollback(context.Context) error {
 	return nil
 }
 
-// Commit implements claim.Tx: the record and the COMMIT in one round trip,
-// fenced by the server (recordSQL, fenceSQL). A transaction a failed statement
-// aborted has its record committed on its own (recordAlone); one the handler
-// ended or left fails closed (failClosed); one whose connection a call of the
-// handler's still holds is abandoned (errConnBusy). A commit that fails is
-// rolled back: an error wrapping store.ErrLeaseLost when the server refused it,
-// ErrCommitUnknown too when its outcome is not known (the connection broke).
+// Commit implements claim.Tx: the fenced record and the COMMIT in one round
+// trip. An aborted transaction has its record committed on its own
+// (recordAlone), one the handler ended or left fails closed (failClosed). A
+// commit that fails is rolled back: an error wrapping store.ErrLeaseLost when
+// the server refused it, ErrCommitUnknown too when its outcome is unknown.
 func (c *txClaim) Commit(ctx context.Context, resp store.Response, retention time.Duration) (claim.TxEnd, error) {
 	sideDoor, busy := c.take()
 	if busy {
@@ -184,15 +161,10 @@ func (c *txClaim) Commit(ctx context.Context, resp store.Response, retention tim
 	return 0, fmt.Errorf("idemkey/postgres: complete in transaction: %w (%w): %w", ErrCommitUnknown, store.ErrLeaseLost, err)
 }
 
-// recordAlone commits the record of a transaction a failed statement aborted,
-// on the same connection: ROLLBACK (none of the handler's statements commit;
-// the key's lock goes), then the record's unfenced INSERT in autocommit. A
-// duplicate that takes the lock in between and misses the record runs its
-// handler, whose record INSERT then fails on the key (unique violation: its
-// statements roll back, it answers 503 and its retry replays), so no statement
-// commits twice; the pool is not asked for a second connection, which a full
-// pool would make the answer wait for. A takeover's transaction holds the old
-// row's lock too: it is rolled back and the error answered (the retry runs).
+// recordAlone commits the record of a transaction a failed statement aborted
+// on its own connection: ROLLBACK, then the record's unfenced INSERT (a
+// duplicate that meets neither lock nor record meanwhile fails on the key at
+// its commit: section 9.1). A takeover's is rolled back and answered an error.
 func (c *txClaim) recordAlone(ctx context.Context, resp store.Response, retention time.Duration) (claim.TxEnd, error) {
 	defer c.end()
 	if !c.insert {
@@ -209,11 +181,9 @@ func (c *txClaim) recordAlone(ctx context.Context, resp store.Response, retentio
 }
 
 // failClosed ends a transaction the handler ended or left (cause): what
-// committed is unknown, so the key is kept claimed for a lease by the plain
-// store's claim under the same token (duplicates get 409 meanwhile, then take
-// it over) and the connection is closed. The claim takes another connection:
-// this one's state is whatever the handler left through its side door, which
-// the library does not trust with the key. It returns ErrTxEnded wrapped.
+// committed is unknown, so the plain store claims the key for a lease under the
+// same token, on another connection (this one's state is the handler's doing),
+// and this one is closed. It returns ErrTxEnded wrapped.
 func (c *txClaim) failClosed(ctx context.Context, cause error) error {
 	req := c.req
 	req.Token = c.token
