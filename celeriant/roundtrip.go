@@ -47,6 +47,7 @@ func (c *Client) roundTrip(ctx context.Context, op string, isWrite bool, corr uu
 		defer cancel()
 	}
 	hops, busy, waits, mayReuse := 0, 0, 0, true
+	var answer *ServerError // the last not-leader answer, for an error the deadline cuts
 	for {
 		c.mu.Lock()
 		closed, addr := c.closed, c.target
@@ -58,7 +59,16 @@ func (c *Client) roundTrip(ctx context.Context, op string, isWrite bool, corr uu
 		if err == nil {
 			return nil
 		}
+		var se *ServerError
+		if answer != nil && ctx.Err() != nil && !errors.As(err, &se) {
+			// The deadline cut a retry short (not sent, or no answer): the caller
+			// learns both, and that the cluster had no leader to take it.
+			return fmt.Errorf("%w (the last answer before the deadline: %w)", err, answer)
+		}
 		leader, notLeader := IsNotLeader(err)
+		if notLeader {
+			errors.As(err, &answer)
+		}
 		switch {
 		case notLeader && leader != "" && leader != addr && hops < maxLeaderHops:
 			hops++
