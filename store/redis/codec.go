@@ -43,7 +43,14 @@ func corrupt(what string) error {
 // reply is a script's reply: an array whose first element is the result code.
 type reply []any
 
+// A script with nothing but a code to say replies the plain integer.
 func asReply(v any) (reply, int64, error) {
+	if code, ok := v.(int64); ok {
+		if code == -1 {
+			return nil, 0, errForeign
+		}
+		return nil, code, nil
+	}
 	a, ok := v.([]any)
 	if !ok || len(a) == 0 {
 		return nil, 0, corrupt("script reply")
@@ -53,10 +60,12 @@ func asReply(v any) (reply, int64, error) {
 		return nil, 0, corrupt("script reply code")
 	}
 	if code == -1 {
-		return nil, 0, fmt.Errorf("%w: redis: foreign data under the record key", store.ErrCorrupt)
+		return nil, 0, errForeign
 	}
 	return a, code, nil
 }
+
+var errForeign = fmt.Errorf("%w: redis: foreign data under the record key", store.ErrCorrupt)
 
 func (r reply) str(i int) (string, bool) {
 	if i >= len(r) {
