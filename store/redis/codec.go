@@ -43,7 +43,9 @@ func corrupt(what string) error {
 // reply is a script's reply: an array whose first element is the result code.
 type reply []any
 
-// A script with nothing but a code to say replies the plain integer.
+// asReply decodes a script's reply: the plain integer code of a script with
+// nothing else to say, or an array whose first element is the code; -1 (foreign
+// data) is store.ErrCorrupt.
 func asReply(v any) (reply, int64, error) {
 	if code, ok := v.(int64); ok {
 		if code == -1 {
