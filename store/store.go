@@ -170,12 +170,15 @@ type Record struct {
 	Fingerprint Fingerprint
 	// Response holds the stored status, headers and body (or the omitted mark).
 	Response
-	// CreatedAt is when the key was first claimed, on the store's clock.
+	// CreatedAt is when the key was first claimed, on the store's clock
+	// (store/redis: the claiming process's clock).
 	CreatedAt time.Time
-	// CompletedAt is when Complete stored the response, on the store's clock.
+	// CompletedAt is when Complete stored the response, on the store's clock
+	// (store/redis: the completing process's clock).
 	CompletedAt time.Time
 	// ExpiresAt is when the record stops being replayed (CompletedAt + retention),
-	// on the store's clock. After it the key is new again.
+	// on the store's clock (store/redis: as CompletedAt; the key's TTL on the
+	// server's clock is what ends it). After it the key is new again.
 	ExpiresAt time.Time
 }
 

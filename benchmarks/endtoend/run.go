@@ -42,8 +42,8 @@ type runResult struct {
 // roundResult is one round: every run, and the plain GET and SET floor (one
 // command at a time, as the sequential phase of the runs).
 type roundResult struct {
-	runs     map[string]runResult // by "subject/mode"
-	get, set redisDelta
+	runs           map[string]runResult // by "subject/mode"
+	get, set, eval redisDelta           // eval: an empty script's EVALSHA
 }
 
 // round runs every subject once (bare) or in both modes, then plain commands
@@ -69,11 +69,13 @@ func (b *bench) round(n int, subs []string) roundResult {
 		}
 	}
 	record, _ := b.rc.Get(context.Background(), b.floorKey).Result()
-	get, set, err := plainOps(b.cfg.redisAddr, record, 1, b.seq)
+	get, set, eval, err := plainOps(b.cfg.redisAddr, record, 1, b.seq)
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "plain commands: %v\n", err)
 		os.Exit(1)
 	}
+	res.eval = eval
+	fmt.Printf("%-20s %9s %11s %9s %9.2f %9s  %s\n", "empty EVALSHA loop", "", "", "", eval.cpuPerReq, "", eval.commands())
 	res.get, res.set = get, set
 	fmt.Printf("%-20s %9s %11s %9s %9.2f %9s  %s (value of %d bytes)\n", "plain GET loop", "", "", "", get.cpuPerReq, "", get.commands(), len(record))
 	fmt.Printf("%-20s %9s %11s %9s %9.2f %9s  %s\n", "plain SET loop", "", "", "", set.cpuPerReq, "", set.commands())

@@ -33,7 +33,9 @@ func added(key, bare string) func(roundResult) (float64, bool) {
 	}
 }
 
-func plainGet(r roundResult) (float64, bool) { return r.get.cpuPerReq, true }
+func plainGet(r roundResult) (float64, bool)  { return r.get.cpuPerReq, true }
+func plainSet(r roundResult) (float64, bool)  { return r.set.cpuPerReq, true }
+func emptyEval(r roundResult) (float64, bool) { return r.eval.cpuPerReq, true }
 func plainGetSet(r roundResult) (float64, bool) {
 	return r.get.cpuPerReq + r.set.cpuPerReq, true
 }
@@ -56,8 +58,8 @@ var ratios = []ratio{
 	{"Redis CPU/req, idemkey redis first / GET+SET floor", "<= 2.5", runOf("redis/first", redisCPU), floorOf("redis/first")},
 	{"Redis CPU/req, idemkey / Fiber+Redis, replay (each over its floor)", "<= 1.2", normalized("redis/replay"), normalized("fiber-redis/replay")},
 	{"Redis CPU/req, idemkey / Fiber+Redis, first (each over its floor)", "<= 1.5", normalized("redis/first"), normalized("fiber-redis/first")},
-	{"Redis CPU/req, idemkey / Fiber+Redis, replay (direct)", "", runOf("redis/replay", redisCPU), runOf("fiber-redis/replay", redisCPU)},
-	{"Redis CPU/req, idemkey / Fiber+Redis, first (direct)", "", runOf("redis/first", redisCPU), runOf("fiber-redis/first", redisCPU)},
+	{"Redis CPU/req, idemkey / Fiber+Redis, replay (raw)", "<= 1.2", runOf("redis/replay", redisCPU), runOf("fiber-redis/replay", redisCPU)},
+	{"Redis CPU/req, idemkey / Fiber+Redis, first (raw)", "<= 1.5", runOf("redis/first", redisCPU), runOf("fiber-redis/first", redisCPU)},
 	{"req/s, idemkey redis / Fiber+Redis, replay", ">= 1.0", runOf("redis/replay", rps), runOf("fiber-redis/replay", rps)},
 	{"req/s, idemkey redis / Fiber+Redis, first", ">= 0.9", runOf("redis/first", rps), runOf("fiber-redis/first", rps)},
 	{"Redis CPU/req, Fiber+Redis replay / GET floor", "", normalized("fiber-redis/replay"), one},
@@ -65,6 +67,7 @@ var ratios = []ratio{
 	{"Redis CPU/req, tiered replay / GET floor", "", normalized("tiered/replay"), one},
 	{"Redis CPU/req, idemkey redis replay / plain GET loop", "", runOf("redis/replay", redisCPU), plainGet},
 	{"Redis CPU/req, idemkey redis first / plain GET+SET loop", "", runOf("redis/first", redisCPU), plainGetSet},
+	{"Redis CPU/req, empty EVALSHA loop / plain SET loop", "", emptyEval, plainSet},
 	{"req/s, memory replay / bare", "", runOf("memory/replay", rps), runOf("bare/bare", rps)},
 	{"req/s, memory first / bare", "", runOf("memory/first", rps), runOf("bare/bare", rps)},
 	{"req/s, redis replay / bare", "", runOf("redis/replay", rps), runOf("bare/bare", rps)},
@@ -97,6 +100,11 @@ func summarize(all []roundResult) {
 			}
 		}
 	}
+	var ev []float64
+	for _, rr := range all {
+		ev = append(ev, rr.eval.cpuPerReq)
+	}
+	fmt.Printf("%-20s %9s %11s %9s %9.2f\n", "empty EVALSHA loop", "", "", "", httpload.Median(ev))
 	var g, st []float64
 	for _, rr := range all {
 		g, st = append(g, rr.get.cpuPerReq), append(st, rr.set.cpuPerReq)
