@@ -1,0 +1,123 @@
+package claim_test
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/idemkey/idemkey/claim"
+	"github.com/idemkey/idemkey/store"
+	"github.com/idemkey/idemkey/store/memory"
+)
+
+// slowComplete is a store whose Complete lands after delay, or lands at once and
+// answers only once a renewal has reached the store after it (answered).
+type slowComplete struct {
+	notInProcess
+	delay    time.Duration
+	answered chan struct{} // closed by the first renewal after the record
+	mu       sync.Mutex
+	done     bool
+}
+
+func (s *slowComplete) Complete(ctx context.Context, id store.ID, tok store.Token, resp store.Response, ret time.Duration) error {
+	if s.answered == nil {
+		time.Sleep(s.delay)
+		return s.Store.Complete(ctx, id, tok, resp, ret)
+	}
+	err := s.Store.Complete(ctx, id, tok, resp, ret)
+	s.mu.Lock()
+	s.done = true
+	s.mu.Unlock()
+	<-s.answered
+	return err
+}
+
+func (s *slowComplete) Renew(ctx context.Context, id store.ID, tok store.Token, lease time.Duration) error {
+	err := s.Store.Renew(ctx, id, tok, lease)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.done {
+		close(s.answered)
+		s.done = false
+	}
+	return err
+}
+
+// runOnce claims id on cl and runs an execution that answers 201.
+func runOnce(t *testing.T, cl *claim.Claimer, id store.ID) (*claim.Execution, claim.Ending) {
+	t.Helper()
+	res, sent, err := cl.Claim(t.Context(), store.ClaimRequest{ID: id})
+	if err != nil || res.Outcome != store.Claimed {
+		t.Fatalf("claim: %+v, %v", res, err)
+	}
+	e := &claim.Execution{}
+	end := e.Run(cl, t.Context(), claim.Claimed{Claim: claim.Claim{ID: id, Token: res.Token}, Sent: sent}, nil,
+		func() claim.Outcome { return claim.Outcome{Response: store.Response{Status: 201}} })
+	return e, end
+}
+
+func outcome(t *testing.T, cl *claim.Claimer, id store.ID) store.Outcome {
+	t.Helper()
+	res, _, err := cl.Claim(t.Context(), store.ClaimRequest{ID: id})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return res.Outcome
+}
+
+// A completion slower than the rest of the lease (past the answer grace: the
+// caller has answered) keeps the lease renewed until it ends: a duplicate in the
+// meantime is in flight, never a takeover that runs the execution twice; once
+// the record lands, renewals end and the key replays.
+func TestLeaseRenewedWhileCompleting(t *testing.T) {
+	for _, delay := range []time.Duration{500 * time.Millisecond, 1500 * time.Millisecond, 4 * time.Second} {
+		t.Run(delay.String(), func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				st := &slowComplete{notInProcess: notInProcess{memory.New()}, delay: delay}
+				cl := newClaimer(t, st, 300*time.Millisecond)
+				id := store.ID{Key: "k"}
+				ended := make(chan claim.Ending, 1)
+				go func() { _, end := runOnce(t, cl, id); ended <- end }()
+				for at := 100 * time.Millisecond; at < delay; at += 100 * time.Millisecond {
+					time.Sleep(100 * time.Millisecond)
+					if o := outcome(t, cl, id); o != store.InFlight {
+						t.Errorf("duplicate %v into a %v completion: %v, want in flight", at, delay, o)
+						break
+					}
+				}
+				end := <-ended
+				if err := cl.Wait(t.Context()); err != nil || end.Err != nil || end.LeaseLost {
+					t.Fatalf("ending %+v, wait %v", end, err)
+				}
+				time.Sleep(time.Second) // renewals, had they gone on, would be refused now
+				if o := outcome(t, cl, id); o != store.Completed {
+					t.Fatalf("after the completion: %v, want completed", o)
+				}
+			})
+		})
+	}
+}
+
+// A renewal that reaches the store after the record (its answer still on the
+// way) is refused and changes nothing: the completion succeeds, the execution
+// reports no lost lease, the key replays.
+func TestRenewalAfterRecordChangesNothing(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		st := &slowComplete{notInProcess: notInProcess{memory.New()}, answered: make(chan struct{})}
+		cl := newClaimer(t, st, 300*time.Millisecond)
+		id := store.ID{Key: "k"}
+		e, end := runOnce(t, cl, id)
+		if end.Err != nil || end.LeaseLost || e.LeaseLost() {
+			t.Fatalf("ending %+v, lease lost %v; want the completion's success", end, e.LeaseLost())
+		}
+		if err := cl.Wait(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+		if o := outcome(t, cl, id); o != store.Completed {
+			t.Fatalf("after the completion: %v, want completed", o)
+		}
+	})
+}
