@@ -2,6 +2,9 @@ package claim_test
 
 import (
 	"context"
+	"errors"
+	"log/slog"
+	"strings"
 	"sync"
 	"testing"
 	"testing/synctest"
@@ -118,6 +121,55 @@ func TestRenewalAfterRecordChangesNothing(t *testing.T) {
 		}
 		if o := outcome(t, cl, id); o != store.Completed {
 			t.Fatalf("after the completion: %v, want completed", o)
+		}
+	})
+}
+
+// lostReply is a store whose first Complete lands but whose reply is lost.
+type lostReply struct {
+	notInProcess
+	mu   sync.Mutex
+	lost bool
+}
+
+func (s *lostReply) Complete(ctx context.Context, id store.ID, tok store.Token, resp store.Response, ret time.Duration) error {
+	err := s.Store.Complete(ctx, id, tok, resp, ret)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !s.lost {
+		s.lost = true
+		return errors.New("connection reset after the statement was sent (injected)")
+	}
+	return err
+}
+
+// A completion whose reply was lost but which landed is retried, and the retry
+// (the same token and response) is answered as done: logged as completed, not
+// as a lost lease.
+func TestLostCompletionReplyIsSuccess(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		logs := &msgLog{}
+		cl, err := claim.New(claim.Config{Store: &lostReply{notInProcess: notInProcess{memory.New()}}, Lease: time.Second,
+			Retention: time.Hour, Logger: slog.New(logs)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		id := store.ID{Key: "k"}
+		_, end := runOnce(t, cl, id)
+		if err := cl.Wait(t.Context()); err != nil || !end.Pending {
+			t.Fatalf("ending %+v, wait %v; want the completion pending after the lost reply", end, err)
+		}
+		logs.mu.Lock()
+		defer logs.mu.Unlock()
+		var completed bool
+		for _, m := range logs.msgs {
+			if strings.Contains(m, "lost") && !strings.Contains(m, "retrying") {
+				t.Errorf("logged %q", m)
+			}
+			completed = completed || strings.Contains(m, "completed in the background")
+		}
+		if !completed {
+			t.Errorf("logs %q; want the completion logged as done", logs.msgs)
 		}
 	})
 }

@@ -62,9 +62,16 @@ return {1, 1}
 // completeScript turns the marker of ARGV token into the record. ARGV token,
 // call nonce, retention ms, flags byte, status + header length + headers, body,
 // the waiters' channel. Replies {1} stored (or this very call was applied
-// already) | {0} lease lost (also when completed by another call) | {-1} | {-2}.
+// already, or a call of the same token with the same status, body and flags: a
+// completion retried after its reply was lost) | {0} lease lost (also when
+// completed by another token or with another response) | {-1} | {-2}.
 var completeScript = goredis.NewScript(prelude + `
-if kind == 2 and string.sub(v, 36, 51) == ARGV[1] and string.sub(v, 52, 67) == ARGV[2] then return {1} end
+if kind == 2 and string.sub(v, 36, 51) == ARGV[1] then
+  if string.sub(v, 52, 67) == ARGV[2] then return {1} end
+  if string.sub(v, 3, 3) == ARGV[4] and string.sub(v, 92, 93) == string.sub(ARGV[5], 1, 2) and
+     string.sub(v, 98 + struct.unpack('>I4', v, 94)) == ARGV[6] then return {1} end
+  return {0}
+end
 if kind ~= 1 or string.sub(v, 36, 51) ~= ARGV[1] then return {0} end
 local t, ret = now(), tonumber(ARGV[3])
 local exp = redis.call('PEXPIRETIME', k)
