@@ -173,3 +173,39 @@ func TestLostCompletionReplyIsSuccess(t *testing.T) {
 		}
 	})
 }
+
+// fakeTx is a claim.Tx that records how it ended.
+type fakeTx struct {
+	committed *store.Response
+	rolled    bool
+}
+
+func (f *fakeTx) Commit(_ context.Context, resp store.Response, _ time.Duration) (claim.TxEnd, error) {
+	f.committed = &resp
+	return claim.TxCommitted, nil
+}
+
+func (f *fakeTx) Rollback(context.Context) error { f.rolled = true; return nil }
+
+// MarkCompleted in the one-transaction mode is refused (ErrOneTx) and marks
+// nothing: the execution still commits its transaction with the outcome's
+// response (it used to be accepted, and the transaction was left open, neither
+// committed nor rolled back).
+func TestMarkCompletedRefusedInOneTx(t *testing.T) {
+	cl := newClaimer(t, memory.New(), time.Second)
+	id := store.ID{Key: "k"}
+	tx := &fakeTx{}
+	c := claim.Claim{ID: id, Token: store.NewToken()}
+	var e claim.Execution
+	var markErr error
+	end := e.Run(cl, t.Context(), claim.Claimed{Claim: c, Sent: time.Now(), Tx: tx}, nil, func() claim.Outcome {
+		markErr = claim.MarkCompleted(claim.NewContext(t.Context(), c, &e), store.Response{Status: 201})
+		return claim.Outcome{Response: store.Response{Status: 202}}
+	})
+	if !errors.Is(markErr, claim.ErrOneTx) {
+		t.Fatalf("MarkCompleted in the one-transaction mode: %v, want ErrOneTx", markErr)
+	}
+	if end.InTx || end.Err != nil || tx.committed == nil || tx.committed.Status != 202 || tx.rolled {
+		t.Fatalf("ending %+v, committed %+v, rolled back %v; want the outcome committed", end, tx.committed, tx.rolled)
+	}
+}

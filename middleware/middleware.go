@@ -292,7 +292,8 @@ func (m *Middleware) Handler(next http.Handler) http.Handler {
 // transaction back. When the commit fails, or the handler ended or left the
 // transaction itself, the client gets 503 store_unavailable (the configured
 // problem, with Retry-After) instead: never a success for rows that did not
-// commit.
+// commit. next completes nothing itself (no store/postgres CommitResponse or
+// CompleteTx): claim.MarkCompleted is refused with claim.ErrOneTx.
 func (m *Middleware) OneTx(next http.Handler) http.Handler {
 	if !m.claimer.HoldsTx() {
 		panic(fmt.Sprintf("idemkey/middleware: OneTx: the store (%T) holds no claim in a transaction (claim.TxStore; store/postgres Store.OneTx)", m.store))
