@@ -51,7 +51,6 @@ func TestNewRequiresStoreAndScope(t *testing.T) {
 		{"negative store timeout", st, GlobalScope, []Option{WithStoreFailure(policy.StoreFailureRule{Timeouts: claim.Timeouts{Complete: -time.Second}})}},
 		{"renewal timeout over the lease", st, GlobalScope, []Option{WithLease(time.Second), WithStoreFailure(policy.StoreFailureRule{Timeouts: claim.Timeouts{Renew: 2 * time.Second}})}},
 		{"negative request body limit", st, GlobalScope, []Option{WithRequestFingerprint(FingerprintRule{MaxBody: -1})}},
-		{"nil clock", st, GlobalScope, []Option{WithClock(nil)}},
 	}
 	for _, tt := range tests {
 		if m, err := New(tt.st, tt.scope, tt.opts...); err == nil || m != nil {

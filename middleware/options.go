@@ -114,8 +114,6 @@ func (c *config) validate() error {
 			c.replayedHeader, c.omittedHeader)
 	case len(c.methods) == 0:
 		return errors.New("idemkey/middleware: no protected method (WithMethods)")
-	case c.clock == nil:
-		return errors.New("idemkey/middleware: WithClock(nil)")
 	}
 	for _, meth := range c.methods {
 		if !httpfield.ValidName(meth) { // a method is a token too (RFC 9110 section 9.1)
@@ -181,11 +179,18 @@ func WithObserver(o Observer) Option { return func(c *config) { c.observer = o }
 // WithLogger sets the logger (default slog.Default()).
 func WithLogger(l *slog.Logger) Option { return func(c *config) { c.logger = l } }
 
-// WithClock replaces the clock that schedules lease renewal (default the real
-// one; New refuses nil). Tests use it to fire renewals without sleeping. If clk also has a method
-// Now() time.Time, it measures handler durations too (the estimate behind a
-// 409's Retry-After).
-func WithClock(clk claim.Clock) Option { return func(c *config) { c.clock = clk } }
+// WithClock replaces the clock that schedules lease renewal (nil: the real
+// one, as idem.WithClock). Tests use it to fire renewals without sleeping. If
+// clk also has a method Now() time.Time, it measures handler durations too (the
+// estimate behind a 409's Retry-After).
+func WithClock(clk claim.Clock) Option {
+	return func(c *config) {
+		if clk == nil {
+			clk = claim.RealClock{}
+		}
+		c.clock = clk
+	}
+}
 
 // nowOf returns clk's Now if it has one, else monotonic: the middleware only
 // subtracts its readings.
