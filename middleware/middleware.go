@@ -205,7 +205,7 @@ const preRetryAfter = 120
 // opts (docs/options.md). Both s and scope are required: a global scope must be
 // chosen explicitly (GlobalScope). It fails on a nil store or scope, on a
 // policy value out of range (policy.Config.Validate), and on an HTTP setting out
-// of range: a negative body limit, no protected method, a replay header name or
+// of range: a negative body limit, a replay header name or
 // method that is not an RFC 9110 token, a problem type base that is
 // not an absolute URI, problem members that cannot be rendered. The error names
 // the field or option.

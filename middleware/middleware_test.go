@@ -45,7 +45,6 @@ func TestNewRequiresStoreAndScope(t *testing.T) {
 		{"key header with a colon", st, GlobalScope, []Option{WithKey(policy.KeyRule{Header: "Idempotency-Key:"})}},
 		{"replayed header not a token", st, GlobalScope, []Option{WithReplay(ReplayRule{ReplayedHeader: "Replayed\r\nX"})}},
 		{"omitted header not a token", st, GlobalScope, []Option{WithReplay(ReplayRule{OmittedHeader: "a b"})}},
-		{"no methods", st, GlobalScope, []Option{WithMethods()}},
 		{"empty method", st, GlobalScope, []Option{WithMethods("POST", "")}},
 		{"method with a space", st, GlobalScope, []Option{WithMethods("POST ")}},
 		{"negative store timeout", st, GlobalScope, []Option{WithStoreFailure(policy.StoreFailureRule{Timeouts: claim.Timeouts{Complete: -time.Second}})}},

@@ -40,7 +40,6 @@ func TestNewRefusesInvalidRules(t *testing.T) {
 			return map[string]any{"Code": 1}
 		}}),
 		"wait negative": WithWaitInFlight(-time.Second),
-		"no method":     WithMethods(),
 	} {
 		if m, err := New(memory.New(), GlobalScope, o); err == nil || m != nil {
 			t.Errorf("%s: New succeeded", name)
@@ -48,7 +47,7 @@ func TestNewRefusesInvalidRules(t *testing.T) {
 	}
 	zero := []Option{WithKey(policy.KeyRule{}), WithRequestFingerprint(FingerprintRule{}), WithRecordRetention(policy.RetentionRule{}),
 		WithReplay(ReplayRule{}), WithRelease(ReleaseRule{}), WithStoreFailure(policy.StoreFailureRule{}), WithProblems(ProblemRule{}),
-		WithClock(nil)}
+		WithClock(nil), WithMethods()}
 	c := defaultConfig()
 	for _, o := range zero {
 		o(&c)
