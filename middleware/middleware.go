@@ -205,8 +205,8 @@ const preRetryAfter = 120
 // opts (docs/options.md). Both s and scope are required: a global scope must be
 // chosen explicitly (GlobalScope). It fails on a nil store or scope, on a
 // policy value out of range (policy.Config.Validate), and on an HTTP setting out
-// of range: a negative body limit, no protected method, a replay header name or
-// method that is not an RFC 9110 token, a nil clock, a problem type base that is
+// of range: a negative body limit, a replay header name or
+// method that is not an RFC 9110 token, a problem type base that is
 // not an absolute URI, problem members that cannot be rendered. The error names
 // the field or option.
 func New(s store.Store, scope ScopeFunc, opts ...Option) (*Middleware, error) {
@@ -292,7 +292,8 @@ func (m *Middleware) Handler(next http.Handler) http.Handler {
 // transaction back. When the commit fails, or the handler ended or left the
 // transaction itself, the client gets 503 store_unavailable (the configured
 // problem, with Retry-After) instead: never a success for rows that did not
-// commit.
+// commit. next completes nothing itself (no store/postgres CommitResponse or
+// CompleteTx): claim.MarkCompleted is refused with claim.ErrOneTx.
 func (m *Middleware) OneTx(next http.Handler) http.Handler {
 	if !m.claimer.HoldsTx() {
 		panic(fmt.Sprintf("idemkey/middleware: OneTx: the store (%T) holds no claim in a transaction (claim.TxStore; store/postgres Store.OneTx)", m.store))

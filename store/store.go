@@ -277,8 +277,11 @@ type Store interface {
 	Claim(ctx context.Context, req ClaimRequest) (ClaimResult, error)
 
 	// Complete stores resp for id if token still owns it, and keeps the record for
-	// retention from now (store clock). ErrLeaseLost otherwise. The caller may reuse
-	// resp.Body and resp.Header once Complete returns: a store copies what it keeps.
+	// retention from now (store clock). A record token already completed with
+	// resp's status, body and omitted mark answers nil, left as it is (a
+	// completion retried after its reply was lost). ErrLeaseLost otherwise. The
+	// caller may reuse resp.Body and resp.Header once Complete returns: a store
+	// copies what it keeps.
 	Complete(ctx context.Context, id ID, token Token, resp Response, retention time.Duration) error
 
 	// Release forgets id if token still owns it, so the next claim runs the handler

@@ -178,10 +178,12 @@ func (s *Store) contend(ctx context.Context, key string, req store.ClaimRequest,
 
 // Complete implements store.Store with one script call: the marker of token
 // becomes the completed record (its times on this process's clock) and its key
-// expires retention from now on the Redis clock. store.ErrLeaseLost when token
-// no longer holds id, including when the record is already completed by
-// another Complete call (a client's re-delivery of this very call, after a
-// lost reply, answers nil); other errors as for Claim.
+// expires retention from now on the Redis clock. A record token already
+// completed with the same status, body and omitted mark (a completion retried
+// after its reply was lost, or the client's re-delivery of this very call)
+// answers nil and is left as it is, in the same script. store.ErrLeaseLost when
+// token no longer holds id, including a record completed by another token or
+// with another response; other errors as for Claim.
 func (s *Store) Complete(ctx context.Context, id store.ID, token store.Token, resp store.Response, retention time.Duration) error {
 	if err := store.ValidateHolder(id, token); err != nil {
 		return err

@@ -69,9 +69,11 @@ return {1, 1}
 // head (format, kind, flags), bytes 3-58 of the marker (fingerprint, token,
 // created at), then the rest as sent (nonce, times, status, headers), then the
 // body; one GET, one SET, no clock. ARGV token, head, rest, body, retention ms,
-// the waiters' channel. Replies 1 stored (or this very call was applied
-// already: same token and nonce) | 0 lease lost (also when completed by
-// another call) | -1 | -2.
+// the waiters' channel. Replies 1 stored, or left as it is when token already
+// completed it with this very call (same nonce) or with the same status, body
+// and omitted mark (a completion retried after its reply was lost) | 0 lease
+// lost (also when completed by another token or with another response) | -1 |
+// -2.
 var completeScript = goredis.NewScript(`
 local k = KEYS[1]
 local v = redis.pcall('GET', k)
@@ -85,7 +87,11 @@ if n == 67 and f == 2 and c == 112 then
   return 1
 end
 if n < 97 or f ~= 2 or c ~= 99 then return -1 end
-if string.sub(v, 36, 51) == ARGV[1] and string.sub(v, 60, 75) == string.sub(ARGV[3], 1, 16) then return 1 end
+if string.sub(v, 36, 51) ~= ARGV[1] then return 0 end
+if string.sub(v, 60, 75) == string.sub(ARGV[3], 1, 16) then return 1 end
+local a, b, d, e = string.byte(v, 94, 97)
+if string.byte(v, 3) == string.byte(ARGV[2], 3) and string.sub(v, 92, 93) == string.sub(ARGV[3], 33, 34) and
+   string.sub(v, 98 + ((a * 256 + b) * 256 + d) * 256 + e) == ARGV[4] then return 1 end
 return 0
 `)
 

@@ -100,6 +100,10 @@ func testRenewAfterComplete(t *testing.T, s *suite) {
 	if err := s.Store.Renew(s.ctx, id, tok, Lease); !errors.Is(err, store.ErrLeaseLost) {
 		t.Errorf("Renew after Complete: %v, want ErrLeaseLost", err)
 	}
+	// The refused renewal (one that reached the store after the record, while
+	// the completion's answer was on its way) resurrected no claim.
+	res := s.expect(t, req(id, fpA), store.Completed)
+	equalResponse(t, res.Record, sampleResponse())
 }
 
 func testUnknownKey(t *testing.T, s *suite) {

@@ -34,6 +34,12 @@ type Subject struct {
 	// Wait lets d pass on the store's clock. Nil means time.Sleep, for stores whose
 	// deadlines run on a server's real clock.
 	Wait func(d time.Duration)
+	// SealsAnew is set for a store that keeps each completion's response sealed
+	// with a fresh nonce (store/encrypted): it cannot tell a record completed by
+	// the same token with the same response from another, so
+	// CompleteAgainSameToken only checks that a repeated completion changes
+	// nothing.
+	SealsAnew bool
 	// MaxBody, when positive, is the body size above which the store keeps a
 	// record with its body omitted (store.Response.BodyOmitted) instead of the
 	// body: store/dynamodb, whose items are limited to 400 KB. BodiesRoundTrip
@@ -89,6 +95,7 @@ var cases = []struct {
 	{"StaleHolderRefused", testStaleHolderRefused},
 	{"ReleaseThenReclaim", testReleaseThenReclaim},
 	{"ReleaseAfterCompleteRefused", testReleaseAfterComplete},
+	{"CompleteAgainSameToken", testCompleteAgain},
 	{"RenewExtendsLease", testRenewExtendsLease},
 	{"RenewAfterCompleteRefused", testRenewAfterComplete},
 	{"UnknownKeyRefused", testUnknownKey},
