@@ -137,7 +137,7 @@ func NewWriter(resp *fasthttp.Response) http.ResponseWriter {
 			lines = append(lines, line{k, v})
 		}
 	})
-	return &responseWriter{resp: resp, h: copyLines(lines)}
+	return &responseWriter{resp: resp, h: copyLines(lines), outer: len(lines) > 0}
 }
 
 // responseWriter puts the status and header lines into resp with the first
@@ -147,6 +147,10 @@ type responseWriter struct {
 	resp  *fasthttp.Response
 	h     http.Header
 	wrote bool
+	// outer: resp had lines of outer middleware when the core began, which
+	// the core's values of the same name replace. Without (most requests)
+	// resp has no line of any name the core sets: HandOver took the chain's.
+	outer bool
 }
 
 func (w *responseWriter) Header() http.Header { return w.h }
@@ -158,7 +162,9 @@ func (w *responseWriter) WriteHeader(code int) {
 	w.wrote = true
 	w.resp.SetStatusCode(code)
 	for k, vs := range w.h {
-		w.resp.Header.Del(k) // an outer line, replaced by the core's values
+		if w.outer {
+			w.resp.Header.Del(k) // an outer line, replaced by the core's values
+		}
 		for _, v := range vs {
 			w.resp.Header.Add(k, v)
 		}

@@ -6,6 +6,7 @@ import (
 	"io"
 	"net/http"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -67,5 +68,37 @@ func TestRequestTransferEncodingAndBadURI(t *testing.T) {
 	fc.Request.SetRequestURI("%zz")
 	if _, err := Request(context.Background(), fc); err == nil {
 		t.Error("an invalid request URI parsed")
+	}
+}
+
+// TestWriter: the core's lines reach the response once each; an outer line
+// the core sets again is replaced, not doubled; one it leaves stays.
+func TestWriter(t *testing.T) {
+	for _, outer := range []bool{false, true} {
+		fc := newCtx(t)
+		if outer {
+			fc.Response.Header.Set("X-Request-Id", "outer")
+			fc.Response.Header.Set("X-Kept", "k")
+		}
+		w := NewWriter(&fc.Response)
+		w.Header()["X-Request-Id"] = []string{"core"}
+		w.Header()["Vary"] = []string{"a", "b"}
+		w.WriteHeader(http.StatusCreated)
+		w.Write([]byte("ok"))
+		var got []string
+		fc.Response.Header.VisitAll(func(k, v []byte) {
+			if string(k) != "Content-Type" && string(k) != "Content-Length" {
+				got = append(got, string(k)+": "+string(v))
+			}
+		})
+		want := []string{"X-Request-Id: core", "Vary: a", "Vary: b"}
+		if outer {
+			want = append(want, "X-Kept: k")
+		}
+		slices.Sort(got)
+		slices.Sort(want)
+		if !slices.Equal(got, want) || fc.Response.StatusCode() != 201 || string(fc.Response.Body()) != "ok" {
+			t.Errorf("outer lines %v: %d %q %q, want %q", outer, fc.Response.StatusCode(), fc.Response.Body(), got, want)
+		}
 	}
 }
