@@ -9,7 +9,6 @@ package fasthttpbridge
 import (
 	"bytes"
 	"context"
-	"maps"
 	"net/http"
 	"net/textproto"
 	"net/url"
@@ -40,7 +39,8 @@ func Request(ctx context.Context, fc *fasthttp.RequestCtx) (*http.Request, error
 			lines = append(lines, line{k, v})
 		}
 	})
-	r.Header = copyLines(lines)
+	r.Header = make(http.Header, len(lines))
+	copyLines(r.Header, lines)
 	if te, ok := r.Header["Transfer-Encoding"]; ok { // a field of its own, as net/http's server does
 		r.TransferEncoding = te
 		delete(r.Header, "Transfer-Encoding")
@@ -59,11 +59,11 @@ type line struct{ k, v []byte }
 // lineBuf holds the lines of a visit; a request with more spills to the heap.
 type lineBuf [24]line
 
-// copyLines copies lines into a new header: names canonical, a repeated line a
-// second value. The copies share one string and the values one array (each
-// value capacity-limited, so an append to it reallocates): three allocations
-// whatever the number of lines, where a copy per line cost three each.
-func copyLines(lines []line) http.Header {
+// copyLines copies lines into h: names canonical, a repeated line a second
+// value. The copies share one string and the values one array (each value
+// capacity-limited, so an append to it reallocates): two allocations whatever
+// the number of lines, where a copy per line cost three each.
+func copyLines(h http.Header, lines []line) {
 	size := 0
 	for _, l := range lines {
 		size += len(l.k) + len(l.v)
@@ -75,7 +75,6 @@ func copyLines(lines []line) http.Header {
 		sb.Write(l.v)
 	}
 	all := sb.String()
-	h := make(http.Header, len(lines))
 	values := make([]string, 0, len(lines))
 	for _, l := range lines {
 		key := textproto.CanonicalMIMEHeaderKey(all[:len(l.k)]) // no copy when canonical already
@@ -88,7 +87,6 @@ func copyLines(lines []line) http.Header {
 		values = append(values, val)
 		h[key] = values[len(values)-1 : len(values) : len(values)]
 	}
-	return h
 }
 
 // bodyReader is the request body: fasthttp's bytes, read once by the core.
@@ -109,7 +107,7 @@ func HandOver(resp *fasthttp.Response, w http.ResponseWriter) {
 			lines = append(lines, line{k, v})
 		}
 	})
-	maps.Copy(h, copyLines(lines))
+	copyLines(h, lines)
 	status := resp.StatusCode()
 	// A copy: resetting the body returns fasthttp's buffer to its pool, and
 	// the handler's own c.JSON body is not ours to keep.
@@ -137,7 +135,9 @@ func NewWriter(resp *fasthttp.Response) http.ResponseWriter {
 			lines = append(lines, line{k, v})
 		}
 	})
-	return &responseWriter{resp: resp, h: copyLines(lines), outer: len(lines) > 0}
+	h := make(http.Header, len(lines))
+	copyLines(h, lines)
+	return &responseWriter{resp: resp, h: h, outer: len(lines) > 0}
 }
 
 // responseWriter puts the status and header lines into resp with the first
