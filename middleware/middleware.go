@@ -14,6 +14,17 @@
 // Errors are RFC 9457 application/problem+json with type, title, status, detail
 // and a stable code member (see the Code constants).
 //
+// # Use
+//
+//	st := memory.New() // or store/postgres, store/redis: records every replica shares
+//	m, err := middleware.New(st, middleware.ScopeFromHeader("X-Client-ID", "anonymous"))
+//	if err != nil { ... } // a misconfiguration fails here, never as a 400 later
+//	err = http.ListenAndServe(addr, m.Handler(mux))
+//
+// In a handler, KeyFromContext returns the scope and key (e.g. to derive a
+// downstream idempotency key). Scope keys by your authenticated principal in
+// production (ScopeFromPrincipal); README.md has the complete Postgres program.
+//
 // # Options
 //
 // New takes one option per decision (docs/options.md). The decisions every entry
@@ -59,10 +70,12 @@
 //
 // Middleware.Handler has the shape func(http.Handler) http.Handler, so routers
 // whose handlers write to the http.ResponseWriter (chi: middleware/chitest) reuse the
-// core unchanged. Routers that do not have adapter modules: middleware/echo
+// core unchanged. Routers with handlers of their own shape have adapter modules: middleware/echo
 // (echo v4) and middleware/echov5 (echo v5), which also render a handler's
 // returned error inside the middleware so that response is the one stored and
-// replayed, and middleware/gin, which captures what gin writes through c.Writer.
+// replayed, middleware/gin, which captures what gin writes through c.Writer, and
+// middleware/fiber and middleware/fiberv3 (Fiber v2, v3). gRPC has an interceptor
+// on the same stores and policy: middleware/grpc.
 // On the client side, package client keeps one key across a request's retries.
 //
 // # Bodies and buffers

@@ -2,6 +2,19 @@
 // github.com/redis/go-redis/v9. It takes a redis.UniversalClient, so a single node,
 // Sentinel and Cluster all work.
 //
+// # Use
+//
+//	client := goredis.NewClient(&goredis.Options{Addr: "127.0.0.1:6379",
+//		ContextTimeoutEnabled: true}) // the store's deadlines bound socket reads too
+//	st := redis.New(client, redis.WithPrefix("payments:idem:"))
+//	err := st.CheckEvictionPolicy(ctx) // at startup: records need noeviction
+//	defer st.StopSubscriber()           // after the last request
+//	m, err := middleware.New(st, middleware.ScopeFromHeader("X-Client-ID", "anonymous"))
+//	err = http.ListenAndServe(addr, m.Handler(mux))
+//
+// A Redis failover can lose acknowledged records (see Server configuration
+// below); store/tiered puts Postgres behind it when that must not happen.
+//
 // # Transitions
 //
 // The paths every request takes are single plain commands. A claim is one
