@@ -7,6 +7,7 @@ require (
 	github.com/gofiber/fiber/v3 v3.1.0
 	github.com/gofiber/storage/redis/v3 v3.4.3
 	github.com/idemkey/idemkey v0.1.0
+	github.com/idemkey/idemkey/middleware/fiber v0.1.0
 	github.com/idemkey/idemkey/store/mysql v0.1.0
 	github.com/idemkey/idemkey/store/postgres v0.1.0
 	github.com/idemkey/idemkey/store/redis v0.1.0
@@ -22,6 +23,7 @@ require (
 	github.com/gofiber/schema v1.7.0 // indirect
 	github.com/gofiber/utils/v2 v2.0.2 // indirect
 	github.com/google/uuid v1.6.0 // indirect
+	github.com/idemkey/idemkey/middleware/internal/fasthttpbridge v0.1.0 // indirect
 	github.com/jackc/pgpassfile v1.0.0 // indirect
 	github.com/jackc/pgservicefile v0.0.0-20240606120523-5a60cdf6a761 // indirect
 	github.com/jackc/puddle/v2 v2.2.3 // indirect

@@ -17,7 +17,10 @@
 //     received the claim, which is after the send), then from each renewal's
 //     send: one that fails or runs out of its deadline is retried a third of the
 //     lease after it was sent (at once after a full deadline), while the last
-//     renewal that reached the store still holds the lease.
+//     renewal that reached the store still holds the lease. Renewals go on after
+//     the execution returned while its completion is pending, and stop when it
+//     ends (a renewal that reaches the store after the record is refused and
+//     changes nothing).
 //   - Lost lease: when a renewal finds the lease taken over (store.ErrLeaseLost),
 //     renewals stop and the execution's context is cancelled with cause
 //     store.ErrLeaseLost: another holder runs now, so this one should stop its

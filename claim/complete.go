@@ -14,24 +14,30 @@ import (
 // to a third of the lease.
 const minCompleteBackoff = 20 * time.Millisecond
 
-// Complete stores resp, after Stop, in one attempt under the complete deadline:
-// the only store call the caller waits for, so its client has its answer within
-// the execution's own time plus one store bound.
+// Complete stores resp in one attempt under the complete deadline: the only
+// store call the caller waits for, so its client has its answer within the
+// execution's own time plus one store bound. The lease is renewed while the
+// attempt runs (a renewal that reaches the store after the record is refused,
+// and changes nothing); the renewals stop when the completion ends.
 //
 // When that attempt fails with a store error (not ErrLeaseLost, ErrInvalid or
 // ErrCorrupt) while the lease is still held, completion goes on in the
-// background (pending true, err the attempt's error): the lease is renewed again
+// background (pending true, err the attempt's error): the lease is renewed
 // and Complete retried with back-off (20 ms doubling, at most a third of the
 // lease) until it succeeds, the lease is lost, the lease can no longer be held
 // (no successful claim or renewal within the last lease), or the retries have
-// lasted one lease. Until then duplicates are refused (in flight), never run a
-// second time; the outcome is logged. e then belongs to that work: the caller
-// must not reuse it (Reset). The work keeps its own copy of resp's header values
-// and body: once Complete returns, the caller's buffers are its own again (a
-// live response's header, which an outer middleware may edit, a pooled body).
+// lasted one lease. An attempt that failed without an answer and was followed
+// by a refused renewal (its record may have landed) is tried once more: the
+// store answers a completion already made with this token and response as
+// done. Until then duplicates are refused (in flight), never run a second
+// time; the outcome is logged. e then belongs to that work. The work keeps its
+// own copy of resp's header values and body: once Complete returns, the
+// caller's buffers are its own again (a live response's header, which an outer
+// middleware may edit, a pooled body).
 func (e *Execution) Complete(resp store.Response) (pending bool, err error) {
 	err = e.completeOnce(resp, true)
-	if err == nil || !e.retryable(err, time.Now(), 0, minCompleteBackoff) {
+	if err == nil || !e.retryable(err, time.Now(), 0, minCompleteBackoff) && !e.mayHaveCompleted(err) {
+		e.Stop()
 		return false, err
 	}
 	resp.Header, resp.Body = resp.Header.Clone(), bytes.Clone(resp.Body)
@@ -56,14 +62,26 @@ func (e *Execution) completeOnce(resp store.Response, observed bool) error {
 	return err
 }
 
+// refusal reports whether err is an answer of the store that no retry changes.
+func refusal(err error) bool {
+	return errors.Is(err, store.ErrLeaseLost) || errors.Is(err, store.ErrInvalid) || errors.Is(err, store.ErrCorrupt)
+}
+
+// mayHaveCompleted reports whether an attempt that failed with err, without the
+// store's answer, may have completed the record: a renewal was refused since,
+// as it is once the record is complete. One more attempt tells (a store answers
+// a completion of the record by the same token with the same response as done).
+func (e *Execution) mayHaveCompleted(err error) bool {
+	return !refusal(err) && e.renewLost.Load()
+}
+
 // retryable reports whether a completion that failed with err, first at failed,
 // after back-offs totalling waited, is tried again after backoff: a store error
 // while the lease is held and can be held until then, and the retries have not
 // lasted a lease (measured on both clocks: the back-offs' may be a test's).
 func (e *Execution) retryable(err error, failed time.Time, waited, backoff time.Duration) bool {
 	lease := e.cl.cfg.Lease
-	return !errors.Is(err, store.ErrLeaseLost) && !errors.Is(err, store.ErrInvalid) && !errors.Is(err, store.ErrCorrupt) &&
-		!e.renewLost.Load() && time.Since(e.heldAt())+backoff < lease && max(time.Since(failed), waited)+backoff <= lease
+	return !refusal(err) && !e.renewLost.Load() && time.Since(e.heldAt())+backoff < lease && max(time.Since(failed), waited)+backoff <= lease
 }
 
 // completeLater retries the completion that failed with err (Complete), in its
@@ -85,7 +103,9 @@ func (e *Execution) completeLater(resp store.Response, err error) {
 		<-wait
 		waited += backoff
 		backoff = min(2*backoff, max(cl.cfg.Lease/3, minCompleteBackoff))
-		if err = e.completeOnce(resp, false); err == nil || !e.retryable(err, failed, waited, backoff) {
+		lostBefore := e.renewLost.Load()
+		err = e.completeOnce(resp, false)
+		if err == nil || !e.retryable(err, failed, waited, backoff) && (lostBefore || !e.mayHaveCompleted(err)) {
 			break
 		}
 	}
@@ -95,10 +115,10 @@ func (e *Execution) completeLater(resp store.Response, err error) {
 	case err == nil:
 		cl.cfg.Logger.LogAttrs(context.Background(), slog.LevelInfo, "idempotency record completed in the background after retries", attrs...)
 	case errors.Is(err, store.ErrLeaseLost) || e.renewLost.Load():
-		// An attempt that timed out may still have landed (a hung server runs what
-		// it was sent when it resumes): then the retry finds the record completed.
+		// An attempt that timed out and landed (a hung server runs what it was sent
+		// when it resumes) is answered as done by the next one: this is a loss.
 		cl.cfg.Logger.LogAttrs(context.Background(), slog.LevelWarn,
-			"idempotency lease lost before completion; the response was not stored, unless an attempt that timed out landed (another request may have taken the key over)",
+			"idempotency lease lost before completion; the response was not stored (another request may have taken the key over)",
 			append(attrs, slog.Any("error", err))...)
 	default:
 		cl.cfg.Logger.LogAttrs(context.Background(), slog.LevelError,

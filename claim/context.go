@@ -42,6 +42,12 @@ type Claim struct {
 // (fail open), or its execution has already returned.
 var ErrNoClaim = errors.New("idemkey: no idempotency claim in the context")
 
+// ErrOneTx is returned by MarkCompleted in the one-transaction mode (TxStore):
+// the record commits with the execution's own transaction when it returns, so
+// there is nothing for the caller to complete, and a record it completed in
+// another transaction would not be the one the mode commits.
+var ErrOneTx = errors.New("idemkey: MarkCompleted in the one-transaction mode: the record commits with the execution's transaction")
+
 type ctxKey struct{}
 
 // Context is a context carrying a claim and its execution; callers embed it in
@@ -192,7 +198,10 @@ func FromContext(ctx context.Context) (Claim, bool) {
 // the claim. A store that keeps a copy of records (store.CompletionNotifier,
 // store/tiered) is told after the execution returns. resp must not be modified
 // afterwards. Call it before the execution returns; ErrNoClaim when ctx carries
-// no claim or the execution has returned.
+// no claim or the execution has returned; ErrOneTx in the one-transaction mode
+// (middleware.Middleware.OneTx, idem.Runner.DoTx), whose record commits with the
+// execution's transaction: nothing is marked, the execution ends as it would
+// have.
 func MarkCompleted(ctx context.Context, resp store.Response) error {
 	c, ok := ctx.Value(ctxKey{}).(*Context)
 	if !ok || c.exec == nil {
@@ -203,6 +212,9 @@ func MarkCompleted(ctx context.Context, resp store.Response) error {
 	defer e.txMu.Unlock()
 	if e.token != c.claim.Token || e.id != c.claim.ID || e.returned {
 		return ErrNoClaim
+	}
+	if e.tx != nil {
+		return ErrOneTx
 	}
 	e.inTx, e.txResp = true, resp
 	return nil

@@ -41,11 +41,12 @@ type Execution struct {
 	sent       time.Time // when the claim was sent (monotonic)
 
 	// Lease renewal.
-	renewLost atomic.Bool  // a renewal found the lease lost
+	renewLost atomic.Bool  // a renewal found the lease lost (at any time)
+	lostLive  atomic.Bool  // ... while the execution ran (LeaseLost)
 	held      atomic.Int64 // when a renewal last held the lease: cl.epoch + held (its send); 0: none yet (sent)
 	mu        sync.Mutex
 	stopped   bool // no renewal is due (Stop; restart clears it)
-	returnedE bool // Stop ran: the execution returned, a lost lease cancels nothing
+	returnedE bool // the execution returned (Stop, returnedRun): a lost lease cancels nothing
 	renewing  bool // a renewal's store call is in progress (not under mu)
 	timer     Timer
 	renewFn   func()
@@ -136,9 +137,12 @@ func (e *Execution) renew() {
 	case errors.Is(err, store.ErrLeaseLost):
 		// Logged by the caller when it returns: a record completed in the caller's
 		// own transaction also ends the lease, and is no loss. Once the execution
-		// has returned there is no context left to cancel.
+		// has returned there is no context left to cancel, and a refusal may be
+		// the completion's own doing (a renewal that reached the store after the
+		// record): it only stops the completion's retries (retryable).
 		e.renewLost.Store(true)
 		if !e.returnedE && !e.completedInTx() {
+			e.lostLive.Store(true)
 			if e.lost != nil {
 				e.lost(store.ErrLeaseLost)
 			}
@@ -161,8 +165,11 @@ func (e *Execution) renew() {
 	e.timer.Reset(max(cl.cfg.Lease/3-cl.now().Sub(at), 0))
 }
 
-// LeaseLost reports whether a renewal found the lease taken over.
-func (e *Execution) LeaseLost() bool { return e.renewLost.Load() }
+// LeaseLost reports whether a renewal found the lease taken over while the
+// execution ran (before it returned). A renewal refused later, while the
+// completion is pending, is not reported: the record it found may be this
+// execution's own (the completion's result says what happened).
+func (e *Execution) LeaseLost() bool { return e.lostLive.Load() }
 
 // heldAt returns when the lease was last known held (claim or renewal sent, then
 // succeeded), on the monotonic clock.
@@ -200,6 +207,16 @@ func (e *Execution) Stop() {
 	if e.timer != nil {
 		e.timer.Stop()
 	}
+}
+
+// returnedRun marks the execution returned, its renewals still due: they go on
+// while its completion is pending (Complete stops them once it ends), so a
+// completion slower than the rest of the lease never lets a duplicate take the
+// key over after the caller has answered.
+func (e *Execution) returnedRun() {
+	e.mu.Lock()
+	e.returnedE = true
+	e.mu.Unlock()
 }
 
 // restart schedules renewals again after Stop, the next at once when the last

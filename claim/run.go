@@ -91,7 +91,7 @@ func (e *Execution) Run(cl *Claimer, values context.Context, c Claimed, lost fun
 	}()
 	out := fn()
 	returned = true
-	e.Stop()
+	e.returnedRun() // renewals go on until the completion ends (or Stop below)
 	e.end = e.finish(out)
 	return e.end
 }
@@ -100,11 +100,16 @@ func (e *Execution) Run(cl *Claimer, values context.Context, c Claimed, lost fun
 // panicked).
 func (e *Execution) Ending() Ending { return e.end }
 
-// finish ends the claim as out says, once the execution has returned.
+// finish ends the claim as out says, once the execution has returned. The
+// renewals stop here, except while a completion is pending (Complete).
 func (e *Execution) finish(out Outcome) (end Ending) {
 	t0 := time.Now()
 	defer func() { end.StoreTime = time.Since(t0) }()
+	if out.Release || e.released || e.tx != nil || e.LeaseLost() {
+		e.Stop()
+	}
 	if end.InTx, end.TxResponse = e.Returned(); end.InTx {
+		e.Stop()
 		// Completed in the caller's own transaction, which committed: a cache in
 		// front of the store is told, best effort.
 		e.NotifyCompleted(end.TxResponse)

@@ -112,10 +112,14 @@ func WithKeyHeader(name string) Option {
 	return func(t *Transport) { t.keyHeader = textproto.CanonicalMIMEHeaderKey(name) }
 }
 
-// WithMethods sets the methods that get a key and retries (default POST and
-// PATCH, the methods the server middleware protects by default).
+// WithMethods sets the methods that get a key and retries. No names: the
+// default, POST and PATCH, the methods the server middleware protects by
+// default (as its WithMethods with no names).
 func WithMethods(methods ...string) Option {
 	return func(t *Transport) {
+		if len(methods) == 0 {
+			methods = []string{http.MethodPost, http.MethodPatch}
+		}
 		t.methods = map[string]bool{}
 		for _, m := range methods {
 			t.methods[m] = true
@@ -155,7 +159,7 @@ func WithMaxBufferedBody(n int64) Option { return func(t *Transport) { t.maxBuff
 func WithKeyFunc(f func() string) Option { return func(t *Transport) { t.newKey = f } }
 
 // New returns a Transport with the options applied. It fails on a key header
-// name that is not a token (empty, with spaces or separators), no methods, fewer than one attempt, a non-positive base delay, a max
+// name that is not a token (empty, with spaces or separators), fewer than one attempt, a non-positive base delay, a max
 // delay under the base, a negative attempt timeout or buffered-body limit, or a
 // nil base or key func.
 func New(opts ...Option) (*Transport, error) {
@@ -179,8 +183,6 @@ func New(opts ...Option) (*Transport, error) {
 	case !httpfield.ValidName(t.keyHeader):
 		// Every request would fail in the base transport instead.
 		return nil, fmt.Errorf("client: key header name %q is not a token (RFC 9110 section 5.1)", t.keyHeader)
-	case len(t.methods) == 0:
-		return nil, errors.New("client: no methods to protect")
 	case t.maxAttempts < 1:
 		return nil, fmt.Errorf("client: %d attempts, want at least 1", t.maxAttempts)
 	case t.baseDelay <= 0 || t.maxDelay < t.baseDelay:

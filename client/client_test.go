@@ -7,6 +7,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"reflect"
 	"regexp"
 	"strings"
 	"sync"
@@ -292,7 +293,6 @@ func TestNewRefusesMisconfiguration(t *testing.T) {
 		{"empty key header", WithKeyHeader("")},
 		// The base transport would refuse every request with this header.
 		{"key header with a space", WithKeyHeader("Idempotency Key")},
-		{"no methods", WithMethods()},
 		{"zero attempts", WithMaxAttempts(0)},
 		{"zero base delay", WithBackoff(0, time.Second)},
 		{"max under base", WithBackoff(time.Second, time.Millisecond)},
@@ -305,6 +305,12 @@ func TestNewRefusesMisconfiguration(t *testing.T) {
 	}
 	if _, err := New(); err != nil {
 		t.Errorf("defaults: %v", err)
+	}
+	// No names is the default (as in the middleware and the gRPC interceptor).
+	def, _ := New()
+	none, err := New(WithMethods("PUT"), WithMethods())
+	if err != nil || !reflect.DeepEqual(none.methods, def.methods) {
+		t.Errorf("WithMethods(): %v, %v; want the defaults %v", none, err, def.methods)
 	}
 }
 

@@ -268,6 +268,11 @@ func (r *Runner) DoTx(ctx context.Context, id store.ID, fp store.Fingerprint, fn
 	return r.do(ctx, id, fp, fn, true)
 }
 
+// HoldsTx reports whether r's store holds claims in transactions
+// (claim.TxStore), as DoTx needs: a caller that selects the one-transaction mode
+// checks it when it is built (middleware/grpc WithOneTx).
+func (r *Runner) HoldsTx() bool { return r.claimer.HoldsTx() }
+
 func (r *Runner) do(ctx context.Context, id store.ID, fp store.Fingerprint, fn Func, inTx bool) (Result, error) {
 	if fn == nil {
 		return Result{}, fmt.Errorf("%w: idem: nil fn", store.ErrInvalid)

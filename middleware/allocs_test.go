@@ -15,9 +15,10 @@ import (
 // client's; the renewal timer and its function; the stored copy of the
 // response; and the handler's own header value, which it makes without the
 // middleware too; the record takes a slot of its shard's blocks, no allocation
-// of its own), a replay one (the claim's detached context: its header values
-// come from the call's chunk, one allocation per 64 values, and the record is
-// built once). Only byte buffers are pooled.
+// of its own), a replay none (a request context that cannot be cancelled needs
+// no detached copy for the claim; its header values come from the call's
+// chunk, one allocation per 64 values, and the record is built once). Only
+// byte buffers are pooled.
 func TestAllocsMemoryStore(t *testing.T) {
 	if raceEnabled || testing.CoverMode() != "" {
 		t.Skip("allocation counts do not hold under the race detector or coverage")
@@ -52,7 +53,9 @@ func TestAllocsMemoryStore(t *testing.T) {
 	if w.code != http.StatusCreated || w.h.Get(DefaultReplayedHeader) != "true" {
 		t.Fatalf("replay answered %d, replayed %q", w.code, w.h.Get(DefaultReplayedHeader))
 	}
-	if replay > 1 {
-		t.Errorf("a replay makes %v allocations, want at most 1", replay)
+	if replay > 0 {
+		// The request's context cannot be cancelled (as Fiber's): the claim needs
+		// no detached copy of it.
+		t.Errorf("a replay makes %v allocations, want none", replay)
 	}
 }

@@ -14,6 +14,17 @@
 // Errors are RFC 9457 application/problem+json with type, title, status, detail
 // and a stable code member (see the Code constants).
 //
+// # Use
+//
+//	st := memory.New() // or store/postgres, store/redis: records every replica shares
+//	m, err := middleware.New(st, middleware.ScopeFromHeader("X-Client-ID", "anonymous"))
+//	if err != nil { ... } // a misconfiguration fails here, never as a 400 later
+//	err = http.ListenAndServe(addr, m.Handler(mux))
+//
+// In a handler, KeyFromContext returns the scope and key (e.g. to derive a
+// downstream idempotency key). Scope keys by your authenticated principal in
+// production (ScopeFromPrincipal); README.md has the complete Postgres program.
+//
 // # Options
 //
 // New takes one option per decision (docs/options.md). The decisions every entry
@@ -59,10 +70,12 @@
 //
 // Middleware.Handler has the shape func(http.Handler) http.Handler, so routers
 // whose handlers write to the http.ResponseWriter (chi: middleware/chitest) reuse the
-// core unchanged. Routers that do not have adapter modules: middleware/echo
+// core unchanged. Routers with handlers of their own shape have adapter modules: middleware/echo
 // (echo v4) and middleware/echov5 (echo v5), which also render a handler's
 // returned error inside the middleware so that response is the one stored and
-// replayed, and middleware/gin, which captures what gin writes through c.Writer.
+// replayed, middleware/gin, which captures what gin writes through c.Writer, and
+// middleware/fiber and middleware/fiberv3 (Fiber v2, v3). gRPC has an interceptor
+// on the same stores and policy: middleware/grpc.
 // On the client side, package client keeps one key across a request's retries.
 //
 // # Bodies and buffers
@@ -205,8 +218,8 @@ const preRetryAfter = 120
 // opts (docs/options.md). Both s and scope are required: a global scope must be
 // chosen explicitly (GlobalScope). It fails on a nil store or scope, on a
 // policy value out of range (policy.Config.Validate), and on an HTTP setting out
-// of range: a negative body limit, no protected method, a replay header name or
-// method that is not an RFC 9110 token, a nil clock, a problem type base that is
+// of range: a negative body limit, a replay header name or
+// method that is not an RFC 9110 token, a problem type base that is
 // not an absolute URI, problem members that cannot be rendered. The error names
 // the field or option.
 func New(s store.Store, scope ScopeFunc, opts ...Option) (*Middleware, error) {
@@ -292,7 +305,8 @@ func (m *Middleware) Handler(next http.Handler) http.Handler {
 // transaction back. When the commit fails, or the handler ended or left the
 // transaction itself, the client gets 503 store_unavailable (the configured
 // problem, with Retry-After) instead: never a success for rows that did not
-// commit.
+// commit. next completes nothing itself (no store/postgres CommitResponse or
+// CompleteTx): claim.MarkCompleted is refused with claim.ErrOneTx.
 func (m *Middleware) OneTx(next http.Handler) http.Handler {
 	if !m.claimer.HoldsTx() {
 		panic(fmt.Sprintf("idemkey/middleware: OneTx: the store (%T) holds no claim in a transaction (claim.TxStore; store/postgres Store.OneTx)", m.store))

@@ -45,13 +45,11 @@ func TestNewRequiresStoreAndScope(t *testing.T) {
 		{"key header with a colon", st, GlobalScope, []Option{WithKey(policy.KeyRule{Header: "Idempotency-Key:"})}},
 		{"replayed header not a token", st, GlobalScope, []Option{WithReplay(ReplayRule{ReplayedHeader: "Replayed\r\nX"})}},
 		{"omitted header not a token", st, GlobalScope, []Option{WithReplay(ReplayRule{OmittedHeader: "a b"})}},
-		{"no methods", st, GlobalScope, []Option{WithMethods()}},
 		{"empty method", st, GlobalScope, []Option{WithMethods("POST", "")}},
 		{"method with a space", st, GlobalScope, []Option{WithMethods("POST ")}},
 		{"negative store timeout", st, GlobalScope, []Option{WithStoreFailure(policy.StoreFailureRule{Timeouts: claim.Timeouts{Complete: -time.Second}})}},
 		{"renewal timeout over the lease", st, GlobalScope, []Option{WithLease(time.Second), WithStoreFailure(policy.StoreFailureRule{Timeouts: claim.Timeouts{Renew: 2 * time.Second}})}},
 		{"negative request body limit", st, GlobalScope, []Option{WithRequestFingerprint(FingerprintRule{MaxBody: -1})}},
-		{"nil clock", st, GlobalScope, []Option{WithClock(nil)}},
 	}
 	for _, tt := range tests {
 		if m, err := New(tt.st, tt.scope, tt.opts...); err == nil || m != nil {

@@ -1,7 +1,6 @@
 package middleware
 
 import (
-	"errors"
 	"fmt"
 	"log/slog"
 	"net/http"
@@ -76,7 +75,7 @@ type config struct {
 
 func defaultConfig() config {
 	return config{
-		methods:         []string{http.MethodPost, http.MethodPatch},
+		methods:         defaultMethods(),
 		maxRequestBody:  DefaultMaxRequestBody,
 		maxStoredBody:   DefaultMaxStoredBody,
 		route:           defaultRoute,
@@ -112,10 +111,6 @@ func (c *config) validate() error {
 	case !httpfield.ValidName(c.replayedHeader) || !httpfield.ValidName(c.omittedHeader):
 		return fmt.Errorf("idemkey/middleware: ReplayRule.ReplayedHeader %q and OmittedHeader %q must be tokens (RFC 9110 section 5.1)",
 			c.replayedHeader, c.omittedHeader)
-	case len(c.methods) == 0:
-		return errors.New("idemkey/middleware: no protected method (WithMethods)")
-	case c.clock == nil:
-		return errors.New("idemkey/middleware: WithClock(nil)")
 	}
 	for _, meth := range c.methods {
 		if !httpfield.ValidName(meth) { // a method is a token too (RFC 9110 section 9.1)
@@ -146,13 +141,23 @@ func DefaultReleasePolicy(status int) bool {
 	return status >= 500
 }
 
-// WithMethods sets the protected methods (default POST and PATCH), compared
-// case-sensitively with the request's (RFC 9110 section 9.1). Requests with other
-// methods pass through and their key is ignored (IETF draft section 1). New
-// refuses an empty list and a method that is not an RFC 9110 token.
+// WithMethods sets the protected methods, compared case-sensitively with the
+// request's (RFC 9110 section 9.1). Requests with other methods pass through and
+// their key is ignored (IETF draft section 1). No names: the default, POST and
+// PATCH (as no names is the default in the gRPC interceptor's WithMethods, every
+// unary method). New refuses a method that is not an RFC 9110 token.
 func WithMethods(methods ...string) Option {
-	return func(c *config) { c.methods = append([]string(nil), methods...) }
+	return func(c *config) {
+		if len(methods) == 0 {
+			c.methods = defaultMethods()
+			return
+		}
+		c.methods = append([]string(nil), methods...)
+	}
 }
+
+// defaultMethods returns the methods protected by default.
+func defaultMethods() []string { return []string{http.MethodPost, http.MethodPatch} }
 
 // WithLease sets the claim lease (policy.Config.Lease: 0 is claim.DefaultLease,
 // else at least claim.MinLease and at most the retention; renewed every third of
@@ -181,11 +186,18 @@ func WithObserver(o Observer) Option { return func(c *config) { c.observer = o }
 // WithLogger sets the logger (default slog.Default()).
 func WithLogger(l *slog.Logger) Option { return func(c *config) { c.logger = l } }
 
-// WithClock replaces the clock that schedules lease renewal (default the real
-// one; New refuses nil). Tests use it to fire renewals without sleeping. If clk also has a method
-// Now() time.Time, it measures handler durations too (the estimate behind a
-// 409's Retry-After).
-func WithClock(clk claim.Clock) Option { return func(c *config) { c.clock = clk } }
+// WithClock replaces the clock that schedules lease renewal (nil: the real
+// one, as idem.WithClock). Tests use it to fire renewals without sleeping. If
+// clk also has a method Now() time.Time, it measures handler durations too (the
+// estimate behind a 409's Retry-After).
+func WithClock(clk claim.Clock) Option {
+	return func(c *config) {
+		if clk == nil {
+			clk = claim.RealClock{}
+		}
+		c.clock = clk
+	}
+}
 
 // nowOf returns clk's Now if it has one, else monotonic: the middleware only
 // subtracts its readings.

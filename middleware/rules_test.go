@@ -40,15 +40,14 @@ func TestNewRefusesInvalidRules(t *testing.T) {
 			return map[string]any{"Code": 1}
 		}}),
 		"wait negative": WithWaitInFlight(-time.Second),
-		"no method":     WithMethods(),
-		"nil clock":     WithClock(nil),
 	} {
 		if m, err := New(memory.New(), GlobalScope, o); err == nil || m != nil {
 			t.Errorf("%s: New succeeded", name)
 		}
 	}
 	zero := []Option{WithKey(policy.KeyRule{}), WithRequestFingerprint(FingerprintRule{}), WithRecordRetention(policy.RetentionRule{}),
-		WithReplay(ReplayRule{}), WithRelease(ReleaseRule{}), WithStoreFailure(policy.StoreFailureRule{}), WithProblems(ProblemRule{})}
+		WithReplay(ReplayRule{}), WithRelease(ReleaseRule{}), WithStoreFailure(policy.StoreFailureRule{}), WithProblems(ProblemRule{}),
+		WithClock(nil), WithMethods()}
 	c := defaultConfig()
 	for _, o := range zero {
 		o(&c)

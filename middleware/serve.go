@@ -166,10 +166,12 @@ func (m *Middleware) claimKey(ctx context.Context, id store.ID, fp store.Fingerp
 	t0 := m.now()
 	req := store.ClaimRequest{ID: id, Fingerprint: fp, Lease: m.lease, Retention: m.retention}
 	claimParent := ctx
-	if !m.cancelOnGone {
+	if !m.cancelOnGone && ctx.Done() != nil {
 		// A hang-up does not cancel the claim, as it would not cancel the handler: a
 		// claim the store made but the middleware gave up on would answer 409 until
-		// its lease ends, and the hang-up would count as a store outage.
+		// its lease ends, and the hang-up would count as a store outage. A context
+		// that can never be cancelled (Fiber's, a test's) is kept: detaching it
+		// would change nothing but cost an allocation.
 		claimParent = context.WithoutCancel(ctx)
 	}
 	a := answer{id: id}

@@ -67,7 +67,9 @@ func (s State) String() string {
 // Info describes one key's record. Times are on the store's clock (Postgres's
 // now(), the Redis server's TIME, the memory store's clock), at the store's
 // precision (milliseconds for Redis, microseconds for Postgres); compare them
-// with Now, never with the caller's clock. For StateAbsent every field but State
+// with Now, never with the caller's clock. Redis keeps CreatedAt and CompletedAt
+// on the application's clock (store/redis); its LeaseUntil and ExpiresAt, the
+// ones LeaseLive and LeaseRemaining judge, are the server's. For StateAbsent every field but State
 // and Now is zero.
 type Info struct {
 	// State is absent, in flight or completed.

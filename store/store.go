@@ -170,12 +170,15 @@ type Record struct {
 	Fingerprint Fingerprint
 	// Response holds the stored status, headers and body (or the omitted mark).
 	Response
-	// CreatedAt is when the key was first claimed, on the store's clock.
+	// CreatedAt is when the key was first claimed, on the store's clock
+	// (store/redis: the claiming process's clock).
 	CreatedAt time.Time
-	// CompletedAt is when Complete stored the response, on the store's clock.
+	// CompletedAt is when Complete stored the response, on the store's clock
+	// (store/redis: the completing process's clock).
 	CompletedAt time.Time
 	// ExpiresAt is when the record stops being replayed (CompletedAt + retention),
-	// on the store's clock. After it the key is new again.
+	// on the store's clock (store/redis: as CompletedAt; the key's TTL on the
+	// server's clock is what ends it). After it the key is new again.
 	ExpiresAt time.Time
 }
 
@@ -274,8 +277,11 @@ type Store interface {
 	Claim(ctx context.Context, req ClaimRequest) (ClaimResult, error)
 
 	// Complete stores resp for id if token still owns it, and keeps the record for
-	// retention from now (store clock). ErrLeaseLost otherwise. The caller may reuse
-	// resp.Body and resp.Header once Complete returns: a store copies what it keeps.
+	// retention from now (store clock). A record token already completed with
+	// resp's status, body and omitted mark answers nil, left as it is (a
+	// completion retried after its reply was lost). ErrLeaseLost otherwise. The
+	// caller may reuse resp.Body and resp.Header once Complete returns: a store
+	// copies what it keeps.
 	Complete(ctx context.Context, id ID, token Token, resp Response, retention time.Duration) error
 
 	// Release forgets id if token still owns it, so the next claim runs the handler

@@ -2,7 +2,8 @@
 // net/http, idemkey's middleware on each store (memory, Redis, Postgres, tiered:
 // Redis in front of Postgres), and Fiber v2 bare and behind its idempotency
 // middleware on its memory storage and on its Redis storage
-// (gofiber/storage/redis/v3), on the same private Redis:
+// (gofiber/storage/redis/v3), and idemkey on Fiber v2 (middleware/fiber) on
+// memory and on Redis, the like-for-like row, all on the same private Redis:
 //
 //	go run ./endtoend -rounds 4 -d 3s -c 32 -body 128 -pg "$DATABASE_URL"
 //
@@ -11,7 +12,8 @@
 // keep-alive connections for -d after a warm-up of a tenth of it: first (a new
 // key every request) and replay (one key completed before the run). Per run it
 // prints requests/s, the server's CPU per request and Redis's main-thread CPU
-// per request (INFO cpu) under that load; then it sends -seq requests one at a
+// per request (INFO cpu) under that load (-profile DIR: and each server's CPU
+// and allocation profiles, DIR/SUBJECT-MODE-ROUND.cpu and .allocs); then it sends -seq requests one at a
 // time and prints Redis's main-thread CPU per request and, per command, calls
 // per request and usec_per_call (INFO commandstats) for them: one at a time, no
 // subject gains from the batching that concurrent clients give Redis. The floor
@@ -51,7 +53,8 @@ import (
 
 // subjects in the order a round runs them; bare ones run once, the others in
 // both modes.
-var subjects = []string{"bare", "fiber-bare", "memory", "fiber-memory", "redis", "fiber-redis", "postgres", "tiered"}
+var subjects = []string{"bare", "fiber-bare", "memory", "fiber-memory", "idemkey-fiber-memory", "redis", "fiber-redis",
+	"idemkey-fiber-redis", "postgres", "tiered"}
 
 func main() {
 	sub := flag.String("serve", "", "internal: serve this subject on 127.0.0.1 until stdin closes")
@@ -61,6 +64,8 @@ func main() {
 	flag.StringVar(&cfg.schema, "schema", "", "internal: the Postgres schema")
 	flag.StringVar(&cfg.prefix, "prefix", "", "internal: the Redis key prefix")
 	flag.StringVar(&cfg.floorKey, "floor", "", "internal: the key of the floor's value")
+	flag.StringVar(&cfg.profile, "cpuprofile", "", "internal: the server's profiles, this path + .cpu and .allocs")
+	profDir := flag.String("profile", "", "write each server's CPU and allocation profiles into this directory")
 	rounds := flag.Int("rounds", 4, "rounds")
 	d := flag.Duration("d", 0, "measured time of each run (default 3s)")
 	c := flag.Int("c", 32, "client connections")
@@ -102,7 +107,7 @@ func main() {
 		}
 		runList = append(runList, s)
 	}
-	b := bench{cfg: cfg, rc: rc, body: httpload.JSONBody(max(*size, 80)), c: *c, d: *d, seq: max(*seq, 1)}
+	b := bench{cfg: cfg, rc: rc, body: httpload.JSONBody(max(*size, 80)), c: *c, d: *d, seq: max(*seq, 1), profDir: *profDir}
 	fmt.Printf("endtoend: %d rounds of %v per run, %d connections, %d-byte body, Redis %s\n",
 		*rounds, *d, *c, len(b.body), cfg.redisAddr)
 	if err := b.setFloor(); err != nil {

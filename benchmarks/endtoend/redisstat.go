@@ -144,16 +144,24 @@ func (d redisDelta) commands() string {
 	return strings.Join(parts, ", ")
 }
 
+// emptyScript is a Lua script that does nothing: its EVALSHA is Lua's fixed
+// cost per call, beside a plain command's.
+var emptyScript = goredis.NewScript("return 1")
+
 // plainOps measures plain GETs and SETs of value on c connections, n of each,
-// in this process: Redis's main-thread CPU per command and usec_per_call, the
-// floor a request's commands are compared with.
-func plainOps(addr string, value string, c, n int) (get, set redisDelta, err error) {
+// and as many EVALSHAs of emptyScript, in this process: Redis's main-thread CPU
+// per command and usec_per_call, the floor a request's commands are compared
+// with.
+func plainOps(addr string, value string, c, n int) (get, set, eval redisDelta, err error) {
 	cl := goredis.NewClient(&goredis.Options{Addr: addr, PoolSize: c})
 	defer cl.Close()
 	ctx := context.Background()
 	key := "endtoend-plain:" + strconv.FormatInt(time.Now().UnixNano(), 36)
 	if err := cl.Set(ctx, key, value, time.Hour).Err(); err != nil {
-		return get, set, err
+		return get, set, eval, err
+	}
+	if err := emptyScript.Run(ctx, cl, []string{key}).Err(); err != nil { // loaded before it counts
+		return get, set, eval, err
 	}
 	run := func(op func() error) (redisDelta, error) {
 		before, err := readStats(cl)
@@ -182,8 +190,11 @@ func plainOps(addr string, value string, c, n int) (get, set redisDelta, err err
 		return delta(before, after, int64(per*c)), err
 	}
 	if get, err = run(func() error { return cl.Get(ctx, key).Err() }); err != nil {
-		return get, set, err
+		return get, set, eval, err
 	}
-	set, err = run(func() error { return cl.Set(ctx, key, value, time.Hour).Err() })
-	return get, set, err
+	if set, err = run(func() error { return cl.Set(ctx, key, value, time.Hour).Err() }); err != nil {
+		return get, set, eval, err
+	}
+	eval, err = run(func() error { return emptyScript.EvalSha(ctx, cl, []string{key}).Err() })
+	return get, set, eval, err
 }

@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -29,6 +30,8 @@ type bench struct {
 	// floorKey holds the record idemkey's Redis store keeps for the run's
 	// answer: the value the floor endpoints read and write.
 	floorKey string
+	profDir  string // where servers write their profiles ("": none)
+	roundNo  int    // the round running, for profile names
 }
 
 // runResult is one (subject, mode) run.
@@ -42,15 +45,16 @@ type runResult struct {
 // roundResult is one round: every run, and the plain GET and SET floor (one
 // command at a time, as the sequential phase of the runs).
 type roundResult struct {
-	runs     map[string]runResult // by "subject/mode"
-	get, set redisDelta
+	runs           map[string]runResult // by "subject/mode"
+	get, set, eval redisDelta           // eval: an empty script's EVALSHA
 }
 
 // round runs every subject once (bare) or in both modes, then plain commands
 // on the floor's value in a loop.
 func (b *bench) round(n int, subs []string) roundResult {
 	res := roundResult{runs: map[string]runResult{}}
-	fmt.Printf("\nround %d\n%-20s %9s %11s %9s %9s %9s  %s\n", n, "run", "req/s", "cpu-us/req", "redis-us", "seq-us", "floor-us",
+	b.roundNo = n
+	fmt.Printf("\nround %d\n%-27s %9s %11s %9s %9s %9s  %s\n", n, "run", "req/s", "cpu-us/req", "redis-us", "seq-us", "floor-us",
 		"redis commands per request, one at a time (usec_per_call)")
 	for _, s := range subs {
 		modes := []string{"first", "replay"}
@@ -64,19 +68,21 @@ func (b *bench) round(n int, subs []string) roundResult {
 				os.Exit(1)
 			}
 			res.runs[s+"/"+mode] = r
-			fmt.Printf("%-20s %9.0f %11.1f %9.2f %9.2f %9.2f  %s\n", s+"/"+mode, r.rps, r.cpuPerReq, r.redis.cpuPerReq,
+			fmt.Printf("%-27s %9.0f %11.1f %9.2f %9.2f %9.2f  %s\n", s+"/"+mode, r.rps, r.cpuPerReq, r.redis.cpuPerReq,
 				r.seq.cpuPerReq, r.floor.cpuPerReq, r.seq.commands())
 		}
 	}
 	record, _ := b.rc.Get(context.Background(), b.floorKey).Result()
-	get, set, err := plainOps(b.cfg.redisAddr, record, 1, b.seq)
+	get, set, eval, err := plainOps(b.cfg.redisAddr, record, 1, b.seq)
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "plain commands: %v\n", err)
 		os.Exit(1)
 	}
+	res.eval = eval
+	fmt.Printf("%-20s %9s %11s %9s %9.2f %9s  %s\n", "empty EVALSHA loop", "", "", "", eval.cpuPerReq, "", eval.commands())
 	res.get, res.set = get, set
-	fmt.Printf("%-20s %9s %11s %9s %9.2f %9s  %s (value of %d bytes)\n", "plain GET loop", "", "", "", get.cpuPerReq, "", get.commands(), len(record))
-	fmt.Printf("%-20s %9s %11s %9s %9.2f %9s  %s\n", "plain SET loop", "", "", "", set.cpuPerReq, "", set.commands())
+	fmt.Printf("%-27s %9s %11s %9s %9.2f %9s  %s (value of %d bytes)\n", "plain GET loop", "", "", "", get.cpuPerReq, "", get.commands(), len(record))
+	fmt.Printf("%-27s %9s %11s %9s %9.2f %9s  %s\n", "plain SET loop", "", "", "", set.cpuPerReq, "", set.commands())
 	return res
 }
 
@@ -85,7 +91,7 @@ func (b *bench) round(n int, subs []string) roundResult {
 // record (the fields' values joined, for a record kept as a hash).
 func (b *bench) setFloor() error {
 	prefix := "endtoend:" + store.NewToken().String()[:8] + ":"
-	srv, err := b.start("redis", prefix)
+	srv, err := b.start("redis", prefix, "")
 	if err != nil {
 		return err
 	}
@@ -129,14 +135,18 @@ type server struct {
 	stop      func()
 }
 
-// start starts a server process for subject and waits until it listens.
-func (b *bench) start(subject, prefix string) (*server, error) {
+// start starts a server process for subject and waits until it listens; it
+// writes profiles named profile in b.profDir when both are set.
+func (b *bench) start(subject, prefix, profile string) (*server, error) {
 	self, err := os.Executable()
 	if err != nil {
 		return nil, err
 	}
 	cmd := exec.Command(self, "-serve", subject, "-redis", b.cfg.redisAddr, "-pg", b.cfg.pgURL,
 		"-schema", b.cfg.schema, "-prefix", prefix, "-floor", b.cfg.floorKey)
+	if b.profDir != "" && profile != "" {
+		cmd.Args = append(cmd.Args, "-cpuprofile", filepath.Join(b.profDir, profile))
+	}
 	stdin, err := cmd.StdinPipe()
 	if err != nil {
 		return nil, err
@@ -169,7 +179,7 @@ func (b *bench) start(subject, prefix string) (*server, error) {
 // b.d, then b.seq one at a time, alternating batches with the floor's, stops
 // the server and returns what it and Redis measured.
 func (b *bench) run(subject, mode, prefix string) (runResult, error) {
-	srv, err := b.start(subject, prefix)
+	srv, err := b.start(subject, prefix, fmt.Sprintf("%s-%s-%d", subject, mode, b.roundNo))
 	if err != nil {
 		return runResult{}, err
 	}

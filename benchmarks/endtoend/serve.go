@@ -10,6 +10,8 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"runtime/pprof"
+	"strings"
 	"time"
 
 	"github.com/gofiber/fiber/v2"
@@ -20,6 +22,7 @@ import (
 
 	"github.com/idemkey/idemkey/benchmarks/internal/httpload"
 	"github.com/idemkey/idemkey/middleware"
+	idemfiber "github.com/idemkey/idemkey/middleware/fiber"
 	"github.com/idemkey/idemkey/policy"
 	"github.com/idemkey/idemkey/store"
 	"github.com/idemkey/idemkey/store/memory"
@@ -35,6 +38,7 @@ var answer = []byte(`{"balanceCents":98766,"aggregateVersion":42}`)
 type serveConfig struct {
 	redisAddr, pgURL, schema, prefix string
 	floorKey                         string // holds the value the floor endpoints read
+	profile                          string // internal: write CPU and allocation profiles to profile+".cpu", ".allocs"
 }
 
 // serve runs subject on a free loopback port, prints its address, and exits
@@ -44,7 +48,8 @@ func serve(subject string, cfg serveConfig) {
 	if err != nil {
 		log.Fatal(err)
 	}
-	if len(subject) > 6 && subject[:6] == "fiber-" {
+	defer startProfile(cfg.profile)()
+	if strings.Contains(subject, "fiber-") {
 		serveFiber(subject, cfg, ln)
 		return
 	}
@@ -56,13 +61,7 @@ func serve(subject string, cfg serveConfig) {
 	}))
 	bare := handler
 	if subject != "bare" {
-		m, err := middleware.New(idemStore(subject, cfg), middleware.ScopeFromHeader("X-Client-ID", "anonymous"),
-			middleware.WithRecordRetention(policy.RetentionRule{Default: 24 * time.Hour}),
-			middleware.WithLogger(slog.New(slog.DiscardHandler)))
-		if err != nil {
-			log.Fatal(err)
-		}
-		handler = m.Handler(handler)
+		handler = newMiddleware(subject, cfg).Handler(handler)
 	}
 	mux := http.NewServeMux()
 	mux.Handle("POST /api/transfers", handler)
@@ -114,6 +113,44 @@ func (f *floor) handler(set bool, next http.Handler) http.Handler {
 	})
 }
 
+// newMiddleware is idemkey's middleware on the store of subject (memory,
+// redis, postgres, tiered), configured alike for net/http and Fiber.
+func newMiddleware(subject string, cfg serveConfig) *middleware.Middleware {
+	m, err := middleware.New(idemStore(subject, cfg), middleware.ScopeFromHeader("X-Client-ID", "anonymous"),
+		middleware.WithRecordRetention(policy.RetentionRule{Default: 24 * time.Hour}),
+		middleware.WithLogger(slog.New(slog.DiscardHandler)))
+	if err != nil {
+		log.Fatal(err)
+	}
+	return m
+}
+
+// startProfile starts a CPU profile into path+".cpu" (nothing when path is
+// empty); the function it returns stops it and writes the allocations since
+// the start into path+".allocs".
+func startProfile(path string) func() {
+	if path == "" {
+		return func() {}
+	}
+	f, err := os.Create(path + ".cpu")
+	if err != nil {
+		log.Fatal(err)
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		log.Fatal(err)
+	}
+	return func() {
+		pprof.StopCPUProfile()
+		_ = f.Close()
+		a, err := os.Create(path + ".allocs")
+		if err != nil {
+			log.Fatal(err)
+		}
+		defer a.Close()
+		_ = pprof.Lookup("allocs").WriteTo(a, 0)
+	}
+}
+
 // idemStore builds the store of an idemkey subject.
 func idemStore(subject string, cfg serveConfig) store.Store {
 	ctx := context.Background()
@@ -152,9 +189,10 @@ func idemStore(subject string, cfg serveConfig) store.Store {
 	return nil
 }
 
-// serveFiber serves a Fiber v2 subject: bare, or behind its idempotency
+// serveFiber serves a Fiber v2 subject: bare, behind its idempotency
 // middleware on its default in-memory storage or on its Redis storage
-// (gofiber/storage/redis/v3) on the same Redis.
+// (gofiber/storage/redis/v3) on the same Redis, or behind idemkey's Fiber
+// adapter (middleware/fiber) on idemkey's memory or Redis store.
 func serveFiber(subject string, cfg serveConfig, ln net.Listener) {
 	app := fiber.New(fiber.Config{DisableStartupMessage: true})
 	var chain []fiber.Handler // the middleware on the subject's route only
@@ -164,6 +202,8 @@ func serveFiber(subject string, cfg serveConfig, ln net.Listener) {
 	case "fiber-redis":
 		st := fiberredis.New(fiberredis.Config{Addrs: []string{cfg.redisAddr}, PoolSize: 64})
 		chain = append(chain, idem2.New(idem2.Config{KeyHeader: "Idempotency-Key", Lifetime: 24 * time.Hour, Storage: st}))
+	case "idemkey-fiber-memory", "idemkey-fiber-redis":
+		chain = append(chain, idemfiber.Middleware(newMiddleware(strings.TrimPrefix(subject, "idemkey-fiber-"), cfg)))
 	case "fiber-bare":
 	default:
 		log.Fatalf("unknown subject %q", subject)

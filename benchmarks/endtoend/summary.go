@@ -22,6 +22,7 @@ func runOf(key string, f func(runResult) float64) func(roundResult) (float64, bo
 }
 
 func rps(x runResult) float64      { return x.rps }
+func cpu(x runResult) float64      { return x.cpuPerReq }
 func redisCPU(x runResult) float64 { return x.seq.cpuPerReq }
 
 // added is a middleware's server CPU per request over its framework's bare run.
@@ -33,7 +34,9 @@ func added(key, bare string) func(roundResult) (float64, bool) {
 	}
 }
 
-func plainGet(r roundResult) (float64, bool) { return r.get.cpuPerReq, true }
+func plainGet(r roundResult) (float64, bool)  { return r.get.cpuPerReq, true }
+func plainSet(r roundResult) (float64, bool)  { return r.set.cpuPerReq, true }
+func emptyEval(r roundResult) (float64, bool) { return r.eval.cpuPerReq, true }
 func plainGetSet(r roundResult) (float64, bool) {
 	return r.get.cpuPerReq + r.set.cpuPerReq, true
 }
@@ -56,15 +59,28 @@ var ratios = []ratio{
 	{"Redis CPU/req, idemkey redis first / GET+SET floor", "<= 2.5", runOf("redis/first", redisCPU), floorOf("redis/first")},
 	{"Redis CPU/req, idemkey / Fiber+Redis, replay (each over its floor)", "<= 1.2", normalized("redis/replay"), normalized("fiber-redis/replay")},
 	{"Redis CPU/req, idemkey / Fiber+Redis, first (each over its floor)", "<= 1.5", normalized("redis/first"), normalized("fiber-redis/first")},
-	{"Redis CPU/req, idemkey / Fiber+Redis, replay (direct)", "", runOf("redis/replay", redisCPU), runOf("fiber-redis/replay", redisCPU)},
-	{"Redis CPU/req, idemkey / Fiber+Redis, first (direct)", "", runOf("redis/first", redisCPU), runOf("fiber-redis/first", redisCPU)},
+	{"Redis CPU/req, idemkey / Fiber+Redis, replay (raw)", "<= 1.2", runOf("redis/replay", redisCPU), runOf("fiber-redis/replay", redisCPU)},
+	{"Redis CPU/req, idemkey / Fiber+Redis, first (raw)", "<= 1.5", runOf("redis/first", redisCPU), runOf("fiber-redis/first", redisCPU)},
 	{"req/s, idemkey redis / Fiber+Redis, replay", ">= 1.0", runOf("redis/replay", rps), runOf("fiber-redis/replay", rps)},
 	{"req/s, idemkey redis / Fiber+Redis, first", ">= 0.9", runOf("redis/first", rps), runOf("fiber-redis/first", rps)},
+	{"req/s, idemkey-fiber-redis / Fiber+Redis, replay (like for like)", ">= 1.0", runOf("idemkey-fiber-redis/replay", rps), runOf("fiber-redis/replay", rps)},
+	{"req/s, idemkey-fiber-redis / Fiber+Redis, first (like for like)", ">= 0.9", runOf("idemkey-fiber-redis/first", rps), runOf("fiber-redis/first", rps)},
+	{"server CPU/req, idemkey-fiber-redis / Fiber+Redis, replay", "", runOf("idemkey-fiber-redis/replay", cpu), runOf("fiber-redis/replay", cpu)},
+	{"server CPU/req, idemkey-fiber-redis / Fiber+Redis, first", "", runOf("idemkey-fiber-redis/first", cpu), runOf("fiber-redis/first", cpu)},
+	{"server CPU/req, idemkey redis (net/http) / Fiber+Redis, replay", "", runOf("redis/replay", cpu), runOf("fiber-redis/replay", cpu)},
+	{"server CPU/req, idemkey redis (net/http) / Fiber+Redis, first", "", runOf("redis/first", cpu), runOf("fiber-redis/first", cpu)},
+	{"added server CPU/req, idemkey-fiber-redis / Fiber+Redis, replay", "", added("idemkey-fiber-redis/replay", "fiber-bare/bare"), added("fiber-redis/replay", "fiber-bare/bare")},
+	{"added server CPU/req, idemkey-fiber-redis / Fiber+Redis, first", "", added("idemkey-fiber-redis/first", "fiber-bare/bare"), added("fiber-redis/first", "fiber-bare/bare")},
+	{"added server CPU/req, idemkey redis (net/http) / Fiber+Redis, replay", "", added("redis/replay", "bare/bare"), added("fiber-redis/replay", "fiber-bare/bare")},
+	{"added server CPU/req, idemkey redis (net/http) / Fiber+Redis, first", "", added("redis/first", "bare/bare"), added("fiber-redis/first", "fiber-bare/bare")},
+	{"req/s, idemkey-fiber-memory / Fiber+memory, replay", "", runOf("idemkey-fiber-memory/replay", rps), runOf("fiber-memory/replay", rps)},
+	{"req/s, idemkey-fiber-memory / Fiber+memory, first", "", runOf("idemkey-fiber-memory/first", rps), runOf("fiber-memory/first", rps)},
 	{"Redis CPU/req, Fiber+Redis replay / GET floor", "", normalized("fiber-redis/replay"), one},
 	{"Redis CPU/req, Fiber+Redis first / GET+SET floor", "", normalized("fiber-redis/first"), one},
 	{"Redis CPU/req, tiered replay / GET floor", "", normalized("tiered/replay"), one},
 	{"Redis CPU/req, idemkey redis replay / plain GET loop", "", runOf("redis/replay", redisCPU), plainGet},
 	{"Redis CPU/req, idemkey redis first / plain GET+SET loop", "", runOf("redis/first", redisCPU), plainGetSet},
+	{"Redis CPU/req, empty EVALSHA loop / plain SET loop", "", emptyEval, plainSet},
 	{"req/s, memory replay / bare", "", runOf("memory/replay", rps), runOf("bare/bare", rps)},
 	{"req/s, memory first / bare", "", runOf("memory/first", rps), runOf("bare/bare", rps)},
 	{"req/s, redis replay / bare", "", runOf("redis/replay", rps), runOf("bare/bare", rps)},
@@ -81,7 +97,7 @@ var ratios = []ratio{
 
 // summarize prints the medians over rounds of each run and of each ratio.
 func summarize(all []roundResult) {
-	fmt.Printf("\nmedians over %d rounds\n%-20s %9s %11s %9s %9s %9s\n", len(all), "run", "req/s", "cpu-us/req", "redis-us", "seq-us", "floor-us")
+	fmt.Printf("\nmedians over %d rounds\n%-27s %9s %11s %9s %9s %9s\n", len(all), "run", "req/s", "cpu-us/req", "redis-us", "seq-us", "floor-us")
 	for _, s := range subjects {
 		for _, mode := range []string{"bare", "first", "replay"} {
 			key := s + "/" + mode
@@ -93,15 +109,20 @@ func summarize(all []roundResult) {
 				}
 			}
 			if len(r) > 0 {
-				fmt.Printf("%-20s %9.0f %11.1f %9.2f %9.2f %9.2f\n", key, httpload.Median(r), httpload.Median(c), httpload.Median(rd), httpload.Median(sq), httpload.Median(fl))
+				fmt.Printf("%-27s %9.0f %11.1f %9.2f %9.2f %9.2f\n", key, httpload.Median(r), httpload.Median(c), httpload.Median(rd), httpload.Median(sq), httpload.Median(fl))
 			}
 		}
 	}
+	var ev []float64
+	for _, rr := range all {
+		ev = append(ev, rr.eval.cpuPerReq)
+	}
+	fmt.Printf("%-20s %9s %11s %9s %9.2f\n", "empty EVALSHA loop", "", "", "", httpload.Median(ev))
 	var g, st []float64
 	for _, rr := range all {
 		g, st = append(g, rr.get.cpuPerReq), append(st, rr.set.cpuPerReq)
 	}
-	fmt.Printf("%-20s %9s %11s %9s %9.2f\n%-20s %9s %11s %9s %9.2f\n", "plain GET loop", "", "", "", httpload.Median(g), "plain SET loop", "", "", "", httpload.Median(st))
+	fmt.Printf("%-27s %9s %11s %9s %9.2f\n%-27s %9s %11s %9s %9.2f\n", "plain GET loop", "", "", "", httpload.Median(g), "plain SET loop", "", "", "", httpload.Median(st))
 	fmt.Printf("\nratios (median of the rounds' ratios)\n")
 	for _, q := range ratios {
 		var xs []float64
@@ -115,6 +136,6 @@ func summarize(all []roundResult) {
 		if len(xs) == 0 {
 			continue
 		}
-		fmt.Printf("  %-66s %6.2f  %s\n", q.name, httpload.Median(xs), q.target)
+		fmt.Printf("  %-72s %6.2f  %s\n", q.name, httpload.Median(xs), q.target)
 	}
 }

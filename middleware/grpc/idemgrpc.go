@@ -90,6 +90,7 @@ type Option func(*config)
 type config struct {
 	pol     policy.Config
 	methods map[string]bool
+	oneTx   map[string]bool // WithOneTx's methods
 	release func(codes.Code) bool
 	logger  *slog.Logger
 
@@ -139,6 +140,30 @@ func WithMethods(fullMethods ...string) Option {
 				c.methods = make(map[string]bool, len(fullMethods))
 			}
 			c.methods[m] = true
+		}
+	}
+}
+
+// WithOneTx runs the full methods named ("/pkg.Service/Method") in the
+// one-transaction mode (docs/architecture.md section 9.1), as
+// middleware.Middleware.OneTx does a route: the claim, every statement the
+// handler runs in the transaction the store hands it (store/postgres
+// TxFromContext on the handler's context) and the stored answer commit once,
+// or not at all (idem.Runner.DoTx). An answer the release policy releases
+// rolls the transaction back; when the commit fails (or the handler ended or
+// left the transaction itself) the client gets UNAVAILABLE, never the
+// handler's success for rows that did not commit. New fails when a method is
+// named and the store holds no claim in a transaction (claim.TxStore:
+// store/postgres Store.OneTx), or when WithMethods leaves a named method
+// unprotected. Other methods keep the default mode. No names: none.
+func WithOneTx(fullMethods ...string) Option {
+	return func(c *config) {
+		c.oneTx = nil
+		for _, m := range fullMethods {
+			if c.oneTx == nil {
+				c.oneTx = make(map[string]bool, len(fullMethods))
+			}
+			c.oneTx[m] = true
 		}
 	}
 }
@@ -207,7 +232,25 @@ func New(st store.Store, scope ScopeFunc, opts ...Option) (*Interceptor, error) 
 	if err != nil {
 		return nil, fmt.Errorf("idemkey/grpc: %w", err)
 	}
+	if err := c.checkOneTx(st, r); err != nil {
+		return nil, err
+	}
 	return &Interceptor{config: c, runner: r, scope: scope}, nil
+}
+
+// checkOneTx fails when WithOneTx names a method that cannot run in the
+// one-transaction mode: the store holds no claim in a transaction, or
+// WithMethods leaves the method unprotected.
+func (c *config) checkOneTx(st store.Store, r *idem.Runner) error {
+	if len(c.oneTx) > 0 && !r.HoldsTx() {
+		return fmt.Errorf("idemkey/grpc: WithOneTx: the store (%T) holds no claim in a transaction (claim.TxStore; store/postgres Store.OneTx)", st)
+	}
+	for m := range c.oneTx {
+		if c.methods != nil && !c.methods[m] {
+			return fmt.Errorf("idemkey/grpc: WithOneTx names %s, which WithMethods leaves unprotected", m)
+		}
+	}
+	return nil
 }
 
 // Wait waits until the store work the interceptor does after its calls returned
@@ -255,7 +298,7 @@ func (ic *Interceptor) intercept(ctx context.Context, req any, info *grpc.UnaryS
 	// marshalled here), and records stored before version 2 keep matching.
 	fp, _ := fingerprint.Sum(fingerprint.Request{Method: "gRPC", Route: info.FullMethod, Body: body}, fingerprint.Options{Version: 1})
 	id := store.ID{Scope: ic.scope(ctx, info.FullMethod), Key: key}
-	return ic.run(ctx, id, fp, req, handler)
+	return ic.run(ctx, id, fp, req, handler, ic.oneTx[info.FullMethod])
 }
 
 // key returns the call's key: present false without one (nil error unless it

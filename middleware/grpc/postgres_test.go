@@ -17,6 +17,13 @@ import (
 // CI=true).
 func postgresStore(t *testing.T) *postgres.Store {
 	t.Helper()
+	s, _ := postgresStorePool(t)
+	return s
+}
+
+// postgresStorePool is postgresStore, with the store's pool.
+func postgresStorePool(t *testing.T) (*postgres.Store, *pgxpool.Pool) {
+	t.Helper()
 	url := os.Getenv("DATABASE_URL")
 	if url == "" {
 		if os.Getenv("CI") == "true" {
@@ -43,7 +50,7 @@ func postgresStore(t *testing.T) *postgres.Store {
 			t.Errorf("drop schema %s: %v", schema, err)
 		}
 	})
-	return s
+	return s, pool
 }
 
 func TestReplayAndMismatchPostgres(t *testing.T) { testReplayAndMismatch(t, postgresStore(t)) }

@@ -39,8 +39,9 @@ const minInFlightRetry = time.Second
 // again (the release policy), or cannot be stored.
 var errNotStored = errors.New("idemkey/grpc: answer not stored")
 
-// run executes the call under the claim of id, or answers why not.
-func (ic *Interceptor) run(ctx context.Context, id store.ID, fp store.Fingerprint, req any, handler grpc.UnaryHandler) (any, error) {
+// run executes the call under the claim of id (in the one-transaction mode when
+// inTx: WithOneTx), or answers why not.
+func (ic *Interceptor) run(ctx context.Context, id store.ID, fp store.Fingerprint, req any, handler grpc.UnaryHandler, inTx bool) (any, error) {
 	var (
 		resp any
 		herr error
@@ -49,17 +50,20 @@ func (ic *Interceptor) run(ctx context.Context, id store.ID, fp store.Fingerprin
 	// Detached: neither the claim nor the handler stops when the client gives up
 	// (package claim bounds the claim by the store timeout); the handler's
 	// context is cancelled only when the lease is lost.
-	res, err := ic.runner.Do(context.WithoutCancel(ctx), id, fp, func(fnCtx context.Context) ([]byte, error) {
+	fn := func(fnCtx context.Context) ([]byte, error) {
 		ran = true
 		resp, herr = handler(context.WithValue(fnCtx, ctxKey{}, id), req)
 		return ic.record(resp, herr)
-	})
+	}
+	var res idem.Result
+	var err error
+	if inTx {
+		res, err = ic.runner.DoTx(context.WithoutCancel(ctx), id, fp, fn)
+	} else {
+		res, err = ic.runner.Do(context.WithoutCancel(ctx), id, fp, fn)
+	}
 	if ran {
-		if err != nil && !errors.Is(err, errNotStored) {
-			ic.logger.LogAttrs(ctx, slog.LevelWarn, "idempotency: the call's answer was not stored",
-				slog.String("scope", id.Scope), slog.String("key", id.Key), slog.Any("error", err))
-		}
-		return resp, herr
+		return ic.ran(ctx, id, resp, herr, err, inTx)
 	}
 	var inFlight *idem.InFlightError
 	switch {
@@ -79,6 +83,28 @@ func (ic *Interceptor) run(ctx context.Context, id store.ID, fp store.Fingerprin
 		slog.String("scope", id.Scope), slog.String("key", id.Key), slog.Any("error", err))
 	return nil, problem(codes.Unavailable, codeUnavailable,
 		"The call could not be checked for duplicates and was not processed; retry after the RetryInfo delay.", ic.storeRetryAfter)
+}
+
+// ran answers a call whose handler ran: its answer, unless in the
+// one-transaction mode its rows did not commit (err, not the release policy's
+// errNotStored), or were rolled back under a success that cannot be stored:
+// then UNAVAILABLE or INTERNAL, never a success for rows that do not exist.
+func (ic *Interceptor) ran(ctx context.Context, id store.ID, resp any, herr, err error, inTx bool) (any, error) {
+	stored := err == nil || errors.Is(err, errNotStored)
+	if !stored {
+		ic.logger.LogAttrs(ctx, slog.LevelWarn, "idempotency: the call's answer was not stored",
+			slog.String("scope", id.Scope), slog.String("key", id.Key), slog.Any("error", err))
+	}
+	switch {
+	case !inTx:
+		return resp, herr
+	case !stored:
+		return nil, problem(codes.Unavailable, codeUnavailable,
+			"The call's transaction did not commit, or its outcome is unknown; retry after the RetryInfo delay.", ic.storeRetryAfter)
+	case err != nil && herr == nil: // a success that cannot be stored: its transaction was rolled back
+		return nil, status.Errorf(codes.Internal, "idemkey/grpc: the response cannot be stored, so the call's transaction was rolled back")
+	}
+	return resp, herr
 }
 
 // record returns the stored form of the handler's answer: a google.rpc.Status

@@ -18,7 +18,7 @@ import (
 )
 
 // returnsItem is an http.RoundTripper that makes dynalite answer a refused
-// conditional PutItem as DynamoDB does when asked with
+// conditional PutItem or UpdateItem (a claim, a completion) as DynamoDB does when asked with
 // ReturnValuesOnConditionCheckFailure ALL_OLD: the refusal carries the item that
 // refused. dynalite ignores the parameter; the transport reads the item right
 // after the refusal (a strongly consistent GetItem) and adds it to the error's
@@ -31,7 +31,7 @@ type returnsItem struct {
 }
 
 func (rt *returnsItem) RoundTrip(r *http.Request) (*http.Response, error) {
-	if !strings.HasSuffix(r.Header.Get("X-Amz-Target"), ".PutItem") {
+	if op := r.Header.Get("X-Amz-Target"); !strings.HasSuffix(op, ".PutItem") && !strings.HasSuffix(op, ".UpdateItem") {
 		return rt.next.RoundTrip(r)
 	}
 	reqBody, err := io.ReadAll(r.Body)
@@ -52,13 +52,17 @@ func (rt *returnsItem) RoundTrip(r *http.Request) (*http.Response, error) {
 	}
 	var in struct {
 		TableName                           string
-		Item                                map[string]json.RawMessage
+		Item, Key                           map[string]json.RawMessage // PutItem's, UpdateItem's
 		ReturnValuesOnConditionCheckFailure string
 	}
 	if err := json.Unmarshal(reqBody, &in); err != nil || in.ReturnValuesOnConditionCheckFailure != "ALL_OLD" {
 		return resp, err
 	}
-	item, err := rt.get(r, in.TableName, in.Item["pk"])
+	pk := in.Item["pk"]
+	if pk == nil {
+		pk = in.Key["pk"]
+	}
+	item, err := rt.get(r, in.TableName, pk)
 	if err != nil || item == nil {
 		return resp, err
 	}

@@ -1,6 +1,7 @@
 package dynamodb
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -108,7 +109,10 @@ func (s *Store) nowMS() int64 { return unixMS(s.now()) }
 const holderCondition = "tok = :tok AND attribute_not_exists(st) AND ex > :now"
 
 // Complete implements store.Store in one conditional UpdateItem, fenced by the
-// token (holderCondition), otherwise store.ErrLeaseLost. A response whose item
+// token (holderCondition), otherwise store.ErrLeaseLost; a record token
+// completed with the same status, body and omitted mark (a completion retried
+// after its reply was lost) answers nil, told by the item the refusal carries
+// (ALL_OLD: no extra call). A response whose item
 // would exceed DynamoDB's 400 KB limit is kept with its body omitted
 // (store.Response.BodyOmitted): a replay carries status and headers and says
 // so. Bad arguments give store.ErrInvalid; the SDK's errors are wrapped.
@@ -142,12 +146,39 @@ func (s *Store) Complete(ctx context.Context, id store.ID, token store.Token, re
 	}
 	_, err := s.db.UpdateItem(ctx, &dynamodb.UpdateItemInput{
 		TableName: &s.table, Key: map[string]types.AttributeValue{attrKey: bin(pk)},
-		UpdateExpression:          aws.String(set + " REMOVE ls"),
-		ConditionExpression:       aws.String(holderCondition),
-		ExpressionAttributeNames:  map[string]string{"#t": attrTTL},
-		ExpressionAttributeValues: vals,
+		UpdateExpression:                    aws.String(set + " REMOVE ls"),
+		ConditionExpression:                 aws.String(holderCondition),
+		ExpressionAttributeNames:            map[string]string{"#t": attrTTL},
+		ExpressionAttributeValues:           vals,
+		ReturnValuesOnConditionCheckFailure: types.ReturnValuesOnConditionCheckFailureAllOld,
 	})
+	if ccf := conditionFailed(err); ccf != nil {
+		return s.completedBy(ctx, pk, ccf, token, store.Response{Status: resp.Status, Body: body, BodyOmitted: omitted}, now)
+	}
 	return holderResult("complete", err)
+}
+
+// completedBy answers a refused completion (ccf): nil when token completed the
+// record with stored's status, body and omitted mark already (a completion
+// retried after its reply was lost), otherwise store.ErrLeaseLost. The refusal
+// carries the item (ALL_OLD); a server that sends none is read once.
+func (s *Store) completedBy(ctx context.Context, pk []byte, ccf *types.ConditionalCheckFailedException, token store.Token,
+	stored store.Response, now int64) error {
+	var r *record
+	var err error
+	if len(ccf.Item) > 0 {
+		r, err = decode(ccf.Item)
+	} else {
+		r, err = s.read(ctx, pk)
+	}
+	switch {
+	case err != nil:
+		return fmt.Errorf("idemkey/dynamodb: complete: %w", err)
+	case r.hasStatus && r.token == token && r.expires > now && r.status == stored.Status &&
+		r.omitted == stored.BodyOmitted && bytes.Equal(r.body, stored.Body):
+		return nil
+	}
+	return fmt.Errorf("idemkey/dynamodb: complete: %w", store.ErrLeaseLost)
 }
 
 // bodyFits reports whether a completed item with a key, headers and body of

@@ -118,6 +118,9 @@ func (s *Store) Claim(ctx context.Context, req store.ClaimRequest) (store.ClaimR
 
 // Complete seals resp with the current key and completes id in the wrapped
 // store. The arguments are checked first, as every store does (ErrInvalid).
+// Each seal has a fresh nonce, so a completion repeated after its reply was
+// lost is refused (store.ErrLeaseLost), where the wrapped store alone would
+// answer it as done (docs/architecture.md section 4).
 func (s *Store) Complete(ctx context.Context, id store.ID, token store.Token, resp store.Response, retention time.Duration) error {
 	if err := store.ValidateHolder(id, token); err != nil {
 		return err

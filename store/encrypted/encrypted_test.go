@@ -41,7 +41,7 @@ func TestConformance(t *testing.T) {
 	k := newKey(t, "k1")
 	storetest.Run(t, func(t *testing.T) storetest.Subject {
 		clock := testclock.New(time.Unix(1_700_000_000, 0))
-		return storetest.Subject{Store: wrap(t, memory.New(memory.WithClock(clock.Now)), k), Wait: clock.Add}
+		return storetest.Subject{Store: wrap(t, memory.New(memory.WithClock(clock.Now)), k), Wait: clock.Add, SealsAnew: true}
 	})
 }
 

@@ -25,6 +25,7 @@
 package memory
 
 import (
+	"bytes"
 	"context"
 	"encoding/binary"
 	"hash/maphash"
@@ -266,7 +267,10 @@ func (s *Store) Complete(ctx context.Context, id store.ID, token store.Token, re
 	}
 	// Copy outside the lock, into one array; dropped if the token is refused.
 	data, fieldsLen := copyResponse(resp.Header, resp.Body)
-	return s.withHolder(ctx, id, token, func(sh *shard, e *entry, at int64) {
+	same := func(e *entry) bool { // completed with resp already: a retried completion
+		return e.status == int32(resp.Status) && e.omitted == resp.BodyOmitted && bytes.Equal(e.data[e.fieldsLen:], resp.Body)
+	}
+	return s.withHolder(ctx, id, token, same, func(sh *shard, e *entry, at int64) {
 		before := e.size()
 		e.status, e.omitted, e.data, e.fieldsLen = int32(resp.Status), resp.BodyOmitted, data, int32(fieldsLen)
 		sh.grow(e.size() - before)
@@ -281,7 +285,7 @@ func (s *Store) Release(ctx context.Context, id store.ID, token store.Token) err
 	if err := store.ValidateHolder(id, token); err != nil {
 		return err
 	}
-	return s.withHolder(ctx, id, token, func(sh *shard, e *entry, _ int64) {
+	return s.withHolder(ctx, id, token, nil, func(sh *shard, e *entry, _ int64) {
 		sh.drop(e)
 	})
 }
@@ -295,7 +299,7 @@ func (s *Store) Renew(ctx context.Context, id store.ID, token store.Token, lease
 	if err := store.ValidateLease(lease); err != nil {
 		return err
 	}
-	return s.withHolder(ctx, id, token, func(sh *shard, e *entry, at int64) {
+	return s.withHolder(ctx, id, token, nil, func(sh *shard, e *entry, at int64) {
 		e.until = at + int64(lease)
 		if e.until > e.expiresAt {
 			sh.setExpiry(e, e.until)
@@ -316,7 +320,9 @@ func (s *Store) lockSwept(id store.ID) (sh *shard, h uint64, at int64) {
 }
 
 // withHolder runs f under the shard lock if token holds id's uncompleted claim.
-func (s *Store) withHolder(ctx context.Context, id store.ID, token store.Token, f func(*shard, *entry, int64)) error {
+// A record token completed answers nil, leaving it as it is, when done (if not
+// nil) says it is the one f would write.
+func (s *Store) withHolder(ctx context.Context, id store.ID, token store.Token, done func(*entry) bool, f func(*shard, *entry, int64)) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
@@ -324,7 +330,13 @@ func (s *Store) withHolder(ctx context.Context, id store.ID, token store.Token, 
 	defer sh.mu.Unlock()
 	e := sh.find(sh.records.get(sh, h), id)
 	// An expired lease still belongs to its holder until someone takes it over.
-	if e == nil || e.token != token || e.status != 0 {
+	if e == nil || e.token != token {
+		return store.ErrLeaseLost
+	}
+	if e.status != 0 {
+		if done != nil && done(e) {
+			return nil
+		}
 		return store.ErrLeaseLost
 	}
 	f(sh, e, at)

@@ -129,7 +129,9 @@ func (s *Store) Close() error { return s.stmts.close() }
 
 // Complete implements store.Store in one statement, guarded by the token: the
 // record must be held by token, uncompleted and within its retention, otherwise
-// store.ErrLeaseLost. Bad arguments (including a body over WithMaxBody) give
+// store.ErrLeaseLost; after a refusal one read tells a record token completed
+// with the same status, body and omitted mark (a completion retried after its
+// reply was lost), answered nil. Bad arguments (including a body over WithMaxBody) give
 // store.ErrInvalid, driver errors are wrapped.
 func (s *Store) Complete(ctx context.Context, id store.ID, token store.Token, resp store.Response, retention time.Duration) error {
 	if err := s.checkComplete(id, token, resp, retention); err != nil {
@@ -140,7 +142,33 @@ func (s *Store) Complete(ctx context.Context, id store.ID, token store.Token, re
 		return fmt.Errorf("idemkey/mysql: complete: %w", err)
 	}
 	res, err := st.ExecContext(ctx, completeArgs(id, token, resp, retention)...)
-	return holderResult("complete", res, err)
+	if err = holderResult("complete", res, err); errors.Is(err, store.ErrLeaseLost) {
+		return s.completedBy(ctx, id, token, resp, err)
+	}
+	return err
+}
+
+// completedBy answers a refused completion (refused, wrapping ErrLeaseLost): nil
+// when token completed the record with resp's status, body and omitted mark
+// already (a completion retried after its reply was lost), refused when not, the
+// read's error when it failed.
+func (s *Store) completedBy(ctx context.Context, id store.ID, token store.Token, resp store.Response, refused error) error {
+	st, err := s.stmts.get(ctx, s.sqlOf.completed)
+	if err != nil {
+		return fmt.Errorf("idemkey/mysql: complete: %w", err)
+	}
+	var body []byte // NULL when empty, as stored
+	if len(resp.Body) > 0 {
+		body = resp.Body
+	}
+	var n int
+	if err := st.QueryRowContext(ctx, bytesOf(id.Scope), bytesOf(id.Key), token[:], int16(resp.Status), body, resp.BodyOmitted).Scan(&n); err != nil {
+		return fmt.Errorf("idemkey/mysql: complete: %w", err)
+	}
+	if n > 0 {
+		return nil
+	}
+	return refused
 }
 
 // checkComplete checks the arguments of Complete and CompleteTx (store.ErrInvalid).

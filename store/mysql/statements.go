@@ -18,7 +18,7 @@ func micro(col string) string {
 
 // statements is the SQL of one table, rendered once by New.
 type statements struct {
-	read, claim, complete, release, renew, sweep, live, inspect, lockRow, evict string
+	read, claim, complete, completed, release, renew, sweep, live, inspect, lockRow, evict string
 }
 
 // Claim codes: the claim statement sets LAST_INSERT_ID(code) on every path, and
@@ -81,6 +81,12 @@ ON DUPLICATE KEY UPDATE
 		complete: `UPDATE ` + t + ` SET status = ?, headers = ?, body = ?, body_omitted = ?, lease_until = NULL,
     completed_at = ` + now + `, expires_at = ` + now + ` + INTERVAL ? MICROSECOND
 WHERE ` + holder,
+
+		// completed is Complete's look after a refusal: did token complete the
+		// record with this status, body and omitted mark (a completion retried
+		// after its reply was lost)? The rows-affected count of complete cannot
+		// tell (an update that changes nothing counts 0 without clientFoundRows).
+		completed: `SELECT COUNT(*) FROM ` + t + " WHERE scope = ? AND `key` = ? AND token = ? AND status = ? AND body <=> ? AND body_omitted = ? AND expires_at > " + now,
 
 		release: `DELETE FROM ` + t + ` WHERE ` + holder,
 

@@ -11,7 +11,12 @@
 //	err = st.Migrate(ctx)                        // once at startup; idempotent
 //	stop := st.StartSweeper(ctx, time.Minute)    // optional: delete expired rows
 //	defer stop()
+//	defer st.StopListener()                      // after the last request
+//	m, err := middleware.New(st, middleware.ScopeFromHeader("X-Client-ID", "anonymous"))
+//	err = http.ListenAndServe(addr, m.Handler(mux))
 //
+// Every error must be checked; README.md's Postgres program
+// (store/postgres/internal/quickstart) is the complete version.
 // New accepts any Querier (Exec and QueryRow): *pgxpool.Pool, *pgx.Conn or a
 // pgx.Tx the caller owns. Statements go through pgx's statement cache (prepared once
 // per connection); there are no explicit transactions on the hot path.

@@ -87,6 +87,7 @@ func (s *Store) useLayout() error {
 	t := s.qualified
 	s.claimSQL = `SELECT * FROM ` + s.ident(s.table+"_claim") + `($1, $2, $3, $4, $5, $6)`
 	s.completeSQL = fmt.Sprintf(partCompleteSQL+notifyReturning, t, s.channel)
+	s.completeOnceSQL = fmt.Sprintf(partCompleteOnceSQL+notifyReturning, t, s.channel)
 	s.releaseSQL = fmt.Sprintf(partReleaseSQL+notifyReturning, t, s.channel)
 	s.renewSQL = fmt.Sprintf(partRenewSQL, t)
 	return nil
@@ -95,9 +96,10 @@ func (s *Store) useLayout() error {
 // The holder statements of the partitioned layout: those of the plain layout with
 // liveness judged on clock_timestamp() (see expiredFn in the migration).
 var (
-	partCompleteSQL = onClockTimestamp(completeSQL)
-	partReleaseSQL  = onClockTimestamp(releaseSQL)
-	partRenewSQL    = onClockTimestamp(renewSQL)
+	partCompleteSQL     = onClockTimestamp(completeSQL)
+	partCompleteOnceSQL = onClockTimestamp(completeOnceSQL)
+	partReleaseSQL      = onClockTimestamp(releaseSQL)
+	partRenewSQL        = onClockTimestamp(renewSQL)
 )
 
 // onClockTimestamp returns stmt with now() replaced by clock_timestamp().

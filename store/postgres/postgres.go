@@ -68,7 +68,7 @@ type Store struct {
 	part       *partitioned // the partitioned layout (WithPartitions); nil: the plain table
 	readFirst  bool         // Claim reads the key's row before the claim statement (WithReadFirst)
 
-	readSQL, claimSQL, completeSQL, releaseSQL, renewSQL, sweepSQL, waitSQL, pollSQL string
+	readSQL, claimSQL, completeSQL, completeOnceSQL, releaseSQL, renewSQL, sweepSQL, waitSQL, pollSQL string
 
 	// execMode is sent with every statement when forceMode is set (pooler.go);
 	// polling makes Wait poll with pollFirst and pollMax. Both are set by New's
@@ -157,6 +157,7 @@ func New(db Querier, opts ...Option) (*Store, error) {
 	s.claimSQL = fmt.Sprintf(claimSQL, t)
 	s.channel = channelName(t)
 	s.completeSQL = fmt.Sprintf(completeSQL+notifyReturning, t, s.channel)
+	s.completeOnceSQL = fmt.Sprintf(completeOnceSQL+notifyReturning, t, s.channel)
 	s.releaseSQL = fmt.Sprintf(releaseSQL+notifyReturning, t, s.channel)
 	s.waitSQL = fmt.Sprintf(waitSQL, t)
 	s.pollSQL = fmt.Sprintf(pollSQL, t)
@@ -238,6 +239,17 @@ WHERE NOT EXISTS (SELECT FROM claimed)`
 	completeSQL = `UPDATE %[1]s SET status = $4, headers = $5, body = $6, body_omitted = $7,
     lease_until = NULL, completed_at = now(), expires_at = now() + $8::bigint * interval '1 millisecond'
 WHERE ` + holderGuard
+
+	// completeOnceSQL is Complete's: completeSQL, and a record the token completed
+	// with the same status, body and omitted mark (a completion retried after its
+	// reply was lost) matches too and is left as it was (the same row count, in
+	// the same statement).
+	completeOnceSQL = `UPDATE %[1]s SET status = $4, body = $6, body_omitted = $7, lease_until = NULL,
+    headers      = CASE WHEN status IS NULL THEN $5 ELSE headers END,
+    completed_at = CASE WHEN status IS NULL THEN now() ELSE completed_at END,
+    expires_at   = CASE WHEN status IS NULL THEN now() + $8::bigint * interval '1 millisecond' ELSE expires_at END
+WHERE scope = $1 AND key = $2 AND token = $3 AND expires_at > now()
+  AND (status IS NULL OR status = $4 AND body IS NOT DISTINCT FROM $6 AND body_omitted = $7)`
 
 	releaseSQL = `DELETE FROM %[1]s WHERE ` + holderGuard
 
@@ -359,14 +371,16 @@ func (s *Store) decide(r *claimRow, req store.ClaimRequest, tok store.Token) (st
 
 // Complete implements store.Store in one statement, guarded by the token: the
 // record must be held by token, uncompleted and within its retention, otherwise
-// store.ErrLeaseLost. Bad arguments (including a body over WithMaxBody) give
+// store.ErrLeaseLost; a record token completed with the same status, body and
+// omitted mark (a completion retried after its reply was lost) answers nil, left
+// as it was. Bad arguments (including a body over WithMaxBody) give
 // store.ErrInvalid, driver errors are wrapped. Headers are kept in the binary encoding
 // of the package doc.
 func (s *Store) Complete(ctx context.Context, id store.ID, token store.Token, resp store.Response, retention time.Duration) error {
 	if err := s.checkComplete(id, token, resp, retention); err != nil {
 		return err
 	}
-	tag, err := s.exec(ctx, s.completeSQL, s.completeArgs(id, token, resp, retention)...)
+	tag, err := s.exec(ctx, s.completeOnceSQL, s.completeArgs(id, token, resp, retention)...)
 	return holderResult("complete", tag, err)
 }
 

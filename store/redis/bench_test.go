@@ -42,10 +42,10 @@ func BenchmarkTransitions(b *testing.B) {
 		_, err = s.Claim(ctx, store.ClaimRequest{ID: id, Fingerprint: fp, Lease: 10 * time.Second, Retention: time.Minute})
 		return err
 	}
-	tail, flags := responseTail(resp)
 	tok := store.NewToken()
 	m := make([]byte, markerLen)
-	putMarker(m, fp, tok, 60000, 50000)
+	putMarker(m, fp, tok, time.Now().UnixMilli(), 50000)
+	rest, head := recordTail(nil, tok, 0, 60000, resp)
 	claim := func(key string) error {
 		err := c.SetArgs(ctx, key, m, goredis.SetArgs{Mode: "NX", TTL: time.Minute, Get: true}).Err()
 		if err == goredis.Nil {
@@ -58,7 +58,7 @@ func BenchmarkTransitions(b *testing.B) {
 		if err := claim(key); err != nil {
 			return err
 		}
-		if err := completeScript.Run(ctx, c, []string{key}, tok[:], tok[:], 60000, flags, tail, resp.Body, "ch").Err(); err != nil {
+		if err := completeScript.Run(ctx, c, []string{key}, tok[:], head, rest, resp.Body, 60000, "ch").Err(); err != nil {
 			return err
 		}
 		return claim(key)

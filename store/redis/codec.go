@@ -43,7 +43,16 @@ func corrupt(what string) error {
 // reply is a script's reply: an array whose first element is the result code.
 type reply []any
 
+// asReply decodes a script's reply: the plain integer code of a script with
+// nothing else to say, or an array whose first element is the code; -1 (foreign
+// data) is store.ErrCorrupt.
 func asReply(v any) (reply, int64, error) {
+	if code, ok := v.(int64); ok {
+		if code == -1 {
+			return nil, 0, errForeign
+		}
+		return nil, code, nil
+	}
 	a, ok := v.([]any)
 	if !ok || len(a) == 0 {
 		return nil, 0, corrupt("script reply")
@@ -53,10 +62,12 @@ func asReply(v any) (reply, int64, error) {
 		return nil, 0, corrupt("script reply code")
 	}
 	if code == -1 {
-		return nil, 0, fmt.Errorf("%w: redis: foreign data under the record key", store.ErrCorrupt)
+		return nil, 0, errForeign
 	}
 	return a, code, nil
 }
+
+var errForeign = fmt.Errorf("%w: redis: foreign data under the record key", store.ErrCorrupt)
 
 func (r reply) str(i int) (string, bool) {
 	if i >= len(r) {

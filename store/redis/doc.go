@@ -2,6 +2,19 @@
 // github.com/redis/go-redis/v9. It takes a redis.UniversalClient, so a single node,
 // Sentinel and Cluster all work.
 //
+// # Use
+//
+//	client := goredis.NewClient(&goredis.Options{Addr: "127.0.0.1:6379",
+//		ContextTimeoutEnabled: true}) // the store's deadlines bound socket reads too
+//	st := redis.New(client, redis.WithPrefix("payments:idem:"))
+//	err := st.CheckEvictionPolicy(ctx) // at startup: records need noeviction
+//	defer st.StopSubscriber()           // after the last request
+//	m, err := middleware.New(st, middleware.ScopeFromHeader("X-Client-ID", "anonymous"))
+//	err = http.ListenAndServe(addr, m.Handler(mux))
+//
+// A Redis failover can lose acknowledged records (see Server configuration
+// below); store/tiered puts Postgres behind it when that must not happen.
+//
 // # Transitions
 //
 // The paths every request takes are single plain commands. A claim is one
@@ -14,9 +27,13 @@
 // Retry-After), and when the lease has ended one script takes the key over,
 // atomically. Complete, Release and Renew compare the fencing token before they
 // write, which Redis 7 has no plain command for, so each is one small Lua script
-// call (EVALSHA, falling back to EVAL when the server answers NOSCRIPT). Leases
-// and retention run on the Redis server's clock: TTLs set by SET PX and PEXPIRE,
-// and TIME inside the scripts, never the application's clock.
+// call (EVALSHA, falling back to EVAL when the server answers NOSCRIPT); Complete's
+// is one GET and one SET: it keeps the marker's fingerprint, token and creation
+// time and appends the record the application sent. Leases and retention run on
+// the Redis server's clock: key TTLs set by SET PX and PEXPIRE and judged with
+// PTTL, never the application's clock. A record's times (created, completed,
+// expires at) are reported, never enforced, and are the application's clock (the
+// claiming and the completing process's), off by its skew from Redis's.
 //
 // # Key layout
 //

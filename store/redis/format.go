@@ -9,8 +9,7 @@ import (
 
 // The record format (format 2): one Redis string per (scope, key), holding either
 // an in-flight marker or a completed record, so that a claim is one SET and a
-// replay one read of one value. Integers are big-endian; times are Unix
-// milliseconds on the Redis server's clock. Byte offsets (0-based):
+// replay one read of one value. Integers are big-endian. Byte offsets (0-based):
 //
 //	marker (67 bytes, the key's TTL is the claim's retention):
 //	  0      format, 2
@@ -19,28 +18,34 @@ import (
 //	         and Release then PUBLISH the key, and only then
 //	  3-34   fingerprint
 //	  35-50  fencing token of the holder
-//	  51-58  created: ms from the first claim to the key's expiry (int64)
+//	  51-58  created at: Unix ms of the first claim, the claiming process's clock
 //	  59-66  lease: ms from the lease's end to the key's expiry (int64)
 //
 //	record (97 bytes, then headers and body; the key's TTL is the retention):
 //	  0      format, 2
 //	  1      kind, 'c' (completed)
 //	  2      flags: bit 0 set when the body was omitted
-//	  3-34   fingerprint
-//	  35-50  fencing token of the holder that completed it (zero when filled)
-//	  51-66  nonce of the Complete call that wrote it (zero when filled)
-//	  67-74  created at, 75-82 completed at, 83-90 expires at (int64 ms)
+//	  3-58   fingerprint, token and created at, as in the marker it replaced
+//	         (token zero when filled)
+//	  59-74  nonce of the Complete call that wrote it (zero when filled)
+//	  75-82  completed at, 83-90 expires at (Unix ms, the completing process's
+//	         clock: completed at plus the retention)
 //	  91-92  HTTP status (uint16)
 //	  93-96  length of the headers (uint32)
 //	  97-    headers (store/codec EncodeHeader), then the body as is
 //
-// A marker keeps its deadlines relative to the key's expiry because the claim
-// that writes it is a plain SET NX PX from the application, which cannot read
-// the server's clock: the key expires retention after the server ran the SET, so
-// "created" is the retention and "lease" the retention minus the lease, and the
-// lease is live while the key's PTTL exceeds "lease". Scripts that move the
-// expiry (Renew, a takeover) rewrite both. Anything else under a record key is
-// foreign data (store.ErrCorrupt).
+// Bytes 3-58 of a record are bytes 3-58 of the marker, so Complete's script
+// copies them with one string.sub and appends what the application sent: it
+// reads no clock and no expiry. A marker keeps its lease relative to the key's
+// expiry because the claim that writes it is a plain SET NX PX from the
+// application, which cannot read the server's clock: the key expires retention
+// after the server ran the SET, so "lease" is the retention minus the lease, and
+// the lease is live while the key's PTTL exceeds it. Scripts that move the
+// expiry (Renew, a takeover) rewrite it. Leases and retention are enforced on
+// the Redis server's clock only (key TTLs); the record's times are reported, not
+// enforced, and are the application's clock, off by the skew between the
+// application's hosts and Redis. Anything else under a record key is foreign
+// data (store.ErrCorrupt).
 const (
 	formatVersion = 2
 	kindMarker    = 'p'
@@ -55,24 +60,23 @@ const (
 type marker struct {
 	fp      store.Fingerprint
 	token   store.Token
-	created int64 // ms before the key's expiry
+	created int64 // Unix ms, the claiming process's clock
 	lease   int64 // ms before the key's expiry
 }
 
-// remaining is the marker's remaining lease given the key's PTTL.
+// remaining is the marker's remaining lease given the key's PTTL (never beyond
+// the key's life).
 func (m *marker) remaining(pttl time.Duration) time.Duration {
-	left := pttl - time.Duration(m.lease)*time.Millisecond
-	span := time.Duration(m.created-m.lease) * time.Millisecond // the lease as claimed
-	return min(left, max(span, 0))
+	return min(pttl-time.Duration(m.lease)*time.Millisecond, pttl)
 }
 
-// putMarker writes a marker for a claim of fp by tok, written with a key TTL of
-// ttl ms, whose lease ends leaseEnd ms before the key expires, into b (markerLen bytes).
-func putMarker(b []byte, fp store.Fingerprint, tok store.Token, ttl, leaseEnd int64) {
+// putMarker writes into b (markerLen bytes) a marker for a claim of fp by tok
+// made at created (Unix ms), whose lease ends leaseEnd ms before the key expires.
+func putMarker(b []byte, fp store.Fingerprint, tok store.Token, created, leaseEnd int64) {
 	b[0], b[1], b[2] = formatVersion, kindMarker, 0
 	copy(b[3:35], fp[:])
 	copy(b[35:51], tok[:])
-	put64(b[51:], ttl)
+	put64(b[51:], created)
 	put64(b[59:], leaseEnd)
 }
 
@@ -119,7 +123,7 @@ func decodeRecord(v string) (*store.Record, error) {
 	rec := &store.Record{
 		Fingerprint: recordFingerprint(v),
 		Response:    store.Response{Status: status, Header: h, BodyOmitted: v[2]&flagOmitted != 0},
-		CreatedAt:   time.UnixMilli(get64(v, 67)),
+		CreatedAt:   time.UnixMilli(get64(v, 51)),
 		CompletedAt: time.UnixMilli(get64(v, 75)),
 		ExpiresAt:   time.UnixMilli(get64(v, 83)),
 	}
@@ -132,32 +136,38 @@ func decodeRecord(v string) (*store.Record, error) {
 	return rec, nil
 }
 
-// responseTail returns the part of a record after its times: status, header
-// length and headers (the body follows, sent apart), and the flags byte.
-func responseTail(resp store.Response) (tail []byte, flags string) {
-	head := codec.EncodeHeader(resp.Header)
-	tail = make([]byte, 6, 6+len(head))
-	tail[0], tail[1] = byte(resp.Status>>8), byte(resp.Status)
-	n := uint32(len(head))
-	tail[2], tail[3], tail[4], tail[5] = byte(n>>24), byte(n>>16), byte(n>>8), byte(n)
-	tail = append(tail, head...)
-	flags = "\x00"
+// Record heads by flags: format, kind and the flags byte (Complete sends one).
+const (
+	headStored  = "\x02c\x00"
+	headOmitted = "\x02c\x01"
+)
+
+// recordTail appends to b the part of a record after bytes 3-58: the nonce, the
+// times, status, header length and headers (the body follows, sent apart), and
+// returns it with the record's first three bytes.
+func recordTail(b []byte, nonce store.Token, completed, expires int64, resp store.Response) (tail []byte, head string) {
+	h := codec.EncodeHeader(resp.Header)
+	b = append(b, nonce[:]...)
+	b = append64(b, completed)
+	b = append64(b, expires)
+	b = append(b, byte(resp.Status>>8), byte(resp.Status))
+	n := uint32(len(h))
+	b = append(b, byte(n>>24), byte(n>>16), byte(n>>8), byte(n))
+	head = headStored
 	if resp.BodyOmitted {
-		flags = "\x01"
+		head = headOmitted
 	}
-	return tail, flags
+	return append(b, h...), head
 }
 
-// encodeRecord returns a whole record (store/tiered's Fill), its times as given.
+// encodeRecord returns a whole record (store/tiered's Fill), its times as given,
+// with a zero token and nonce.
 func encodeRecord(rec *store.Record) []byte {
-	tail, flags := responseTail(rec.Response)
-	b := make([]byte, 67, recordHead+len(tail)-6+len(rec.Body))
-	b[0], b[1], b[2] = formatVersion, kindRecord, flags[0]
+	b := make([]byte, 59, recordHead+len(rec.Body)+64)
 	copy(b[3:35], rec.Fingerprint[:])
-	b = append64(b, rec.CreatedAt.UnixMilli())
-	b = append64(b, rec.CompletedAt.UnixMilli())
-	b = append64(b, rec.ExpiresAt.UnixMilli())
-	b = append(b, tail...)
+	put64(b[51:], rec.CreatedAt.UnixMilli())
+	b, head := recordTail(b, store.Token{}, rec.CompletedAt.UnixMilli(), rec.ExpiresAt.UnixMilli(), rec.Response)
+	copy(b, head)
 	return append(b, rec.Body...)
 }
 

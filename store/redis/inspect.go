@@ -64,8 +64,9 @@ return info
 
 // Inspect implements store.Inspector with one read-only script: the record's
 // fields (not its body or headers, only the body's length) and the Redis server's
-// time. Times are the server's, in milliseconds; an in-flight record's ExpiresAt
-// is the key's TTL. Errors: store.ErrInvalid for an empty key, store.ErrCorrupt
+// time, in milliseconds. Now, LeaseUntil and ExpiresAt (the key's expiry) are the
+// server's clock; CreatedAt and CompletedAt are the application's, as the record
+// keeps them (package doc). Errors: store.ErrInvalid for an empty key, store.ErrCorrupt
 // for foreign data under the key, otherwise the client's error.
 func (s *Store) Inspect(ctx context.Context, id store.ID) (store.Info, error) {
 	if err := store.ValidateInspect(id); err != nil {
@@ -141,7 +142,7 @@ func infoReply(v any) (store.Info, bool, error) {
 	if head[1] == kindMarker {
 		m := decodeMarker(head)
 		info.State = store.StateInFlight
-		info.CreatedAt = time.UnixMilli(exp - m.created)
+		info.CreatedAt = time.UnixMilli(m.created)
 		info.LeaseUntil = time.UnixMilli(exp - m.lease)
 		info.ExpiresAt = time.UnixMilli(exp)
 		return info, code == 2, nil
@@ -155,9 +156,9 @@ func infoReply(v any) (store.Info, bool, error) {
 		return store.Info{}, false, corrupt("record fields")
 	}
 	info.State = store.StateCompleted
-	info.CreatedAt = time.UnixMilli(get64(head, 67))
+	info.CreatedAt = time.UnixMilli(get64(head, 51))
 	info.CompletedAt = time.UnixMilli(get64(head, 75))
-	info.ExpiresAt = time.UnixMilli(get64(head, 83))
+	info.ExpiresAt = time.UnixMilli(exp)
 	info.Status, info.BodyBytes, info.BodyOmitted = status, int(size-recordHead-hlen), head[2]&flagOmitted != 0
 	return info, code == 2, nil
 }

@@ -2,6 +2,7 @@ package redis_test
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"sync"
@@ -72,17 +73,18 @@ func TestMarkerWithoutExpiry(t *testing.T) {
 }
 
 // endLease ends the lease of the marker under key without waiting for it: its
-// lease offset (format.go) becomes its created offset, a lease that ended when
-// it began.
+// lease offset (format.go) becomes the key's PTTL, a lease that ends now.
 func endLease(ctx context.Context, c *goredis.Client, key string) error {
-	created, err := c.GetRange(ctx, key, 51, 58).Result()
-	if err == nil && len(created) != 8 {
-		err = fmt.Errorf("no marker under %q", key)
+	pttl, err := c.PTTL(ctx, key).Result()
+	if err == nil && pttl <= 0 {
+		err = fmt.Errorf("no marker with a TTL under %q", key)
 	}
 	if err != nil {
 		return err
 	}
-	return c.SetRange(ctx, key, 59, created).Err()
+	var off [8]byte
+	binary.BigEndian.PutUint64(off[:], uint64(pttl.Milliseconds()))
+	return c.SetRange(ctx, key, 59, string(off[:])).Err()
 }
 
 // TestTakeoverFencesTheStaleHolder: 64 concurrent claims of a marker whose lease

@@ -96,10 +96,12 @@ return {1, 1}
 `)
 
 // legacyCompleteScript: ARGV token, retention ms, status, header, body, omitted ("1" or ""),
-// call nonce, the waiters' channel. Replies {1} stored (or this very call was already applied) | {0} lease
-// lost (also when already completed by another call) | {-1}.
+// call nonce, the waiters' channel. Replies {1} stored (or this very call was already applied,
+// or a call of the same token with the same status, body and omitted mark) | {0} lease
+// lost (also when already completed by another token or response) | {-1}.
 var legacyCompleteScript = goredis.NewScript(legacyPrelude + `
-if r ~= nil and r[2] == 'c' and r[4] == ARGV[1] and r[13] == ARGV[7] then return {1} end
+if r ~= nil and r[2] == 'c' and r[4] == ARGV[1] and (r[13] == ARGV[7] or
+   r[9] == ARGV[3] and (r[11] or '') == ARGV[5] and (r[12] or '') == ARGV[6]) then return {1} end
 if r == nil or r[4] ~= ARGV[1] or r[2] ~= 'p' then return {0} end
 local ret = tonumber(ARGV[2])
 redis.call('HSET', k, 'st','c', 'cd',now, 'ex',now + ret, 's',ARGV[3], 'h',ARGV[4], 'b',ARGV[5], 'o',ARGV[6], 'cn',ARGV[7])

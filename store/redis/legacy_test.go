@@ -56,7 +56,7 @@ func TestLegacyClaimOfAnExpiredHash(t *testing.T) {
 	req := store.ClaimRequest{ID: store.ID{Scope: "s", Key: "k"}, Lease: time.Second, Retention: time.Minute}
 	tok := store.NewToken()
 	m := make([]byte, markerLen)
-	putMarker(m, req.Fingerprint, tok, 60000, 59000)
+	putMarker(m, req.Fingerprint, tok, time.Now().UnixMilli(), 59000)
 	res, err := s.legacyClaim(ctx, s.Key(req.ID), req, tok, m)
 	if err != nil || res.Outcome != store.Claimed {
 		t.Fatalf("legacyClaim: %+v %v", res, err)

@@ -82,7 +82,7 @@ func (s *Store) Claim(ctx context.Context, req store.ClaimRequest) (store.ClaimR
 	key := keyFor(s.prefix, req.ID)
 	lease, ret := ttlMillis(req.Lease), ttlMillis(req.Retention)
 	m := make([]byte, markerLen)
-	putMarker(m, req.Fingerprint, tok, ret, ret-lease)
+	putMarker(m, req.Fingerprint, tok, time.Now().UnixMilli(), ret-lease)
 	v, err := s.client.SetArgs(ctx, key, m, goredis.SetArgs{Mode: "NX", TTL: millis(ret), Get: true}).Result()
 	switch {
 	case err == goredis.Nil:
@@ -177,11 +177,13 @@ func (s *Store) contend(ctx context.Context, key string, req store.ClaimRequest,
 }
 
 // Complete implements store.Store with one script call: the marker of token
-// becomes the completed record and its key expires retention from now on the
-// Redis clock. store.ErrLeaseLost when token no longer holds id, including when
-// the record is already completed by another Complete call (a client's
-// re-delivery of this very call, after a lost reply, answers nil); other errors
-// as for Claim.
+// becomes the completed record (its times on this process's clock) and its key
+// expires retention from now on the Redis clock. A record token already
+// completed with the same status, body and omitted mark (a completion retried
+// after its reply was lost, or the client's re-delivery of this very call)
+// answers nil and is left as it is, in the same script. store.ErrLeaseLost when
+// token no longer holds id, including a record completed by another token or
+// with another response; other errors as for Claim.
 func (s *Store) Complete(ctx context.Context, id store.ID, token store.Token, resp store.Response, retention time.Duration) error {
 	if err := store.ValidateHolder(id, token); err != nil {
 		return err
@@ -189,7 +191,6 @@ func (s *Store) Complete(ctx context.Context, id store.ID, token store.Token, re
 	if err := store.ValidateResponse(resp, retention); err != nil {
 		return err
 	}
-	tail, flags := responseTail(resp)
 	body := resp.Body
 	if body == nil {
 		body = []byte{}
@@ -197,10 +198,12 @@ func (s *Store) Complete(ctx context.Context, id store.ID, token store.Token, re
 	// The nonce tells a re-delivery of this call (a client retry after a lost
 	// reply) from a second Complete: only the latter is refused.
 	nonce := store.NewToken()
+	ret, now := ttlMillis(retention), time.Now().UnixMilli()
+	rest, head := recordTail(make([]byte, 0, recordHead), nonce, now, now+ret, resp)
 	key := keyFor(s.prefix, id)
 	return s.fenced(ctx, "complete", completeScript, key, func() error {
 		return s.legacyComplete(ctx, key, token, resp, retention, nonce)
-	}, token[:], nonce[:], codec.Millis(retention), flags, tail, body, s.channel)
+	}, token[:], head, rest, body, ret, s.channel)
 }
 
 // Release implements store.Store with one script call: the marker is deleted.
@@ -350,7 +353,7 @@ func (s *Store) Mark(ctx context.Context, id store.ID, fp store.Fingerprint, tok
 	}
 	ms := ttlMillis(lease)
 	m := make([]byte, markerLen)
-	putMarker(m, fp, token, ms, 0)
+	putMarker(m, fp, token, time.Now().UnixMilli(), 0)
 	if err := s.client.Set(ctx, keyFor(s.prefix, id), m, millis(ms)).Err(); err != nil {
 		return fmt.Errorf("idemkey/store/redis: mark: %w", err)
 	}

@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"net/http"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -180,7 +181,9 @@ func TestRecordLayout(t *testing.T) {
 	ctx := t.Context()
 	s := redis.New(c, redis.WithPrefix(redistest.Prefix(t, c)))
 	id := store.ID{Scope: "tenant", Key: "k"}
+	before := time.Now().UnixMilli()
 	res, err := s.Claim(ctx, claimReq(id, fpA))
+	after := time.Now().UnixMilli()
 	if err != nil || res.Outcome != store.Claimed {
 		t.Fatalf("Claim: %+v %v", res, err)
 	}
@@ -191,7 +194,7 @@ func TestRecordLayout(t *testing.T) {
 	m := c.Get(ctx, key).Val()
 	be := func(s string) int64 { return int64(binary.BigEndian.Uint64([]byte(s))) }
 	if len(m) != 67 || m[:3] != "\x02p\x00" || m[3:35] != string(fpA[:]) || m[35:51] != string(res.Token[:]) ||
-		be(m[51:59]) != 60000 || be(m[59:67]) != 59000 {
+		be(m[51:59]) < before || be(m[51:59]) > after || be(m[59:67]) != 59000 {
 		t.Errorf("marker %q", m)
 	}
 	body := []byte{0, 1, 2, 0xff, 0xfe}
@@ -201,12 +204,12 @@ func TestRecordLayout(t *testing.T) {
 	}
 	r := c.Get(ctx, key).Val()
 	head := codec.EncodeHeader(resp.Header)
-	if len(r) != 97+len(head)+len(body) || r[:3] != "\x02c\x00" || r[3:35] != string(fpA[:]) || r[35:51] != string(res.Token[:]) ||
+	if len(r) != 97+len(head)+len(body) || r[:3] != "\x02c\x00" || r[3:59] != m[3:59] ||
 		r[91:93] != "\x00\xc9" || r[93:97] != "\x00\x00\x00"+string(rune(len(head))) || r[97:97+len(head)] != string(head) ||
 		r[97+len(head):] != string(body) {
 		t.Errorf("completed record %q", r)
 	}
-	if created, done, exp := be(r[67:75]), be(r[75:83]), be(r[83:91]); created > done || exp-done != 120000 {
+	if created, done, exp := be(r[51:59]), be(r[75:83]), be(r[83:91]); created > done || exp-done != 120000 {
 		t.Errorf("record times created %d completed %d expires %d", created, done, exp)
 	}
 	if ttl := c.PTTL(ctx, key).Val(); ttl <= 119*time.Second || ttl > 2*time.Minute {
@@ -338,6 +341,66 @@ func testHashSlot(t *testing.T, c *goredis.ClusterClient) {
 		want := c.ClusterKeySlot(t.Context(), "{"+tag+"}other").Val()
 		if got != want {
 			t.Errorf("%q: slot %d, tag %q slot %d", key, got, tag, want)
+		}
+	}
+}
+
+// TestCompletionIsOneGetOneSet counts what Redis itself runs (INFO
+// commandstats, on a private server): Complete's script is one GET and one SET
+// (the record's times come from the application, bytes 3-58 from the marker),
+// and no transition reads the server's clock (TIME, PEXPIRETIME): Renew and
+// Wait judge the lease from the key's PTTL.
+func TestCompletionIsOneGetOneSet(t *testing.T) {
+	srv := redistest.StartServer(t)
+	c := goredis.NewClient(&goredis.Options{Addr: srv.Addr})
+	t.Cleanup(func() { _ = c.Close() })
+	ctx := t.Context()
+	s := redis.New(c)
+	t.Cleanup(s.StopSubscriber)
+	calls := func() map[string]int64 {
+		m := map[string]int64{}
+		for _, line := range strings.Split(c.Info(ctx, "commandstats").Val(), "\r\n") {
+			name, rest, ok := strings.Cut(strings.TrimPrefix(line, "cmdstat_"), ":calls=")
+			if n, _, _ := strings.Cut(rest, ","); ok {
+				m[name], _ = strconv.ParseInt(n, 10, 64)
+			}
+		}
+		return m
+	}
+	id := store.ID{Scope: "tenant", Key: "k"}
+	r, err := s.Claim(ctx, claimReq(id, fpA))
+	if err != nil || r.Outcome != store.Claimed {
+		t.Fatalf("Claim: %+v %v", r, err)
+	}
+	if err := s.Renew(ctx, id, r.Token, time.Minute); err != nil { // loads its script
+		t.Fatal(err)
+	}
+	if err := c.ConfigResetStat(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Renew(ctx, id, r.Token, 2*time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Complete(ctx, id, r.Token, store.Response{Status: 201, Body: []byte("x")}, time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	got := calls()
+	if got["time"] != 0 || got["pexpiretime"] != 0 {
+		t.Errorf("transitions read the server's clock: %v", got)
+	}
+	before := got
+	id2 := store.ID{Scope: "tenant", Key: "k2"}
+	if r, err = s.Claim(ctx, claimReq(id2, fpA)); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Complete(ctx, id2, r.Token, store.Response{Status: 201, Body: []byte("x")}, time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	got = calls()
+	for _, name := range []string{"set", "get", "evalsha", "time", "pexpiretime", "eval"} {
+		want := map[string]int64{"set": 2, "get": 1, "evalsha": 1}[name]
+		if n := got[name] - before[name]; n != want {
+			t.Errorf("claim and complete ran %s %d times, want %d (%v)", name, n, want, got)
 		}
 	}
 }

@@ -38,3 +38,33 @@ func testCompleteRetention(t *testing.T, s *suite) {
 	s.expect(t, req(shortened, fpB), store.Claimed)
 	s.expect(t, req(lengthened, fpA), store.Completed)
 }
+
+func testRetentionExpiry(t *testing.T, s *suite) {
+	id := newID(t)
+	short := 3 * Lease
+	r := store.ClaimRequest{ID: id, Fingerprint: fpA, Lease: Lease, Retention: short}
+	tok := s.mustClaim(t, r)
+	if err := s.Store.Complete(s.ctx, id, tok, sampleResponse(), short); err != nil {
+		t.Fatalf("Complete: %v", err)
+	}
+	s.expect(t, r, store.Completed)
+	s.Wait(short + slack)
+	// Past retention the key is new again, for any payload.
+	res := s.expect(t, store.ClaimRequest{ID: id, Fingerprint: fpB, Lease: Lease, Retention: short}, store.Claimed)
+	if res.Takeover {
+		t.Error("claim of an expired record reported as a takeover")
+	}
+}
+
+func testInFlightRetentionExpiry(t *testing.T, s *suite) {
+	// A claim never completed nor released is forgotten after its retention: the
+	// key is new again (not a takeover), even for another payload.
+	id := newID(t)
+	short := 3 * Lease
+	s.mustClaim(t, store.ClaimRequest{ID: id, Fingerprint: fpA, Lease: Lease, Retention: short})
+	s.Wait(short + slack)
+	res := s.expect(t, store.ClaimRequest{ID: id, Fingerprint: fpB, Lease: Lease, Retention: short}, store.Claimed)
+	if res.Takeover {
+		t.Error("claim after the retention of an abandoned claim reported as a takeover")
+	}
+}

@@ -9,9 +9,10 @@ package fasthttpbridge
 import (
 	"bytes"
 	"context"
-	"io"
 	"net/http"
+	"net/textproto"
 	"net/url"
+	"strings"
 
 	"github.com/valyala/fasthttp"
 )
@@ -23,30 +24,75 @@ import (
 // is the same bytes the handler reads. An error when the request URI does
 // not parse.
 func Request(ctx context.Context, fc *fasthttp.RequestCtx) (*http.Request, error) {
-	uri := string(fc.RequestURI())
-	u, err := url.ParseRequestURI(uri)
-	if err != nil {
+	method, uri, host := fc.Method(), fc.RequestURI(), fc.Host()
+	head := string(method) + string(uri) + string(host) // one copy of the three
+	r := http.Request{Method: head[:len(method)], RequestURI: head[len(method) : len(method)+len(uri)],
+		Host: head[len(method)+len(uri):], Proto: "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1}
+	var err error
+	if r.URL, err = url.ParseRequestURI(r.RequestURI); err != nil {
 		return nil, err
 	}
-	body := fc.PostBody()
-	r := &http.Request{
-		Method: string(fc.Method()), URL: u, RequestURI: uri,
-		Proto: "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1,
-		Header: make(http.Header), Host: string(fc.Host()),
-		RemoteAddr: fc.RemoteAddr().String(), TLS: fc.TLSConnectionState(),
-		ContentLength: int64(len(body)), Body: io.NopCloser(bytes.NewReader(body)),
-	}
+	var buf lineBuf
+	lines := buf[:0]
 	fc.Request.Header.VisitAll(func(k, v []byte) {
-		switch key := string(k); key {
-		case "Host":
-		case "Transfer-Encoding":
-			r.TransferEncoding = append(r.TransferEncoding, string(v))
-		default:
-			r.Header.Add(key, string(v))
+		if string(k) != "Host" {
+			lines = append(lines, line{k, v})
 		}
 	})
-	return r.WithContext(ctx), nil
+	r.Header = make(http.Header, len(lines))
+	copyLines(r.Header, lines)
+	if te, ok := r.Header["Transfer-Encoding"]; ok { // a field of its own, as net/http's server does
+		r.TransferEncoding = te
+		delete(r.Header, "Transfer-Encoding")
+	}
+	body := fc.PostBody()
+	br := new(bodyReader)
+	br.Reset(body)
+	r.ContentLength, r.Body = int64(len(body)), br
+	r.RemoteAddr, r.TLS = fc.RemoteAddr().String(), fc.TLSConnectionState()
+	return r.WithContext(ctx), nil // r itself stays on the stack
 }
+
+// line is a header line as fasthttp yields it: valid only during the visit.
+type line struct{ k, v []byte }
+
+// lineBuf holds the lines of a visit; a request with more spills to the heap.
+type lineBuf [24]line
+
+// copyLines copies lines into h: names canonical, a repeated line a second
+// value. The copies share one string and the values one array (each value
+// capacity-limited, so an append to it reallocates): two allocations whatever
+// the number of lines, where a copy per line cost three each.
+func copyLines(h http.Header, lines []line) {
+	size := 0
+	for _, l := range lines {
+		size += len(l.k) + len(l.v)
+	}
+	var sb strings.Builder
+	sb.Grow(size)
+	for _, l := range lines {
+		sb.Write(l.k)
+		sb.Write(l.v)
+	}
+	all := sb.String()
+	values := make([]string, 0, len(lines))
+	for _, l := range lines {
+		key := textproto.CanonicalMIMEHeaderKey(all[:len(l.k)]) // no copy when canonical already
+		val := all[len(l.k) : len(l.k)+len(l.v)]
+		all = all[len(l.k)+len(l.v):]
+		if vs, ok := h[key]; ok {
+			h[key] = append(vs, val)
+			continue
+		}
+		values = append(values, val)
+		h[key] = values[len(values)-1 : len(values) : len(values)]
+	}
+}
+
+// bodyReader is the request body: fasthttp's bytes, read once by the core.
+type bodyReader struct{ bytes.Reader }
+
+func (*bodyReader) Close() error { return nil }
 
 // HandOver moves the response the chain left in resp (status, header lines,
 // body) to w, the core's writer (from NewWriter), which writes it back into
@@ -54,13 +100,14 @@ func Request(ctx context.Context, fc *fasthttp.RequestCtx) (*http.Request, error
 func HandOver(resp *fasthttp.Response, w http.ResponseWriter) {
 	h := w.Header()
 	clear(h) // the outer lines are in resp too, as the chain left them
+	var buf lineBuf
+	lines := buf[:0]
 	resp.Header.VisitAll(func(k, v []byte) {
-		switch key := string(k); key {
-		case "Content-Length", "Connection":
-		default:
-			h.Add(key, string(v))
+		if string(k) != "Content-Length" && string(k) != "Connection" {
+			lines = append(lines, line{k, v})
 		}
 	})
+	copyLines(h, lines)
 	status := resp.StatusCode()
 	// A copy: resetting the body returns fasthttp's buffer to its pool, and
 	// the handler's own c.JSON body is not ours to keep.
@@ -78,16 +125,19 @@ func HandOver(resp *fasthttp.Response, w http.ResponseWriter) {
 // adapter ran (a request id, CORS): the core finds them there, as it finds an
 // outer net/http middleware's, and neither stores nor replays them.
 func NewWriter(resp *fasthttp.Response) http.ResponseWriter {
-	h := make(http.Header)
+	var buf lineBuf
+	lines := buf[:0]
 	resp.Header.VisitAll(func(k, v []byte) {
-		switch key := string(k); key {
+		switch string(k) {
 		case "Content-Type", "Content-Length", "Connection":
 			// fasthttp reports a default Content-Type when none was set
 		default:
-			h.Add(key, string(v))
+			lines = append(lines, line{k, v})
 		}
 	})
-	return &responseWriter{resp: resp, h: h}
+	h := make(http.Header, len(lines))
+	copyLines(h, lines)
+	return &responseWriter{resp: resp, h: h, outer: len(lines) > 0}
 }
 
 // responseWriter puts the status and header lines into resp with the first
@@ -97,6 +147,10 @@ type responseWriter struct {
 	resp  *fasthttp.Response
 	h     http.Header
 	wrote bool
+	// outer: resp had lines of outer middleware when the core began, which
+	// the core's values of the same name replace. Without (most requests)
+	// resp has no line of any name the core sets: HandOver took the chain's.
+	outer bool
 }
 
 func (w *responseWriter) Header() http.Header { return w.h }
@@ -108,7 +162,9 @@ func (w *responseWriter) WriteHeader(code int) {
 	w.wrote = true
 	w.resp.SetStatusCode(code)
 	for k, vs := range w.h {
-		w.resp.Header.Del(k) // an outer line, replaced by the core's values
+		if w.outer {
+			w.resp.Header.Del(k) // an outer line, replaced by the core's values
+		}
 		for _, v := range vs {
 			w.resp.Header.Add(k, v)
 		}

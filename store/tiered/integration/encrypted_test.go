@@ -40,7 +40,7 @@ func sealedStore(t testing.TB, st store.Store) *encrypted.Store {
 func TestEncryptedConformancePostgres(t *testing.T) {
 	pool := pgPool(t)
 	storetest.Run(t, func(t *testing.T) storetest.Subject {
-		return storetest.Subject{Store: sealedStore(t, postgresBackstop(t, pool))}
+		return storetest.Subject{Store: sealedStore(t, postgresBackstop(t, pool)), SealsAnew: true}
 	})
 }
 
@@ -49,7 +49,7 @@ func TestEncryptedConformanceRedis(t *testing.T) {
 	storetest.Run(t, func(t *testing.T) storetest.Subject {
 		st := redis.New(c, redis.WithPrefix(redistest.Prefix(t, c)))
 		t.Cleanup(st.StopSubscriber)
-		return storetest.Subject{Store: sealedStore(t, st)}
+		return storetest.Subject{Store: sealedStore(t, st), SealsAnew: true}
 	})
 }
 
@@ -60,7 +60,7 @@ func TestEncryptedConformanceTiered(t *testing.T) {
 	storetest.Run(t, func(t *testing.T) storetest.Subject {
 		fast := redis.New(c, redis.WithPrefix(redistest.Prefix(t, c)))
 		t.Cleanup(fast.StopSubscriber)
-		return storetest.Subject{Store: sealedStore(t, mustTiered(t, fast, postgresBackstop(t, pool), tiered.WithTimeout(testTimeout)))}
+		return storetest.Subject{Store: sealedStore(t, mustTiered(t, fast, postgresBackstop(t, pool), tiered.WithTimeout(testTimeout))), SealsAnew: true}
 	})
 }
 

@@ -53,11 +53,21 @@ func Run(t *testing.T, wire accountsapp.Wire) {
 
 func runTable(t *testing.T, s *Server) {
 	x, y := uuid.New(), uuid.New()
+	for _, st := range tableSteps(x, y) {
+		checkStep(t, s, st)
+	}
+	checkHistory(t, s, x, y)
+	checkOneWritePerKey(t, s, x, y)
+}
+
+// tableSteps are the table's requests in order, on the fresh accounts x and y:
+// later steps expect the balances and versions the earlier ones left.
+func tableSteps(x, y uuid.UUID) []step {
 	xs, ys := x.String(), y.String()
 	alice := accounts.AliceID.String()
 	dep := "/api/accounts/" + xs + "/deposit"
 	wd := "/api/accounts/" + xs + "/withdraw"
-	steps := []step{
+	return []step{
 		{name: "list accounts", method: "GET", path: "/api/accounts", status: 200,
 			json: `{"accounts":[{"id":"6128e305-7e13-5ce6-ba25-6a4b44cc9f0e","name":"Alice"},{"id":"3da2fa7e-cf4d-55a1-ae0e-bad709d0de52","name":"Bob"},{"id":"1e344e71-e1fd-5788-930d-b09cdeec5bed","name":"Charlie"}]}`},
 		{name: "seeded balance", method: "GET", path: "/api/accounts/" + alice + "/balance", status: 200, json: `{"balanceCents":50000,"aggregateVersion":1}`},
@@ -104,33 +114,40 @@ func runTable(t *testing.T, s *Server) {
 		{name: "wrong method on a probe", method: "POST", path: "/healthz", status: 405, code: "METHOD_NOT_ALLOWED"},
 		{name: "healthz", method: "GET", path: "/healthz", status: 200},
 	}
-	for _, st := range steps {
-		r := Do(t, st.method, s.URL+st.path, st.key, st.client, st.body)
-		if r.Status != st.status {
-			t.Errorf("%s: status %d, want %d: %.300s", st.name, r.Status, st.status, r.Body)
-			continue
-		}
-		if got := r.Header.Get("Idempotent-Replayed") == "true"; got != st.replayed {
-			t.Errorf("%s: replayed %v, want %v", st.name, got, st.replayed)
-		}
-		if st.code != "" {
-			if code, _ := problemCode(t, r); code != st.code {
-				t.Errorf("%s: problem code %q, want %q: %s", st.name, code, st.code, r.Body)
-			}
-		}
-		if st.json != "" {
-			if ct := r.Header.Get("Content-Type"); ct != "application/json" {
-				t.Errorf("%s: Content-Type %q", st.name, ct)
-			}
-			if got := strings.TrimSpace(r.Body); got != st.json {
-				t.Errorf("%s: body\n got %s\nwant %s", st.name, got, st.json)
-			}
-		}
-		if st.code == "INSUFFICIENT_FUNDS" && !strings.Contains(r.Body, `"balanceCents":200`) {
-			t.Errorf("%s: no balanceCents 200 in %s", st.name, r.Body)
+}
+
+// checkStep sends st and checks its status, replay header, problem code and body.
+func checkStep(t *testing.T, s *Server, st step) {
+	r := Do(t, st.method, s.URL+st.path, st.key, st.client, st.body)
+	if r.Status != st.status {
+		t.Errorf("%s: status %d, want %d: %.300s", st.name, r.Status, st.status, r.Body)
+		return
+	}
+	if got := r.Header.Get("Idempotent-Replayed") == "true"; got != st.replayed {
+		t.Errorf("%s: replayed %v, want %v", st.name, got, st.replayed)
+	}
+	if st.code != "" {
+		if code, _ := problemCode(t, r); code != st.code {
+			t.Errorf("%s: problem code %q, want %q: %s", st.name, code, st.code, r.Body)
 		}
 	}
+	if st.json != "" {
+		if ct := r.Header.Get("Content-Type"); ct != "application/json" {
+			t.Errorf("%s: Content-Type %q", st.name, ct)
+		}
+		if got := strings.TrimSpace(r.Body); got != st.json {
+			t.Errorf("%s: body\n got %s\nwant %s", st.name, got, st.json)
+		}
+	}
+	if st.code == "INSUFFICIENT_FUNDS" && !strings.Contains(r.Body, `"balanceCents":200`) {
+		t.Errorf("%s: no balanceCents 200 in %s", st.name, r.Body)
+	}
+}
 
+// checkHistory checks the events of x the table left: two deposits, a withdraw
+// and the transfer to y, and the balance and version they add up to.
+func checkHistory(t *testing.T, s *Server, x, y uuid.UUID) {
+	xs, ys := x.String(), y.String()
 	r := Do(t, "GET", s.URL+"/api/accounts/"+xs+"/history", "", "", "")
 	var hist struct {
 		Events []struct {
@@ -152,8 +169,11 @@ func runTable(t *testing.T, s *Server) {
 		hist.CurrentAggregateVersion != 4 || hist.Events[3].ToAccountID != ys {
 		t.Errorf("history %s", r.Body)
 	}
+}
 
-	// From the log: every key wrote once, in its own scope.
+// checkOneWritePerKey checks, from the event log, that every key wrote once, in
+// its own scope, and that refused or invalid requests wrote nothing.
+func checkOneWritePerKey(t *testing.T, s *Server, x, y uuid.UUID) {
 	for _, c := range []struct {
 		acct           uuid.UUID
 		scope, key, op string

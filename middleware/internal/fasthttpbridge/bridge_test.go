@@ -1,0 +1,104 @@
+package fasthttpbridge
+
+import (
+	"bufio"
+	"context"
+	"io"
+	"net/http"
+	"reflect"
+	"slices"
+	"strings"
+	"testing"
+)
+
+func bufioReader(s string) *bufio.Reader { return bufio.NewReader(strings.NewReader(s)) }
+
+// TestRequest checks the net/http view field by field: every header line a
+// value (a repeated line stays two values, in order), names canonical, Host
+// and Transfer-Encoding in their fields, the body readable, no string
+// aliasing fasthttp's buffers (they change after the request).
+func TestRequest(t *testing.T) {
+	fc := newCtx(t)
+	fc.Request.Header.Add("X-Twice", "a")
+	fc.Request.Header.Add("X-Twice", "b")
+	fc.Request.Header.DisableNormalizing()
+	fc.Request.Header.Add("x-lower", "c")
+	r, err := Request(context.WithValue(context.Background(), t, 1), fc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := http.Header{
+		"User-Agent": {"Go-http-client/1.1"}, "Content-Length": {"16"}, "Content-Type": {"application/json"},
+		"Idempotency-Key": {"0a1b2c3d-0001-4000-8000-000000000001"}, "X-Client-Id": {"tenant-1"},
+		"Accept-Encoding": {"gzip"}, "X-Twice": {"a", "b"}, "X-Lower": {"c"},
+	}
+	if !reflect.DeepEqual(r.Header, want) {
+		t.Errorf("header %v, want %v", r.Header, want)
+	}
+	if r.Method != "POST" || r.RequestURI != "/api/transfers" || r.URL.Path != "/api/transfers" ||
+		r.Host != "127.0.0.1:8080" || r.RemoteAddr != "127.0.0.1:40000" || r.ContentLength != 16 || r.Context().Value(t) != 1 {
+		t.Errorf("request %+v", r)
+	}
+	// Appending to one value must not overwrite the next header's.
+	r.Header["Content-Type"] = append(r.Header["Content-Type"], "x")
+	if r.Header.Get("Idempotency-Key") != want.Get("Idempotency-Key") || r.Header.Get("X-Client-Id") != "tenant-1" {
+		t.Errorf("an append changed another header: %v", r.Header)
+	}
+	key := r.Header.Get("Idempotency-Key")
+	fc.Request.Reset() // fasthttp reuses its buffers
+	fc.Request.Header.Set("Idempotency-Key", strings.Repeat("z", len(key)))
+	if r.Header.Get("Idempotency-Key") != key || r.Method != "POST" {
+		t.Errorf("the request aliases fasthttp's buffers: %v", r.Header)
+	}
+	if b, err := io.ReadAll(r.Body); err != nil || string(b) != `{"amount":12345}` || r.Body.Close() != nil {
+		t.Errorf("body %q, %v", b, err)
+	}
+}
+
+func TestRequestTransferEncodingAndBadURI(t *testing.T) {
+	fc := newCtx(t)
+	fc.Request.Header.Set("Transfer-Encoding", "chunked")
+	r, err := Request(context.Background(), fc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := r.Header["Transfer-Encoding"]; ok || len(r.TransferEncoding) > 1 {
+		t.Errorf("Transfer-Encoding %v in the header, %v in the field", r.Header["Transfer-Encoding"], r.TransferEncoding)
+	}
+	fc.Request.SetRequestURI("%zz")
+	if _, err := Request(context.Background(), fc); err == nil {
+		t.Error("an invalid request URI parsed")
+	}
+}
+
+// TestWriter: the core's lines reach the response once each; an outer line
+// the core sets again is replaced, not doubled; one it leaves stays.
+func TestWriter(t *testing.T) {
+	for _, outer := range []bool{false, true} {
+		fc := newCtx(t)
+		if outer {
+			fc.Response.Header.Set("X-Request-Id", "outer")
+			fc.Response.Header.Set("X-Kept", "k")
+		}
+		w := NewWriter(&fc.Response)
+		w.Header()["X-Request-Id"] = []string{"core"}
+		w.Header()["Vary"] = []string{"a", "b"}
+		w.WriteHeader(http.StatusCreated)
+		w.Write([]byte("ok"))
+		var got []string
+		fc.Response.Header.VisitAll(func(k, v []byte) {
+			if string(k) != "Content-Type" && string(k) != "Content-Length" {
+				got = append(got, string(k)+": "+string(v))
+			}
+		})
+		want := []string{"X-Request-Id: core", "Vary: a", "Vary: b"}
+		if outer {
+			want = append(want, "X-Kept: k")
+		}
+		slices.Sort(got)
+		slices.Sort(want)
+		if !slices.Equal(got, want) || fc.Response.StatusCode() != 201 || string(fc.Response.Body()) != "ok" {
+			t.Errorf("outer lines %v: %d %q %q, want %q", outer, fc.Response.StatusCode(), fc.Response.Body(), got, want)
+		}
+	}
+}
