@@ -93,13 +93,23 @@ func DecodeHeader(all string) (http.Header, error) {
 	d := headerDecoder{s: all, pos: 1}
 	n := d.count()
 	h := make(http.Header, n)
+	// The values of all names share one array (a name has at least one value,
+	// so n is a lower bound), each name's slice capped at its own values so an
+	// append to one never writes over the next.
+	backing := make([]string, 0, n)
 	for range n {
 		name := d.str()
 		m := d.count()
 		if d.err != nil {
 			break
 		}
-		vals := make([]string, m)
+		var vals []string
+		if i := len(backing); i+m <= cap(backing) {
+			backing = backing[:i+m]
+			vals = backing[i : i+m : i+m]
+		} else {
+			vals = make([]string, m)
+		}
 		for j := range vals {
 			vals[j] = d.str()
 		}
