@@ -200,7 +200,9 @@ func (s *Store) Complete(ctx context.Context, id store.ID, token store.Token, re
 	// reply) from a second Complete: only the latter is refused.
 	nonce := store.NewToken()
 	ret, now := ttlMillis(retention), time.Now().UnixMilli()
-	rest, head := recordTail(make([]byte, 0, recordHead), nonce, now, now+ret, resp)
+	// 256 bytes hold the tail (38) and the headers of most responses in one
+	// allocation; AppendHeader grows it for more.
+	rest, head := recordTail(make([]byte, 0, 256), nonce, now, now+ret, resp)
 	key := keyFor(s.prefix, id)
 	if s.client == nil {
 		return errNilClient
