@@ -2,6 +2,7 @@ package redis
 
 import (
 	"context"
+	"strconv"
 	"strings"
 
 	goredis "github.com/redis/go-redis/v9"
@@ -10,23 +11,37 @@ import (
 // The commands of the hot paths (a claim, a replay, a completion) are built
 // here rather than through go-redis's typed helpers, which box every argument
 // into an interface (one allocation each) and grow the argument slice as they
-// go. Each command below is one allocation holding its arguments, boxed as
-// pointers to its own fields (go-redis writes *string, *int64 and
-// encoding.BinaryMarshaler as it writes their values, and a pointer boxes
-// without allocating), plus go-redis's command that reads the reply.
+// go. Each command below is one allocation holding its arguments: the key is
+// boxed as a string (go-redis routes on it in a Cluster), constants box
+// without allocating, and the other arguments are pointers to the command's
+// own fields (a pointer boxes without allocating) of types that go-redis
+// writes through encoding.BinaryMarshaler and prints (cmd.String(), in logs
+// and traces) through fmt.Stringer.
 
-// bytesArg is a []byte argument that boxes without allocating (as a pointer).
+// bytesArg is a []byte argument.
 type bytesArg []byte
 
 // MarshalBinary returns the bytes as they are (go-redis writes them verbatim).
 func (a *bytesArg) MarshalBinary() ([]byte, error) { return *a, nil }
 
+func (a *bytesArg) String() string { return string(*a) }
+
+// intArg is an integer argument, written in decimal.
+type intArg struct {
+	v   int64
+	buf [20]byte
+}
+
+// MarshalBinary returns v in decimal, in the argument's own buffer.
+func (a *intArg) MarshalBinary() ([]byte, error) { return strconv.AppendInt(a.buf[:0], a.v, 10), nil }
+
+func (a *intArg) String() string { return strconv.FormatInt(a.v, 10) }
+
 // setNXGet holds the arguments of SET key value NX PX ms GET: the claim (its
 // value a marker in marker) and Fill.
 type setNXGet struct {
 	args   [7]any
-	key    string
-	px     int64
+	px     intArg
 	val    bytesArg
 	marker [markerLen]byte
 }
@@ -34,9 +49,9 @@ type setNXGet struct {
 // newSetNXGet returns the command for key with a TTL of px ms (> 0, at most
 // maxTTL); its value is marker until val is set.
 func newSetNXGet(key string, px int64) *setNXGet {
-	c := &setNXGet{key: key, px: px}
+	c := &setNXGet{px: intArg{v: px}}
 	c.val = c.marker[:]
-	c.args = [...]any{"set", &c.key, &c.val, "nx", "px", &c.px, "get"}
+	c.args = [...]any{"set", key, &c.val, "nx", "px", &c.px, "get"}
 	return c
 }
 
@@ -49,24 +64,26 @@ func (c *setNXGet) run(ctx context.Context, client goredis.UniversalClient) (str
 	return cmd.Result()
 }
 
-// completeHash is completeScript's SHA1, so that a pointer to it
-// boxes without allocating.
-var (
-	completeHash = completeScript.Hash()
-)
+// completeHash is completeScript's SHA1, boxed once.
+var completeHash any = completeScript.Hash()
 
 // completeCmd holds the arguments of completeScript's EVALSHA (scripts.go):
 // KEYS[1] key; ARGV token, head, rest, body, ms, channel.
 type completeCmd struct {
-	args               [10]any
-	key, head, channel string
-	tok, rest, body    bytesArg
-	ms                 int64
+	args            [10]any
+	tok, rest, body bytesArg
+	ms              intArg
 }
 
-func newCompleteCmd(key string, tok []byte, head string, rest, body []byte, ms int64, channel string) *completeCmd {
-	c := &completeCmd{key: key, head: head, channel: channel, tok: tok, rest: rest, body: body, ms: ms}
-	c.args = [...]any{"evalsha", &completeHash, 1, &c.key, &c.tok, &c.head, &c.rest, &c.body, &c.ms, &c.channel}
+// newCompleteCmd returns the command; head is headStored or headOmitted and
+// channel the Store's boxed channel.
+func newCompleteCmd(key string, tok []byte, head string, rest, body []byte, ms int64, channel any) *completeCmd {
+	c := &completeCmd{tok: tok, rest: rest, body: body, ms: intArg{v: ms}}
+	var h any = headStored // a constant boxes without allocating
+	if head == headOmitted {
+		h = headOmitted
+	}
+	c.args = [...]any{"evalsha", completeHash, 1, key, &c.tok, h, &c.rest, &c.body, &c.ms, channel}
 	return c
 }
 
@@ -77,7 +94,8 @@ func (c *completeCmd) run(ctx context.Context, client goredis.UniversalClient) (
 	cmd.SetFirstKeyPos(3)
 	_ = client.Process(ctx, cmd)
 	if err := cmd.Err(); err != nil && isNoScript(err) {
-		return completeScript.Eval(ctx, client, []string{c.key}, c.args[4:]...).Result()
+		key, _ := c.args[3].(string)
+		return completeScript.Eval(ctx, client, []string{key}, c.args[4:]...).Result()
 	}
 	return cmd.Result()
 }

@@ -24,6 +24,7 @@ type Store struct {
 	client  goredis.UniversalClient
 	prefix  string
 	channel string      // the waiters' channel: <prefix>waits
+	chanArg any         // channel, boxed once (the completion's argument)
 	waiters waitset.Set // the duplicates waiting in this process
 }
 
@@ -52,6 +53,7 @@ func New(client goredis.UniversalClient, opts ...Option) *Store {
 		o(s)
 	}
 	s.channel = s.prefix + "waits"
+	s.chanArg = s.channel
 	s.waiters.Listen = s.subscribe
 	if s.waiters.OnError == nil {
 		WithLogger(slog.Default())(s)
@@ -207,7 +209,7 @@ func (s *Store) Complete(ctx context.Context, id store.ID, token store.Token, re
 	if s.client == nil {
 		return errNilClient
 	}
-	v, err := newCompleteCmd(key, token[:], head, rest, body, ret, s.channel).run(ctx, s.client)
+	v, err := newCompleteCmd(key, token[:], head, rest, body, ret, s.chanArg).run(ctx, s.client)
 	if err != nil {
 		return fmt.Errorf("idemkey/store/redis: complete: %w", err)
 	}
