@@ -13,6 +13,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"net/http"
+	"slices"
 	"time"
 
 	"github.com/idemkey/idemkey/store"
@@ -45,22 +46,22 @@ const Format = 1
 //
 // Names are written as given (the middleware passes canonical names). Map order is
 // not significant, so two encodings of the same set may differ byte for byte.
-func EncodeHeader(h http.Header) []byte {
-	n, size := 0, 1+binary.MaxVarintLen64
-	for name, vals := range h {
-		if len(vals) == 0 {
-			continue
-		}
-		n++
-		size += 2*binary.MaxVarintLen64 + len(name)
-		for _, v := range vals {
-			size += binary.MaxVarintLen64 + len(v)
+func EncodeHeader(h http.Header) []byte { return AppendHeader(nil, h) }
+
+// AppendHeader appends EncodeHeader(h) to b (nothing when h has no values), so
+// that a store building a larger value encodes the headers in place.
+func AppendHeader(b []byte, h http.Header) []byte {
+	size := headerSize(h)
+	if size == 0 {
+		return b
+	}
+	b = slices.Grow(b, size)
+	n := 0
+	for _, vals := range h {
+		if len(vals) > 0 {
+			n++
 		}
 	}
-	if n == 0 {
-		return nil
-	}
-	b := make([]byte, 0, size)
 	b = append(b, Format)
 	b = binary.AppendUvarint(b, uint64(n))
 	for name, vals := range h {
@@ -78,6 +79,24 @@ func EncodeHeader(h http.Header) []byte {
 	return b
 }
 
+// headerSize bounds the size of h's encoding: 0 when h has no values.
+func headerSize(h http.Header) int {
+	size := 0
+	for name, vals := range h {
+		if len(vals) == 0 {
+			continue
+		}
+		size += 2*binary.MaxVarintLen64 + len(name)
+		for _, v := range vals {
+			size += binary.MaxVarintLen64 + len(v)
+		}
+	}
+	if size == 0 {
+		return 0
+	}
+	return size + 1 + binary.MaxVarintLen64
+}
+
 // DecodeHeader parses the output of EncodeHeader. "" gives a nil Header. Any
 // malformed input (unknown format, truncated, trailing bytes, counts larger than
 // the input could hold, an empty name, a name without values) wraps
@@ -93,13 +112,23 @@ func DecodeHeader(all string) (http.Header, error) {
 	d := headerDecoder{s: all, pos: 1}
 	n := d.count()
 	h := make(http.Header, n)
+	// The values of all names share one array (a name has at least one value,
+	// so n is a lower bound), each name's slice capped at its own values so an
+	// append to one never writes over the next.
+	backing := make([]string, 0, n)
 	for range n {
 		name := d.str()
 		m := d.count()
 		if d.err != nil {
 			break
 		}
-		vals := make([]string, m)
+		var vals []string
+		if i := len(backing); i+m <= cap(backing) {
+			backing = backing[:i+m]
+			vals = backing[i : i+m : i+m]
+		} else {
+			vals = make([]string, m)
+		}
 		for j := range vals {
 			vals[j] = d.str()
 		}

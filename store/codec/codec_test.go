@@ -101,3 +101,29 @@ func TestMillisRoundsUpWithoutOverflow(t *testing.T) {
 		}
 	}
 }
+
+// The decoded names share one array of values: appending to one name's values
+// must not write over the next name's.
+func TestDecodeHeaderAppendKeepsOtherNames(t *testing.T) {
+	h, err := DecodeHeader(string(EncodeHeader(http.Header{"A": {"1"}, "B": {"2"}, "C": {"3", "4"}})))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"A", "B", "C"} {
+		h[name] = append(h[name], "x")
+	}
+	want := http.Header{"A": {"1", "x"}, "B": {"2", "x"}, "C": {"3", "4", "x"}}
+	if !reflect.DeepEqual(h, want) {
+		t.Fatalf("got %v, want %v", h, want)
+	}
+}
+
+func BenchmarkDecodeHeader(b *testing.B) {
+	enc := string(EncodeHeader(http.Header{"Content-Type": {"application/json"}, "Location": {"/orders/42"}, "X-Request-Id": {"abc"}}))
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := DecodeHeader(enc); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

@@ -146,18 +146,19 @@ const (
 // times, status, header length and headers (the body follows, sent apart), and
 // returns it with the record's first three bytes.
 func recordTail(b []byte, nonce store.Token, completed, expires int64, resp store.Response) (tail []byte, head string) {
-	h := codec.EncodeHeader(resp.Header)
 	b = append(b, nonce[:]...)
 	b = append64(b, completed)
 	b = append64(b, expires)
-	b = append(b, byte(resp.Status>>8), byte(resp.Status))
-	n := uint32(len(h))
-	b = append(b, byte(n>>24), byte(n>>16), byte(n>>8), byte(n))
+	b = append(b, byte(resp.Status>>8), byte(resp.Status), 0, 0, 0, 0)
+	at := len(b) // the headers' length goes in the 4 bytes before them
+	b = codec.AppendHeader(b, resp.Header)
+	n := uint32(len(b) - at)
+	b[at-4], b[at-3], b[at-2], b[at-1] = byte(n>>24), byte(n>>16), byte(n>>8), byte(n)
 	head = headStored
 	if resp.BodyOmitted {
 		head = headOmitted
 	}
-	return append(b, h...), head
+	return b, head
 }
 
 // encodeRecord returns a whole record (store/tiered's Fill), its times as given,

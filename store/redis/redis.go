@@ -24,6 +24,7 @@ type Store struct {
 	client  goredis.UniversalClient
 	prefix  string
 	channel string      // the waiters' channel: <prefix>waits
+	chanArg any         // channel, boxed once (the completion's argument)
 	waiters waitset.Set // the duplicates waiting in this process
 }
 
@@ -52,6 +53,7 @@ func New(client goredis.UniversalClient, opts ...Option) *Store {
 		o(s)
 	}
 	s.channel = s.prefix + "waits"
+	s.chanArg = s.channel
 	s.waiters.Listen = s.subscribe
 	if s.waiters.OnError == nil {
 		WithLogger(slog.Default())(s)
@@ -81,9 +83,10 @@ func (s *Store) Claim(ctx context.Context, req store.ClaimRequest) (store.ClaimR
 	tok := req.ClaimToken()
 	key := keyFor(s.prefix, req.ID)
 	lease, ret := ttlMillis(req.Lease), ttlMillis(req.Retention)
-	m := make([]byte, markerLen)
+	c := newSetNXGet(key, ret)
+	m := c.marker[:]
 	putMarker(m, req.Fingerprint, tok, time.Now().UnixMilli(), ret-lease)
-	v, err := s.client.SetArgs(ctx, key, m, goredis.SetArgs{Mode: "NX", TTL: millis(ret), Get: true}).Result()
+	v, err := c.run(ctx, s.client)
 	switch {
 	case err == goredis.Nil:
 		return store.ClaimResult{Outcome: store.Claimed, Token: tok}, nil
@@ -199,11 +202,20 @@ func (s *Store) Complete(ctx context.Context, id store.ID, token store.Token, re
 	// reply) from a second Complete: only the latter is refused.
 	nonce := store.NewToken()
 	ret, now := ttlMillis(retention), time.Now().UnixMilli()
-	rest, head := recordTail(make([]byte, 0, recordHead), nonce, now, now+ret, resp)
+	// 256 bytes hold the tail (38) and the headers of most responses in one
+	// allocation; AppendHeader grows it for more.
+	rest, head := recordTail(make([]byte, 0, 256), nonce, now, now+ret, resp)
 	key := keyFor(s.prefix, id)
-	return s.fenced(ctx, "complete", completeScript, key, func() error {
+	if s.client == nil {
+		return errNilClient
+	}
+	v, err := newCompleteCmd(key, token[:], head, rest, body, ret, s.chanArg).run(ctx, s.client)
+	if err != nil {
+		return fmt.Errorf("idemkey/store/redis: complete: %w", err)
+	}
+	return s.fencedReply("complete", v, func() error {
 		return s.legacyComplete(ctx, key, token, resp, retention, nonce)
-	}, token[:], head, rest, body, ret, s.channel)
+	})
 }
 
 // Release implements store.Store with one script call: the marker is deleted.
@@ -242,6 +254,12 @@ func (s *Store) fenced(ctx context.Context, op string, sc *goredis.Script, key s
 	if err != nil {
 		return err
 	}
+	return s.fencedReply(op, v, legacy)
+}
+
+// fencedReply judges a fenced script's reply v; legacy runs when the key holds
+// a hash.
+func (s *Store) fencedReply(op string, v any, legacy func() error) error {
 	_, code, err := asReply(v)
 	switch {
 	case err != nil:
@@ -376,7 +394,9 @@ func (s *Store) Fill(ctx context.Context, id store.ID, rec *store.Record, ttl ti
 		return errNilClient
 	}
 	key, val, ms := keyFor(s.prefix, id), encodeRecord(rec), ttlMillis(ttl)
-	v, err := s.client.SetArgs(ctx, key, val, goredis.SetArgs{Mode: "NX", TTL: millis(ms), Get: true}).Result()
+	c := newSetNXGet(key, ms)
+	c.val = val
+	v, err := c.run(ctx, s.client)
 	switch {
 	case err == goredis.Nil:
 		return nil

@@ -245,7 +245,8 @@ func TestNoScriptFallback(t *testing.T) {
 	ctx := t.Context()
 	s := redis.New(c)
 	id := store.ID{Scope: "tenant", Key: "k"}
-	if _, err := s.Claim(ctx, claimReq(id, fpA)); err != nil {
+	held, err := s.Claim(ctx, claimReq(id, fpA))
+	if err != nil {
 		t.Fatal(err)
 	}
 	if err := c.ScriptFlush(ctx).Err(); err != nil {
@@ -254,6 +255,15 @@ func TestNoScriptFallback(t *testing.T) {
 	res, err := s.Claim(ctx, claimReq(id, fpA))
 	if err != nil || res.Outcome != store.InFlight {
 		t.Fatalf("after SCRIPT FLUSH: %+v %v, want in flight", res, err)
+	}
+	// The completion's own command (EVALSHA, then EVAL on NOSCRIPT).
+	resp := store.Response{Status: 201, Header: http.Header{"Content-Type": {"application/json"}}, Body: []byte(`{}`)}
+	if err := s.Complete(ctx, id, held.Token, resp, time.Hour); err != nil {
+		t.Fatalf("complete after SCRIPT FLUSH: %v", err)
+	}
+	res, err = s.Claim(ctx, claimReq(id, fpA))
+	if err != nil || res.Outcome != store.Completed || res.Record.Status != 201 || string(res.Record.Body) != `{}` {
+		t.Fatalf("replay after the completion: %+v %v", res, err)
 	}
 }
 

@@ -9,7 +9,9 @@ package fasthttpbridge
 import (
 	"bytes"
 	"context"
+	"net"
 	"net/http"
+	"net/netip"
 	"net/textproto"
 	"net/url"
 	"strings"
@@ -45,12 +47,36 @@ func Request(ctx context.Context, fc *fasthttp.RequestCtx) (*http.Request, error
 		r.TransferEncoding = te
 		delete(r.Header, "Transfer-Encoding")
 	}
+	// One allocation for the request and its body reader. Fiber's user context
+	// is context.Background() unless the app set one: then the request is
+	// already what WithContext would return.
+	out := &struct {
+		r  http.Request
+		br bodyReader
+	}{r: r}
 	body := fc.PostBody()
-	br := new(bodyReader)
-	br.Reset(body)
-	r.ContentLength, r.Body = int64(len(body)), br
-	r.RemoteAddr, r.TLS = fc.RemoteAddr().String(), fc.TLSConnectionState()
-	return r.WithContext(ctx), nil // r itself stays on the stack
+	out.br.Reset(body)
+	out.r.ContentLength, out.r.Body = int64(len(body)), &out.br
+	out.r.RemoteAddr, out.r.TLS = remoteAddr(fc.RemoteAddr()), fc.TLSConnectionState()
+	if ctx == context.Background() {
+		return &out.r, nil
+	}
+	return out.r.WithContext(ctx), nil
+}
+
+// remoteAddr is addr.String(), in one allocation for the TCP address of a
+// client (net.TCPAddr.String takes two).
+func remoteAddr(addr net.Addr) string {
+	ta, ok := addr.(*net.TCPAddr)
+	if !ok || ta.Zone != "" || ta.Port < 0 || ta.Port > 65535 {
+		return addr.String()
+	}
+	ip, ok := netip.AddrFromSlice(ta.IP)
+	if !ok {
+		return addr.String()
+	}
+	var buf [64]byte // net.IP.String prints an IPv4-mapped address as IPv4
+	return string(netip.AddrPortFrom(ip.Unmap(), uint16(ta.Port)).AppendTo(buf[:0]))
 }
 
 // line is a header line as fasthttp yields it: valid only during the visit.

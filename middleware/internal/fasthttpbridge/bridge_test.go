@@ -4,6 +4,8 @@ import (
 	"bufio"
 	"context"
 	"io"
+	"math/rand/v2"
+	"net"
 	"net/http"
 	"reflect"
 	"slices"
@@ -100,5 +102,41 @@ func TestWriter(t *testing.T) {
 		if !slices.Equal(got, want) || fc.Response.StatusCode() != 201 || string(fc.Response.Body()) != "ok" {
 			t.Errorf("outer lines %v: %d %q %q, want %q", outer, fc.Response.StatusCode(), fc.Response.Body(), got, want)
 		}
+	}
+}
+
+// remoteAddr is net.TCPAddr.String for every kind of address: IPv4 in both
+// forms, IPv6 with and without a zone, IPv4-mapped IPv6, nil and bad IPs.
+func TestRemoteAddrIsTCPAddrString(t *testing.T) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	for i := range 5000 {
+		var ip net.IP
+		switch i % 6 {
+		case 0:
+			ip = net.IPv4(byte(rng.Uint32()), byte(rng.Uint32()), byte(rng.Uint32()), byte(rng.Uint32())) // 16-byte form
+		case 1:
+			ip = net.IPv4(byte(rng.Uint32()), byte(rng.Uint32()), byte(rng.Uint32()), byte(rng.Uint32())).To4()
+		case 2, 3:
+			ip = make(net.IP, 16)
+			for j := range ip {
+				if rng.IntN(3) > 0 { // runs of zeros exercise the :: forms
+					ip[j] = byte(rng.Uint32())
+				}
+			}
+		case 4:
+			ip = nil
+		case 5:
+			ip = make(net.IP, rng.IntN(20)) // bad lengths
+		}
+		a := &net.TCPAddr{IP: ip, Port: rng.IntN(70000) - 1000}
+		if rng.IntN(4) == 0 {
+			a.Zone = "eth0"
+		}
+		if got, want := remoteAddr(a), a.String(); got != want {
+			t.Fatalf("remoteAddr(%#v) = %q, want %q", a, got, want)
+		}
+	}
+	if got := remoteAddr(&net.UnixAddr{Name: "/tmp/s", Net: "unix"}); got != "/tmp/s" {
+		t.Fatalf("unix address: %q", got)
 	}
 }
