@@ -135,13 +135,12 @@ func (t *claimTx) Query(ctx context.Context, sql string, args ...any) (pgx.Rows,
 	return &heldRows{Rows: rows, closer: closer}, nil
 }
 
-// QueryRow holds the transaction until the row is scanned (a call under way).
+// QueryRow's row is counted open until scanned, as Query's Rows: the handler's
+// next call before the Scan meets pgx's "conn busy" at once, as on a plain
+// pgx.Tx, instead of waiting for a Scan that would follow it.
 func (t *claimTx) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
-	ctx, release, cancel, err := t.hold(ctx, sql)
-	if err != nil {
-		return heldRow{err: err, done: func() {}}
-	}
-	return heldRow{row: t.Tx.QueryRow(ctx, sql, args...), done: func() { release(); cancel() }}
+	row, closer, err := opened(t, ctx, func(ctx context.Context) (pgx.Row, error) { return t.Tx.QueryRow(ctx, sql, args...), nil }, sql)
+	return heldRow{row: row, err: err, done: closer}
 }
 
 type heldRow struct {
