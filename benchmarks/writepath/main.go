@@ -3,18 +3,25 @@
 // each of the Postgres store's modes, over HTTP on loopback (DESIGN section 12,
 // docs/architecture.md section 9.1):
 //
-//	DATABASE_URL=... go run ./writepath -mode none|record|ordinary|commit|onetx -n N -c C -dup D
-//	DATABASE_URL=... go run ./writepath -mode all -rounds 3 -n N -c C -dup D
+//	DATABASE_URL=... go run ./writepath -mode none|record|decide|decidemw|ordinary|commit|onetx|onetxread -n N -c C -dup D
+//	DATABASE_URL=... go run ./writepath -mode all -modes record,decide,onetx -base record,decide -rounds 12 -n N -c C
 //
 // Modes: none (the handler alone: begin, insert, commit; no idempotency),
 // record (none plus one row of the store's shape in its transaction, pipelined
 // with the commit: no middleware, claim, lock or read, so the least that
-// writing the record in the handler's transaction adds), ordinary (the middleware on the Postgres store; the handler's own
-// transaction, then the store's Complete), commit (postgres CommitResponse: the
-// record completed in the handler's transaction), onetx (Store.OneTx and
-// middleware.OneTx: claim, row and record in one transaction). all runs the five
-// in turn, -rounds times (every other round in reverse order), and prints each
-// mode's medians and its ratio to none.
+// writing the record in the handler's transaction adds), decide (record plus
+// the primary-key read of the key's record pipelined with its BEGIN: the least
+// that deciding replay, 409 or run before the handler adds to the database),
+// decidemw (decide behind the middleware on the memory store: the middleware's
+// own work added, the Go floor of a decision before the handler), ordinary (the
+// middleware on the Postgres store; the handler's own transaction, then the
+// store's Complete), commit (postgres CommitResponse: the record completed in
+// the handler's transaction), onetx (Store.OneTx and middleware.OneTx: claim,
+// row and record in one transaction), onetxread (onetx on a store with
+// WithReadFirst: a plain read before the transaction). all runs the modes (or
+// those -modes names) in turn, -rounds times (every other round in reverse
+// order), and prints each mode's medians and the medians of its per-round
+// ratios to each -base mode.
 //
 // It creates the table writepath_orders (one row per request that ran) and the
 // store's table writepath_records in DATABASE_URL's database, empties both
@@ -56,14 +63,17 @@ import (
 // WithWaitInFlight, the one-transaction lock wait).
 const waitBound = 3 * time.Second
 
-var modes = []string{"none", "record", "ordinary", "commit", "onetx"}
+// allModes are the modes -mode all runs unless -modes names some.
+var allModes = []string{"none", "record", "decide", "decidemw", "ordinary", "commit", "onetx", "onetxread"}
 
 func main() {
-	mode := flag.String("mode", "onetx", "none, record, ordinary, commit, onetx, or all")
+	mode := flag.String("mode", "onetx", strings.Join(allModes, ", ")+", or all")
 	n := flag.Int("n", 2000, "distinct keys")
 	c := flag.Int("c", 16, "client connections (and concurrent requests)")
 	dup := flag.Int("dup", 1, "concurrent copies of each key")
-	rounds := flag.Int("rounds", 1, "with -mode all: rounds of the five modes")
+	rounds := flag.Int("rounds", 1, "with -mode all: rounds of the modes")
+	only := flag.String("modes", "", "with -mode all: the modes to run, comma-separated (default all of them)")
+	bases := flag.String("base", "none", "with -mode all: the modes the summary divides by, comma-separated")
 	cpuprofile := flag.String("cpuprofile", "", "write this process's CPU profile (all runs) to this file")
 	memprofile := flag.String("memprofile", "", "write this process's allocation profile (all runs) to this file")
 	flag.Parse()
@@ -105,6 +115,10 @@ func main() {
 		defer writeAllocs(*memprofile)
 	}
 	run := []string{*mode}
+	modes := allModes
+	if *only != "" {
+		modes = strings.Split(*only, ",")
+	}
 	if *mode == "all" {
 		run = nil
 		for r := range *rounds {
@@ -127,7 +141,7 @@ func main() {
 		results[m] = append(results[m], r)
 	}
 	if *mode == "all" {
-		summary(results)
+		summary(results, modes, strings.Split(*bases, ","))
 	}
 }
 
@@ -286,28 +300,51 @@ func pct(d []time.Duration, p int) time.Duration {
 	return d[min(len(d)-1, len(d)*p/100)]
 }
 
-// summary prints each mode's median requests/s, p50 and p99 over its rounds,
-// and the ratios to none.
-func summary(results map[string][]result) {
-	med := func(rs []result, f func(result) float64) float64 {
+// summary prints each mode's medians over its rounds, then, for each base, the
+// medians of the per-round ratios of each mode to that base (requests/s, Go
+// CPU and Postgres CPU per request, p99): round i of a mode against round i of
+// the base, so a drift in the machine's load cancels out.
+func summary(results map[string][]result, modes, bases []string) {
+	med := func(v []float64) float64 {
+		slices.Sort(v)
+		return v[len(v)/2]
+	}
+	of := func(rs []result, f func(result) float64) float64 {
 		v := make([]float64, len(rs))
 		for i, r := range rs {
 			v[i] = f(r)
 		}
-		slices.Sort(v)
-		return v[len(v)/2]
+		return med(v)
 	}
-	base := results["none"]
-	bRPS := med(base, func(r result) float64 { return r.rps })
-	bP99 := med(base, func(r result) float64 { return float64(r.p99) })
-	fmt.Println("\nmedians over rounds   req/s  x none    p50       p99   x none  stmts/1st commits/1st")
+	fmt.Println("\nmedians over rounds   req/s     p50       p99  goCPU/req pgCPU/req stmts/1st commits/1st")
 	for _, m := range modes {
 		rs := results[m]
-		rps := med(rs, func(r result) float64 { return r.rps })
-		p50 := time.Duration(med(rs, func(r result) float64 { return float64(r.p50) }))
-		p99 := med(rs, func(r result) float64 { return float64(r.p99) })
-		fmt.Printf("%-18s %8.0f %6.2f %9v %9v %6.2f %9.2f %11.2f\n", m, rps, rps/bRPS,
-			p50.Round(10*time.Microsecond), time.Duration(p99).Round(10*time.Microsecond), p99/bP99,
-			med(rs, func(r result) float64 { return r.statements }), med(rs, func(r result) float64 { return r.commi }))
+		dur := func(f func(result) time.Duration) time.Duration {
+			return time.Duration(of(rs, func(r result) float64 { return float64(f(r)) })).Round(time.Microsecond)
+		}
+		fmt.Printf("%-18s %8.0f %9v %9v %9v %9v %9.2f %11.2f\n", m, of(rs, func(r result) float64 { return r.rps }),
+			dur(func(r result) time.Duration { return r.p50 }), dur(func(r result) time.Duration { return r.p99 }),
+			dur(func(r result) time.Duration { return r.goCPU }), dur(func(r result) time.Duration { return r.pgCPU }),
+			of(rs, func(r result) float64 { return r.statements }), of(rs, func(r result) float64 { return r.commi }))
+	}
+	for _, b := range bases {
+		base, ok := results[b]
+		if !ok {
+			continue
+		}
+		fmt.Printf("\nmedians of per-round ratios to %-8s  req/s  goCPU  pgCPU    p99\n", b)
+		for _, m := range modes {
+			rs := results[m]
+			ratio := func(f func(result) float64) float64 {
+				v := make([]float64, len(rs))
+				for i, r := range rs {
+					v[i] = f(r) / f(base[i])
+				}
+				return med(v)
+			}
+			fmt.Printf("%-38s %6.2f %6.2f %6.2f %6.2f\n", m, ratio(func(r result) float64 { return r.rps }),
+				ratio(func(r result) float64 { return float64(r.goCPU) }), ratio(func(r result) float64 { return float64(r.pgCPU) }),
+				ratio(func(r result) float64 { return float64(r.p99) }))
+		}
 	}
 }

@@ -125,13 +125,24 @@ func (t *TxStore) lockFor(ctx context.Context) string {
 // ClaimTx implements claim.TxStore: one round trip when no one holds the key
 // or its record is completed (lockAndRead), two when another transaction holds
 // it; a takeover of an expired record one more (the store's claim statement).
+// With the store's WithReadFirst it first reads the key's row by primary key,
+// outside any transaction: a completed live record (a replay, a mismatch) or a
+// live lease of the default mode is answered by that read alone; anything else
+// pays it as one round trip more before the transaction.
 // Any answer but Claimed ends the transaction (a lock wait over: InFlight,
 // RetryAfter the lease). A serialization failure, a deadlock or a takeover that
 // met a newer row claims again (at most 5 times). Errors: store.ErrInvalid for
 // bad arguments, else the driver's, wrapped.
 func (t *TxStore) ClaimTx(ctx context.Context, req store.ClaimRequest) (store.ClaimResult, claim.Tx, error) {
 	var tx claim.Tx
+	read := t.readFirst
 	res, err := t.claimLoop(req, "claim in transaction", func(tok store.Token, args []any) (store.ClaimResult, bool, error) {
+		if read { // WithReadFirst: a replay, a mismatch or a held lease is one plain read, no transaction
+			read = false
+			if res, decided, err := t.readClaim(ctx, req, tok, args); decided || err != nil {
+				return res, false, err
+			}
+		}
 		res, c, again, err := t.claimOnce(ctx, req, tok, args)
 		if c != nil {
 			tx = c

@@ -30,7 +30,14 @@ func (t *claimTx) hold(ctx context.Context, sqls ...string) (_ context.Context, 
 		}
 	}
 	c := t.c
-	c.use <- struct{}{}
+	select {
+	case c.use <- struct{}{}:
+	default:
+		if c.row.Load() { // a QueryRow not yet scanned: waiting could be waiting for ourselves
+			return nil, nil, nil, errRowOpen
+		}
+		c.use <- struct{}{}
+	}
 	c.mu.Lock()
 	closed := c.closed
 	c.mu.Unlock()
@@ -135,13 +142,17 @@ func (t *claimTx) Query(ctx context.Context, sql string, args ...any) (pgx.Rows,
 	return &heldRows{Rows: rows, closer: closer}, nil
 }
 
-// QueryRow holds the transaction until the row is scanned (a call under way).
+// QueryRow holds the transaction until the row is scanned (a call under way,
+// which the commit waits for); the handler's next call before that Scan gets
+// errRowOpen at once (hold), as pgx's "conn busy" on a plain pgx.Tx, instead
+// of waiting for a Scan that would follow it.
 func (t *claimTx) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
 	ctx, release, cancel, err := t.hold(ctx, sql)
 	if err != nil {
 		return heldRow{err: err, done: func() {}}
 	}
-	return heldRow{row: t.Tx.QueryRow(ctx, sql, args...), done: func() { release(); cancel() }}
+	t.c.row.Store(true)
+	return heldRow{row: t.Tx.QueryRow(ctx, sql, args...), done: func() { t.c.row.Store(false); release(); cancel() }}
 }
 
 type heldRow struct {

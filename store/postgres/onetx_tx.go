@@ -26,6 +26,9 @@ var ErrTxOwned = errors.New("idemkey/postgres: the idempotency library commits o
 // errConnBusy: a call of the handler's still held the connection (take).
 var errConnBusy = errors.New("idemkey/postgres: complete in transaction: a statement of the handler's still held the connection; the transaction was abandoned (nothing committed) and its connection closed")
 
+// errRowOpen: a call of the handler's while its QueryRow is not yet scanned.
+var errRowOpen = errors.New("idemkey/postgres: conn busy: a QueryRow of this transaction is not yet scanned")
+
 // txClaim is a claim held by an open transaction (claim.Tx).
 type txClaim struct {
 	t       *TxStore
@@ -39,6 +42,7 @@ type txClaim struct {
 
 	use      chan struct{} // holds one token while a call of the handler's runs (claimTx.hold)
 	open     atomic.Int32  // the handler's Rows and batches not yet closed
+	row      atomic.Bool   // a QueryRow of the handler's holds use until its Scan
 	mu       sync.Mutex
 	closed   bool // the library took the transaction back: the handler's calls are refused
 	sideDoor bool // the handler took the connection (Conn, LargeObjects): what it did is unknown

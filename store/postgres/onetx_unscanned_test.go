@@ -1,9 +1,13 @@
 package postgres
 
 import (
+	"context"
+	"fmt"
 	"net/http"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 )
 
 // TestOneTxUnscannedQueryRow: a handler that leaves a QueryRow of its Tx
@@ -28,5 +32,79 @@ func TestOneTxUnscannedQueryRow(t *testing.T) {
 		if want := map[int]int{201: 503, 500: 500}[status]; code != want {
 			t.Fatalf("handler answering %d with an unscanned row: answered %d, want %d", status, code, want)
 		}
+	}
+}
+
+// TestOneTxCallBeforeScan: a handler's call on its Tx while a QueryRow of it
+// is not yet scanned (on the same goroutine) returns an error at once, as
+// pgx's "conn busy" on a plain transaction, for every kind of call; it does
+// not wait for the Scan that follows it (before the fix it blocked forever).
+// The row still scans and the request commits.
+func TestOneTxCallBeforeScan(t *testing.T) {
+	calls := map[string]func(ctx context.Context, tx pgx.Tx) error{
+		"Exec": func(ctx context.Context, tx pgx.Tx) error { _, err := tx.Exec(ctx, `SELECT 2`); return err },
+		"QueryRow": func(ctx context.Context, tx pgx.Tx) error {
+			var n int
+			return tx.QueryRow(ctx, `SELECT 2`).Scan(&n)
+		},
+		"Query": func(ctx context.Context, tx pgx.Tx) error {
+			rows, err := tx.Query(ctx, `SELECT 2`)
+			if err == nil {
+				rows.Close()
+				err = rows.Err()
+			}
+			return err
+		},
+		"SendBatch": func(ctx context.Context, tx pgx.Tx) error {
+			b := &pgx.Batch{}
+			b.Queue(`SELECT 2`)
+			return tx.SendBatch(ctx, b).Close()
+		},
+		"Begin": func(ctx context.Context, tx pgx.Tx) error {
+			sp, err := tx.Begin(ctx)
+			if err == nil {
+				err = sp.Rollback(ctx)
+			}
+			return err
+		},
+	}
+	for name, second := range calls {
+		t.Run(name, func(t *testing.T) {
+			errs := make(chan error, 1)
+			e := newOneTxEnv(t, nil, func(e *oneTxEnv) http.HandlerFunc {
+				return func(w http.ResponseWriter, r *http.Request) {
+					tx, _ := TxFromContext(r.Context())
+					row := tx.QueryRow(r.Context(), `SELECT 1`)
+					errs <- second(r.Context(), tx)
+					var n int
+					if err := row.Scan(&n); err != nil || n != 1 {
+						http.Error(w, fmt.Sprint("scan after the refused call: ", n, err), 500)
+						return
+					}
+					w.WriteHeader(201)
+				}
+			}, nil)
+			answered := make(chan int, 1)
+			go func() {
+				code, _, _, err := e.post("before-scan")
+				if err != nil {
+					code = -1
+				}
+				answered <- code
+			}()
+			guard := time.NewTimer(20 * time.Second) // a guard against the old hang, not a wait
+			defer guard.Stop()
+			select {
+			case err := <-errs:
+				if err == nil {
+					t.Fatalf("%s before the QueryRow's Scan succeeded; want conn busy", name)
+				}
+			case <-guard.C:
+				t.Fatalf("%s before the QueryRow's Scan blocked", name)
+			}
+			if code := <-answered; code != 201 {
+				t.Fatalf("answered %d, want 201", code)
+			}
+		})
 	}
 }

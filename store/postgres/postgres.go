@@ -103,7 +103,9 @@ type Option func(*Store)
 // or a lapsed lease pays the read as one more round trip before the claim
 // statement (no commit, no WAL); docs/stores.md section 3.2 has the costs. Off by
 // default: turn it on where retries are frequent and Postgres answers them
-// without a cache in front (the tiered store replays from its cache).
+// without a cache in front (the tiered store replays from its cache). The
+// one-transaction mode (OneTx) honours it too: a replay or a mismatch of a
+// completed key is then that read, with no transaction.
 func WithReadFirst() Option { return func(s *Store) { s.readFirst = true } }
 
 // WithTable sets the records table's name (default DefaultTable), so several

@@ -2,6 +2,7 @@ package postgres
 
 import (
 	"context"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -11,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/idemkey/idemkey/claim"
 	"github.com/idemkey/idemkey/store"
 )
 
@@ -146,5 +148,70 @@ func TestKeyRowJudge(t *testing.T) {
 	done.expires = ts(0)
 	if r := done.judge(fingerprint("b")); !r.stale {
 		t.Errorf("past its retention: %+v; want a takeover", r)
+	}
+}
+
+// TestOneTxReadsFirst: the one-transaction mode honours WithReadFirst: a
+// replay or a mismatch of a completed key is one round trip, one statement,
+// the primary-key read, and no transaction (no BEGIN, no ROLLBACK); a first
+// execution pays that read, then claims in its transaction as without it.
+func TestOneTxReadsFirst(t *testing.T) {
+	tracer := &trafficTracer{}
+	admin := newPool(t, "")
+	traced := newPool(t, "", func(c *pgxpool.Config) { c.ConnConfig.Tracer = tracer; c.MaxConns = 1 })
+	s := newStore(t, admin, traced, WithReadFirst())
+	ts, err := s.OneTx(traced)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := t.Context()
+	texts := func() []string {
+		tracer.mu.Lock()
+		defer tracer.mu.Unlock()
+		var got []string
+		for sql := range tracer.texts {
+			got = append(got, strings.Fields(strings.ToLower(sql))[0])
+		}
+		tracer.texts = nil
+		return got
+	}
+	req := func(fp string) store.ClaimRequest {
+		return store.ClaimRequest{ID: store.ID{Scope: "s", Key: "k"}, Fingerprint: fingerprint(fp), Lease: time.Minute, Retention: time.Hour}
+	}
+	tracer.take()
+	texts()
+	res, tx, err := ts.ClaimTx(ctx, req("a"))
+	if err != nil || res.Outcome != store.Claimed || tx == nil {
+		t.Fatalf("first: %+v, %v, %v", res, tx, err)
+	}
+	if end, err := tx.Commit(ctx, store.Response{Status: 201, Body: []byte("x")}, time.Hour); err != nil || end != claim.TxCommitted {
+		t.Fatalf("commit: %v, %v", end, err)
+	}
+	trips, _, commits := tracer.take()
+	if got := texts(); trips != 3 || commits != 1 || !slices.Contains(got, "begin") {
+		t.Fatalf("first execution: %d round trips, %d commits, %v; want the read, the claim's batch (begin ...), the record's", trips, commits, got)
+	}
+	for _, c := range []struct {
+		fp   string
+		want store.Outcome
+	}{{"a", store.Completed}, {"b", store.Mismatch}} {
+		res, tx, err := ts.ClaimTx(ctx, req(c.fp))
+		if err != nil || res.Outcome != c.want || tx != nil {
+			t.Fatalf("%v: %+v, %v, %v", c.want, res, tx, err)
+		}
+		if c.want == store.Completed && string(res.Record.Response.Body) != "x" {
+			t.Fatalf("replay: %+v", res.Record)
+		}
+		// A transaction's ROLLBACK would run in the background: take the pool's
+		// one connection so that it is counted.
+		conn, err := traced.Acquire(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		conn.Release()
+		trips, stmts, commits := tracer.take()
+		if got := texts(); trips != 1 || stmts != 1 || commits != 0 || len(got) != 1 || got[0] != "select" {
+			t.Fatalf("%v: %d round trips, %d statements, %d commits, %v; want one plain SELECT", c.want, trips, stmts, commits, got)
+		}
 	}
 }

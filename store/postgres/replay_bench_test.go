@@ -13,7 +13,7 @@ import (
 	"github.com/idemkey/idemkey/store"
 )
 
-// BenchmarkReplay compares, on one connection and one completed record, the
+// BenchmarkReplay compares, on one completed record, the
 // round trip of a replay with that of a plain primary-key SELECT of the same row
 // (every column the claim returns): "select" is the SELECT, "readsql" the
 // claim's first statement (rowSQL) alone and "claimsql" the claim statement
@@ -21,19 +21,26 @@ import (
 // (its read and the decoding; the claim statement does not run on a replay),
 // "claimdefault" Store.Claim without it (the claim statement), "onetx" the claim batch of the one-transaction mode (BEGIN, the
 // key's lock tried, the read; its ROLLBACK is not timed, as it runs after the
-// answer).
-// The six run interleaved in chunks; each reports its median ns/op over the
+// answer), "onetxread" the one-transaction mode with WithReadFirst (the read
+// alone, no transaction).
+// The seven run interleaved in chunks; each reports its median ns/op over the
 // chunks and its ratio to select:
 //
 //	DATABASE_URL=... go test -run '^$' -bench Replay -benchtime 2000x ./store/postgres/
 func BenchmarkReplay(b *testing.B) {
-	pool := newPool(b, "", func(c *pgxpool.Config) { c.MaxConns = 2 })
+	// Four connections: the ROLLBACK a one-transaction replay sends after its
+	// answer holds one, which must not make the next operation wait for it.
+	pool := newPool(b, "", func(c *pgxpool.Config) { c.MaxConns = 4 })
 	s := newStore(b, pool, nil, WithReadFirst())
 	plain, err := New(pool, WithSchema(s.schema), WithTable(s.table))
 	if err != nil {
 		b.Fatal(err)
 	}
-	ts, err := s.OneTx(pool)
+	ts, err := plain.OneTx(pool)
+	if err != nil {
+		b.Fatal(err)
+	}
+	tsRead, err := s.OneTx(pool)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -73,6 +80,7 @@ FROM ` + s.Table() + ` WHERE scope = $1 AND key = $2`
 		{"claim", func() error { _, err := s.Claim(ctx, req); return err }},
 		{"claimdefault", func() error { _, err := plain.Claim(ctx, req); return err }},
 		{"onetx", func() error { _, _, err := ts.ClaimTx(ctx, req); return err }},
+		{"onetxread", func() error { _, _, err := tsRead.ClaimTx(ctx, req); return err }},
 	}
 	const chunk = 50
 	per := make([][]float64, len(ops))
