@@ -27,7 +27,7 @@ func BenchmarkReplay(b *testing.B) {
 	newPG := func(b *testing.B) *pgstore.Store { return postgresStore(b, pool) }
 	newRedis := func(b *testing.B) *redis.Store {
 		rs := redis.New(rdb, redis.WithPrefix(redistest.Prefix(b, rdb)))
-		b.Cleanup(rs.StopSubscriber)
+		b.Cleanup(rs.StopWaiters)
 		return rs
 	}
 	for _, tc := range []struct {
@@ -113,6 +113,6 @@ func postgresStore(b *testing.B, pool *pgxpool.Pool) *pgstore.Store {
 	if err != nil {
 		b.Fatal(err)
 	}
-	b.Cleanup(s.StopListener)
+	b.Cleanup(s.StopWaiters)
 	return s
 }

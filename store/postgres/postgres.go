@@ -137,7 +137,7 @@ func New(db Querier, opts ...Option) (*Store, error) {
 		return nil, fmt.Errorf("%w: postgres: nil Querier", store.ErrInvalid)
 	}
 	s := &Store{db: db, table: DefaultTable, sweepBatch: DefaultSweepBatch, execMode: pgx.QueryExecModeExec}
-	s.waiters.Idle = DefaultListenerIdle
+	s.waiters.Idle = DefaultWaiterIdle
 	for _, o := range opts {
 		o(s)
 	}

@@ -8,7 +8,7 @@
 //		ContextTimeoutEnabled: true}) // the store's deadlines bound socket reads too
 //	st := redis.New(client, redis.WithPrefix("payments:idem:"))
 //	err := st.CheckEvictionPolicy(ctx) // at startup: records need noeviction
-//	defer st.StopSubscriber()           // after the last request
+//	defer st.StopWaiters()             // after the last request
 //	m, err := middleware.New(st, middleware.ScopeFromHeader("X-Client-ID", "anonymous"))
 //	err = http.ListenAndServe(addr, m.Handler(mux))
 //

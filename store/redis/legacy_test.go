@@ -76,7 +76,7 @@ func TestConformanceLegacyRecords(t *testing.T) {
 	c := redistest.Shared(t)
 	storetest.Run(t, func(t *testing.T) storetest.Subject {
 		s := New(c, WithPrefix(redistest.Prefix(t, c)))
-		t.Cleanup(s.StopSubscriber)
+		t.Cleanup(s.StopWaiters)
 		return storetest.Subject{Store: legacyWriter{s}}
 	})
 	// The wrapper really wrote hashes.

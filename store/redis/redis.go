@@ -47,7 +47,7 @@ func WithPrefix(prefix string) Option {
 // loaded on first use (EVALSHA, falling back to EVAL on NOSCRIPT).
 func New(client goredis.UniversalClient, opts ...Option) *Store {
 	s := &Store{client: client, prefix: DefaultPrefix}
-	s.waiters.Idle = DefaultSubscriberIdle
+	s.waiters.Idle = DefaultWaiterIdle
 	for _, o := range opts {
 		o(s)
 	}

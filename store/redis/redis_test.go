@@ -24,7 +24,7 @@ func TestConformance(t *testing.T) {
 	c := redistest.Shared(t)
 	storetest.Run(t, func(t *testing.T) storetest.Subject {
 		s := redis.New(c, redis.WithPrefix(redistest.Prefix(t, c)))
-		t.Cleanup(s.StopSubscriber)
+		t.Cleanup(s.StopWaiters)
 		return storetest.Subject{Store: s}
 	})
 }
@@ -39,7 +39,7 @@ func TestConformanceCluster(t *testing.T) {
 	t.Run("HashSlot", func(t *testing.T) { testHashSlot(t, c) })
 	storetest.Run(t, func(t *testing.T) storetest.Subject {
 		s := redis.New(c, redis.WithPrefix(redistest.Prefix(t, c)))
-		t.Cleanup(s.StopSubscriber)
+		t.Cleanup(s.StopWaiters)
 		return storetest.Subject{Store: s}
 	})
 	// The suite's keys really were spread over the masters.
@@ -64,7 +64,7 @@ func TestConformanceSentinel(t *testing.T) {
 	c := redistest.StartSentinel(t)
 	storetest.Run(t, func(t *testing.T) storetest.Subject {
 		s := redis.New(c, redis.WithPrefix(redistest.Prefix(t, c)))
-		t.Cleanup(s.StopSubscriber)
+		t.Cleanup(s.StopWaiters)
 		return storetest.Subject{Store: s}
 	})
 }
@@ -356,7 +356,7 @@ func TestCompletionIsOneGetOneSet(t *testing.T) {
 	t.Cleanup(func() { _ = c.Close() })
 	ctx := t.Context()
 	s := redis.New(c)
-	t.Cleanup(s.StopSubscriber)
+	t.Cleanup(s.StopWaiters)
 	calls := func() map[string]int64 {
 		m := map[string]int64{}
 		for _, line := range strings.Split(c.Info(ctx, "commandstats").Val(), "\r\n") {

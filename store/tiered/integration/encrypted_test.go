@@ -48,7 +48,7 @@ func TestEncryptedConformanceRedis(t *testing.T) {
 	c := redistest.Shared(t)
 	storetest.Run(t, func(t *testing.T) storetest.Subject {
 		st := redis.New(c, redis.WithPrefix(redistest.Prefix(t, c)))
-		t.Cleanup(st.StopSubscriber)
+		t.Cleanup(st.StopWaiters)
 		return storetest.Subject{Store: sealedStore(t, st), SealsAnew: true}
 	})
 }
@@ -59,7 +59,7 @@ func TestEncryptedConformanceTiered(t *testing.T) {
 	c, pool := redistest.Shared(t), pgPool(t)
 	storetest.Run(t, func(t *testing.T) storetest.Subject {
 		fast := redis.New(c, redis.WithPrefix(redistest.Prefix(t, c)))
-		t.Cleanup(fast.StopSubscriber)
+		t.Cleanup(fast.StopWaiters)
 		return storetest.Subject{Store: sealedStore(t, mustTiered(t, fast, postgresBackstop(t, pool), tiered.WithTimeout(testTimeout))), SealsAnew: true}
 	})
 }
@@ -163,7 +163,7 @@ func TestEncryptedDumpRedis(t *testing.T) {
 	for _, sealed := range []bool{true, false} {
 		prefix := redistest.Prefix(t, c)
 		rs := redis.New(c, redis.WithPrefix(prefix))
-		t.Cleanup(rs.StopSubscriber)
+		t.Cleanup(rs.StopWaiters)
 		var st store.Store = rs
 		if sealed {
 			st = sealedStore(t, rs)

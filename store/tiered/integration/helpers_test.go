@@ -31,7 +31,7 @@ func postgresBackstop(t testing.TB, pool *pgxpool.Pool, opts ...postgres.Option)
 	if err := s.Migrate(t.Context()); err != nil {
 		t.Fatalf("Migrate: %v", err)
 	}
-	t.Cleanup(s.StopListener) // before the schema is dropped
+	t.Cleanup(s.StopWaiters) // before the schema is dropped
 	t.Cleanup(func() {
 		if _, err := pool.Exec(context.Background(), "DROP SCHEMA IF EXISTS "+pgx.Identifier{schema}.Sanitize()+" CASCADE"); err != nil {
 			t.Errorf("drop schema %s: %v", schema, err)

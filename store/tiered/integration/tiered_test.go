@@ -23,7 +23,7 @@ func TestConformancePostgres(t *testing.T) {
 	pool := pgPool(t)
 	storetest.Run(t, func(t *testing.T) storetest.Subject {
 		fast := redis.New(c, redis.WithPrefix(redistest.Prefix(t, c)))
-		t.Cleanup(fast.StopSubscriber)
+		t.Cleanup(fast.StopWaiters)
 		return storetest.Subject{Store: mustTiered(t, fast, postgresBackstop(t, pool), tiered.WithTimeout(testTimeout))}
 	})
 }
@@ -34,7 +34,7 @@ func TestConformanceMemory(t *testing.T) {
 	c := redistest.Shared(t)
 	storetest.Run(t, func(t *testing.T) storetest.Subject {
 		fast := redis.New(c, redis.WithPrefix(redistest.Prefix(t, c)))
-		t.Cleanup(fast.StopSubscriber)
+		t.Cleanup(fast.StopWaiters)
 		return storetest.Subject{Store: mustTiered(t, fast, memory.New(), tiered.WithTimeout(testTimeout))}
 	})
 }
@@ -194,20 +194,20 @@ func TestWaiting(t *testing.T) {
 	c := redistest.Shared(t)
 	pool := pgPool(t)
 	storetest.RunWaiting(t, func(t *testing.T) storetest.WaitSubject {
-		fast := redis.New(c, redis.WithPrefix(redistest.Prefix(t, c)), redis.WithSubscriberIdle(0))
-		t.Cleanup(fast.StopSubscriber)
-		pg := postgresBackstop(t, pool, postgres.WithListenerIdle(0))
-		t.Cleanup(pg.StopListener)
+		fast := redis.New(c, redis.WithPrefix(redistest.Prefix(t, c)), redis.WithWaiterIdle(0))
+		t.Cleanup(fast.StopWaiters)
+		pg := postgresBackstop(t, pool, postgres.WithWaiterIdle(0))
+		t.Cleanup(pg.StopWaiters)
 		return storetest.WaitSubject{Store: mustTiered(t, fast, pg, tiered.WithTimeout(testTimeout)),
-			Waiting: func() int { n, _ := fast.WaitStats(); return n + int(pg.Stats().Waiters) }}
+			Waiting: func() int { return int(fast.Stats().Waiters + pg.Stats().Waiters) }}
 	})
 }
 
 func BenchmarkWaiting(b *testing.B) {
 	c := redistest.Shared(b)
 	pg := postgresBackstop(b, pgPool(b))
-	b.Cleanup(pg.StopListener)
+	b.Cleanup(pg.StopWaiters)
 	fast := redis.New(c, redis.WithPrefix(redistest.Prefix(b, c)))
-	b.Cleanup(fast.StopSubscriber)
+	b.Cleanup(fast.StopWaiters)
 	storetest.BenchWaiting(b, mustTiered(b, fast, pg, tiered.WithTimeout(testTimeout)))
 }
