@@ -212,12 +212,12 @@ func New(st store.Store, scope ScopeFunc, opts ...Option) (*Interceptor, error) 
 	}
 	switch {
 	case st == nil:
-		return nil, errors.New("idemkey/grpc: nil store")
+		return nil, errors.New("idemkey/middleware/grpc: nil store")
 	case scope == nil:
-		return nil, errors.New("idemkey/grpc: nil scope function (use GlobalScope to share one key space)")
+		return nil, errors.New("idemkey/middleware/grpc: nil scope function (use GlobalScope to share one key space)")
 	}
 	if err := c.pol.Validate(); err != nil {
-		return nil, fmt.Errorf("idemkey/grpc: %w", err)
+		return nil, fmt.Errorf("idemkey/middleware/grpc: %w", err)
 	}
 	p := c.pol.WithDefaults()
 	c.keyMD, c.required, c.validate = strings.ToLower(p.Key.Header), !p.Key.Optional, p.Key.Validate
@@ -230,7 +230,7 @@ func New(st store.Store, scope ScopeFunc, opts ...Option) (*Interceptor, error) 
 	}
 	r, err := idem.New(st, idem.WithPolicy(c.pol), idem.WithLogger(c.logger))
 	if err != nil {
-		return nil, fmt.Errorf("idemkey/grpc: %w", err)
+		return nil, fmt.Errorf("idemkey/middleware/grpc: %w", err)
 	}
 	if err := c.checkOneTx(st, r); err != nil {
 		return nil, err
@@ -243,11 +243,11 @@ func New(st store.Store, scope ScopeFunc, opts ...Option) (*Interceptor, error) 
 // WithMethods leaves the method unprotected.
 func (c *config) checkOneTx(st store.Store, r *idem.Runner) error {
 	if len(c.oneTx) > 0 && !r.HoldsTx() {
-		return fmt.Errorf("idemkey/grpc: WithOneTx: the store (%T) holds no claim in a transaction (claim.TxStore; store/postgres Store.OneTx)", st)
+		return fmt.Errorf("idemkey/middleware/grpc: WithOneTx: the store (%T) holds no claim in a transaction (claim.TxStore; store/postgres Store.OneTx)", st)
 	}
 	for m := range c.oneTx {
 		if c.methods != nil && !c.methods[m] {
-			return fmt.Errorf("idemkey/grpc: WithOneTx names %s, which WithMethods leaves unprotected", m)
+			return fmt.Errorf("idemkey/middleware/grpc: WithOneTx names %s, which WithMethods leaves unprotected", m)
 		}
 	}
 	return nil
@@ -288,11 +288,11 @@ func (ic *Interceptor) intercept(ctx context.Context, req any, info *grpc.UnaryS
 	}
 	msg, ok := req.(proto.Message)
 	if !ok {
-		return nil, status.Errorf(codes.Internal, "idemkey/grpc: request of %s is a %T, not a proto.Message", info.FullMethod, req)
+		return nil, status.Errorf(codes.Internal, "idemkey/middleware/grpc: request of %s is a %T, not a proto.Message", info.FullMethod, req)
 	}
 	body, err := proto.MarshalOptions{Deterministic: true}.Marshal(msg)
 	if err != nil {
-		return nil, status.Errorf(codes.Internal, "idemkey/grpc: marshal the request of %s: %v", info.FullMethod, err)
+		return nil, status.Errorf(codes.Internal, "idemkey/middleware/grpc: marshal the request of %s: %v", info.FullMethod, err)
 	}
 	// Format version 1: a call has no Content-Type to cover (the message is
 	// marshalled here), and records stored before version 2 keep matching.

@@ -37,7 +37,7 @@ const minInFlightRetry = time.Second
 
 // errNotStored makes idem release the key: the handler's answer is one to run
 // again (the release rule), or cannot be stored.
-var errNotStored = errors.New("idemkey/grpc: answer not stored")
+var errNotStored = errors.New("idemkey/middleware/grpc: answer not stored")
 
 // run executes the call under the claim of id (in the one-transaction mode when
 // inTx: WithOneTx), or answers why not.
@@ -102,7 +102,7 @@ func (ic *Interceptor) ran(ctx context.Context, id store.ID, resp any, herr, err
 		return nil, problem(codes.Unavailable, codeUnavailable,
 			"The call's transaction did not commit, or its outcome is unknown; retry after the RetryInfo delay.", ic.storeRetryAfter)
 	case err != nil && herr == nil: // a success that cannot be stored: its transaction was rolled back
-		return nil, status.Errorf(codes.Internal, "idemkey/grpc: the response cannot be stored, so the call's transaction was rolled back")
+		return nil, status.Errorf(codes.Internal, "idemkey/middleware/grpc: the response cannot be stored, so the call's transaction was rolled back")
 	}
 	return resp, herr
 }
@@ -152,7 +152,7 @@ func (ic *Interceptor) replay(ctx context.Context, stored []byte) (any, error) {
 	}
 	msg, err := st.Details[0].UnmarshalNew()
 	if err != nil {
-		return nil, status.Errorf(codes.Internal, "idemkey/grpc: the stored response is a %s, which this server cannot decode: %v",
+		return nil, status.Errorf(codes.Internal, "idemkey/middleware/grpc: the stored response is a %s, which this server cannot decode: %v",
 			st.Details[0].GetTypeUrl(), err)
 	}
 	return msg, nil

@@ -173,12 +173,12 @@ func (s *Store) completedBy(ctx context.Context, pk []byte, ccf *types.Condition
 	}
 	switch {
 	case err != nil:
-		return fmt.Errorf("idemkey/dynamodb: complete: %w", err)
+		return fmt.Errorf("idemkey/store/dynamodb: complete: %w", err)
 	case r.hasStatus && r.token == token && r.expires > now && r.status == stored.Status &&
 		r.omitted == stored.BodyOmitted && bytes.Equal(r.body, stored.Body):
 		return nil
 	}
-	return fmt.Errorf("idemkey/dynamodb: complete: %w", store.ErrLeaseLost)
+	return fmt.Errorf("idemkey/store/dynamodb: complete: %w", store.ErrLeaseLost)
 }
 
 // bodyFits reports whether a completed item with a key, headers and body of
@@ -244,9 +244,9 @@ func holderResult(op string, err error) error {
 	case err == nil:
 		return nil
 	case isConditionFailed(err):
-		return fmt.Errorf("idemkey/dynamodb: %s: %w", op, store.ErrLeaseLost)
+		return fmt.Errorf("idemkey/store/dynamodb: %s: %w", op, store.ErrLeaseLost)
 	}
-	return fmt.Errorf("idemkey/dynamodb: %s: %w", op, err)
+	return fmt.Errorf("idemkey/store/dynamodb: %s: %w", op, err)
 }
 
 // conditionFailed returns the refusal of a conditional write, or nil.

@@ -40,7 +40,7 @@ func (s *Store) CompleteTx(ctx context.Context, tx *sql.Tx, id store.ID, token s
 	}
 	st, err := s.stmts.get(ctx, s.sqlOf.complete)
 	if err != nil {
-		return fmt.Errorf("idemkey/mysql: complete in transaction: %w", err)
+		return fmt.Errorf("idemkey/store/mysql: complete in transaction: %w", err)
 	}
 	res, err := tx.StmtContext(ctx, st).ExecContext(ctx, completeArgs(id, token, resp, retention)...)
 	return holderResult("complete in transaction", res, err)

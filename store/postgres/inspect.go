@@ -80,7 +80,7 @@ func (s *Store) scanInfo(ctx context.Context, op, sql string, args ...any) (stor
 	)
 	err := s.queryRow(ctx, sql, args, &now, &evicted, &fp, &status, &created, &completed, &expires, &lease, &bodyBytes, &omitted)
 	if err != nil {
-		return store.Info{}, false, fmt.Errorf("idemkey/postgres: %s: %w", op, err)
+		return store.Info{}, false, fmt.Errorf("idemkey/store/postgres: %s: %w", op, err)
 	}
 	info := store.Info{Now: now.Time}
 	if !created.Valid {

@@ -226,7 +226,7 @@ func (p *partitioned) missing(ctx context.Context, err error) bool {
 		return false
 	}
 	if _, err := p.ensure(ctx, s.db); err != nil {
-		s.log().Warn("idemkey/postgres: creating the current epoch's partition failed", "table", s.qualified, "err", err)
+		s.log().Warn("idemkey/store/postgres: creating the current epoch's partition failed", "table", s.qualified, "err", err)
 		return false
 	}
 	return true
@@ -246,7 +246,7 @@ func (p *partitioned) claim(ctx context.Context, req store.ClaimRequest) (store.
 		case err != nil && p.missing(ctx, err):
 			return store.ClaimResult{}, true, nil
 		case err != nil:
-			return store.ClaimResult{}, false, fmt.Errorf("idemkey/postgres: claim: %w", poolerErr(err))
+			return store.ClaimResult{}, false, fmt.Errorf("idemkey/store/postgres: claim: %w", poolerErr(err))
 		}
 		res, err := s.decide(&r, req, tok)
 		return res, false, err

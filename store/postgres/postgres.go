@@ -163,7 +163,7 @@ func New(db Querier, opts ...Option) (*Store, error) {
 	s.pollSQL = fmt.Sprintf(pollSQL, t)
 	s.waiters.Listen = s.listen
 	s.waiters.OnError = func(err error) {
-		s.log().Warn("idemkey/postgres: the waiters' listening connection failed", "table", s.qualified, "err", err)
+		s.log().Warn("idemkey/store/postgres: the waiters' listening connection failed", "table", s.qualified, "err", err)
 	}
 	s.renewSQL = fmt.Sprintf(renewSQL, t)
 	s.sweepSQL = fmt.Sprintf(sweepSQL, t)
@@ -295,7 +295,7 @@ func (s *Store) Claim(ctx context.Context, req store.ClaimRequest) (store.ClaimR
 		case errors.Is(err, pgx.ErrNoRows):
 			return store.ClaimResult{}, true, nil // the key was committed after our snapshot: look again
 		case err != nil:
-			return store.ClaimResult{}, false, fmt.Errorf("idemkey/postgres: claim: %w", poolerErr(err))
+			return store.ClaimResult{}, false, fmt.Errorf("idemkey/store/postgres: claim: %w", poolerErr(err))
 		case r.stale:
 			return store.ClaimResult{}, true, nil // our snapshot's row was already replaced: look again
 		}
@@ -322,7 +322,7 @@ func (s *Store) claimLoop(req store.ClaimRequest, op string,
 			return res, err
 		}
 	}
-	return store.ClaimResult{}, fmt.Errorf("idemkey/postgres: %s: no definite answer after %d attempts under contention", op, claimAttempts)
+	return store.ClaimResult{}, fmt.Errorf("idemkey/store/postgres: %s: no definite answer after %d attempts under contention", op, claimAttempts)
 }
 
 // claimRow is a row of claimSQL, or the judgement of a row of rowSQL
@@ -436,10 +436,10 @@ func (s *Store) Renew(ctx context.Context, id store.ID, token store.Token, lease
 
 func holderResult(op string, tag pgconn.CommandTag, err error) error {
 	if err != nil {
-		return fmt.Errorf("idemkey/postgres: %s: %w", op, err)
+		return fmt.Errorf("idemkey/store/postgres: %s: %w", op, err)
 	}
 	if tag.RowsAffected() == 0 {
-		return fmt.Errorf("idemkey/postgres: %s: %w", op, store.ErrLeaseLost)
+		return fmt.Errorf("idemkey/store/postgres: %s: %w", op, store.ErrLeaseLost)
 	}
 	return nil
 }
@@ -477,7 +477,7 @@ func (s *Store) Sweep(ctx context.Context, limit int) (int64, error) {
 		}
 		tag, err := s.exec(ctx, s.sweepSQL, n)
 		if err != nil {
-			return total, fmt.Errorf("idemkey/postgres: sweep: %w", err)
+			return total, fmt.Errorf("idemkey/store/postgres: sweep: %w", err)
 		}
 		total += tag.RowsAffected()
 		if tag.RowsAffected() < n {
@@ -565,16 +565,16 @@ func (s *Store) Migrate(ctx context.Context) error {
 func (s *Store) migrate(ctx context.Context) (err error) {
 	ms, err := s.layoutMigrations()
 	if err != nil {
-		return fmt.Errorf("idemkey/postgres: migrate: %w", err)
+		return fmt.Errorf("idemkey/store/postgres: migrate: %w", err)
 	}
 	q := migrate.Querier(modeQuerier{s.db, s})
 	if err = s.checkLayout(ctx, q); err != nil { // partition.go; outside the transaction, whose first statement is the lock
-		return fmt.Errorf("idemkey/postgres: migrate: %w", err)
+		return fmt.Errorf("idemkey/store/postgres: migrate: %w", err)
 	}
 	var tx pgx.Tx
 	if b, ok := s.db.(beginner); ok {
 		if tx, err = b.Begin(ctx); err != nil {
-			return fmt.Errorf("idemkey/postgres: migrate: %w", err)
+			return fmt.Errorf("idemkey/store/postgres: migrate: %w", err)
 		}
 		defer func() {
 			if err != nil {
@@ -584,16 +584,16 @@ func (s *Store) migrate(ctx context.Context) (err error) {
 		q = modeQuerier{tx, s}
 	}
 	if err = migrate.Apply(ctx, q, tx != nil, s.target(), ms, s.renderLayout); err != nil {
-		return fmt.Errorf("idemkey/postgres: migrate: %w", err)
+		return fmt.Errorf("idemkey/store/postgres: migrate: %w", err)
 	}
 	if s.part != nil {
 		if _, err = s.part.ensure(ctx, q); err != nil {
-			return fmt.Errorf("idemkey/postgres: migrate: create partitions: %w", err)
+			return fmt.Errorf("idemkey/store/postgres: migrate: create partitions: %w", err)
 		}
 	}
 	if tx != nil {
 		if err = tx.Commit(ctx); err != nil {
-			return fmt.Errorf("idemkey/postgres: migrate: commit: %w", err)
+			return fmt.Errorf("idemkey/store/postgres: migrate: commit: %w", err)
 		}
 	}
 	return nil

@@ -19,7 +19,7 @@ import (
 // committed). The handler answers 5xx; the middleware then releases the claim,
 // fenced by the token and by the record being uncompleted, so a record that did
 // commit is kept and replayed, and one that did not is forgotten and the retry runs.
-var ErrCommitUnknown = errors.New("idemkey/postgres: commit outcome unknown")
+var ErrCommitUnknown = errors.New("idemkey/store/postgres: commit outcome unknown")
 
 // CompleteTx completes id's record inside the caller's transaction tx, fenced by
 // token: one UPDATE of the store's table, no other round trip. It is the

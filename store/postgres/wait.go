@@ -23,7 +23,7 @@ const DefaultWaiterIdle = 30 * time.Second
 // ErrNoListener is returned (wrapped) by Wait when the store's Querier cannot lend
 // a connection for LISTEN: only a *pgxpool.Pool can. It wraps
 // errors.ErrUnsupported, so the middleware polls instead.
-var ErrNoListener = fmt.Errorf("idemkey/postgres: wait needs a *pgxpool.Pool to listen on: %w", errors.ErrUnsupported)
+var ErrNoListener = fmt.Errorf("idemkey/store/postgres: wait needs a *pgxpool.Pool to listen on: %w", errors.ErrUnsupported)
 
 // WithWaiterIdle sets how long the connection Wait listens on stays open after
 // the last waiter returned (default DefaultWaiterIdle; 0 or less: closed at
@@ -90,12 +90,12 @@ func (s *Store) Wait(ctx context.Context, id store.ID) error {
 		return s.pollWait(ctx, id)
 	}
 	if _, ok := s.db.(acquirer); !ok {
-		return fmt.Errorf("idemkey/postgres: wait: %w", ErrNoListener)
+		return fmt.Errorf("idemkey/store/postgres: wait: %w", ErrNoListener)
 	}
 	return s.waiters.Wait(ctx, waitPayload(id), func(ctx context.Context) (bool, error) {
 		tag, err := s.exec(ctx, s.waitSQL, bytesOf(id.Scope), bytesOf(id.Key))
 		if err != nil {
-			return false, fmt.Errorf("idemkey/postgres: wait: %w", err)
+			return false, fmt.Errorf("idemkey/store/postgres: wait: %w", err)
 		}
 		return tag.RowsAffected() > 0, nil
 	})
@@ -108,14 +108,14 @@ func (s *Store) Wait(ctx context.Context, id store.ID) error {
 func (s *Store) listen(ctx context.Context, set *waitset.Set, ready func(error)) error {
 	pc, err := s.db.(acquirer).Acquire(ctx)
 	if err != nil {
-		err = fmt.Errorf("idemkey/postgres: wait: listen: %w", err)
+		err = fmt.Errorf("idemkey/store/postgres: wait: listen: %w", err)
 		ready(err)
 		return err
 	}
 	conn := pc.Hijack()
 	defer conn.Close(context.Background())
 	if _, err := conn.Exec(ctx, "LISTEN "+pgx.Identifier{s.channel}.Sanitize()); err != nil {
-		err = fmt.Errorf("idemkey/postgres: wait: listen: %w", err)
+		err = fmt.Errorf("idemkey/store/postgres: wait: listen: %w", err)
 		ready(err)
 		return err
 	}
@@ -126,7 +126,7 @@ func (s *Store) listen(ctx context.Context, set *waitset.Set, ready func(error))
 			if ctx.Err() != nil {
 				return nil
 			}
-			return fmt.Errorf("idemkey/postgres: wait: listen: %w", err)
+			return fmt.Errorf("idemkey/store/postgres: wait: listen: %w", err)
 		}
 		if n.Channel == s.channel {
 			set.Notify(n.Payload)

@@ -75,7 +75,7 @@ func (s *Store) claimShard(ctx context.Context, id store.ID) (store.Store, error
 	}
 	info, err := prev.(store.Inspector).Inspect(ctx, id)
 	if err != nil {
-		return nil, fmt.Errorf("idemkey/sharded: migration: reading the previous shard: %w", err)
+		return nil, fmt.Errorf("idemkey/store/sharded: migration: reading the previous shard: %w", err)
 	}
 	if info.State != store.StateAbsent {
 		return prev, nil

@@ -214,7 +214,7 @@ func (o *Outbox) Enqueue(ctx context.Context, q postgres.Querier, m Message) (en
 	}
 	tag, err := q.Exec(ctx, o.enqueueSQL, m.ID, m.Topic, payload)
 	if err != nil {
-		return false, fmt.Errorf("idemkey/outbox: enqueue: %w", err)
+		return false, fmt.Errorf("idemkey/store/postgres/outbox: enqueue: %w", err)
 	}
 	return tag.RowsAffected() == 1, nil
 }
@@ -233,7 +233,7 @@ func (o *Outbox) RelayBatch(ctx context.Context, publish PublishFunc) (int, erro
 	}
 	tx, err := o.db.Begin(ctx)
 	if err != nil {
-		return 0, fmt.Errorf("idemkey/outbox: begin: %w", err)
+		return 0, fmt.Errorf("idemkey/store/postgres/outbox: begin: %w", err)
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx)) // after Commit: does nothing
 	msgs, seqs, err := o.lockBatch(ctx, tx)
@@ -244,7 +244,7 @@ func (o *Outbox) RelayBatch(ctx context.Context, publish PublishFunc) (int, erro
 	done := seqs[:0]
 	for i, m := range msgs {
 		if err := publish(ctx, m); err != nil {
-			pubErr = fmt.Errorf("idemkey/outbox: publish %q: %w", m.ID, err)
+			pubErr = fmt.Errorf("idemkey/store/postgres/outbox: publish %q: %w", m.ID, err)
 			break
 		}
 		done = append(done, seqs[i])
@@ -257,10 +257,10 @@ func (o *Outbox) RelayBatch(ctx context.Context, publish PublishFunc) (int, erro
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), finishTimeout)
 	defer cancel()
 	if _, err := tx.Exec(ctx, o.deleteSQL, done); err != nil {
-		return 0, errors.Join(pubErr, fmt.Errorf("idemkey/outbox: delete published: %w", err))
+		return 0, errors.Join(pubErr, fmt.Errorf("idemkey/store/postgres/outbox: delete published: %w", err))
 	}
 	if err := tx.Commit(ctx); err != nil {
-		return 0, errors.Join(pubErr, fmt.Errorf("idemkey/outbox: commit: %w", err))
+		return 0, errors.Join(pubErr, fmt.Errorf("idemkey/store/postgres/outbox: commit: %w", err))
 	}
 	return len(done), pubErr
 }
@@ -269,7 +269,7 @@ func (o *Outbox) RelayBatch(ctx context.Context, publish PublishFunc) (int, erro
 func (o *Outbox) lockBatch(ctx context.Context, tx pgx.Tx) ([]Message, []int64, error) {
 	rows, err := tx.Query(ctx, o.selectSQL, o.batch)
 	if err != nil {
-		return nil, nil, fmt.Errorf("idemkey/outbox: select: %w", err)
+		return nil, nil, fmt.Errorf("idemkey/store/postgres/outbox: select: %w", err)
 	}
 	defer rows.Close()
 	var (
@@ -280,12 +280,12 @@ func (o *Outbox) lockBatch(ctx context.Context, tx pgx.Tx) ([]Message, []int64, 
 		var m Message
 		var seq int64
 		if err := rows.Scan(&seq, &m.ID, &m.Topic, &m.Payload, &m.CreatedAt); err != nil {
-			return nil, nil, fmt.Errorf("idemkey/outbox: scan: %w", err)
+			return nil, nil, fmt.Errorf("idemkey/store/postgres/outbox: scan: %w", err)
 		}
 		msgs, seqs = append(msgs, m), append(seqs, seq)
 	}
 	if err := rows.Err(); err != nil {
-		return nil, nil, fmt.Errorf("idemkey/outbox: select: %w", err)
+		return nil, nil, fmt.Errorf("idemkey/store/postgres/outbox: select: %w", err)
 	}
 	return msgs, seqs, nil
 }
@@ -328,7 +328,7 @@ func (o *Outbox) Relay(ctx context.Context, publish PublishFunc) error {
 func (o *Outbox) Pending(ctx context.Context) (int64, error) {
 	var n int64
 	if err := o.db.QueryRow(ctx, o.pendingSQL).Scan(&n); err != nil {
-		return 0, fmt.Errorf("idemkey/outbox: pending: %w", err)
+		return 0, fmt.Errorf("idemkey/store/postgres/outbox: pending: %w", err)
 	}
 	return n, nil
 }
@@ -362,18 +362,18 @@ func (o *Outbox) MigrationSQL() string {
 func (o *Outbox) Migrate(ctx context.Context) (err error) {
 	ms, err := migrate.Load(migrationFiles, "migrations")
 	if err != nil {
-		return fmt.Errorf("idemkey/outbox: migrate: %w", err)
+		return fmt.Errorf("idemkey/store/postgres/outbox: migrate: %w", err)
 	}
 	tx, err := o.db.Begin(ctx)
 	if err != nil {
-		return fmt.Errorf("idemkey/outbox: migrate: %w", err)
+		return fmt.Errorf("idemkey/store/postgres/outbox: migrate: %w", err)
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx)) // after Commit: does nothing
 	if err = migrate.Apply(ctx, tx, true, o.target(), ms, o.render); err != nil {
-		return fmt.Errorf("idemkey/outbox: migrate: %w", err)
+		return fmt.Errorf("idemkey/store/postgres/outbox: migrate: %w", err)
 	}
 	if err = tx.Commit(ctx); err != nil {
-		return fmt.Errorf("idemkey/outbox: migrate: commit: %w", err)
+		return fmt.Errorf("idemkey/store/postgres/outbox: migrate: commit: %w", err)
 	}
 	return nil
 }
