@@ -26,7 +26,10 @@ func BenchmarkReplay(b *testing.B) {
 	rdb := redistest.Shared(b) // REDIS_URL
 	newPG := func(b *testing.B) *pgstore.Store { return postgresStore(b, pool) }
 	newRedis := func(b *testing.B) *redis.Store {
-		rs := redis.New(rdb, redis.WithPrefix(redistest.Prefix(b, rdb)))
+		rs, err := redis.New(rdb, redis.WithPrefix(redistest.Prefix(b, rdb)))
+		if err != nil {
+			b.Fatal(err)
+		}
 		b.Cleanup(rs.StopWaiters)
 		return rs
 	}

@@ -113,7 +113,10 @@ func newStore(ctx context.Context, env setup.Env, conns *setup.Conns, logger *sl
 	case "memory":
 		return memory.New(memory.WithMaxBytes(env.MemoryMaxBytes)), nil, nil
 	case "redis":
-		rs := redis.New(conns.Redis, redis.WithPrefix(env.RedisPrefix), redis.WithLogger(logger))
+		rs, err := redis.New(conns.Redis, redis.WithPrefix(env.RedisPrefix), redis.WithLogger(logger))
+		if err != nil {
+			return nil, nil, err
+		}
 		conns.OnClose(rs.StopWaiters) // the waiters' subscription (IDEM_WAIT)
 		return rs, nil, nil
 	case "mysql":
@@ -142,7 +145,10 @@ func newStore(ctx context.Context, env setup.Env, conns *setup.Conns, logger *sl
 	if env.Store == "postgres" {
 		return pg, stats, nil
 	}
-	fast := redis.New(conns.Redis, redis.WithPrefix(env.RedisPrefix), redis.WithLogger(logger))
+	fast, err := redis.New(conns.Redis, redis.WithPrefix(env.RedisPrefix), redis.WithLogger(logger))
+	if err != nil {
+		return nil, nil, err
+	}
 	conns.OnClose(fast.StopWaiters)
 	ts, err := tiered.New(fast, pg, tiered.WithLogger(logger))
 	if err != nil {

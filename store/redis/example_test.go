@@ -17,7 +17,10 @@ import (
 func Example() {
 	client := goredis.NewClient(&goredis.Options{Addr: "127.0.0.1:6379"})
 	defer client.Close()
-	s := redis.New(client, redis.WithPrefix("payments:idem:"))
+	s, err := redis.New(client, redis.WithPrefix("payments:idem:"))
+	if err != nil {
+		log.Fatal(err)
+	}
 
 	ctx := context.Background()
 	req := store.ClaimRequest{
@@ -53,14 +56,20 @@ func ExampleNew_cluster() {
 		Addrs: []string{"10.0.0.1:6379", "10.0.0.2:6379", "10.0.0.3:6379"},
 	})
 	defer client.Close()
-	s := redis.New(client)
+	s, err := redis.New(client)
+	if err != nil {
+		log.Fatal(err) // a nil client
+	}
 	_ = s // use as a store.Store
 }
 
 // The documented key layout: prefix, then the hash tag holding the scope's length,
 // the scope and the key.
 func ExampleStore_Key() {
-	s := redis.New(nil, redis.WithPrefix("idem:"))
+	s, err := redis.New(goredis.NewClient(&goredis.Options{}), redis.WithPrefix("idem:"))
+	if err != nil {
+		log.Fatal(err)
+	}
 	fmt.Println(s.Key(store.ID{Scope: "tenant", Key: "order-42"}))
 	fmt.Println(s.Key(store.ID{Scope: "", Key: "6:tenantorder-42"}))
 	// Output:

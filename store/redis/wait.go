@@ -21,10 +21,13 @@ const DefaultWaiterIdle = 30 * time.Second
 // closed at once).
 func WithWaiterIdle(d time.Duration) Option { return func(s *Store) { s.waiters.Idle = d } }
 
-// WithLogger sets the logger told of a failed waiters' subscription (default
+// WithLogger sets the logger told of a failed waiters' subscription (nil:
 // slog.Default()).
 func WithLogger(l *slog.Logger) Option {
 	return func(s *Store) {
+		if l == nil {
+			l = slog.Default()
+		}
 		s.waiters.OnError = func(err error) {
 			l.Warn("idemkey/store/redis: the waiters' subscription failed", "channel", s.channel, "err", err)
 		}

@@ -18,7 +18,7 @@ import (
 func TestWaiting(t *testing.T) {
 	c := redistest.Shared(t)
 	storetest.RunWaiting(t, func(t *testing.T) storetest.WaitSubject {
-		s := redis.New(c, redis.WithPrefix(redistest.Prefix(t, c)), redis.WithWaiterIdle(0))
+		s := redis.NewForTest(t, c, redis.WithPrefix(redistest.Prefix(t, c)), redis.WithWaiterIdle(0))
 		t.Cleanup(s.StopWaiters)
 		return storetest.WaitSubject{Store: s, Waiting: func() int { return int(s.Stats().Waiters) }}
 	})
@@ -39,7 +39,7 @@ func numSub(t *testing.T, c *goredis.Client, channel string) int64 {
 func TestWaitOneSubscriptionPerStore(t *testing.T) {
 	c := redistest.Shared(t)
 	prefix := redistest.Prefix(t, c)
-	s := redis.New(c, redis.WithPrefix(prefix), redis.WithWaiterIdle(0))
+	s := redis.NewForTest(t, c, redis.WithPrefix(prefix), redis.WithWaiterIdle(0))
 	t.Cleanup(s.StopWaiters)
 	channel := prefix + "waits"
 	const keys, per = 3, 5
@@ -127,7 +127,7 @@ func TestWaitOneSubscriptionPerStore(t *testing.T) {
 func TestWaitPublishesOnlyWaitedKeys(t *testing.T) {
 	c := redistest.Shared(t)
 	prefix := redistest.Prefix(t, c)
-	s := redis.New(c, redis.WithPrefix(prefix))
+	s := redis.NewForTest(t, c, redis.WithPrefix(prefix))
 	t.Cleanup(s.StopWaiters)
 	ps := c.Subscribe(t.Context(), prefix+"waits")
 	defer ps.Close()
@@ -183,7 +183,7 @@ func TestWaitPublishesOnlyWaitedKeys(t *testing.T) {
 
 func BenchmarkWaiting(b *testing.B) {
 	c := redistest.Shared(b)
-	s := redis.New(c, redis.WithPrefix(redistest.Prefix(b, c)))
+	s := redis.NewForTest(b, c, redis.WithPrefix(redistest.Prefix(b, c)))
 	b.Cleanup(s.StopWaiters)
 	storetest.BenchWaiting(b, s)
 }

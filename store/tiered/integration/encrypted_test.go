@@ -47,7 +47,7 @@ func TestEncryptedConformancePostgres(t *testing.T) {
 func TestEncryptedConformanceRedis(t *testing.T) {
 	c := redistest.Shared(t)
 	storetest.Run(t, func(t *testing.T) storetest.Subject {
-		st := redis.New(c, redis.WithPrefix(redistest.Prefix(t, c)))
+		st := mustRedis(t, c, redis.WithPrefix(redistest.Prefix(t, c)))
 		t.Cleanup(st.StopWaiters)
 		return storetest.Subject{Store: sealedStore(t, st), SealsAnew: true}
 	})
@@ -58,7 +58,7 @@ func TestEncryptedConformanceRedis(t *testing.T) {
 func TestEncryptedConformanceTiered(t *testing.T) {
 	c, pool := redistest.Shared(t), pgPool(t)
 	storetest.Run(t, func(t *testing.T) storetest.Subject {
-		fast := redis.New(c, redis.WithPrefix(redistest.Prefix(t, c)))
+		fast := mustRedis(t, c, redis.WithPrefix(redistest.Prefix(t, c)))
 		t.Cleanup(fast.StopWaiters)
 		return storetest.Subject{Store: sealedStore(t, mustTiered(t, fast, postgresBackstop(t, pool), tiered.WithTimeout(testTimeout))), SealsAnew: true}
 	})
@@ -162,7 +162,7 @@ func TestEncryptedDumpRedis(t *testing.T) {
 	c := redistest.Shared(t)
 	for _, sealed := range []bool{true, false} {
 		prefix := redistest.Prefix(t, c)
-		rs := redis.New(c, redis.WithPrefix(prefix))
+		rs := mustRedis(t, c, redis.WithPrefix(prefix))
 		t.Cleanup(rs.StopWaiters)
 		var st store.Store = rs
 		if sealed {

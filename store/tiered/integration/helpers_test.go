@@ -16,6 +16,7 @@ import (
 	"github.com/idemkey/idemkey/store"
 	"github.com/idemkey/idemkey/store/memory"
 	"github.com/idemkey/idemkey/store/postgres"
+	"github.com/idemkey/idemkey/store/redis"
 	"github.com/idemkey/idemkey/store/tiered"
 )
 
@@ -204,4 +205,14 @@ func (quietLogger) Printf(context.Context, string, ...any) {}
 func TestMain(m *testing.M) {
 	goredis.SetLogger(quietLogger{})
 	os.Exit(m.Run())
+}
+
+// mustRedis builds a Redis store or fails the test.
+func mustRedis(t testing.TB, c goredis.UniversalClient, opts ...redis.Option) *redis.Store {
+	t.Helper()
+	s, err := redis.New(c, opts...)
+	if err != nil {
+		t.Fatalf("redis.New: %v", err)
+	}
+	return s
 }

@@ -16,7 +16,7 @@ func TestConformanceMySQL(t *testing.T) {
 	c := redistest.Shared(t)
 	db := mysqltest.DB(t)
 	storetest.Run(t, func(t *testing.T) storetest.Subject {
-		fast := redis.New(c, redis.WithPrefix(redistest.Prefix(t, c)))
+		fast := mustRedis(t, c, redis.WithPrefix(redistest.Prefix(t, c)))
 		t.Cleanup(fast.StopWaiters)
 		return storetest.Subject{Store: mustTiered(t, fast, mysqltest.Store(t, db), tiered.WithTimeout(testTimeout))}
 	})
@@ -28,7 +28,7 @@ func TestWaitingMySQL(t *testing.T) {
 	c := redistest.Shared(t)
 	db := mysqltest.DB(t)
 	storetest.RunWaiting(t, func(t *testing.T) storetest.WaitSubject {
-		fast := redis.New(c, redis.WithPrefix(redistest.Prefix(t, c)), redis.WithWaiterIdle(0))
+		fast := mustRedis(t, c, redis.WithPrefix(redistest.Prefix(t, c)), redis.WithWaiterIdle(0))
 		t.Cleanup(fast.StopWaiters)
 		return storetest.WaitSubject{Store: mustTiered(t, fast, mysqltest.Store(t, db), tiered.WithTimeout(testTimeout)),
 			Waiting: func() int { return int(fast.Stats().Waiters) }}

@@ -36,7 +36,10 @@ func main() {
 
 	client := goredis.NewClient(&goredis.Options{Addr: "127.0.0.1:6379", ContextTimeoutEnabled: true})
 	defer client.Close()
-	rs := redis.New(client) // the cache: replays and 409s without a Postgres round trip
+	rs, err := redis.New(client) // the cache: replays and 409s without a Postgres round trip
+	if err != nil {
+		log.Fatal(err)
+	}
 	defer rs.StopWaiters()
 	ts, err := tiered.New(rs, pg) // redis.New(client) or pg alone work too
 	if err != nil {
