@@ -275,7 +275,7 @@ func (r *Runner) HoldsTx() bool { return r.claimer.HoldsTx() }
 
 func (r *Runner) do(ctx context.Context, id store.ID, fp store.Fingerprint, fn Func, inTx bool) (Result, error) {
 	if fn == nil {
-		return Result{}, fmt.Errorf("%w: idem: nil fn", store.ErrInvalid)
+		return Result{}, fmt.Errorf("idemkey/idem: %w: nil fn", store.ErrInvalid)
 	}
 	var res store.ClaimResult
 	var tx claim.Tx

@@ -67,7 +67,7 @@ func WithPollInterval(first, max time.Duration) Option {
 // nil clock, bad poll interval).
 func New(db *dynamodb.Client, opts ...Option) (*Store, error) {
 	if db == nil {
-		return nil, fmt.Errorf("%w: dynamodb: nil client", store.ErrInvalid)
+		return nil, fmt.Errorf("idemkey/store/dynamodb: %w: nil client", store.ErrInvalid)
 	}
 	s := &Store{db: db, table: DefaultTable, now: time.Now,
 		pollFirst: waitset.DefaultPollFirst, pollMax: waitset.DefaultPollMax}
@@ -76,11 +76,11 @@ func New(db *dynamodb.Client, opts ...Option) (*Store, error) {
 	}
 	switch {
 	case !validTable(s.table):
-		return nil, fmt.Errorf("%w: dynamodb: table name %q must be 3-255 of a-z A-Z 0-9 _ - .", store.ErrInvalid, s.table)
+		return nil, fmt.Errorf("idemkey/store/dynamodb: %w: table name %q must be 3-255 of a-z A-Z 0-9 _ - .", store.ErrInvalid, s.table)
 	case s.now == nil:
-		return nil, fmt.Errorf("%w: dynamodb: nil clock", store.ErrInvalid)
+		return nil, fmt.Errorf("idemkey/store/dynamodb: %w: nil clock", store.ErrInvalid)
 	case s.pollFirst <= 0 || s.pollMax < s.pollFirst:
-		return nil, fmt.Errorf("%w: dynamodb: poll interval %v up to %v: both must be positive, the second at least the first", store.ErrInvalid, s.pollFirst, s.pollMax)
+		return nil, fmt.Errorf("idemkey/store/dynamodb: %w: poll interval %v up to %v: both must be positive, the second at least the first", store.ErrInvalid, s.pollFirst, s.pollMax)
 	}
 	return s, nil
 }

@@ -68,13 +68,13 @@ func scanInfo(op string, row *sql.Row) (store.Info, error) {
 		return info, nil
 	}
 	if len(fp) != len(info.Fingerprint) || !expires.Valid {
-		return store.Info{}, fmt.Errorf("%w: mysql: %s: row with a %d-byte fingerprint", store.ErrCorrupt, op, len(fp))
+		return store.Info{}, fmt.Errorf("idemkey/store/mysql: %w: %s: row with a %d-byte fingerprint", store.ErrCorrupt, op, len(fp))
 	}
 	copy(info.Fingerprint[:], fp)
 	info.CreatedAt, info.ExpiresAt = fromMicros(created.Int64), fromMicros(expires.Int64)
 	if !status.Valid {
 		if !lease.Valid {
-			return store.Info{}, fmt.Errorf("%w: mysql: %s: in-flight record without a lease deadline", store.ErrCorrupt, op)
+			return store.Info{}, fmt.Errorf("idemkey/store/mysql: %w: %s: in-flight record without a lease deadline", store.ErrCorrupt, op)
 		}
 		info.State, info.LeaseUntil = store.StateInFlight, fromMicros(lease.Int64)
 		return info, nil

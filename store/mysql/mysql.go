@@ -94,7 +94,7 @@ func WithPollInterval(first, max time.Duration) Option {
 // batch or poll interval, negative body cap).
 func New(db *sql.DB, opts ...Option) (*Store, error) {
 	if db == nil {
-		return nil, fmt.Errorf("%w: mysql: nil *sql.DB", store.ErrInvalid)
+		return nil, fmt.Errorf("idemkey/store/mysql: %w: nil *sql.DB", store.ErrInvalid)
 	}
 	s := &Store{db: db, table: DefaultTable, sweepBatch: DefaultSweepBatch,
 		pollFirst: waitset.DefaultPollFirst, pollMax: waitset.DefaultPollMax}
@@ -103,13 +103,13 @@ func New(db *sql.DB, opts ...Option) (*Store, error) {
 	}
 	switch {
 	case s.table == "" || len(s.table) > maxTableName || strings.IndexByte(s.table, 0) >= 0 || strings.HasSuffix(s.table, " "):
-		return nil, fmt.Errorf("%w: mysql: table name %q must be 1-%d bytes without NUL or a trailing space", store.ErrInvalid, s.table, maxTableName)
+		return nil, fmt.Errorf("idemkey/store/mysql: %w: table name %q must be 1-%d bytes without NUL or a trailing space", store.ErrInvalid, s.table, maxTableName)
 	case s.sweepBatch <= 0:
-		return nil, fmt.Errorf("%w: mysql: sweep batch %d must be positive", store.ErrInvalid, s.sweepBatch)
+		return nil, fmt.Errorf("idemkey/store/mysql: %w: sweep batch %d must be positive", store.ErrInvalid, s.sweepBatch)
 	case s.maxBody < 0:
-		return nil, fmt.Errorf("%w: mysql: body cap %d must not be negative", store.ErrInvalid, s.maxBody)
+		return nil, fmt.Errorf("idemkey/store/mysql: %w: body cap %d must not be negative", store.ErrInvalid, s.maxBody)
 	case s.pollFirst <= 0 || s.pollMax < s.pollFirst:
-		return nil, fmt.Errorf("%w: mysql: poll interval %v up to %v: both must be positive, the second at least the first", store.ErrInvalid, s.pollFirst, s.pollMax)
+		return nil, fmt.Errorf("idemkey/store/mysql: %w: poll interval %v up to %v: both must be positive, the second at least the first", store.ErrInvalid, s.pollFirst, s.pollMax)
 	}
 	s.quoted = quote(s.table)
 	s.sqlOf = newStatements(s.quoted)

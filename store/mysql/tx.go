@@ -33,7 +33,7 @@ import (
 // does not import the middleware).
 func (s *Store) CompleteTx(ctx context.Context, tx *sql.Tx, id store.ID, token store.Token, resp store.Response, retention time.Duration) error {
 	if tx == nil {
-		return fmt.Errorf("%w: mysql: nil transaction", store.ErrInvalid)
+		return fmt.Errorf("idemkey/store/mysql: %w: nil transaction", store.ErrInvalid)
 	}
 	if err := s.checkComplete(id, token, resp, retention); err != nil {
 		return err

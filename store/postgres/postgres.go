@@ -134,7 +134,7 @@ func WithLogger(l *slog.Logger) Option { return func(s *Store) { s.logger = l } 
 // name, non-positive batch, negative body cap).
 func New(db Querier, opts ...Option) (*Store, error) {
 	if db == nil {
-		return nil, fmt.Errorf("%w: postgres: nil Querier", store.ErrInvalid)
+		return nil, fmt.Errorf("idemkey/store/postgres: %w: nil Querier", store.ErrInvalid)
 	}
 	s := &Store{db: db, table: DefaultTable, sweepBatch: DefaultSweepBatch, execMode: pgx.QueryExecModeExec}
 	s.waiters.Idle = DefaultWaiterIdle
@@ -143,13 +143,13 @@ func New(db Querier, opts ...Option) (*Store, error) {
 	}
 	switch {
 	case s.table == "" || len(s.table) > maxTableName || strings.IndexByte(s.table, 0) >= 0:
-		return nil, fmt.Errorf("%w: postgres: table name %q must be 1-%d bytes without NUL", store.ErrInvalid, s.table, maxTableName)
+		return nil, fmt.Errorf("idemkey/store/postgres: %w: table name %q must be 1-%d bytes without NUL", store.ErrInvalid, s.table, maxTableName)
 	case len(s.schema) > 63 || strings.IndexByte(s.schema, 0) >= 0:
-		return nil, fmt.Errorf("%w: postgres: schema name %q must be at most 63 bytes without NUL", store.ErrInvalid, s.schema)
+		return nil, fmt.Errorf("idemkey/store/postgres: %w: schema name %q must be at most 63 bytes without NUL", store.ErrInvalid, s.schema)
 	case s.sweepBatch <= 0:
-		return nil, fmt.Errorf("%w: postgres: sweep batch %d must be positive", store.ErrInvalid, s.sweepBatch)
+		return nil, fmt.Errorf("idemkey/store/postgres: %w: sweep batch %d must be positive", store.ErrInvalid, s.sweepBatch)
 	case s.maxBody < 0:
-		return nil, fmt.Errorf("%w: postgres: body cap %d must not be negative", store.ErrInvalid, s.maxBody)
+		return nil, fmt.Errorf("idemkey/store/postgres: %w: body cap %d must not be negative", store.ErrInvalid, s.maxBody)
 	}
 	s.qualified = s.ident(s.table)
 	t := s.qualified

@@ -44,7 +44,7 @@ var ErrCommitUnknown = errors.New("idemkey/store/postgres: commit outcome unknow
 // MarkCompleted is the same function), or use CommitResponse, which does both.
 func (s *Store) CompleteTx(ctx context.Context, tx pgx.Tx, id store.ID, token store.Token, resp store.Response, retention time.Duration) error {
 	if tx == nil {
-		return fmt.Errorf("%w: postgres: nil transaction", store.ErrInvalid)
+		return fmt.Errorf("idemkey/store/postgres: %w: nil transaction", store.ErrInvalid)
 	}
 	if err := s.checkComplete(id, token, resp, retention); err != nil {
 		return err
@@ -86,7 +86,7 @@ func (s *Store) CompleteTx(ctx context.Context, tx pgx.Tx, id store.ID, token st
 //     the UPDATE: tx was rolled back.
 func (s *Store) CommitResponse(ctx context.Context, tx pgx.Tx, w http.ResponseWriter, resp store.Response) error {
 	if tx == nil {
-		return fmt.Errorf("%w: postgres: nil transaction", store.ErrInvalid)
+		return fmt.Errorf("idemkey/store/postgres: %w: nil transaction", store.ErrInvalid)
 	}
 	cl, ok := claim.FromContext(ctx)
 	if !ok {

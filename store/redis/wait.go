@@ -50,7 +50,7 @@ func (s *Store) Wait(ctx context.Context, id store.ID) error {
 		return err
 	}
 	if s.client == nil {
-		return fmt.Errorf("%w: redis: nil client", store.ErrInvalid)
+		return fmt.Errorf("idemkey/store/redis: %w: nil client", store.ErrInvalid)
 	}
 	key := keyFor(s.prefix, id)
 	return s.waiters.Wait(ctx, key, func(ctx context.Context) (bool, error) {

@@ -55,19 +55,19 @@ var ErrNoShard = errors.New("idemkey/store/sharded: no shard for the scope")
 // (also a nil pointer of a store type).
 func New(route func(scope string) store.Store, shards ...store.Store) (*Store, error) {
 	if route == nil {
-		return nil, fmt.Errorf("%w: sharded: nil route", store.ErrInvalid)
+		return nil, fmt.Errorf("idemkey/store/sharded: %w: nil route", store.ErrInvalid)
 	}
 	if len(shards) == 0 {
-		return nil, fmt.Errorf("%w: sharded: no shard", store.ErrInvalid)
+		return nil, fmt.Errorf("idemkey/store/sharded: %w: no shard", store.ErrInvalid)
 	}
 	for i, s := range shards {
 		if v := reflect.ValueOf(s); s == nil || v.Kind() == reflect.Pointer && v.IsNil() {
-			return nil, fmt.Errorf("%w: sharded: shard %d is nil", store.ErrInvalid, i)
+			return nil, fmt.Errorf("idemkey/store/sharded: %w: shard %d is nil", store.ErrInvalid, i)
 		}
 		if !reflect.TypeOf(s).Comparable() {
 			// Shard tells a listed store by ==, which such a value would make
 			// panic; every store of this module is a pointer.
-			return nil, fmt.Errorf("%w: sharded: shard %d is a %T, which is not comparable (use a pointer)", store.ErrInvalid, i, s)
+			return nil, fmt.Errorf("idemkey/store/sharded: %w: shard %d is a %T, which is not comparable (use a pointer)", store.ErrInvalid, i, s)
 		}
 	}
 	return &Store{route: route, shards: append([]store.Store(nil), shards...)}, nil

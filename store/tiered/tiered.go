@@ -137,9 +137,9 @@ func WithObserver(f func(Event)) Option { return func(s *Store) { s.observe = f 
 func New(fast Cache, backstop store.Store, opts ...Option) (*Store, error) {
 	switch {
 	case isNil(fast):
-		return nil, fmt.Errorf("%w: tiered: nil cache (use the backstop alone instead)", store.ErrInvalid)
+		return nil, fmt.Errorf("idemkey/store/tiered: %w: nil cache (use the backstop alone instead)", store.ErrInvalid)
 	case isNil(backstop):
-		return nil, fmt.Errorf("%w: tiered: nil backstop", store.ErrInvalid)
+		return nil, fmt.Errorf("idemkey/store/tiered: %w: nil backstop", store.ErrInvalid)
 	}
 	s := &Store{fast: fast, backstop: backstop, timeout: DefaultTimeout, cooldown: DefaultCooldown, start: time.Now()}
 	if ip, ok := fast.(store.InProcess); ok && ip.InProcess() {
@@ -533,7 +533,7 @@ func (s *Store) HoldsTx() bool {
 func (s *Store) ClaimTx(ctx context.Context, req store.ClaimRequest) (store.ClaimResult, claim.Tx, error) {
 	bs, ok := s.backstop.(claim.TxStore)
 	if !ok {
-		return store.ClaimResult{}, nil, fmt.Errorf("%w: tiered: the backstop holds no claim in a transaction", store.ErrInvalid)
+		return store.ClaimResult{}, nil, fmt.Errorf("idemkey/store/tiered: %w: the backstop holds no claim in a transaction", store.ErrInvalid)
 	}
 	if err := req.Validate(); err != nil {
 		return store.ClaimResult{}, nil, err

@@ -167,7 +167,7 @@ func WithSweepBatch(n int) Option { return func(in *Inbox) { in.sweepBatch = n }
 // name, non-positive retention or batch).
 func New(db DB, opts ...Option) (*Inbox, error) {
 	if db == nil {
-		return nil, fmt.Errorf("%w: inbox: nil DB", store.ErrInvalid)
+		return nil, fmt.Errorf("idemkey/store/postgres/inbox: %w: nil DB", store.ErrInvalid)
 	}
 	in := &Inbox{db: db, table: DefaultTable, retention: DefaultRetention, sweepBatch: DefaultSweepBatch}
 	for _, o := range opts {
@@ -175,13 +175,13 @@ func New(db DB, opts ...Option) (*Inbox, error) {
 	}
 	switch {
 	case in.table == "" || len(in.table) > maxTableName || strings.IndexByte(in.table, 0) >= 0:
-		return nil, fmt.Errorf("%w: inbox: table name %q must be 1-%d bytes without NUL", store.ErrInvalid, in.table, maxTableName)
+		return nil, fmt.Errorf("idemkey/store/postgres/inbox: %w: table name %q must be 1-%d bytes without NUL", store.ErrInvalid, in.table, maxTableName)
 	case len(in.schema) > 63 || strings.IndexByte(in.schema, 0) >= 0:
-		return nil, fmt.Errorf("%w: inbox: schema name %q must be at most 63 bytes without NUL", store.ErrInvalid, in.schema)
+		return nil, fmt.Errorf("idemkey/store/postgres/inbox: %w: schema name %q must be at most 63 bytes without NUL", store.ErrInvalid, in.schema)
 	case in.retention < time.Millisecond:
-		return nil, fmt.Errorf("%w: inbox: retention %v must be at least 1ms", store.ErrInvalid, in.retention)
+		return nil, fmt.Errorf("idemkey/store/postgres/inbox: %w: retention %v must be at least 1ms", store.ErrInvalid, in.retention)
 	case in.sweepBatch <= 0:
-		return nil, fmt.Errorf("%w: inbox: sweep batch %d must be positive", store.ErrInvalid, in.sweepBatch)
+		return nil, fmt.Errorf("idemkey/store/postgres/inbox: %w: sweep batch %d must be positive", store.ErrInvalid, in.sweepBatch)
 	}
 	in.constraint = in.table + "_pkey"
 	if in.schema == "" {
@@ -218,11 +218,11 @@ AND processed_at < now() - $1::bigint * interval '1 millisecond'`
 func checkID(consumer, messageID string) error {
 	switch {
 	case consumer == "":
-		return fmt.Errorf("%w: inbox: empty consumer name", store.ErrInvalid)
+		return fmt.Errorf("idemkey/store/postgres/inbox: %w: empty consumer name", store.ErrInvalid)
 	case messageID == "":
-		return fmt.Errorf("%w: inbox: empty message id", store.ErrInvalid)
+		return fmt.Errorf("idemkey/store/postgres/inbox: %w: empty message id", store.ErrInvalid)
 	case len(consumer)+len(messageID) > MaxIDBytes:
-		return fmt.Errorf("%w: inbox: consumer and message id are %d bytes, over %d", store.ErrInvalid, len(consumer)+len(messageID), MaxIDBytes)
+		return fmt.Errorf("idemkey/store/postgres/inbox: %w: consumer and message id are %d bytes, over %d", store.ErrInvalid, len(consumer)+len(messageID), MaxIDBytes)
 	}
 	return nil
 }
@@ -265,7 +265,7 @@ func (in *Inbox) Process(ctx context.Context, consumer, messageID string, fn fun
 		return 0, err
 	}
 	if fn == nil {
-		return 0, fmt.Errorf("%w: inbox: nil handler", store.ErrInvalid)
+		return 0, fmt.Errorf("idemkey/store/postgres/inbox: %w: nil handler", store.ErrInvalid)
 	}
 	tx, err := in.db.Begin(ctx)
 	if err != nil {

@@ -166,7 +166,7 @@ func WithLogger(l *slog.Logger) Option { return func(o *Outbox) { o.logger = l }
 // non-positive batch size, poll interval or retry delay).
 func New(db DB, opts ...Option) (*Outbox, error) {
 	if db == nil {
-		return nil, fmt.Errorf("%w: outbox: nil DB", store.ErrInvalid)
+		return nil, fmt.Errorf("idemkey/store/postgres/outbox: %w: nil DB", store.ErrInvalid)
 	}
 	o := &Outbox{db: db, table: DefaultTable, batch: DefaultBatchSize, poll: DefaultPollInterval, retry: DefaultRetryDelay}
 	for _, opt := range opts {
@@ -174,11 +174,11 @@ func New(db DB, opts ...Option) (*Outbox, error) {
 	}
 	switch {
 	case o.table == "" || len(o.table) > maxTableName || strings.IndexByte(o.table, 0) >= 0:
-		return nil, fmt.Errorf("%w: outbox: table name %q must be 1-%d bytes without NUL", store.ErrInvalid, o.table, maxTableName)
+		return nil, fmt.Errorf("idemkey/store/postgres/outbox: %w: table name %q must be 1-%d bytes without NUL", store.ErrInvalid, o.table, maxTableName)
 	case len(o.schema) > 63 || strings.IndexByte(o.schema, 0) >= 0:
-		return nil, fmt.Errorf("%w: outbox: schema name %q must be at most 63 bytes without NUL", store.ErrInvalid, o.schema)
+		return nil, fmt.Errorf("idemkey/store/postgres/outbox: %w: schema name %q must be at most 63 bytes without NUL", store.ErrInvalid, o.schema)
 	case o.batch <= 0 || o.poll <= 0 || o.retry <= 0:
-		return nil, fmt.Errorf("%w: outbox: batch size %d, poll interval %v and retry delay %v must be positive", store.ErrInvalid, o.batch, o.poll, o.retry)
+		return nil, fmt.Errorf("idemkey/store/postgres/outbox: %w: batch size %d, poll interval %v and retry delay %v must be positive", store.ErrInvalid, o.batch, o.poll, o.retry)
 	}
 	if o.logger == nil {
 		o.logger = slog.Default()
@@ -204,9 +204,9 @@ func (o *Outbox) Table() string { return o.qualified }
 func (o *Outbox) Enqueue(ctx context.Context, q postgres.Querier, m Message) (enqueued bool, err error) {
 	switch {
 	case m.ID == "" || len(m.ID) > MaxIDBytes || !utf8.ValidString(m.ID) || strings.IndexByte(m.ID, 0) >= 0:
-		return false, fmt.Errorf("%w: outbox: message id must be 1-%d bytes of UTF-8 without NUL", store.ErrInvalid, MaxIDBytes)
+		return false, fmt.Errorf("idemkey/store/postgres/outbox: %w: message id must be 1-%d bytes of UTF-8 without NUL", store.ErrInvalid, MaxIDBytes)
 	case m.Topic == "" || !utf8.ValidString(m.Topic) || strings.IndexByte(m.Topic, 0) >= 0:
-		return false, fmt.Errorf("%w: outbox: message %q: topic must be non-empty UTF-8 without NUL", store.ErrInvalid, m.ID)
+		return false, fmt.Errorf("idemkey/store/postgres/outbox: %w: message %q: topic must be non-empty UTF-8 without NUL", store.ErrInvalid, m.ID)
 	}
 	payload := m.Payload
 	if payload == nil {
@@ -229,7 +229,7 @@ func (o *Outbox) Enqueue(ctx context.Context, q postgres.Querier, m Message) (en
 // are published again.
 func (o *Outbox) RelayBatch(ctx context.Context, publish PublishFunc) (int, error) {
 	if publish == nil {
-		return 0, fmt.Errorf("%w: outbox: nil publish func", store.ErrInvalid)
+		return 0, fmt.Errorf("idemkey/store/postgres/outbox: %w: nil publish func", store.ErrInvalid)
 	}
 	tx, err := o.db.Begin(ctx)
 	if err != nil {
@@ -296,7 +296,7 @@ func (o *Outbox) lockBatch(ctx context.Context, tx pgx.Tx) ([]Message, []int64, 
 // Run one or more per outbox, in one or more processes.
 func (o *Outbox) Relay(ctx context.Context, publish PublishFunc) error {
 	if publish == nil {
-		return fmt.Errorf("%w: outbox: nil publish func", store.ErrInvalid)
+		return fmt.Errorf("idemkey/store/postgres/outbox: %w: nil publish func", store.ErrInvalid)
 	}
 	for {
 		n, err := o.RelayBatch(ctx, publish)
