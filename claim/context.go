@@ -40,13 +40,13 @@ type Claim struct {
 // ErrNoClaim is returned by MarkCompleted when the context carries no claim: the
 // request was not protected, passed through without a key, ran unprotected
 // (fail open), or its execution has already returned.
-var ErrNoClaim = errors.New("idemkey: no idempotency claim in the context")
+var ErrNoClaim = errors.New("idemkey/claim: no idempotency claim in the context")
 
 // ErrOneTx is returned by MarkCompleted in the one-transaction mode (TxStore):
 // the record commits with the execution's own transaction when it returns, so
 // there is nothing for the caller to complete, and a record it completed in
 // another transaction would not be the one the mode commits.
-var ErrOneTx = errors.New("idemkey: MarkCompleted in the one-transaction mode: the record commits with the execution's transaction")
+var ErrOneTx = errors.New("idemkey/claim: MarkCompleted in the one-transaction mode: the record commits with the execution's transaction")
 
 type ctxKey struct{}
 

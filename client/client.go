@@ -73,11 +73,11 @@ const (
 // (WithMaxBufferedBody) and so could not be sent again. Give such a request a
 // GetBody (http.NewRequest does for a *bytes.Reader, *bytes.Buffer or
 // *strings.Reader body) to have it retried.
-var ErrBodyNotRetried = errors.New("client: not retried: the request body has no GetBody and is over the buffered-body limit")
+var ErrBodyNotRetried = errors.New("idemkey/client: not retried: the request body has no GetBody and is over the buffered-body limit")
 
 // errRewind wraps a failure of the request's GetBody: the body cannot be sent
 // again, so the request is not retried.
-var errRewind = errors.New("client: rewinding the request body")
+var errRewind = errors.New("idemkey/client: rewinding the request body")
 
 // drainLimit is how much of a retried response's body is read so its
 // connection can be reused.
@@ -179,20 +179,20 @@ func New(opts ...Option) (*Transport, error) {
 	}
 	switch {
 	case t.base == nil:
-		return nil, errors.New("client: nil base transport")
+		return nil, errors.New("idemkey/client: nil base transport")
 	case !httpfield.ValidName(t.keyHeader):
 		// Every request would fail in the base transport instead.
-		return nil, fmt.Errorf("client: key header name %q is not a token (RFC 9110 section 5.1)", t.keyHeader)
+		return nil, fmt.Errorf("idemkey/client: key header name %q is not a token (RFC 9110 section 5.1)", t.keyHeader)
 	case t.maxAttempts < 1:
-		return nil, fmt.Errorf("client: %d attempts, want at least 1", t.maxAttempts)
+		return nil, fmt.Errorf("idemkey/client: %d attempts, want at least 1", t.maxAttempts)
 	case t.baseDelay <= 0 || t.maxDelay < t.baseDelay:
-		return nil, fmt.Errorf("client: back-off base %v and max %v, want 0 < base <= max", t.baseDelay, t.maxDelay)
+		return nil, fmt.Errorf("idemkey/client: back-off base %v and max %v, want 0 < base <= max", t.baseDelay, t.maxDelay)
 	case t.attemptTimeout < 0:
-		return nil, fmt.Errorf("client: negative attempt timeout %v", t.attemptTimeout)
+		return nil, fmt.Errorf("idemkey/client: negative attempt timeout %v", t.attemptTimeout)
 	case t.maxBuffered < 0:
-		return nil, fmt.Errorf("client: negative buffered-body limit %d", t.maxBuffered)
+		return nil, fmt.Errorf("idemkey/client: negative buffered-body limit %d", t.maxBuffered)
 	case t.newKey == nil:
-		return nil, errors.New("client: nil key func")
+		return nil, errors.New("idemkey/client: nil key func")
 	}
 	return t, nil
 }
@@ -224,14 +224,14 @@ func NewKey() string {
 // byte outside printable ASCII (RFC 8941 section 3.3.3).
 func keyField(key string) (string, error) {
 	if key == "" || len(key) > store.MaxKeyLen || strings.Trim(key, " ") == "" {
-		return "", fmt.Errorf("client: the key func returned %d bytes, want 1 to %d that are not all spaces", len(key), store.MaxKeyLen)
+		return "", fmt.Errorf("idemkey/client: the key func returned %d bytes, want 1 to %d that are not all spaces", len(key), store.MaxKeyLen)
 	}
 	b := make([]byte, 0, len(key)+2)
 	b = append(b, '"')
 	for i := 0; i < len(key); i++ {
 		switch c := key[i]; {
 		case c < 0x20 || c > 0x7e:
-			return "", fmt.Errorf("client: the key func returned byte %#x at %d, want printable ASCII", c, i)
+			return "", fmt.Errorf("idemkey/client: the key func returned byte %#x at %d, want printable ASCII", c, i)
 		case c == '"' || c == '\\':
 			b = append(b, '\\', c)
 		default:
@@ -293,7 +293,7 @@ func wrap(err error, attempts int) error {
 	if err == nil {
 		return nil
 	}
-	return fmt.Errorf("client: %d attempt(s): %w", attempts, err)
+	return fmt.Errorf("idemkey/client: %d attempt(s): %w", attempts, err)
 }
 
 // try sends one attempt: a clone of req with header and a fresh body.
@@ -406,7 +406,7 @@ func bodySource(req *http.Request, limit int64) (_ func() (io.ReadCloser, error)
 	b, err := io.ReadAll(io.LimitReader(req.Body, limit+1))
 	if err != nil {
 		req.Body.Close()
-		return nil, false, fmt.Errorf("client: reading the request body: %w", err)
+		return nil, false, fmt.Errorf("idemkey/client: reading the request body: %w", err)
 	}
 	if int64(len(b)) > limit {
 		rest := struct {

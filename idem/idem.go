@@ -11,7 +11,7 @@
 //	repeat while fn still runs   *InFlightError (errors.Is ErrInFlight), RetryAfter = remaining lease
 //	repeat, other fingerprint    *MismatchError (errors.Is ErrMismatch); the record is untouched
 //	fn returns an error          released by default (the next call runs fn again);
-//	                             a release policy may record it instead: *FailedError on repeats
+//	                             a release rule may record it instead: *FailedError on repeats
 //	fn panics                    released, then the panic goes on
 //	holder died (lease expired)  the next call takes over and runs fn once more
 //
@@ -21,7 +21,7 @@
 // fn's result was not stored and the caller must not treat it as the key's.
 //
 // A Runner writes records with status 200 (fn's result) or 500 (a failure the
-// release policy chose to keep, the error's text as body). Give function calls a
+// release rule chose to keep, the error's text as body). Give function calls a
 // scope of their own: a record the HTTP middleware wrote under the same scope and
 // key is reported as corrupt (store.ErrCorrupt), not replayed.
 //
@@ -58,7 +58,7 @@ var (
 	ErrInFlight = errors.New("idemkey/idem: call in flight")
 	// ErrMismatch: the key was used with another fingerprint.
 	ErrMismatch = errors.New("idemkey/idem: key reused with a different fingerprint")
-	// ErrFailed: the key's first call failed and the release policy recorded
+	// ErrFailed: the key's first call failed and the release rule recorded
 	// the failure instead of releasing the key.
 	ErrFailed = errors.New("idemkey/idem: recorded failure")
 )
@@ -91,7 +91,7 @@ func (e *MismatchError) Error() string {
 func (e *MismatchError) Is(target error) bool { return target == ErrMismatch }
 
 // FailedError is what a repeat gets when the first call's error was recorded
-// (the release policy returned false for it). Message is that error's text.
+// (the release rule returned false for it). Message is that error's text.
 type FailedError struct {
 	ID      store.ID
 	Message string
@@ -182,7 +182,7 @@ func WithStoreFailure(s policy.StoreFailureRule) Option {
 
 // WithRelease decides, for an error fn returned, whether the key is released
 // (true: the next call runs fn again) or the failure is recorded and returned
-// to repeats as *FailedError (false). nil: DefaultReleasePolicy.
+// to repeats as *FailedError (false). nil: DefaultRelease.
 func WithRelease(release func(err error) bool) Option {
 	return func(c *config) { c.release = release }
 }
@@ -195,9 +195,9 @@ func WithClock(clk claim.Clock) Option { return func(c *config) { c.clock = clk 
 // slog.Default()).
 func WithLogger(l *slog.Logger) Option { return func(c *config) { c.logger = l } }
 
-// DefaultReleasePolicy releases the key on every error: a failed call is retried
+// DefaultRelease releases the key on every error: a failed call is retried
 // by the next one.
-func DefaultReleasePolicy(error) bool { return true }
+func DefaultRelease(error) bool { return true }
 
 // New returns a Runner over st. A nil store, or a policy value out of range
 // (policy.Config.Validate: a lease under claim.MinLease, a retention shorter than
@@ -216,7 +216,7 @@ func New(st store.Store, opts ...Option) (*Runner, error) {
 	p := c.pol.WithDefaults()
 	r := &Runner{retention: p.Retention.Default, release: c.release, logger: cmp.Or(c.logger, slog.Default())}
 	if r.release == nil {
-		r.release = DefaultReleasePolicy
+		r.release = DefaultRelease
 	}
 	cl, err := claim.New(claim.Config{Store: st, Lease: p.Lease, Retention: p.Retention.Default, MaxRetention: p.Retention.Max,
 		Timeouts: p.StoreFailure.Timeouts, Clock: c.clock, Logger: r.logger})
@@ -260,7 +260,7 @@ func (r *Runner) Do(ctx context.Context, id store.ID, fp store.Fingerprint, fn F
 // (store/postgres TxFromContext on fn's context) and the result commit once, or
 // not at all. The store must hold claims in transactions (claim.TxStore:
 // store/postgres Store.OneTx); otherwise an error wrapping store.ErrInvalid and
-// fn does not run. An error fn returns that the release policy releases rolls
+// fn does not run. An error fn returns that the release rule releases rolls
 // the transaction back. Errors as Do's, and when the commit failed (fn's
 // statements did not commit, or may not have) the store's error, wrapping
 // claim.ErrTxEnded when fn ended or left the transaction itself.
@@ -275,7 +275,7 @@ func (r *Runner) HoldsTx() bool { return r.claimer.HoldsTx() }
 
 func (r *Runner) do(ctx context.Context, id store.ID, fp store.Fingerprint, fn Func, inTx bool) (Result, error) {
 	if fn == nil {
-		return Result{}, fmt.Errorf("%w: idem: nil fn", store.ErrInvalid)
+		return Result{}, fmt.Errorf("idemkey/idem: %w: nil fn", store.ErrInvalid)
 	}
 	var res store.ClaimResult
 	var tx claim.Tx

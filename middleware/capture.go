@@ -115,7 +115,7 @@ func (c *execution) commit(code int) {
 func (c *execution) Header() http.Header { return c.w.Header() }
 
 // WriteHeader passes code on; the first final (non-1xx) status is the one stored.
-// A status the claim will be released for (the release policy) is held back with
+// A status the claim will be released for (the release rule) is held back with
 // its body until the claim is released, so a client that gets it and retries at
 // once never meets the dead claim (409); a 101 releases before it is sent.
 func (c *execution) WriteHeader(code int) {

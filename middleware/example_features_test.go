@@ -147,7 +147,7 @@ func ExampleWithRecordRetention() {
 func ExampleWithRelease() {
 	status := http.StatusBadGateway
 	m, _ := middleware.New(memory.New(), middleware.GlobalScope, middleware.WithRelease(middleware.ReleaseRule{
-		Status:        func(s int) bool { return s != http.StatusBadGateway && middleware.DefaultReleasePolicy(s) },
+		Status:        func(s int) bool { return s != http.StatusBadGateway && middleware.DefaultRelease(s) },
 		StoreUnrouted: true,
 	}))
 	runs := 0

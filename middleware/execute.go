@@ -68,7 +68,7 @@ func (m *Middleware) execute(x *execution, r *http.Request, next http.Handler, c
 }
 
 // outcome decides, once the handler returned, whether its response is stored
-// or the claim released: released for a status the release policy names, a
+// or the claim released: released for a status the release rule names, a
 // hijacked connection or a 101, a response known to be cut short, or the
 // router's own answer (Unrouted).
 func (m *Middleware) outcome(x *execution, r *http.Request, next http.Handler) claim.Outcome {

@@ -667,7 +667,7 @@ func (s *syncWriter) Write(p []byte) (int, error) {
 }
 
 // Rows: release on 5xx, 408, 409, 425, 429; store 2xx, 3xx, other 4xx.
-func TestReleaseAndStorePolicy(t *testing.T) {
+func TestReleaseAndStoreRule(t *testing.T) {
 	for _, tt := range []struct {
 		status  int
 		release bool
@@ -703,7 +703,7 @@ func TestReleaseAndStorePolicy(t *testing.T) {
 	}
 }
 
-func TestReleasePolicyOption(t *testing.T) {
+func TestReleaseOption(t *testing.T) {
 	e := newEnv(t, func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(404) },
 		WithRelease(ReleaseRule{Status: func(status int) bool { return status == 404 }}))
 	e.do(req("POST", "/s", "k", "b"))
@@ -1430,7 +1430,7 @@ func TestConcurrentDuplicates(t *testing.T) {
 }
 
 // The router's own answers (no application route matched) do not consume the
-// key; a handler's own 404 does, as the release policy says.
+// key; a handler's own 404 does, as the release rule says.
 func TestUnroutedReleases(t *testing.T) {
 	newMux := func() *http.ServeMux {
 		mux := http.NewServeMux()

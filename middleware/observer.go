@@ -29,7 +29,7 @@ const (
 	BodyUnreadable
 	// Executed: the claim was won, the handler ran and its response was stored.
 	Executed
-	// Released: the handler ran and the claim was released (release policy,
+	// Released: the handler ran and the claim was released (release rule,
 	// panic, hijack, or an incomplete response: see the package doc), so the
 	// next retry runs it again.
 	Released

@@ -81,7 +81,7 @@ func defaultConfig() config {
 		route:           defaultRoute,
 		replayedHeader:  DefaultReplayedHeader,
 		omittedHeader:   DefaultOmittedHeader,
-		release:         DefaultReleasePolicy,
+		release:         DefaultRelease,
 		releaseUnrouted: true,
 		clock:           claim.RealClock{},
 	}
@@ -129,11 +129,11 @@ func (c *config) validate() error {
 	return nil
 }
 
-// DefaultReleasePolicy releases the claim (the next retry runs the handler again)
+// DefaultRelease releases the claim (the next retry runs the handler again)
 // for 5xx, 408 Request Timeout, 409 Conflict, 425 Too Early and 429 Too Many
 // Requests: answers that say "try again" rather than "this is the result".
 // Everything else is stored and replayed (docs/architecture.md section 3).
-func DefaultReleasePolicy(status int) bool {
+func DefaultRelease(status int) bool {
 	switch status {
 	case http.StatusRequestTimeout, http.StatusConflict, http.StatusTooEarly, http.StatusTooManyRequests:
 		return true

@@ -141,7 +141,7 @@ func WithReplay(p ReplayRule) Option {
 // doc), always release.
 type ReleaseRule struct {
 	// Status reports whether a handler's status releases the claim. nil:
-	// DefaultReleasePolicy.
+	// DefaultRelease.
 	Status func(status int) bool
 	// StoreUnrouted stores and replays a response no application route produced
 	// (a ServeMux's own 404 or 405, or anything wrapped with Unrouted) like a
@@ -156,7 +156,7 @@ func WithRelease(r ReleaseRule) Option {
 	return func(c *config) {
 		c.release, c.releaseUnrouted = r.Status, !r.StoreUnrouted
 		if c.release == nil {
-			c.release = DefaultReleasePolicy
+			c.release = DefaultRelease
 		}
 	}
 }

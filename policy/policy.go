@@ -131,20 +131,20 @@ func (c Config) Validate() error {
 		{"StoreFailure.Timeouts.Release", t.Release}, {"StoreFailure.Timeouts.Renew", t.Renew},
 	} {
 		if f.v < 0 {
-			return fmt.Errorf("policy: %s %v must not be negative", f.name, f.v)
+			return fmt.Errorf("idemkey/policy: %s %v must not be negative", f.name, f.v)
 		}
 	}
 	switch {
 	case !httpfield.ValidName(d.Key.Header):
-		return fmt.Errorf("policy: Key.Header %q is not an RFC 9110 token (section 5.1)", c.Key.Header)
+		return fmt.Errorf("idemkey/policy: Key.Header %q is not an RFC 9110 token (section 5.1)", c.Key.Header)
 	case d.Lease < claim.MinLease:
-		return fmt.Errorf("policy: Lease %v under the minimum %v (it is renewed every third of it)", c.Lease, claim.MinLease)
+		return fmt.Errorf("idemkey/policy: Lease %v under the minimum %v (it is renewed every third of it)", c.Lease, claim.MinLease)
 	case d.Retention.Default < d.Lease:
-		return fmt.Errorf("policy: Retention.Default %v shorter than the lease %v", d.Retention.Default, d.Lease)
+		return fmt.Errorf("idemkey/policy: Retention.Default %v shorter than the lease %v", d.Retention.Default, d.Lease)
 	case d.Retention.Max != 0 && d.Retention.Max < d.Retention.Default:
-		return fmt.Errorf("policy: Retention.Max %v shorter than Retention.Default %v", d.Retention.Max, d.Retention.Default)
+		return fmt.Errorf("idemkey/policy: Retention.Max %v shorter than Retention.Default %v", d.Retention.Max, d.Retention.Default)
 	case t.Renew > d.Lease:
-		return fmt.Errorf("policy: StoreFailure.Timeouts.Renew %v longer than the lease %v (a renewal that slow cannot hold it)", t.Renew, d.Lease)
+		return fmt.Errorf("idemkey/policy: StoreFailure.Timeouts.Renew %v longer than the lease %v (a renewal that slow cannot hold it)", t.Renew, d.Lease)
 	}
 	return nil
 }

@@ -175,11 +175,11 @@ func idemStore(subject string, cfg serveConfig) store.Store {
 	case "memory":
 		return memory.New(memory.WithMaxBytes(1 << 40)) // first keeps every key of a run
 	case "redis":
-		return redis.New(rc(), redis.WithPrefix(cfg.prefix))
+		return mustRedis(rc(), cfg.prefix)
 	case "postgres":
 		return pg()
 	case "tiered":
-		s, err := tiered.New(redis.New(rc(), redis.WithPrefix(cfg.prefix)), pg())
+		s, err := tiered.New(mustRedis(rc(), cfg.prefix), pg())
 		if err != nil {
 			log.Fatal(err)
 		}
@@ -232,4 +232,13 @@ func serveFiber(subject string, cfg serveConfig, ln net.Listener) {
 	if err := app.Listener(ln); err != nil {
 		log.Fatal(err)
 	}
+}
+
+// mustRedis is the Redis store on c with prefix; a bad prefix ends the program.
+func mustRedis(c goredis.UniversalClient, prefix string) *redis.Store {
+	s, err := redis.New(c, redis.WithPrefix(prefix))
+	if err != nil {
+		log.Fatal(err)
+	}
+	return s
 }

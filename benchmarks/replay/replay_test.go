@@ -26,8 +26,11 @@ func BenchmarkReplay(b *testing.B) {
 	rdb := redistest.Shared(b) // REDIS_URL
 	newPG := func(b *testing.B) *pgstore.Store { return postgresStore(b, pool) }
 	newRedis := func(b *testing.B) *redis.Store {
-		rs := redis.New(rdb, redis.WithPrefix(redistest.Prefix(b, rdb)))
-		b.Cleanup(rs.StopSubscriber)
+		rs, err := redis.New(rdb, redis.WithPrefix(redistest.Prefix(b, rdb)))
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(rs.StopWaiters)
 		return rs
 	}
 	for _, tc := range []struct {
@@ -113,6 +116,6 @@ func postgresStore(b *testing.B, pool *pgxpool.Pool) *pgstore.Store {
 	if err != nil {
 		b.Fatal(err)
 	}
-	b.Cleanup(s.StopListener)
+	b.Cleanup(s.StopWaiters)
 	return s
 }

@@ -92,9 +92,17 @@ func sides(b *testing.B) []*side {
 				c.Del(ctx, it.Val())
 			}
 		})
-		out = append(out, &side{name: "redis", s: redis.New(c, redis.WithPrefix(prefix))})
+		rs, err := redis.New(c, redis.WithPrefix(prefix))
+		if err != nil {
+			b.Fatal(err)
+		}
+		out = append(out, &side{name: "redis", s: rs})
 		if admin != nil { // Redis in front of a Postgres store of its own
-			ts, err := tiered.New(redis.New(c, redis.WithPrefix(prefix+"tiered:")), pgStore(b, admin, admin))
+			fast, err := redis.New(c, redis.WithPrefix(prefix+"tiered:"))
+			if err != nil {
+				b.Fatal(err)
+			}
+			ts, err := tiered.New(fast, pgStore(b, admin, admin))
 			if err != nil {
 				b.Fatal(err)
 			}

@@ -342,7 +342,11 @@ func open(ctx context.Context, cfg config) (*stores, error) {
 		}
 		o.ContextTimeoutEnabled = true
 		client := goredis.NewClient(o)
-		st.cache = redis.New(client, redis.WithPrefix(cfg.prefix))
+		if st.cache, err = redis.New(client, redis.WithPrefix(cfg.prefix)); err != nil {
+			_ = client.Close()
+			st.close()
+			return nil, err
+		}
 		st.in = st.cache
 		closePG := st.close
 		st.close = func() { _ = client.Close(); closePG() }

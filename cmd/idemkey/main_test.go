@@ -130,12 +130,19 @@ func backends(t *testing.T) []backend {
 	pg, pgEnv, pgFlags := postgresBackend(t)
 	c := redistest.Shared(t)
 	prefix := redistest.Prefix(t, c)
-	rs := redis.New(c, redis.WithPrefix(prefix))
+	rs, err := redis.New(c, redis.WithPrefix(prefix))
+	if err != nil {
+		t.Fatal(err)
+	}
 	redisEnv := []string{"REDIS_URL=" + mustEnv(t, "REDIS_URL"), "IDEM_REDIS_PREFIX=" + prefix}
 
 	tpg, tpgEnv, tpgFlags := postgresBackend(t)
 	tprefix := redistest.Prefix(t, c)
-	ts, err := tiered.New(redis.New(c, redis.WithPrefix(tprefix)), tpg)
+	fast, err := redis.New(c, redis.WithPrefix(tprefix))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ts, err := tiered.New(fast, tpg)
 	if err != nil {
 		t.Fatal(err)
 	}

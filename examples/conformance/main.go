@@ -111,7 +111,8 @@ func newStore(ctx context.Context, env setup.Env, conns *setup.Conns, logger *sl
 	case "memory":
 		return memory.New(memory.WithMaxBytes(env.MemoryMaxBytes)), nil, nil
 	case "redis":
-		return redis.New(conns.Redis, redis.WithPrefix(env.RedisPrefix)), forgetRedis(conns.Redis, env.RedisPrefix), nil
+		rs, err := redis.New(conns.Redis, redis.WithPrefix(env.RedisPrefix))
+		return rs, forgetRedis(conns.Redis, env.RedisPrefix), err
 	case "mysql":
 		st, err := setup.MySQLStore(ctx, env, conns, logger)
 		if err != nil {
@@ -137,7 +138,11 @@ func newStore(ctx context.Context, env setup.Env, conns *setup.Conns, logger *sl
 	if env.Store == "postgres" {
 		return pg, forget, nil
 	}
-	ts, err := tiered.New(redis.New(conns.Redis, redis.WithPrefix(env.RedisPrefix)), pg, tiered.WithLogger(logger))
+	fast, err := redis.New(conns.Redis, redis.WithPrefix(env.RedisPrefix))
+	if err != nil {
+		return nil, nil, err
+	}
+	ts, err := tiered.New(fast, pg, tiered.WithLogger(logger))
 	if err != nil {
 		return nil, nil, fmt.Errorf("tiered store: %w", err)
 	}

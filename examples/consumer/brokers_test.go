@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"math/rand/v2"
 	"os"
@@ -20,32 +19,36 @@ import (
 	"github.com/idemkey/idemkey/store"
 )
 
-// need runs check, the connection to a server: one that does not answer fails
-// the test with CI=true and skips it otherwise.
-func need(t testing.TB, what string, check func() error) {
+// serverURL returns the environment variable name, the address of a server the
+// test needs (what); without it the test fails under CI=true and is skipped
+// otherwise, naming the variable.
+func serverURL(t testing.TB, name, what string) string {
+	t.Helper()
+	u := os.Getenv(name)
+	if u == "" {
+		if os.Getenv("CI") == "true" {
+			t.Fatalf("%s is not set; CI=true requires %s", name, what)
+		}
+		t.Skipf("%s is not set; set it to run the tests against %s", name, what)
+	}
+	return u
+}
+
+// need runs check, the connection to the server at the variable name: one that
+// does not answer fails the test with CI=true and skips it otherwise.
+func need(t testing.TB, name string, check func() error) {
 	t.Helper()
 	if err := check(); err != nil {
 		if os.Getenv("CI") == "true" {
-			t.Fatalf("%s unreachable; CI=true requires it: %v", what, err)
+			t.Fatalf("%s=%s unreachable; CI=true requires it: %v", name, os.Getenv(name), err)
 		}
-		t.Skipf("%s unreachable, skipping: %v", what, err)
+		t.Skipf("%s=%s unreachable, skipping: %v", name, os.Getenv(name), err)
 	}
-}
-
-func envOr(name, def string) string {
-	if v := os.Getenv(name); v != "" {
-		return v
-	}
-	return def
 }
 
 func databaseURL(t testing.TB) string {
 	t.Helper()
-	u := os.Getenv("DATABASE_URL")
-	if u == "" {
-		need(t, "Postgres", func() error { return errors.New("DATABASE_URL is not set") })
-	}
-	return u
+	return serverURL(t, "DATABASE_URL", "a Postgres server")
 }
 
 // testBroker is one broker under test with names of its own (stream, durable
@@ -90,9 +93,9 @@ type natsBroker struct {
 
 func newNATS(t testing.TB) *natsBroker {
 	t.Helper()
-	url := envOr("NATS_URL", "nats://127.0.0.1:4222")
+	url := serverURL(t, "NATS_URL", "a NATS server with JetStream")
 	var nc *nats.Conn
-	need(t, "NATS at "+url, func() (err error) { nc, err = nats.Connect(url); return err })
+	need(t, "NATS_URL", func() (err error) { nc, err = nats.Connect(url); return err })
 	t.Cleanup(nc.Close)
 	js, err := jetstream.New(nc)
 	if err != nil {
@@ -169,9 +172,9 @@ type rabbitBroker struct {
 
 func newRabbit(t testing.TB) *rabbitBroker {
 	t.Helper()
-	url := envOr("AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/")
+	url := serverURL(t, "AMQP_URL", "a RabbitMQ server")
 	var conn *amqp.Connection
-	need(t, "RabbitMQ", func() (err error) { conn, err = amqp.Dial(url); return err })
+	need(t, "AMQP_URL", func() (err error) { conn, err = amqp.Dial(url); return err })
 	t.Cleanup(func() { _ = conn.Close() })
 	ch, err := conn.Channel()
 	if err != nil {

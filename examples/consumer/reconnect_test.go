@@ -4,6 +4,7 @@ import (
 	"context"
 	"log/slog"
 	"net/url"
+	"os"
 	"strings"
 	"sync"
 	"testing"
@@ -63,11 +64,11 @@ func (l *logRecorder) wait(t *testing.T, prefix string, done <-chan error) {
 	}
 }
 
-// viaProxy returns rawURL (the broker's URL, default def) with its host
-// replaced by a proxy's, and the proxy.
-func viaProxy(t *testing.T, name, def string) (string, *proxy) {
+// viaProxy returns the broker's URL (the variable name, which newRabbit or
+// newNATS required) with its host replaced by a proxy's, and the proxy.
+func viaProxy(t *testing.T, name string) (string, *proxy) {
 	t.Helper()
-	u, err := url.Parse(envOr(name, def))
+	u, err := url.Parse(os.Getenv(name))
 	if err != nil {
 		t.Fatalf("%s: %v", name, err)
 	}
@@ -146,7 +147,7 @@ func outageCase(t *testing.T, b testBroker, brokerURL string, p *proxy, lost, re
 // the consumer logs the loss, reconnects with back-off, and consumes again.
 func TestRabbitMQReconnects(t *testing.T) {
 	b := newRabbit(t)
-	u, p := viaProxy(t, "AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/")
+	u, p := viaProxy(t, "AMQP_URL")
 	outageCase(t, b, "AMQP_URL="+u, p, "lost the RabbitMQ connection", "RabbitMQ connection restored")
 }
 
@@ -155,6 +156,6 @@ func TestRabbitMQReconnects(t *testing.T) {
 // again.
 func TestNATSOutageLogged(t *testing.T) {
 	b := newNATS(t)
-	u, p := viaProxy(t, "NATS_URL", "nats://127.0.0.1:4222")
+	u, p := viaProxy(t, "NATS_URL")
 	outageCase(t, b, "NATS_URL="+u, p, "lost the NATS connection", "NATS connection restored")
 }

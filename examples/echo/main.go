@@ -113,8 +113,11 @@ func newStore(ctx context.Context, env setup.Env, conns *setup.Conns, logger *sl
 	case "memory":
 		return memory.New(memory.WithMaxBytes(env.MemoryMaxBytes)), nil, nil
 	case "redis":
-		rs := redis.New(conns.Redis, redis.WithPrefix(env.RedisPrefix), redis.WithLogger(logger))
-		conns.OnClose(rs.StopSubscriber) // the waiters' subscription (IDEM_WAIT)
+		rs, err := redis.New(conns.Redis, redis.WithPrefix(env.RedisPrefix), redis.WithLogger(logger))
+		if err != nil {
+			return nil, nil, err
+		}
+		conns.OnClose(rs.StopWaiters) // the waiters' subscription (IDEM_WAIT)
 		return rs, nil, nil
 	case "mysql":
 		ms, err := setup.MySQLStore(ctx, env, conns, logger)
@@ -137,13 +140,16 @@ func newStore(ctx context.Context, env setup.Env, conns *setup.Conns, logger *sl
 		return nil, nil, fmt.Errorf("postgres store: %w", err)
 	}
 	conns.OnClose(pg.StartSweeper(context.Background(), time.Minute))
-	conns.OnClose(pg.StopListener) // the waiters' connection (IDEM_WAIT)
+	conns.OnClose(pg.StopWaiters) // the waiters' connection (IDEM_WAIT)
 	stats := []idemprom.CollectorOption{idemprom.WithClaimRetries(func() int64 { return pg.Stats().ClaimRetries })}
 	if env.Store == "postgres" {
 		return pg, stats, nil
 	}
-	fast := redis.New(conns.Redis, redis.WithPrefix(env.RedisPrefix), redis.WithLogger(logger))
-	conns.OnClose(fast.StopSubscriber)
+	fast, err := redis.New(conns.Redis, redis.WithPrefix(env.RedisPrefix), redis.WithLogger(logger))
+	if err != nil {
+		return nil, nil, err
+	}
+	conns.OnClose(fast.StopWaiters)
 	ts, err := tiered.New(fast, pg, tiered.WithLogger(logger))
 	if err != nil {
 		return nil, nil, fmt.Errorf("tiered store: %w", err)

@@ -224,7 +224,7 @@ func testMismatchInFlight(t *testing.T, s *suite) {
 	}
 }
 
-var errTransient = errors.New("idemtest: transient failure")
+var errTransient = errors.New("idemkey/idem/idemtest: transient failure")
 
 func testErrorReleases(t *testing.T, s *suite) {
 	r := s.runner(t, s.st, longLease)
@@ -241,7 +241,7 @@ func testErrorReleases(t *testing.T, s *suite) {
 	expectReplay(t, r, s.ctx, id, "second")
 }
 
-var errPermanent = errors.New("idemtest: permanent failure")
+var errPermanent = errors.New("idemkey/idem/idemtest: permanent failure")
 
 func testPolicyRecordsFailure(t *testing.T, s *suite) {
 	r := s.runner(t, s.st, longLease, idem.WithRelease(func(err error) bool { return !errors.Is(err, errPermanent) }))

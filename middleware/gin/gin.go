@@ -101,7 +101,7 @@ const noWritten = -1
 // wrote a body.
 var noRouteBody = map[int]string{http.StatusNotFound: "404 page not found", http.StatusMethodNotAllowed: "405 method not allowed"}
 
-var errHijackAfterBody = errors.New("idemgin: hijack after the response body was written")
+var errHijackAfterBody = errors.New("idemkey/middleware/gin: hijack after the response body was written")
 
 // responseWriter is gin's writer semantics over the middleware's writer.
 type responseWriter struct {

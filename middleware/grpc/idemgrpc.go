@@ -12,7 +12,7 @@
 // twin, listed in docs/grpc.md section 2: INVALID_ARGUMENT for a missing or
 // invalid key, FAILED_PRECONDITION for another request under the key, ABORTED
 // with RetryInfo for a call in flight, UNAVAILABLE with RetryInfo when the store
-// fails; a retryable code (DefaultReleasePolicy) or a panic releases the key.
+// fails; a retryable code (DefaultRelease) or a panic releases the key.
 //
 // ErrorInfo and RetryInfo are the google.rpc error details (package
 // google.golang.org/genproto/googleapis/rpc/errdetails), with the domain
@@ -149,7 +149,7 @@ func WithMethods(fullMethods ...string) Option {
 // middleware.Middleware.OneTx does a route: the claim, every statement the
 // handler runs in the transaction the store hands it (store/postgres
 // TxFromContext on the handler's context) and the stored answer commit once,
-// or not at all (idem.Runner.DoTx). An answer the release policy releases
+// or not at all (idem.Runner.DoTx). An answer the release rule releases
 // rolls the transaction back; when the commit fails (or the handler ended or
 // left the transaction itself) the client gets UNAVAILABLE, never the
 // handler's success for rows that did not commit. New fails when a method is
@@ -169,7 +169,7 @@ func WithOneTx(fullMethods ...string) Option {
 }
 
 // WithRelease sets which handler status codes release the key instead of being
-// stored and replayed (nil: DefaultReleasePolicy). OK is always stored.
+// stored and replayed (nil: DefaultRelease). OK is always stored.
 func WithRelease(release func(codes.Code) bool) Option {
 	return func(c *config) { c.release = release }
 }
@@ -177,14 +177,14 @@ func WithRelease(release func(codes.Code) bool) Option {
 // WithLogger sets the logger (nil: slog.Default()).
 func WithLogger(l *slog.Logger) Option { return func(c *config) { c.logger = l } }
 
-// DefaultReleasePolicy releases the key for the codes that say "try again" rather
+// DefaultRelease releases the key for the codes that say "try again" rather
 // than "this is the result", the gRPC twins of the statuses the HTTP middleware
 // releases (5xx, 408, 409, 429): UNKNOWN, DEADLINE_EXCEEDED, CANCELLED,
 // RESOURCE_EXHAUSTED, ABORTED, UNIMPLEMENTED, INTERNAL, UNAVAILABLE, DATA_LOSS.
 // INVALID_ARGUMENT, NOT_FOUND, ALREADY_EXISTS, PERMISSION_DENIED,
 // FAILED_PRECONDITION, OUT_OF_RANGE and UNAUTHENTICATED are stored and replayed,
 // as a 4xx is.
-func DefaultReleasePolicy(c codes.Code) bool {
+func DefaultRelease(c codes.Code) bool {
 	switch c {
 	case codes.InvalidArgument, codes.NotFound, codes.AlreadyExists, codes.PermissionDenied,
 		codes.FailedPrecondition, codes.OutOfRange, codes.Unauthenticated:
@@ -212,25 +212,25 @@ func New(st store.Store, scope ScopeFunc, opts ...Option) (*Interceptor, error) 
 	}
 	switch {
 	case st == nil:
-		return nil, errors.New("idemkey/grpc: nil store")
+		return nil, errors.New("idemkey/middleware/grpc: nil store")
 	case scope == nil:
-		return nil, errors.New("idemkey/grpc: nil scope function (use GlobalScope to share one key space)")
+		return nil, errors.New("idemkey/middleware/grpc: nil scope function (use GlobalScope to share one key space)")
 	}
 	if err := c.pol.Validate(); err != nil {
-		return nil, fmt.Errorf("idemkey/grpc: %w", err)
+		return nil, fmt.Errorf("idemkey/middleware/grpc: %w", err)
 	}
 	p := c.pol.WithDefaults()
 	c.keyMD, c.required, c.validate = strings.ToLower(p.Key.Header), !p.Key.Optional, p.Key.Validate
 	c.storeRetryAfter = p.StoreFailure.RetryAfter
 	if c.release == nil {
-		c.release = DefaultReleasePolicy
+		c.release = DefaultRelease
 	}
 	if c.logger == nil {
 		c.logger = slog.Default()
 	}
 	r, err := idem.New(st, idem.WithPolicy(c.pol), idem.WithLogger(c.logger))
 	if err != nil {
-		return nil, fmt.Errorf("idemkey/grpc: %w", err)
+		return nil, fmt.Errorf("idemkey/middleware/grpc: %w", err)
 	}
 	if err := c.checkOneTx(st, r); err != nil {
 		return nil, err
@@ -243,11 +243,11 @@ func New(st store.Store, scope ScopeFunc, opts ...Option) (*Interceptor, error) 
 // WithMethods leaves the method unprotected.
 func (c *config) checkOneTx(st store.Store, r *idem.Runner) error {
 	if len(c.oneTx) > 0 && !r.HoldsTx() {
-		return fmt.Errorf("idemkey/grpc: WithOneTx: the store (%T) holds no claim in a transaction (claim.TxStore; store/postgres Store.OneTx)", st)
+		return fmt.Errorf("idemkey/middleware/grpc: WithOneTx: the store (%T) holds no claim in a transaction (claim.TxStore; store/postgres Store.OneTx)", st)
 	}
 	for m := range c.oneTx {
 		if c.methods != nil && !c.methods[m] {
-			return fmt.Errorf("idemkey/grpc: WithOneTx names %s, which WithMethods leaves unprotected", m)
+			return fmt.Errorf("idemkey/middleware/grpc: WithOneTx names %s, which WithMethods leaves unprotected", m)
 		}
 	}
 	return nil
@@ -288,11 +288,11 @@ func (ic *Interceptor) intercept(ctx context.Context, req any, info *grpc.UnaryS
 	}
 	msg, ok := req.(proto.Message)
 	if !ok {
-		return nil, status.Errorf(codes.Internal, "idemkey/grpc: request of %s is a %T, not a proto.Message", info.FullMethod, req)
+		return nil, status.Errorf(codes.Internal, "idemkey/middleware/grpc: request of %s is a %T, not a proto.Message", info.FullMethod, req)
 	}
 	body, err := proto.MarshalOptions{Deterministic: true}.Marshal(msg)
 	if err != nil {
-		return nil, status.Errorf(codes.Internal, "idemkey/grpc: marshal the request of %s: %v", info.FullMethod, err)
+		return nil, status.Errorf(codes.Internal, "idemkey/middleware/grpc: marshal the request of %s: %v", info.FullMethod, err)
 	}
 	// Format version 1: a call has no Content-Type to cover (the message is
 	// marshalled here), and records stored before version 2 keep matching.

@@ -39,7 +39,7 @@ func TestOneTxRefusedAtConstruction(t *testing.T) {
 
 // A method named by WithOneTx runs its handler in the claim's transaction: its
 // row and the stored answer commit once (a retry replays, no second row); an
-// answer the release policy releases rolls its row back; a transaction ended
+// answer the release rule releases rolls its row back; a transaction ended
 // outside the library answers UNAVAILABLE. Other methods keep
 // the default mode (no transaction in the handler's context).
 func TestOneTxMethodPostgres(t *testing.T) {

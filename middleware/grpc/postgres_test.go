@@ -44,7 +44,7 @@ func postgresStorePool(t *testing.T) (*postgres.Store, *pgxpool.Pool) {
 	if err := s.Migrate(t.Context()); err != nil {
 		t.Fatalf("Migrate: %v", err)
 	}
-	t.Cleanup(s.StopListener)
+	t.Cleanup(s.StopWaiters)
 	t.Cleanup(func() {
 		if _, err := pool.Exec(context.Background(), "DROP SCHEMA IF EXISTS "+pgx.Identifier{schema}.Sanitize()+" CASCADE"); err != nil {
 			t.Errorf("drop schema %s: %v", schema, err)

@@ -36,8 +36,8 @@ const (
 const minInFlightRetry = time.Second
 
 // errNotStored makes idem release the key: the handler's answer is one to run
-// again (the release policy), or cannot be stored.
-var errNotStored = errors.New("idemkey/grpc: answer not stored")
+// again (the release rule), or cannot be stored.
+var errNotStored = errors.New("idemkey/middleware/grpc: answer not stored")
 
 // run executes the call under the claim of id (in the one-transaction mode when
 // inTx: WithOneTx), or answers why not.
@@ -86,7 +86,7 @@ func (ic *Interceptor) run(ctx context.Context, id store.ID, fp store.Fingerprin
 }
 
 // ran answers a call whose handler ran: its answer, unless in the
-// one-transaction mode its rows did not commit (err, not the release policy's
+// one-transaction mode its rows did not commit (err, not the release rule's
 // errNotStored), or were rolled back under a success that cannot be stored:
 // then UNAVAILABLE or INTERNAL, never a success for rows that do not exist.
 func (ic *Interceptor) ran(ctx context.Context, id store.ID, resp any, herr, err error, inTx bool) (any, error) {
@@ -102,14 +102,14 @@ func (ic *Interceptor) ran(ctx context.Context, id store.ID, resp any, herr, err
 		return nil, problem(codes.Unavailable, codeUnavailable,
 			"The call's transaction did not commit, or its outcome is unknown; retry after the RetryInfo delay.", ic.storeRetryAfter)
 	case err != nil && herr == nil: // a success that cannot be stored: its transaction was rolled back
-		return nil, status.Errorf(codes.Internal, "idemkey/grpc: the response cannot be stored, so the call's transaction was rolled back")
+		return nil, status.Errorf(codes.Internal, "idemkey/middleware/grpc: the response cannot be stored, so the call's transaction was rolled back")
 	}
 	return resp, herr
 }
 
 // record returns the stored form of the handler's answer: a google.rpc.Status
 // whose only detail is the response message (code OK), or the handler's
-// status. errNotStored when the release policy releases it, or it cannot be
+// status. errNotStored when the release rule releases it, or it cannot be
 // stored (a response that is not a proto.Message).
 func (ic *Interceptor) record(resp any, herr error) ([]byte, error) {
 	var st *spb.Status
@@ -152,7 +152,7 @@ func (ic *Interceptor) replay(ctx context.Context, stored []byte) (any, error) {
 	}
 	msg, err := st.Details[0].UnmarshalNew()
 	if err != nil {
-		return nil, status.Errorf(codes.Internal, "idemkey/grpc: the stored response is a %s, which this server cannot decode: %v",
+		return nil, status.Errorf(codes.Internal, "idemkey/middleware/grpc: the stored response is a %s, which this server cannot decode: %v",
 			st.Details[0].GetTypeUrl(), err)
 	}
 	return msg, nil

@@ -43,7 +43,7 @@ func (ic *Interceptor) Check(srv *grpc.Server) error {
 			full := "/" + name + "/" + m.Name
 			kinds[full] = m.IsClientStream || m.IsServerStream
 			if kinds[full] && !ic.streamAsked.Load() {
-				return fmt.Errorf("idemkey/grpc: the server serves the streaming method %s without the stream interceptor (Stream), so a key sent on it would be ignored", full)
+				return fmt.Errorf("idemkey/middleware/grpc: the server serves the streaming method %s without the stream interceptor (Stream), so a key sent on it would be ignored", full)
 			}
 		}
 	}
@@ -51,9 +51,9 @@ func (ic *Interceptor) Check(srv *grpc.Server) error {
 		streaming, ok := kinds[m]
 		switch {
 		case !ok:
-			return fmt.Errorf("idemkey/grpc: WithMethods names %s, which the server does not serve", m)
+			return fmt.Errorf("idemkey/middleware/grpc: WithMethods names %s, which the server does not serve", m)
 		case streaming:
-			return fmt.Errorf("idemkey/grpc: WithMethods names %s, a streaming method: idempotency keys protect unary methods only (start the stream with a unary call that carries the key)", m)
+			return fmt.Errorf("idemkey/middleware/grpc: WithMethods names %s, a streaming method: idempotency keys protect unary methods only (start the stream with a unary call that carries the key)", m)
 		}
 	}
 	return nil

@@ -113,7 +113,7 @@ func New(opts ...Option) (*Observer, error) {
 		o(&c)
 	}
 	if c.tp == nil || c.mp == nil {
-		return nil, errors.New("idemotel: nil tracer or meter provider")
+		return nil, errors.New("idemkey/observer/otel: nil tracer or meter provider")
 	}
 	meter := c.mp.Meter(ScopeName)
 	o := &Observer{tracer: c.tp.Tracer(ScopeName)}

@@ -60,7 +60,7 @@ func WithWaitBuckets(b []float64) Option { return func(o *options) { o.waitBucke
 // client_golang's error when a series name is already registered.
 func NewObserver(reg prometheus.Registerer, opts ...Option) (*Observer, error) {
 	if reg == nil {
-		return nil, errors.New("idemprom: nil Registerer; pass the application's registry")
+		return nil, errors.New("idemkey/observer/prometheus: nil Registerer; pass the application's registry")
 	}
 	o := options{buckets: DefaultLatencyBuckets, waitBuckets: DefaultWaitBuckets}
 	for _, opt := range opts {
@@ -71,11 +71,11 @@ func NewObserver(reg prometheus.Registerer, opts ...Option) (*Observer, error) {
 		buckets []float64
 	}{{"latency", o.buckets}, {"wait", o.waitBuckets}} {
 		if len(bs.buckets) == 0 {
-			return nil, fmt.Errorf("idemprom: no %s buckets", bs.name)
+			return nil, fmt.Errorf("idemkey/observer/prometheus: no %s buckets", bs.name)
 		}
 		for i, b := range bs.buckets {
 			if math.IsNaN(b) || i > 0 && b <= bs.buckets[i-1] {
-				return nil, fmt.Errorf("idemprom: %s buckets %v are not strictly increasing", bs.name, bs.buckets)
+				return nil, fmt.Errorf("idemkey/observer/prometheus: %s buckets %v are not strictly increasing", bs.name, bs.buckets)
 			}
 		}
 	}

@@ -107,7 +107,7 @@ func DecodeHeader(all string) (http.Header, error) {
 		return nil, nil
 	}
 	if all[0] != Format {
-		return nil, fmt.Errorf("%w: headers: unknown format %d", store.ErrCorrupt, all[0])
+		return nil, fmt.Errorf("idemkey/store/codec: %w: headers: unknown format %d", store.ErrCorrupt, all[0])
 	}
 	d := headerDecoder{s: all, pos: 1}
 	n := d.count()
@@ -161,7 +161,7 @@ type headerDecoder struct {
 
 func (d *headerDecoder) fail(what string) {
 	if d.err == nil {
-		d.err = fmt.Errorf("%w: headers: %s at byte %d", store.ErrCorrupt, what, d.pos)
+		d.err = fmt.Errorf("idemkey/store/codec: %w: headers: %s at byte %d", store.ErrCorrupt, what, d.pos)
 	}
 }
 

@@ -42,7 +42,7 @@ func (s *Store) Claim(ctx context.Context, req store.ClaimRequest) (store.ClaimR
 		old, err := s.put(ctx, pk, req, tok, now)
 		switch {
 		case err != nil:
-			return store.ClaimResult{}, fmt.Errorf("idemkey/dynamodb: claim: %w", err)
+			return store.ClaimResult{}, fmt.Errorf("idemkey/store/dynamodb: claim: %w", err)
 		case old == nil:
 			return store.ClaimResult{Outcome: store.Claimed, Token: tok}, nil
 		case old.expires <= now:
@@ -52,13 +52,13 @@ func (s *Store) Claim(ctx context.Context, req store.ClaimRequest) (store.ClaimR
 		}
 		took, err := s.takeover(ctx, pk, req, tok, old.token, now)
 		if err != nil {
-			return store.ClaimResult{}, fmt.Errorf("idemkey/dynamodb: claim: %w", err)
+			return store.ClaimResult{}, fmt.Errorf("idemkey/store/dynamodb: claim: %w", err)
 		}
 		if took {
 			return store.ClaimResult{Outcome: store.Claimed, Token: tok, Takeover: true}, nil
 		}
 	}
-	return store.ClaimResult{}, fmt.Errorf("idemkey/dynamodb: claim: no definite answer after %d attempts under contention", claimAttempts)
+	return store.ClaimResult{}, fmt.Errorf("idemkey/store/dynamodb: claim: no definite answer after %d attempts under contention", claimAttempts)
 }
 
 // put writes a new record for req unless a live one is there. It returns nil

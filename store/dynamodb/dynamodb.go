@@ -67,7 +67,7 @@ func WithPollInterval(first, max time.Duration) Option {
 // nil clock, bad poll interval).
 func New(db *dynamodb.Client, opts ...Option) (*Store, error) {
 	if db == nil {
-		return nil, fmt.Errorf("%w: dynamodb: nil client", store.ErrInvalid)
+		return nil, fmt.Errorf("idemkey/store/dynamodb: %w: nil client", store.ErrInvalid)
 	}
 	s := &Store{db: db, table: DefaultTable, now: time.Now,
 		pollFirst: waitset.DefaultPollFirst, pollMax: waitset.DefaultPollMax}
@@ -76,11 +76,11 @@ func New(db *dynamodb.Client, opts ...Option) (*Store, error) {
 	}
 	switch {
 	case !validTable(s.table):
-		return nil, fmt.Errorf("%w: dynamodb: table name %q must be 3-255 of a-z A-Z 0-9 _ - .", store.ErrInvalid, s.table)
+		return nil, fmt.Errorf("idemkey/store/dynamodb: %w: table name %q must be 3-255 of a-z A-Z 0-9 _ - .", store.ErrInvalid, s.table)
 	case s.now == nil:
-		return nil, fmt.Errorf("%w: dynamodb: nil clock", store.ErrInvalid)
+		return nil, fmt.Errorf("idemkey/store/dynamodb: %w: nil clock", store.ErrInvalid)
 	case s.pollFirst <= 0 || s.pollMax < s.pollFirst:
-		return nil, fmt.Errorf("%w: dynamodb: poll interval %v up to %v: both must be positive, the second at least the first", store.ErrInvalid, s.pollFirst, s.pollMax)
+		return nil, fmt.Errorf("idemkey/store/dynamodb: %w: poll interval %v up to %v: both must be positive, the second at least the first", store.ErrInvalid, s.pollFirst, s.pollMax)
 	}
 	return s, nil
 }
@@ -173,12 +173,12 @@ func (s *Store) completedBy(ctx context.Context, pk []byte, ccf *types.Condition
 	}
 	switch {
 	case err != nil:
-		return fmt.Errorf("idemkey/dynamodb: complete: %w", err)
+		return fmt.Errorf("idemkey/store/dynamodb: complete: %w", err)
 	case r.hasStatus && r.token == token && r.expires > now && r.status == stored.Status &&
 		r.omitted == stored.BodyOmitted && bytes.Equal(r.body, stored.Body):
 		return nil
 	}
-	return fmt.Errorf("idemkey/dynamodb: complete: %w", store.ErrLeaseLost)
+	return fmt.Errorf("idemkey/store/dynamodb: complete: %w", store.ErrLeaseLost)
 }
 
 // bodyFits reports whether a completed item with a key, headers and body of
@@ -244,9 +244,9 @@ func holderResult(op string, err error) error {
 	case err == nil:
 		return nil
 	case isConditionFailed(err):
-		return fmt.Errorf("idemkey/dynamodb: %s: %w", op, store.ErrLeaseLost)
+		return fmt.Errorf("idemkey/store/dynamodb: %s: %w", op, store.ErrLeaseLost)
 	}
-	return fmt.Errorf("idemkey/dynamodb: %s: %w", op, err)
+	return fmt.Errorf("idemkey/store/dynamodb: %s: %w", op, err)
 }
 
 // conditionFailed returns the refusal of a conditional write, or nil.

@@ -21,7 +21,7 @@ func (s *Store) Inspect(ctx context.Context, id store.ID) (store.Info, error) {
 	}
 	info, _, err := s.inspect(ctx, id)
 	if err != nil {
-		return store.Info{}, fmt.Errorf("idemkey/dynamodb: inspect: %w", err)
+		return store.Info{}, fmt.Errorf("idemkey/store/dynamodb: inspect: %w", err)
 	}
 	return info, nil
 }
@@ -58,7 +58,7 @@ func (s *Store) Evict(ctx context.Context, id store.ID, policy store.EvictPolicy
 	for range claimAttempts {
 		found, r, err := s.inspect(ctx, id)
 		if err != nil {
-			return store.Info{}, false, fmt.Errorf("idemkey/dynamodb: evict: %w", err)
+			return store.Info{}, false, fmt.Errorf("idemkey/store/dynamodb: evict: %w", err)
 		}
 		if !policy.Allows(found) {
 			return found, false, nil
@@ -76,10 +76,10 @@ func (s *Store) Evict(ctx context.Context, id store.ID, policy store.EvictPolicy
 		case err == nil:
 			return found, true, nil
 		case !isConditionFailed(err):
-			return store.Info{}, false, fmt.Errorf("idemkey/dynamodb: evict: %w", err)
+			return store.Info{}, false, fmt.Errorf("idemkey/store/dynamodb: evict: %w", err)
 		}
 	}
-	return store.Info{}, false, fmt.Errorf("idemkey/dynamodb: evict: no definite answer after %d attempts under contention", claimAttempts)
+	return store.Info{}, false, fmt.Errorf("idemkey/store/dynamodb: evict: no definite answer after %d attempts under contention", claimAttempts)
 }
 
 // Wait implements store.Waiter by polling: DynamoDB has no notifications, so
@@ -98,7 +98,7 @@ func (s *Store) Wait(ctx context.Context, id store.ID) error {
 			ProjectionExpression: aws.String("ls, ex, st"),
 		})
 		if err != nil {
-			return false, fmt.Errorf("idemkey/dynamodb: wait: %w", err)
+			return false, fmt.Errorf("idemkey/store/dynamodb: wait: %w", err)
 		}
 		d := decoder{item: out.Item}
 		r := record{}
@@ -106,7 +106,7 @@ func (s *Store) Wait(ctx context.Context, id store.ID) error {
 		r.expires, _ = d.number(attrExpires, false)
 		_, r.hasStatus = d.number(attrStatus, false)
 		if d.err != nil {
-			return false, fmt.Errorf("idemkey/dynamodb: wait: %w", d.err)
+			return false, fmt.Errorf("idemkey/store/dynamodb: wait: %w", d.err)
 		}
 		return r.live(s.nowMS()), nil
 	})
@@ -120,7 +120,7 @@ func (s *Store) Ping(ctx context.Context) error {
 		TableName: &s.table, Key: map[string]types.AttributeValue{attrKey: bin(partitionKey(store.ID{}))},
 	})
 	if err != nil {
-		return fmt.Errorf("idemkey/dynamodb: ping: %w", err)
+		return fmt.Errorf("idemkey/store/dynamodb: ping: %w", err)
 	}
 	return nil
 }

@@ -110,9 +110,9 @@ func decode(item map[string]types.AttributeValue) (*record, error) {
 	case d.err != nil:
 		return nil, d.err
 	case r.hasStatus != r.hasCompl:
-		return nil, fmt.Errorf("%w: dynamodb: status and completion time disagree", store.ErrCorrupt)
+		return nil, fmt.Errorf("idemkey/store/dynamodb: %w: status and completion time disagree", store.ErrCorrupt)
 	case !r.hasStatus && !r.hasLease:
-		return nil, fmt.Errorf("%w: dynamodb: in-flight record without a lease deadline", store.ErrCorrupt)
+		return nil, fmt.Errorf("idemkey/store/dynamodb: %w: in-flight record without a lease deadline", store.ErrCorrupt)
 	}
 	return &r, nil
 }
@@ -124,7 +124,7 @@ type decoder struct {
 
 func (d *decoder) fail(name, what string) {
 	if d.err == nil {
-		d.err = fmt.Errorf("%w: dynamodb: attribute %s: %s", store.ErrCorrupt, name, what)
+		d.err = fmt.Errorf("idemkey/store/dynamodb: %w: attribute %s: %s", store.ErrCorrupt, name, what)
 	}
 }
 

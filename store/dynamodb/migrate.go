@@ -29,13 +29,13 @@ func (s *Store) Migrate(ctx context.Context) (ttl bool, err error) {
 	})
 	var inUse *types.ResourceInUseException
 	if err != nil && !errors.As(err, &inUse) {
-		return false, fmt.Errorf("idemkey/dynamodb: migrate: create table %s: %w", s.table, err)
+		return false, fmt.Errorf("idemkey/store/dynamodb: migrate: create table %s: %w", s.table, err)
 	}
 	waiter := dynamodb.NewTableExistsWaiter(s.db, func(o *dynamodb.TableExistsWaiterOptions) {
 		o.MinDelay, o.MaxDelay = 100*time.Millisecond, 2*time.Second
 	})
 	if err := waiter.Wait(ctx, &dynamodb.DescribeTableInput{TableName: &s.table}, 2*time.Minute); err != nil {
-		return false, fmt.Errorf("idemkey/dynamodb: migrate: table %s not active: %w", s.table, err)
+		return false, fmt.Errorf("idemkey/store/dynamodb: migrate: table %s not active: %w", s.table, err)
 	}
 	_, err = s.db.UpdateTimeToLive(ctx, &dynamodb.UpdateTimeToLiveInput{
 		TableName:               &s.table,
@@ -50,7 +50,7 @@ func (s *Store) Migrate(ctx context.Context) (ttl bool, err error) {
 	case errors.As(err, &api) && api.ErrorCode() == "ValidationException" && ttlAlreadyOn(api.ErrorMessage()):
 		return true, nil
 	}
-	return false, fmt.Errorf("idemkey/dynamodb: migrate: enable TTL on %s: %w", s.table, err)
+	return false, fmt.Errorf("idemkey/store/dynamodb: migrate: enable TTL on %s: %w", s.table, err)
 }
 
 // ttlAlreadyOn reports whether UpdateTimeToLive refused because TTL is already

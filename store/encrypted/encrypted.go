@@ -43,6 +43,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"reflect"
 	"time"
 
 	"github.com/idemkey/idemkey/store"
@@ -69,11 +70,11 @@ var (
 )
 
 // New wraps st. current seals every new record; previous keys only open the
-// records they sealed. Errors, at construction: a nil st, an empty or
-// too-long key id, a secret that is not KeySize (32) bytes or is all zero
-// bytes, two keys with one id or one secret.
+// records they sealed. Errors, at construction: a nil st (or a nil pointer in
+// it), an empty or too-long key id, a secret that is not KeySize (32) bytes or
+// is all zero bytes, two keys with one id or one secret.
 func New(st store.Store, current Key, previous ...Key) (*Store, error) {
-	if st == nil {
+	if v := reflect.ValueOf(st); st == nil || v.Kind() == reflect.Pointer && v.IsNil() {
 		return nil, errors.New("idemkey/store/encrypted: nil store")
 	}
 	s := &Store{st: st, keys: make(map[string]*sealer, 1+len(previous))}

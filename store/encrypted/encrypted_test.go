@@ -58,6 +58,7 @@ func TestNewRejectsMisconfiguration(t *testing.T) {
 		prev    []encrypted.Key
 	}{
 		{"nil store", nil, good, nil},
+		{"nil pointer store", (*memory.Store)(nil), good, nil},
 		{"no current key", memory.New(), encrypted.Key{}, nil},
 		{"empty id", memory.New(), encrypted.Key{Secret: good.Secret}, nil},
 		{"id over 255 bytes", memory.New(), encrypted.Key{ID: strings.Repeat("k", 256), Secret: good.Secret}, nil},

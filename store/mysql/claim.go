@@ -32,7 +32,7 @@ func (s *Store) Claim(ctx context.Context, req store.ClaimRequest) (store.ClaimR
 	}
 	read, err := s.stmts.get(ctx, s.sqlOf.read)
 	if err != nil {
-		return store.ClaimResult{}, fmt.Errorf("idemkey/mysql: claim: %w", err)
+		return store.ClaimResult{}, fmt.Errorf("idemkey/store/mysql: claim: %w", err)
 	}
 	tok := req.ClaimToken()
 	scope, key, fp := bytesOf(req.Scope), bytesOf(req.Key), req.Fingerprint[:]
@@ -47,22 +47,22 @@ func (s *Store) Claim(ctx context.Context, req store.ClaimRequest) (store.ClaimR
 		case err == nil && !r.takeable:
 			return s.decide(&r, req)
 		case err != nil && !errors.Is(err, sql.ErrNoRows):
-			return store.ClaimResult{}, fmt.Errorf("idemkey/mysql: claim: %w", err)
+			return store.ClaimResult{}, fmt.Errorf("idemkey/store/mysql: claim: %w", err)
 		}
 		code, err := s.insert(ctx, scope, key, fp, tok[:], micros(req.Lease), micros(req.Retention))
 		switch {
 		case isDeadlock(err):
 			continue // a concurrent claim of the same new key won: read again
 		case err != nil:
-			return store.ClaimResult{}, fmt.Errorf("idemkey/mysql: claim: %w", err)
+			return store.ClaimResult{}, fmt.Errorf("idemkey/store/mysql: claim: %w", err)
 		case code == codeRefused:
 			continue // the key was claimed after our read: read again
 		case code == codeInserted || code == codeReplaced || code == codeTakeover:
 			return store.ClaimResult{Outcome: store.Claimed, Token: tok, Takeover: code == codeTakeover}, nil
 		}
-		return store.ClaimResult{}, fmt.Errorf("idemkey/mysql: claim: unexpected claim code %d", code)
+		return store.ClaimResult{}, fmt.Errorf("idemkey/store/mysql: claim: unexpected claim code %d", code)
 	}
-	return store.ClaimResult{}, fmt.Errorf("idemkey/mysql: claim: no definite answer after %d attempts under contention", claimAttempts)
+	return store.ClaimResult{}, fmt.Errorf("idemkey/store/mysql: claim: no definite answer after %d attempts under contention", claimAttempts)
 }
 
 // insert runs the claim statement and returns its claim code.

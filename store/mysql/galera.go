@@ -31,7 +31,7 @@ const GaleraSyncWait = 7
 // GaleraSyncWait. Fix: add "wsrep_sync_wait=7" to the DSN's parameters
 // (go-sql-driver sets it on every connection it opens), or set it globally on
 // every node.
-var ErrGaleraSyncWait = errors.New("mysql: Galera without causal reads (wsrep_sync_wait)")
+var ErrGaleraSyncWait = errors.New("idemkey/store/mysql: Galera without causal reads (wsrep_sync_wait)")
 
 // galeraSQL reads the two variables in one round trip; MySQL without Galera
 // has neither and returns no row.
@@ -43,19 +43,19 @@ const galeraSQL = `SHOW SESSION VARIABLES WHERE Variable_name IN ('wsrep_on', 'w
 func checkGalera(ctx context.Context, conn *sql.Conn) error {
 	rows, err := conn.QueryContext(ctx, galeraSQL)
 	if err != nil {
-		return fmt.Errorf("idemkey/mysql: read wsrep_on: %w", err)
+		return fmt.Errorf("idemkey/store/mysql: read wsrep_on: %w", err)
 	}
 	defer rows.Close()
 	vars := map[string]string{}
 	for rows.Next() {
 		var name, value string
 		if err := rows.Scan(&name, &value); err != nil {
-			return fmt.Errorf("idemkey/mysql: read wsrep_on: %w", err)
+			return fmt.Errorf("idemkey/store/mysql: read wsrep_on: %w", err)
 		}
 		vars[strings.ToLower(name)] = value
 	}
 	if err := rows.Err(); err != nil {
-		return fmt.Errorf("idemkey/mysql: read wsrep_on: %w", err)
+		return fmt.Errorf("idemkey/store/mysql: read wsrep_on: %w", err)
 	}
 	if !strings.EqualFold(vars["wsrep_on"], "ON") {
 		return nil
@@ -64,7 +64,7 @@ func checkGalera(ctx context.Context, conn *sql.Conn) error {
 	if wait&GaleraSyncWait == GaleraSyncWait {
 		return nil
 	}
-	return fmt.Errorf("idemkey/mysql: %w: this server is a Galera node (wsrep_on=ON) and the session's wsrep_sync_wait is %d; "+
+	return fmt.Errorf("idemkey/store/mysql: %w: this server is a Galera node (wsrep_on=ON) and the session's wsrep_sync_wait is %d; "+
 		"statements sent to another node than the claim's may not see it (false lease lost, a key run twice): "+
 		"add wsrep_sync_wait=%d to the DSN's parameters or set it globally on every node", ErrGaleraSyncWait, wait, GaleraSyncWait)
 }

@@ -23,7 +23,7 @@ func (s *Store) Stats() Stats { return Stats{ClaimRetries: s.claimRetries.Load()
 // driver's, wrapped.
 func (s *Store) Ping(ctx context.Context) error {
 	if err := s.db.PingContext(ctx); err != nil {
-		return fmt.Errorf("idemkey/mysql: ping: %w", err)
+		return fmt.Errorf("idemkey/store/mysql: ping: %w", err)
 	}
 	return nil
 }

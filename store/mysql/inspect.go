@@ -18,7 +18,7 @@ func (s *Store) Inspect(ctx context.Context, id store.ID) (store.Info, error) {
 	}
 	st, err := s.stmts.get(ctx, s.sqlOf.inspect)
 	if err != nil {
-		return store.Info{}, fmt.Errorf("idemkey/mysql: inspect: %w", err)
+		return store.Info{}, fmt.Errorf("idemkey/store/mysql: inspect: %w", err)
 	}
 	return scanInfo("inspect", st.QueryRowContext(ctx, bytesOf(id.Scope), bytesOf(id.Key)))
 }
@@ -35,7 +35,7 @@ func (s *Store) Evict(ctx context.Context, id store.ID, policy store.EvictPolicy
 	}
 	tx, err := s.db.BeginTx(ctx, nil)
 	if err != nil {
-		return store.Info{}, false, fmt.Errorf("idemkey/mysql: evict: %w", err)
+		return store.Info{}, false, fmt.Errorf("idemkey/store/mysql: evict: %w", err)
 	}
 	defer func() { _ = tx.Rollback() }()
 	scope, key := bytesOf(id.Scope), bytesOf(id.Key)
@@ -44,10 +44,10 @@ func (s *Store) Evict(ctx context.Context, id store.ID, policy store.EvictPolicy
 		return info, false, err
 	}
 	if _, err := tx.ExecContext(ctx, s.sqlOf.evict, scope, key); err != nil {
-		return store.Info{}, false, fmt.Errorf("idemkey/mysql: evict: %w", err)
+		return store.Info{}, false, fmt.Errorf("idemkey/store/mysql: evict: %w", err)
 	}
 	if err := tx.Commit(); err != nil {
-		return store.Info{}, false, fmt.Errorf("idemkey/mysql: evict: commit: %w", err)
+		return store.Info{}, false, fmt.Errorf("idemkey/store/mysql: evict: commit: %w", err)
 	}
 	return info, true, nil
 }
@@ -61,20 +61,20 @@ func scanInfo(op string, row *sql.Row) (store.Info, error) {
 		omitted                                sql.NullBool
 	)
 	if err := row.Scan(&nowUS, &fp, &status, &created, &completed, &expires, &lease, &bb, &omitted); err != nil {
-		return store.Info{}, fmt.Errorf("idemkey/mysql: %s: %w", op, err)
+		return store.Info{}, fmt.Errorf("idemkey/store/mysql: %s: %w", op, err)
 	}
 	info := store.Info{Now: fromMicros(nowUS)}
 	if !created.Valid {
 		return info, nil
 	}
 	if len(fp) != len(info.Fingerprint) || !expires.Valid {
-		return store.Info{}, fmt.Errorf("%w: mysql: %s: row with a %d-byte fingerprint", store.ErrCorrupt, op, len(fp))
+		return store.Info{}, fmt.Errorf("idemkey/store/mysql: %w: %s: row with a %d-byte fingerprint", store.ErrCorrupt, op, len(fp))
 	}
 	copy(info.Fingerprint[:], fp)
 	info.CreatedAt, info.ExpiresAt = fromMicros(created.Int64), fromMicros(expires.Int64)
 	if !status.Valid {
 		if !lease.Valid {
-			return store.Info{}, fmt.Errorf("%w: mysql: %s: in-flight record without a lease deadline", store.ErrCorrupt, op)
+			return store.Info{}, fmt.Errorf("idemkey/store/mysql: %w: %s: in-flight record without a lease deadline", store.ErrCorrupt, op)
 		}
 		info.State, info.LeaseUntil = store.StateInFlight, fromMicros(lease.Int64)
 		return info, nil

@@ -96,11 +96,11 @@ func (s *Store) MigrationSQL() string {
 func (s *Store) Migrate(ctx context.Context) (err error) {
 	ms, err := loadMigrations()
 	if err != nil {
-		return fmt.Errorf("idemkey/mysql: migrate: %w", err)
+		return fmt.Errorf("idemkey/store/mysql: migrate: %w", err)
 	}
 	conn, err := s.db.Conn(ctx)
 	if err != nil {
-		return fmt.Errorf("idemkey/mysql: migrate: %w", err)
+		return fmt.Errorf("idemkey/store/mysql: migrate: %w", err)
 	}
 	defer conn.Close()
 	if err := checkGalera(ctx, conn); err != nil { // galera.go
@@ -109,20 +109,20 @@ func (s *Store) Migrate(ctx context.Context) (err error) {
 	lock := `CONCAT('idemkey_', LEFT(SHA2(CONCAT(DATABASE(), '.', ?), 256), 40))`
 	var got sql.NullInt64
 	if err := conn.QueryRowContext(ctx, `SELECT GET_LOCK(`+lock+`, 60)`, s.table).Scan(&got); err != nil {
-		return fmt.Errorf("idemkey/mysql: migrate: lock: %w", err)
+		return fmt.Errorf("idemkey/store/mysql: migrate: lock: %w", err)
 	}
 	if got.Int64 != 1 {
-		return fmt.Errorf("idemkey/mysql: migrate: another process held the migration lock of %s for 60 s", s.quoted)
+		return fmt.Errorf("idemkey/store/mysql: migrate: another process held the migration lock of %s for 60 s", s.quoted)
 	}
 	defer func() { _, _ = conn.ExecContext(context.WithoutCancel(ctx), `SELECT RELEASE_LOCK(`+lock+`)`, s.table) }()
 	book := quote(s.table + "_migrations")
 	if _, err := conn.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS `+book+
 		` (version INT NOT NULL PRIMARY KEY, applied_at DATETIME(6) NOT NULL) ENGINE = InnoDB`); err != nil {
-		return fmt.Errorf("idemkey/mysql: migrate: %w", err)
+		return fmt.Errorf("idemkey/store/mysql: migrate: %w", err)
 	}
 	var current sql.NullInt64
 	if err := conn.QueryRowContext(ctx, `SELECT MAX(version) FROM `+book).Scan(&current); err != nil {
-		return fmt.Errorf("idemkey/mysql: migrate: %w", err)
+		return fmt.Errorf("idemkey/store/mysql: migrate: %w", err)
 	}
 	for _, m := range ms {
 		if int64(m.version) <= current.Int64 {
@@ -130,11 +130,11 @@ func (s *Store) Migrate(ctx context.Context) (err error) {
 		}
 		for _, st := range m.statements {
 			if _, err := conn.ExecContext(ctx, s.render(st)); err != nil {
-				return fmt.Errorf("idemkey/mysql: migrate: version %d: %w", m.version, err)
+				return fmt.Errorf("idemkey/store/mysql: migrate: version %d: %w", m.version, err)
 			}
 		}
 		if _, err := conn.ExecContext(ctx, `INSERT INTO `+book+` (version, applied_at) VALUES (?, `+now+`)`, m.version); err != nil {
-			return fmt.Errorf("idemkey/mysql: migrate: version %d: %w", m.version, err)
+			return fmt.Errorf("idemkey/store/mysql: migrate: version %d: %w", m.version, err)
 		}
 	}
 	return nil

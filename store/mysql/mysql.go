@@ -94,7 +94,7 @@ func WithPollInterval(first, max time.Duration) Option {
 // batch or poll interval, negative body cap).
 func New(db *sql.DB, opts ...Option) (*Store, error) {
 	if db == nil {
-		return nil, fmt.Errorf("%w: mysql: nil *sql.DB", store.ErrInvalid)
+		return nil, fmt.Errorf("idemkey/store/mysql: %w: nil *sql.DB", store.ErrInvalid)
 	}
 	s := &Store{db: db, table: DefaultTable, sweepBatch: DefaultSweepBatch,
 		pollFirst: waitset.DefaultPollFirst, pollMax: waitset.DefaultPollMax}
@@ -103,13 +103,13 @@ func New(db *sql.DB, opts ...Option) (*Store, error) {
 	}
 	switch {
 	case s.table == "" || len(s.table) > maxTableName || strings.IndexByte(s.table, 0) >= 0 || strings.HasSuffix(s.table, " "):
-		return nil, fmt.Errorf("%w: mysql: table name %q must be 1-%d bytes without NUL or a trailing space", store.ErrInvalid, s.table, maxTableName)
+		return nil, fmt.Errorf("idemkey/store/mysql: %w: table name %q must be 1-%d bytes without NUL or a trailing space", store.ErrInvalid, s.table, maxTableName)
 	case s.sweepBatch <= 0:
-		return nil, fmt.Errorf("%w: mysql: sweep batch %d must be positive", store.ErrInvalid, s.sweepBatch)
+		return nil, fmt.Errorf("idemkey/store/mysql: %w: sweep batch %d must be positive", store.ErrInvalid, s.sweepBatch)
 	case s.maxBody < 0:
-		return nil, fmt.Errorf("%w: mysql: body cap %d must not be negative", store.ErrInvalid, s.maxBody)
+		return nil, fmt.Errorf("idemkey/store/mysql: %w: body cap %d must not be negative", store.ErrInvalid, s.maxBody)
 	case s.pollFirst <= 0 || s.pollMax < s.pollFirst:
-		return nil, fmt.Errorf("%w: mysql: poll interval %v up to %v: both must be positive, the second at least the first", store.ErrInvalid, s.pollFirst, s.pollMax)
+		return nil, fmt.Errorf("idemkey/store/mysql: %w: poll interval %v up to %v: both must be positive, the second at least the first", store.ErrInvalid, s.pollFirst, s.pollMax)
 	}
 	s.quoted = quote(s.table)
 	s.sqlOf = newStatements(s.quoted)
@@ -139,7 +139,7 @@ func (s *Store) Complete(ctx context.Context, id store.ID, token store.Token, re
 	}
 	st, err := s.stmts.get(ctx, s.sqlOf.complete)
 	if err != nil {
-		return fmt.Errorf("idemkey/mysql: complete: %w", err)
+		return fmt.Errorf("idemkey/store/mysql: complete: %w", err)
 	}
 	res, err := st.ExecContext(ctx, completeArgs(id, token, resp, retention)...)
 	if err = holderResult("complete", res, err); errors.Is(err, store.ErrLeaseLost) {
@@ -155,7 +155,7 @@ func (s *Store) Complete(ctx context.Context, id store.ID, token store.Token, re
 func (s *Store) completedBy(ctx context.Context, id store.ID, token store.Token, resp store.Response, refused error) error {
 	st, err := s.stmts.get(ctx, s.sqlOf.completed)
 	if err != nil {
-		return fmt.Errorf("idemkey/mysql: complete: %w", err)
+		return fmt.Errorf("idemkey/store/mysql: complete: %w", err)
 	}
 	var body []byte // NULL when empty, as stored
 	if len(resp.Body) > 0 {
@@ -163,7 +163,7 @@ func (s *Store) completedBy(ctx context.Context, id store.ID, token store.Token,
 	}
 	var n int
 	if err := st.QueryRowContext(ctx, bytesOf(id.Scope), bytesOf(id.Key), token[:], int16(resp.Status), body, resp.BodyOmitted).Scan(&n); err != nil {
-		return fmt.Errorf("idemkey/mysql: complete: %w", err)
+		return fmt.Errorf("idemkey/store/mysql: complete: %w", err)
 	}
 	if n > 0 {
 		return nil
@@ -204,7 +204,7 @@ func (s *Store) Release(ctx context.Context, id store.ID, token store.Token) err
 	}
 	st, err := s.stmts.get(ctx, s.sqlOf.release)
 	if err != nil {
-		return fmt.Errorf("idemkey/mysql: release: %w", err)
+		return fmt.Errorf("idemkey/store/mysql: release: %w", err)
 	}
 	res, err := st.ExecContext(ctx, bytesOf(id.Scope), bytesOf(id.Key), token[:])
 	return holderResult("release", res, err)
@@ -223,7 +223,7 @@ func (s *Store) Renew(ctx context.Context, id store.ID, token store.Token, lease
 	}
 	st, err := s.stmts.get(ctx, s.sqlOf.renew)
 	if err != nil {
-		return fmt.Errorf("idemkey/mysql: renew: %w", err)
+		return fmt.Errorf("idemkey/store/mysql: renew: %w", err)
 	}
 	us := micros(lease)
 	res, err := st.ExecContext(ctx, us, us, bytesOf(id.Scope), bytesOf(id.Key), token[:])
@@ -234,14 +234,14 @@ func (s *Store) Renew(ctx context.Context, id store.ID, token store.Token, lease
 // token no longer holds the key.
 func holderResult(op string, res sql.Result, err error) error {
 	if err != nil {
-		return fmt.Errorf("idemkey/mysql: %s: %w", op, err)
+		return fmt.Errorf("idemkey/store/mysql: %s: %w", op, err)
 	}
 	n, err := res.RowsAffected()
 	if err != nil {
-		return fmt.Errorf("idemkey/mysql: %s: %w", op, err)
+		return fmt.Errorf("idemkey/store/mysql: %s: %w", op, err)
 	}
 	if n == 0 {
-		return fmt.Errorf("idemkey/mysql: %s: %w", op, store.ErrLeaseLost)
+		return fmt.Errorf("idemkey/store/mysql: %s: %w", op, store.ErrLeaseLost)
 	}
 	return nil
 }

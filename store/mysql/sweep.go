@@ -20,7 +20,7 @@ func (s *Store) Sweep(ctx context.Context, limit int) (int64, error) {
 	var total int64
 	st, err := s.stmts.get(ctx, s.sqlOf.sweep)
 	if err != nil {
-		return 0, fmt.Errorf("idemkey/mysql: sweep: %w", err)
+		return 0, fmt.Errorf("idemkey/store/mysql: sweep: %w", err)
 	}
 	for limit <= 0 || total < int64(limit) {
 		n := int64(s.sweepBatch)
@@ -29,11 +29,11 @@ func (s *Store) Sweep(ctx context.Context, limit int) (int64, error) {
 		}
 		res, err := st.ExecContext(ctx, n)
 		if err != nil {
-			return total, fmt.Errorf("idemkey/mysql: sweep: %w", err)
+			return total, fmt.Errorf("idemkey/store/mysql: sweep: %w", err)
 		}
 		got, err := res.RowsAffected()
 		if err != nil {
-			return total, fmt.Errorf("idemkey/mysql: sweep: %w", err)
+			return total, fmt.Errorf("idemkey/store/mysql: sweep: %w", err)
 		}
 		total += got
 		if got < n {

@@ -33,14 +33,14 @@ import (
 // does not import the middleware).
 func (s *Store) CompleteTx(ctx context.Context, tx *sql.Tx, id store.ID, token store.Token, resp store.Response, retention time.Duration) error {
 	if tx == nil {
-		return fmt.Errorf("%w: mysql: nil transaction", store.ErrInvalid)
+		return fmt.Errorf("idemkey/store/mysql: %w: nil transaction", store.ErrInvalid)
 	}
 	if err := s.checkComplete(id, token, resp, retention); err != nil {
 		return err
 	}
 	st, err := s.stmts.get(ctx, s.sqlOf.complete)
 	if err != nil {
-		return fmt.Errorf("idemkey/mysql: complete in transaction: %w", err)
+		return fmt.Errorf("idemkey/store/mysql: complete in transaction: %w", err)
 	}
 	res, err := tx.StmtContext(ctx, st).ExecContext(ctx, completeArgs(id, token, resp, retention)...)
 	return holderResult("complete in transaction", res, err)

@@ -25,13 +25,13 @@ func (s *Store) Wait(ctx context.Context, id store.ID) error {
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
-		return fmt.Errorf("idemkey/mysql: wait: %w", err)
+		return fmt.Errorf("idemkey/store/mysql: wait: %w", err)
 	}
 	scope, key := bytesOf(id.Scope), bytesOf(id.Key)
 	return waitset.Poll(ctx, s.pollFirst, s.pollMax, func(ctx context.Context) (bool, error) {
 		var n int
 		if err := st.QueryRowContext(ctx, scope, key).Scan(&n); err != nil {
-			return false, fmt.Errorf("idemkey/mysql: wait: %w", err)
+			return false, fmt.Errorf("idemkey/store/mysql: wait: %w", err)
 		}
 		return n > 0, nil
 	})

@@ -11,7 +11,7 @@
 //	err = st.Migrate(ctx)                        // once at startup; idempotent
 //	stop := st.StartSweeper(ctx, time.Minute)    // optional: delete expired rows
 //	defer stop()
-//	defer st.StopListener()                      // after the last request
+//	defer st.StopWaiters()                       // after the last request
 //	m, err := middleware.New(st, middleware.ScopeFromHeader("X-Client-ID", "anonymous"))
 //	err = http.ListenAndServe(addr, m.Handler(mux))
 //

@@ -77,7 +77,7 @@ type failingComplete struct {
 func (f *failingComplete) Complete(ctx context.Context, id store.ID, tok store.Token, resp store.Response, ret time.Duration) error {
 	f.calls.Add(1)
 	if f.fails.Add(-1) >= 0 {
-		return fmt.Errorf("idemkey/postgres: complete: %w", context.DeadlineExceeded)
+		return fmt.Errorf("idemkey/store/postgres: complete: %w", context.DeadlineExceeded)
 	}
 	return f.Store.Complete(ctx, id, tok, resp, ret)
 }

@@ -46,7 +46,7 @@ func (s *Store) Ping(ctx context.Context) error {
 		_, err = s.db.Exec(ctx, "SELECT 1")
 	}
 	if err != nil {
-		return fmt.Errorf("idemkey/postgres: ping: %w", err)
+		return fmt.Errorf("idemkey/store/postgres: ping: %w", err)
 	}
 	return nil
 }

@@ -67,7 +67,7 @@ func newStore(t testing.TB, admin *pgxpool.Pool, db Querier, opts ...Option) *St
 	if err := ms.Migrate(t.Context()); err != nil {
 		t.Fatalf("Migrate: %v", err)
 	}
-	t.Cleanup(s.StopListener) // runs before the drop below
+	t.Cleanup(s.StopWaiters) // runs before the drop below
 	t.Cleanup(func() {
 		if _, err := admin.Exec(context.Background(), "DROP SCHEMA IF EXISTS "+pgx.Identifier{schema}.Sanitize()+" CASCADE"); err != nil {
 			t.Errorf("drop test schema %s: %v", schema, err)

@@ -80,20 +80,20 @@ func (s *Store) scanInfo(ctx context.Context, op, sql string, args ...any) (stor
 	)
 	err := s.queryRow(ctx, sql, args, &now, &evicted, &fp, &status, &created, &completed, &expires, &lease, &bodyBytes, &omitted)
 	if err != nil {
-		return store.Info{}, false, fmt.Errorf("idemkey/postgres: %s: %w", op, err)
+		return store.Info{}, false, fmt.Errorf("idemkey/store/postgres: %s: %w", op, err)
 	}
 	info := store.Info{Now: now.Time}
 	if !created.Valid {
 		return info, false, nil
 	}
 	if len(fp) != len(info.Fingerprint) || !expires.Valid {
-		return store.Info{}, false, fmt.Errorf("%w: postgres: %s: row with a %d-byte fingerprint", store.ErrCorrupt, op, len(fp))
+		return store.Info{}, false, fmt.Errorf("idemkey/store/postgres: %w: %s: row with a %d-byte fingerprint", store.ErrCorrupt, op, len(fp))
 	}
 	copy(info.Fingerprint[:], fp)
 	info.CreatedAt, info.ExpiresAt = created.Time, expires.Time
 	if !status.Valid {
 		if !lease.Valid {
-			return store.Info{}, false, fmt.Errorf("%w: postgres: %s: in-flight record without a lease deadline", store.ErrCorrupt, op)
+			return store.Info{}, false, fmt.Errorf("idemkey/store/postgres: %w: %s: in-flight record without a lease deadline", store.ErrCorrupt, op)
 		}
 		info.State, info.LeaseUntil = store.StateInFlight, lease.Time
 		return info, evicted, nil

@@ -35,7 +35,7 @@ func (s *Store) Sweep(ctx context.Context, limit int) (int64, error) {
 		}
 		tag, err := s.exec(ctx, s.sweepSQL, n)
 		if err != nil {
-			return total, fmt.Errorf("idemkey/postgres: sweep: %w", err)
+			return total, fmt.Errorf("idemkey/store/postgres: sweep: %w", err)
 		}
 		total += tag.RowsAffected()
 		if tag.RowsAffected() < n {
@@ -123,16 +123,16 @@ func (s *Store) Migrate(ctx context.Context) error {
 func (s *Store) migrate(ctx context.Context) (err error) {
 	ms, err := s.layoutMigrations()
 	if err != nil {
-		return fmt.Errorf("idemkey/postgres: migrate: %w", err)
+		return fmt.Errorf("idemkey/store/postgres: migrate: %w", err)
 	}
 	q := migrate.Querier(modeQuerier{s.db, s})
 	if err = s.checkLayout(ctx, q); err != nil { // partition.go; outside the transaction, whose first statement is the lock
-		return fmt.Errorf("idemkey/postgres: migrate: %w", err)
+		return fmt.Errorf("idemkey/store/postgres: migrate: %w", err)
 	}
 	var tx pgx.Tx
 	if b, ok := s.db.(beginner); ok {
 		if tx, err = b.Begin(ctx); err != nil {
-			return fmt.Errorf("idemkey/postgres: migrate: %w", err)
+			return fmt.Errorf("idemkey/store/postgres: migrate: %w", err)
 		}
 		defer func() {
 			if err != nil {
@@ -142,16 +142,16 @@ func (s *Store) migrate(ctx context.Context) (err error) {
 		q = modeQuerier{tx, s}
 	}
 	if err = migrate.Apply(ctx, q, tx != nil, s.target(), ms, s.renderLayout); err != nil {
-		return fmt.Errorf("idemkey/postgres: migrate: %w", err)
+		return fmt.Errorf("idemkey/store/postgres: migrate: %w", err)
 	}
 	if s.part != nil {
 		if _, err = s.part.ensure(ctx, q); err != nil {
-			return fmt.Errorf("idemkey/postgres: migrate: create partitions: %w", err)
+			return fmt.Errorf("idemkey/store/postgres: migrate: create partitions: %w", err)
 		}
 	}
 	if tx != nil {
 		if err = tx.Commit(ctx); err != nil {
-			return fmt.Errorf("idemkey/postgres: migrate: commit: %w", err)
+			return fmt.Errorf("idemkey/store/postgres: migrate: commit: %w", err)
 		}
 	}
 	return nil

@@ -90,7 +90,7 @@ func WithStatementTimeout(d time.Duration) TxOption { return func(t *TxStore) { 
 // mode: behind a transaction pooler, configure pool as the handler's queries need.
 func (s *Store) OneTx(pool *pgxpool.Pool, opts ...TxOption) (*TxStore, error) {
 	if pool == nil {
-		return nil, fmt.Errorf("%w: postgres: nil pool for the one-transaction mode", store.ErrInvalid)
+		return nil, fmt.Errorf("idemkey/store/postgres: %w: nil pool for the one-transaction mode", store.ErrInvalid)
 	}
 	if s.part != nil {
 		return nil, errPartitionedOneTx // partition.go
@@ -101,7 +101,7 @@ func (s *Store) OneTx(pool *pgxpool.Pool, opts ...TxOption) (*TxStore, error) {
 	}
 	ms := codec.Millis(t.wait)
 	if t.wait <= 0 || ms > math.MaxInt32 || t.stmtTimeout <= 0 {
-		return nil, fmt.Errorf("%w: postgres: lock wait %v outside 1 ms to 24 days, or statement timeout %v not positive", store.ErrInvalid, t.wait, t.stmtTimeout)
+		return nil, fmt.Errorf("idemkey/store/postgres: %w: lock wait %v outside 1 ms to 24 days, or statement timeout %v not positive", store.ErrInvalid, t.wait, t.stmtTimeout)
 	}
 	t.lockWait = strconv.FormatInt(ms, 10)
 	t.aloneSQL = fmt.Sprintf(recordSQL, s.qualified)
@@ -158,7 +158,7 @@ func (t *TxStore) claimOnce(ctx context.Context, req store.ClaimRequest, tok sto
 	_ store.ClaimResult, _ *txClaim, again bool, _ error) {
 	conn, err := t.pool.Acquire(ctx)
 	if err != nil {
-		return store.ClaimResult{}, nil, false, fmt.Errorf("idemkey/postgres: claim in transaction: %w", err)
+		return store.ClaimResult{}, nil, false, fmt.Errorf("idemkey/store/postgres: claim in transaction: %w", err)
 	}
 	c := &txClaim{t: t, conn: conn, token: tok, req: req, lock: t.keyLock(req.ID), use: make(chan struct{}, 1)}
 	found, r, err := c.lockAndRead(ctx, args)
@@ -182,7 +182,7 @@ func (t *TxStore) claimOnce(ctx context.Context, req store.ClaimRequest, tok sto
 	case errors.As(err, &pg) && (pg.Code == "40001" || pg.Code == "40P01"):
 		return store.ClaimResult{}, nil, true, nil // serialization failure, deadlock: a new transaction
 	case err != nil:
-		return store.ClaimResult{}, nil, false, fmt.Errorf("idemkey/postgres: claim in transaction: %w", err)
+		return store.ClaimResult{}, nil, false, fmt.Errorf("idemkey/store/postgres: claim in transaction: %w", err)
 	}
 	res, err := t.decide(&r, req, tok)
 	return res, nil, false, err

@@ -21,13 +21,13 @@ import (
 // ABORT, PREPARE TRANSACTION, with or without AND CHAIN): the library commits
 // it with the record once the handler returned, or rolls it back when the
 // handler's answer releases the key. The statement is not sent.
-var ErrTxOwned = errors.New("idemkey/postgres: the idempotency library commits or rolls back this transaction")
+var ErrTxOwned = errors.New("idemkey/store/postgres: the idempotency library commits or rolls back this transaction")
 
 // errConnBusy: a call of the handler's still held the connection (take).
-var errConnBusy = errors.New("idemkey/postgres: complete in transaction: a statement of the handler's still held the connection; the transaction was abandoned (nothing committed) and its connection closed")
+var errConnBusy = errors.New("idemkey/store/postgres: complete in transaction: a statement of the handler's still held the connection; the transaction was abandoned (nothing committed) and its connection closed")
 
 // errRowOpen: a call of the handler's while its QueryRow is not yet scanned.
-var errRowOpen = errors.New("idemkey/postgres: conn busy: a QueryRow of this transaction is not yet scanned")
+var errRowOpen = errors.New("idemkey/store/postgres: conn busy: a QueryRow of this transaction is not yet scanned")
 
 // txClaim is a claim held by an open transaction (claim.Tx).
 type txClaim struct {
@@ -159,10 +159,10 @@ func (c *txClaim) Commit(ctx context.Context, resp store.Response, retention tim
 		return 0, c.failClosed(ctx, err)
 	case errors.As(err, &pg): // the server refused: nothing committed
 		c.end()
-		return 0, fmt.Errorf("idemkey/postgres: complete in transaction: rolled back (%w): %w", store.ErrLeaseLost, err)
+		return 0, fmt.Errorf("idemkey/store/postgres: complete in transaction: rolled back (%w): %w", store.ErrLeaseLost, err)
 	}
 	c.end()
-	return 0, fmt.Errorf("idemkey/postgres: complete in transaction: %w (%w): %w", ErrCommitUnknown, store.ErrLeaseLost, err)
+	return 0, fmt.Errorf("idemkey/store/postgres: complete in transaction: %w (%w): %w", ErrCommitUnknown, store.ErrLeaseLost, err)
 }
 
 // recordAlone commits the record of a transaction a failed statement aborted
@@ -172,14 +172,14 @@ func (c *txClaim) Commit(ctx context.Context, resp store.Response, retention tim
 func (c *txClaim) recordAlone(ctx context.Context, resp store.Response, retention time.Duration) (claim.TxEnd, error) {
 	defer c.end()
 	if !c.insert {
-		return 0, errors.New("idemkey/postgres: complete in transaction: a failed statement aborted the transaction of a takeover; rolled back")
+		return 0, errors.New("idemkey/store/postgres: complete in transaction: a failed statement aborted the transaction of a takeover; rolled back")
 	}
 	_, err := c.conn.Exec(ctx, "ROLLBACK")
 	if err == nil {
 		_, err = c.conn.Exec(ctx, c.t.aloneSQL, append(c.t.completeArgs(c.req.ID, c.token, resp, retention), c.req.Fingerprint[:])...)
 	}
 	if err != nil {
-		return 0, fmt.Errorf("idemkey/postgres: record of an aborted transaction: %w", err)
+		return 0, fmt.Errorf("idemkey/store/postgres: record of an aborted transaction: %w", err)
 	}
 	return claim.TxRecordAlone, nil
 }
@@ -194,5 +194,5 @@ func (c *txClaim) failClosed(ctx context.Context, cause error) error {
 	_, cerr := c.t.Store.Claim(ctx, req)
 	_ = c.conn.Conn().Close(ctx)
 	c.conn.Release()
-	return errors.Join(fmt.Errorf("idemkey/postgres: complete in transaction: %w: %w", claim.ErrTxEnded, cause), cerr)
+	return errors.Join(fmt.Errorf("idemkey/store/postgres: complete in transaction: %w: %w", claim.ErrTxEnded, cause), cerr)
 }

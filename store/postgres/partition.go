@@ -67,7 +67,7 @@ type partitioned struct {
 var partitionedFiles embed.FS
 
 // errPartitionedOneTx is OneTx's answer in the partitioned layout.
-var errPartitionedOneTx = fmt.Errorf("%w: postgres: the one-transaction mode (OneTx) does not support the partitioned layout (WithPartitions)", store.ErrInvalid)
+var errPartitionedOneTx = fmt.Errorf("idemkey/store/postgres: %w: the one-transaction mode (OneTx) does not support the partitioned layout (WithPartitions)", store.ErrInvalid)
 
 // useLayout checks the partitioned layout's options and installs its statements;
 // it does nothing for the plain layout. Called by New once the names are set.
@@ -78,11 +78,11 @@ func (s *Store) useLayout() error {
 	}
 	switch {
 	case p.epoch < MinEpoch || p.epoch > MaxEpoch || p.epoch%time.Second != 0:
-		return fmt.Errorf("%w: postgres: partition epoch %v must be whole seconds from %v to %v", store.ErrInvalid, p.epoch, MinEpoch, MaxEpoch)
+		return fmt.Errorf("idemkey/store/postgres: %w: partition epoch %v must be whole seconds from %v to %v", store.ErrInvalid, p.epoch, MinEpoch, MaxEpoch)
 	case s.forceMode:
-		return fmt.Errorf("%w: postgres: the partitioned layout needs session connections for its sweep, not WithTransactionPooler or WithQueryExecMode", store.ErrInvalid)
+		return fmt.Errorf("idemkey/store/postgres: %w: the partitioned layout needs session connections for its sweep, not WithTransactionPooler or WithQueryExecMode", store.ErrInvalid)
 	case strings.Contains(s.schema+s.table, "$idemkey$"):
-		return fmt.Errorf("%w: postgres: names containing $idemkey$ cannot be used with the partitioned layout", store.ErrInvalid)
+		return fmt.Errorf("idemkey/store/postgres: %w: names containing $idemkey$ cannot be used with the partitioned layout", store.ErrInvalid)
 	}
 	t := s.qualified
 	s.claimSQL = `SELECT * FROM ` + s.ident(s.table+"_claim") + `($1, $2, $3, $4, $5, $6)`
@@ -226,7 +226,7 @@ func (p *partitioned) missing(ctx context.Context, err error) bool {
 		return false
 	}
 	if _, err := p.ensure(ctx, s.db); err != nil {
-		s.log().Warn("idemkey/postgres: creating the current epoch's partition failed", "table", s.qualified, "err", err)
+		s.log().Warn("idemkey/store/postgres: creating the current epoch's partition failed", "table", s.qualified, "err", err)
 		return false
 	}
 	return true
@@ -246,7 +246,7 @@ func (p *partitioned) claim(ctx context.Context, req store.ClaimRequest) (store.
 		case err != nil && p.missing(ctx, err):
 			return store.ClaimResult{}, true, nil
 		case err != nil:
-			return store.ClaimResult{}, false, fmt.Errorf("idemkey/postgres: claim: %w", poolerErr(err))
+			return store.ClaimResult{}, false, fmt.Errorf("idemkey/store/postgres: claim: %w", poolerErr(err))
 		}
 		res, err := s.decide(&r, req, tok)
 		return res, false, err

@@ -35,30 +35,30 @@ func (p *partitioned) sweep(ctx context.Context) (dropped int64, err error) {
 	s := p.s
 	q, done, err := p.session(ctx)
 	if err != nil {
-		return 0, fmt.Errorf("idemkey/postgres: sweep: %w", err)
+		return 0, fmt.Errorf("idemkey/store/postgres: sweep: %w", err)
 	}
 	defer done()
 	if err := s.checkLayout(ctx, q); err != nil { // another epoch would number the partitions in other units
-		return 0, fmt.Errorf("idemkey/postgres: sweep: %w", err)
+		return 0, fmt.Errorf("idemkey/store/postgres: sweep: %w", err)
 	}
 	var locked bool
 	if err := q.QueryRow(ctx, `SELECT pg_try_advisory_lock($1, 1)`, p.lockClass()).Scan(&locked); err != nil {
-		return 0, fmt.Errorf("idemkey/postgres: sweep: %w", err)
+		return 0, fmt.Errorf("idemkey/store/postgres: sweep: %w", err)
 	}
 	if !locked {
 		return 0, nil // another process sweeps this table now
 	}
 	defer func() {
 		if _, uerr := q.Exec(context.WithoutCancel(ctx), `SELECT pg_advisory_unlock($1, 1)`, p.lockClass()); uerr != nil && err == nil {
-			err = fmt.Errorf("idemkey/postgres: sweep: unlock: %w", uerr)
+			err = fmt.Errorf("idemkey/store/postgres: sweep: unlock: %w", uerr)
 		}
 	}()
 	if _, err := p.ensure(ctx, q); err != nil {
-		return 0, fmt.Errorf("idemkey/postgres: sweep: create partitions: %w", err)
+		return 0, fmt.Errorf("idemkey/store/postgres: sweep: create partitions: %w", err)
 	}
 	var left int64
 	if err := q.QueryRow(ctx, `SELECT `+s.ident(s.table+"_drop_detached")+`()`).Scan(&left); err != nil {
-		return 0, fmt.Errorf("idemkey/postgres: sweep: drop detached partitions: %w", err)
+		return 0, fmt.Errorf("idemkey/store/postgres: sweep: drop detached partitions: %w", err)
 	}
 	dropped = left
 	var (
@@ -68,7 +68,7 @@ func (p *partitioned) sweep(ctx context.Context) (dropped int64, err error) {
 		cur     int64
 	)
 	if err := q.QueryRow(ctx, partitionsSQL, s.qualified, int64(p.epoch.Seconds())).Scan(&names, &pending, &rows, &cur); err != nil {
-		return 0, fmt.Errorf("idemkey/postgres: sweep: list partitions: %w", err)
+		return 0, fmt.Errorf("idemkey/store/postgres: sweep: list partitions: %w", err)
 	}
 	for i, name := range names {
 		epoch, ok := p.epochOf(name)
@@ -77,7 +77,7 @@ func (p *partitioned) sweep(ctx context.Context) (dropped int64, err error) {
 		}
 		gone, err := p.drop(ctx, q, name, pending[i])
 		if err != nil {
-			return dropped, fmt.Errorf("idemkey/postgres: sweep: partition %s: %w", name, err)
+			return dropped, fmt.Errorf("idemkey/store/postgres: sweep: partition %s: %w", name, err)
 		}
 		if gone {
 			dropped += rows[i]

@@ -42,7 +42,7 @@ func bouncedStore(t testing.TB, admin, bouncer *pgxpool.Pool, opts ...Option) *S
 	if err != nil {
 		t.Fatalf("New: %v", err)
 	}
-	t.Cleanup(s.StopListener)
+	t.Cleanup(s.StopWaiters)
 	t.Cleanup(func() {
 		if _, err := admin.Exec(context.Background(), "DROP SCHEMA IF EXISTS "+pgx.Identifier{schema}.Sanitize()+" CASCADE"); err != nil {
 			t.Errorf("drop schema %s: %v", schema, err)
@@ -92,7 +92,7 @@ func TestPgBouncerWithoutTheOption(t *testing.T) {
 	// Migrated directly: PgBouncer's server connections keep the statements
 	// earlier clients prepared, so an unconfigured Migrate through it may fail
 	// too (with ErrTransactionPooler); this test is about the claims.
-	s := newStore(t, admin, bouncer, WithListenerIdle(0))
+	s := newStore(t, admin, bouncer, WithWaiterIdle(0))
 	ctx := t.Context()
 	var wg sync.WaitGroup
 	errs := make(chan error, 64)

@@ -32,7 +32,7 @@ import (
 // because prepared statements do not survive between statements: a
 // transaction pooler (PgBouncer in transaction mode) that the store was not
 // configured for. Give New WithTransactionPooler.
-var ErrTransactionPooler = errors.New("idemkey/postgres: prepared statements do not survive between statements (a transaction pooler such as PgBouncer in transaction mode?): configure WithTransactionPooler")
+var ErrTransactionPooler = errors.New("idemkey/store/postgres: prepared statements do not survive between statements (a transaction pooler such as PgBouncer in transaction mode?): configure WithTransactionPooler")
 
 // WithQueryExecMode sends every statement of the store (CompleteTx's too) with
 // mode, whatever the Querier's default: pgx.QueryExecModeExec or
@@ -103,7 +103,7 @@ func (s *Store) pollWait(ctx context.Context, id store.ID) error {
 	return waitset.Poll(ctx, s.pollFirst, s.pollMax, func(ctx context.Context) (bool, error) {
 		var live bool
 		if err := s.queryRow(ctx, s.pollSQL, []any{scope, key}, &live); err != nil {
-			return false, fmt.Errorf("idemkey/postgres: wait: %w", err)
+			return false, fmt.Errorf("idemkey/store/postgres: wait: %w", err)
 		}
 		return live, nil
 	})

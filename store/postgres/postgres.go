@@ -132,22 +132,22 @@ func WithLogger(l *slog.Logger) Option { return func(s *Store) { s.logger = l } 
 // name, non-positive batch, negative body cap).
 func New(db Querier, opts ...Option) (*Store, error) {
 	if db == nil {
-		return nil, fmt.Errorf("%w: postgres: nil Querier", store.ErrInvalid)
+		return nil, fmt.Errorf("idemkey/store/postgres: %w: nil Querier", store.ErrInvalid)
 	}
 	s := &Store{db: db, table: DefaultTable, sweepBatch: DefaultSweepBatch, execMode: pgx.QueryExecModeExec}
-	s.waiters.Idle = DefaultListenerIdle
+	s.waiters.Idle = DefaultWaiterIdle
 	for _, o := range opts {
 		o(s)
 	}
 	switch {
 	case s.table == "" || len(s.table) > maxTableName || strings.IndexByte(s.table, 0) >= 0:
-		return nil, fmt.Errorf("%w: postgres: table name %q must be 1-%d bytes without NUL", store.ErrInvalid, s.table, maxTableName)
+		return nil, fmt.Errorf("idemkey/store/postgres: %w: table name %q must be 1-%d bytes without NUL", store.ErrInvalid, s.table, maxTableName)
 	case len(s.schema) > 63 || strings.IndexByte(s.schema, 0) >= 0:
-		return nil, fmt.Errorf("%w: postgres: schema name %q must be at most 63 bytes without NUL", store.ErrInvalid, s.schema)
+		return nil, fmt.Errorf("idemkey/store/postgres: %w: schema name %q must be at most 63 bytes without NUL", store.ErrInvalid, s.schema)
 	case s.sweepBatch <= 0:
-		return nil, fmt.Errorf("%w: postgres: sweep batch %d must be positive", store.ErrInvalid, s.sweepBatch)
+		return nil, fmt.Errorf("idemkey/store/postgres: %w: sweep batch %d must be positive", store.ErrInvalid, s.sweepBatch)
 	case s.maxBody < 0:
-		return nil, fmt.Errorf("%w: postgres: body cap %d must not be negative", store.ErrInvalid, s.maxBody)
+		return nil, fmt.Errorf("idemkey/store/postgres: %w: body cap %d must not be negative", store.ErrInvalid, s.maxBody)
 	}
 	s.qualified = s.ident(s.table)
 	t := s.qualified
@@ -161,7 +161,7 @@ func New(db Querier, opts ...Option) (*Store, error) {
 	s.pollSQL = fmt.Sprintf(pollSQL, t)
 	s.waiters.Listen = s.listen
 	s.waiters.OnError = func(err error) {
-		s.log().Warn("idemkey/postgres: the waiters' listening connection failed", "table", s.qualified, "err", err)
+		s.log().Warn("idemkey/store/postgres: the waiters' listening connection failed", "table", s.qualified, "err", err)
 	}
 	s.renewSQL = fmt.Sprintf(renewSQL, t)
 	s.sweepSQL = fmt.Sprintf(sweepSQL, t)
@@ -293,7 +293,7 @@ func (s *Store) Claim(ctx context.Context, req store.ClaimRequest) (store.ClaimR
 		case errors.Is(err, pgx.ErrNoRows):
 			return store.ClaimResult{}, true, nil // the key was committed after our snapshot: look again
 		case err != nil:
-			return store.ClaimResult{}, false, fmt.Errorf("idemkey/postgres: claim: %w", poolerErr(err))
+			return store.ClaimResult{}, false, fmt.Errorf("idemkey/store/postgres: claim: %w", poolerErr(err))
 		case r.stale:
 			return store.ClaimResult{}, true, nil // our snapshot's row was already replaced: look again
 		}
@@ -320,7 +320,7 @@ func (s *Store) claimLoop(req store.ClaimRequest, op string,
 			return res, err
 		}
 	}
-	return store.ClaimResult{}, fmt.Errorf("idemkey/postgres: %s: no definite answer after %d attempts under contention", op, claimAttempts)
+	return store.ClaimResult{}, fmt.Errorf("idemkey/store/postgres: %s: no definite answer after %d attempts under contention", op, claimAttempts)
 }
 
 // claimRow is a row of claimSQL, or the judgement of a row of rowSQL
@@ -434,10 +434,10 @@ func (s *Store) Renew(ctx context.Context, id store.ID, token store.Token, lease
 
 func holderResult(op string, tag pgconn.CommandTag, err error) error {
 	if err != nil {
-		return fmt.Errorf("idemkey/postgres: %s: %w", op, err)
+		return fmt.Errorf("idemkey/store/postgres: %s: %w", op, err)
 	}
 	if tag.RowsAffected() == 0 {
-		return fmt.Errorf("idemkey/postgres: %s: %w", op, store.ErrLeaseLost)
+		return fmt.Errorf("idemkey/store/postgres: %s: %w", op, store.ErrLeaseLost)
 	}
 	return nil
 }

@@ -77,7 +77,7 @@ func (s *Store) readClaim(ctx context.Context, req store.ClaimRequest, tok store
 	case errors.Is(err, pgx.ErrNoRows):
 		return store.ClaimResult{}, false, nil // a new key
 	case err != nil:
-		return store.ClaimResult{}, false, fmt.Errorf("idemkey/postgres: claim: %w", err)
+		return store.ClaimResult{}, false, fmt.Errorf("idemkey/store/postgres: claim: %w", err)
 	}
 	r := k.judge(req.Fingerprint)
 	if r.stale {

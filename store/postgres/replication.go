@@ -22,7 +22,7 @@ import (
 // ErrNotSynchronous is returned (wrapped) by Migrate with WithSynchronousStandby
 // when the store's commits do not wait for a synchronous standby, or when the
 // store is connected to a standby.
-var ErrNotSynchronous = errors.New("postgres: commits do not wait for a synchronous standby")
+var ErrNotSynchronous = errors.New("idemkey/store/postgres: commits do not wait for a synchronous standby")
 
 // replicationPolicy is the store's start-up check of replication (Migrate).
 type replicationPolicy struct {
@@ -90,7 +90,7 @@ func (s *Store) Replication(ctx context.Context) (Replication, error) {
 	err := s.db.QueryRow(ctx, replicationSQL, pgx.QueryExecModeSimpleProtocol).
 		Scan(&r.SynchronousCommit, &r.SynchronousStandbyNames, &r.Standby, &r.SyncStandbys)
 	if err != nil {
-		return Replication{}, fmt.Errorf("idemkey/postgres: read replication settings: %w", err)
+		return Replication{}, fmt.Errorf("idemkey/store/postgres: read replication settings: %w", err)
 	}
 	return r, nil
 }
@@ -105,19 +105,19 @@ func (s *Store) checkReplication(ctx context.Context) error {
 	}
 	waits := r.WaitsForStandby()
 	if !waits && s.repl.require {
-		return fmt.Errorf("idemkey/postgres: %w (%s): a failover may lose answered keys; "+
+		return fmt.Errorf("idemkey/store/postgres: %w (%s): a failover may lose answered keys; "+
 			"set synchronous_standby_names and synchronous_commit=on, or drop WithSynchronousStandby", ErrNotSynchronous, r)
 	}
 	switch {
 	case s.repl.warned.Load():
 	case !waits:
 		s.repl.warned.Store(true)
-		s.log().Warn("idemkey/postgres: commits do not wait for a synchronous standby: "+
+		s.log().Warn("idemkey/store/postgres: commits do not wait for a synchronous standby: "+
 			"if this server fails over, keys already answered can run again (docs/operations.md)",
 			"table", s.qualified, "replication", r.String())
 	case r.SyncStandbys == 0:
 		s.repl.warned.Store(true)
-		s.log().Warn("idemkey/postgres: synchronous_standby_names is set but no synchronous standby is connected: "+
+		s.log().Warn("idemkey/store/postgres: synchronous_standby_names is set but no synchronous standby is connected: "+
 			"every commit waits until one connects (after a promotion: ALTER SYSTEM RESET synchronous_standby_names)",
 			"table", s.qualified, "replication", r.String())
 	}

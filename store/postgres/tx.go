@@ -19,7 +19,7 @@ import (
 // committed). The handler answers 5xx; the middleware then releases the claim,
 // fenced by the token and by the record being uncompleted, so a record that did
 // commit is kept and replayed, and one that did not is forgotten and the retry runs.
-var ErrCommitUnknown = errors.New("idemkey/postgres: commit outcome unknown")
+var ErrCommitUnknown = errors.New("idemkey/store/postgres: commit outcome unknown")
 
 // CompleteTx completes id's record inside the caller's transaction tx, fenced by
 // token: one UPDATE of the store's table, no other round trip. It is the
@@ -44,7 +44,7 @@ var ErrCommitUnknown = errors.New("idemkey/postgres: commit outcome unknown")
 // MarkCompleted is the same function), or use CommitResponse, which does both.
 func (s *Store) CompleteTx(ctx context.Context, tx pgx.Tx, id store.ID, token store.Token, resp store.Response, retention time.Duration) error {
 	if tx == nil {
-		return fmt.Errorf("%w: postgres: nil transaction", store.ErrInvalid)
+		return fmt.Errorf("idemkey/store/postgres: %w: nil transaction", store.ErrInvalid)
 	}
 	if err := s.checkComplete(id, token, resp, retention); err != nil {
 		return err
@@ -86,7 +86,7 @@ func (s *Store) CompleteTx(ctx context.Context, tx pgx.Tx, id store.ID, token st
 //     the UPDATE: tx was rolled back.
 func (s *Store) CommitResponse(ctx context.Context, tx pgx.Tx, w http.ResponseWriter, resp store.Response) error {
 	if tx == nil {
-		return fmt.Errorf("%w: postgres: nil transaction", store.ErrInvalid)
+		return fmt.Errorf("idemkey/store/postgres: %w: nil transaction", store.ErrInvalid)
 	}
 	cl, ok := claim.FromContext(ctx)
 	if !ok {

@@ -16,20 +16,20 @@ import (
 	"github.com/idemkey/idemkey/store/waitset"
 )
 
-// DefaultListenerIdle is how long the waiters' listening connection stays open
-// after the last waiter left (WithListenerIdle).
-const DefaultListenerIdle = 30 * time.Second
+// DefaultWaiterIdle is how long the waiters' listening connection stays open
+// after the last waiter left (WithWaiterIdle).
+const DefaultWaiterIdle = 30 * time.Second
 
 // ErrNoListener is returned (wrapped) by Wait when the store's Querier cannot lend
 // a connection for LISTEN: only a *pgxpool.Pool can. It wraps
 // errors.ErrUnsupported, so the middleware polls instead.
-var ErrNoListener = fmt.Errorf("idemkey/postgres: wait needs a *pgxpool.Pool to listen on: %w", errors.ErrUnsupported)
+var ErrNoListener = fmt.Errorf("idemkey/store/postgres: wait needs a *pgxpool.Pool to listen on: %w", errors.ErrUnsupported)
 
-// WithListenerIdle sets how long the connection Wait listens on stays open after
-// the last waiter returned (default DefaultListenerIdle; 0 or less: closed at
+// WithWaiterIdle sets how long the connection Wait listens on stays open after
+// the last waiter returned (default DefaultWaiterIdle; 0 or less: closed at
 // once), so a steady trickle of waiting duplicates does not open a connection
 // each.
-func WithListenerIdle(d time.Duration) Option { return func(s *Store) { s.waiters.Idle = d } }
+func WithWaiterIdle(d time.Duration) Option { return func(s *Store) { s.waiters.Idle = d } }
 
 // acquirer is the part of *pgxpool.Pool the listener uses.
 type acquirer interface {
@@ -71,8 +71,8 @@ func channelName(qualified string) string {
 }
 
 // Wait implements store.Waiter with LISTEN/NOTIFY: one listening connection per
-// store (taken out of the pool while anyone waits and WithListenerIdle after,
-// then closed; StopListener closes it at once),
+// store (taken out of the pool while anyone waits and WithWaiterIdle after,
+// then closed; StopWaiters closes it at once),
 // whatever the number of waiters; the notification of a key wakes all its
 // waiters in this process. It registers, makes sure the connection listens, then
 // flags the row as waited for in one statement (the check): no live claim
@@ -90,12 +90,12 @@ func (s *Store) Wait(ctx context.Context, id store.ID) error {
 		return s.pollWait(ctx, id)
 	}
 	if _, ok := s.db.(acquirer); !ok {
-		return fmt.Errorf("idemkey/postgres: wait: %w", ErrNoListener)
+		return fmt.Errorf("idemkey/store/postgres: wait: %w", ErrNoListener)
 	}
 	return s.waiters.Wait(ctx, waitPayload(id), func(ctx context.Context) (bool, error) {
 		tag, err := s.exec(ctx, s.waitSQL, bytesOf(id.Scope), bytesOf(id.Key))
 		if err != nil {
-			return false, fmt.Errorf("idemkey/postgres: wait: %w", err)
+			return false, fmt.Errorf("idemkey/store/postgres: wait: %w", err)
 		}
 		return tag.RowsAffected() > 0, nil
 	})
@@ -108,14 +108,14 @@ func (s *Store) Wait(ctx context.Context, id store.ID) error {
 func (s *Store) listen(ctx context.Context, set *waitset.Set, ready func(error)) error {
 	pc, err := s.db.(acquirer).Acquire(ctx)
 	if err != nil {
-		err = fmt.Errorf("idemkey/postgres: wait: listen: %w", err)
+		err = fmt.Errorf("idemkey/store/postgres: wait: listen: %w", err)
 		ready(err)
 		return err
 	}
 	conn := pc.Hijack()
 	defer conn.Close(context.Background())
 	if _, err := conn.Exec(ctx, "LISTEN "+pgx.Identifier{s.channel}.Sanitize()); err != nil {
-		err = fmt.Errorf("idemkey/postgres: wait: listen: %w", err)
+		err = fmt.Errorf("idemkey/store/postgres: wait: listen: %w", err)
 		ready(err)
 		return err
 	}
@@ -126,7 +126,7 @@ func (s *Store) listen(ctx context.Context, set *waitset.Set, ready func(error))
 			if ctx.Err() != nil {
 				return nil
 			}
-			return fmt.Errorf("idemkey/postgres: wait: listen: %w", err)
+			return fmt.Errorf("idemkey/store/postgres: wait: listen: %w", err)
 		}
 		if n.Channel == s.channel {
 			set.Notify(n.Payload)
@@ -134,8 +134,8 @@ func (s *Store) listen(ctx context.Context, set *waitset.Set, ready func(error))
 	}
 }
 
-// StopListener closes the waiters' listening connection now, if open, and waits
+// StopWaiters closes the waiters' listening connection now, if open, and waits
 // for its goroutine to end; waiters still waiting are woken (they claim again)
 // and a later Wait opens it again. Call it when shutting down, after the last
 // request.
-func (s *Store) StopListener() { s.waiters.Stop() }
+func (s *Store) StopWaiters() { s.waiters.Stop() }

@@ -16,7 +16,7 @@ import (
 func TestWaiting(t *testing.T) {
 	pool := newPool(t, "")
 	storetest.RunWaiting(t, func(t *testing.T) storetest.WaitSubject {
-		s := newStore(t, pool, nil, WithListenerIdle(0))
+		s := newStore(t, pool, nil, WithWaiterIdle(0))
 		return storetest.WaitSubject{Store: s, Waiting: func() int { return int(s.Stats().Waiters) }}
 	})
 }
@@ -35,10 +35,10 @@ func listeners(t *testing.T, s *Store, db Querier) int {
 // TestWaitOneListenerPerStore: any number of waiters on any number of keys share
 // one listening connection; one notification wakes every waiter of its key and
 // no other; once the last waiter returns the connection is handed back
-// (WithListenerIdle(0)) and its goroutine ends.
+// (WithWaiterIdle(0)) and its goroutine ends.
 func TestWaitOneListenerPerStore(t *testing.T) {
 	pool := newPool(t, "")
-	s := newStore(t, pool, nil, WithListenerIdle(0))
+	s := newStore(t, pool, nil, WithWaiterIdle(0))
 	const keys, per = 3, 5
 	ids := make([]store.ID, keys)
 	toks := make([]store.Token, keys)
@@ -107,7 +107,7 @@ func TestWaitOneListenerPerStore(t *testing.T) {
 			t.Fatalf("cancelled waiter: %v", err)
 		}
 	}
-	s.StopListener() // waits for the listening goroutine, already stopped (WithListenerIdle(0))
+	s.StopWaiters() // waits for the listening goroutine, already stopped (WithWaiterIdle(0))
 	if st := s.Stats(); st.Waiters != 0 || st.Listening {
 		t.Fatalf("after every waiter returned: %+v", st)
 	}

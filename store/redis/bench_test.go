@@ -28,7 +28,7 @@ func BenchmarkTransitions(b *testing.B) {
 	var seq atomic.Int64
 	fp := store.Fingerprint{1, 2, 3}
 	resp := store.Response{Status: 201, Header: map[string][]string{"Content-Type": {"application/json"}}, Body: []byte(`{"id":42,"amountCents":1000}`)}
-	s := New(c, WithPrefix("bench:"))
+	s := NewForTest(b, c, WithPrefix("bench:"))
 
 	viaStore := func() error {
 		id := store.ID{Scope: "bench", Key: "k" + strconv.FormatInt(seq.Add(1), 10)}
@@ -132,7 +132,7 @@ func BenchmarkReplay(b *testing.B) {
 	c := goredis.NewClient(&goredis.Options{Addr: srv.Addr})
 	b.Cleanup(func() { _ = c.Close() })
 	ctx := context.Background()
-	s := New(c, WithPrefix("bench:"))
+	s := NewForTest(b, c, WithPrefix("bench:"))
 	req := store.ClaimRequest{ID: store.ID{Scope: "tenant-1", Key: "0b6f0d2c-3d4e-4c8a-9d1e-2f3a4b5c6d7e"},
 		Fingerprint: store.Fingerprint{1, 2, 3}, Lease: 10 * time.Second, Retention: time.Hour}
 	r, err := s.Claim(ctx, req)
@@ -176,7 +176,7 @@ func BenchmarkFirstExecution(b *testing.B) {
 	c := goredis.NewClient(&goredis.Options{Addr: srv.Addr})
 	b.Cleanup(func() { _ = c.Close() })
 	ctx := context.Background()
-	s := New(c, WithPrefix("bench:"))
+	s := NewForTest(b, c, WithPrefix("bench:"))
 	resp := store.Response{Status: 201, Header: map[string][]string{"Content-Type": {"application/json"}},
 		Body: []byte(`{"balanceCents":98766,"aggregateVersion":42}`)}
 	req := store.ClaimRequest{Fingerprint: store.Fingerprint{1, 2, 3}, Lease: 10 * time.Second, Retention: time.Hour}

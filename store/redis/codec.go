@@ -37,7 +37,7 @@ func keyFor(prefix string, id store.ID) string {
 }
 
 func corrupt(what string) error {
-	return fmt.Errorf("%w: redis: bad %s", store.ErrCorrupt, what)
+	return fmt.Errorf("idemkey/store/redis: %w: bad %s", store.ErrCorrupt, what)
 }
 
 // reply is a script's reply: an array whose first element is the result code.
@@ -67,7 +67,7 @@ func asReply(v any) (reply, int64, error) {
 	return a, code, nil
 }
 
-var errForeign = fmt.Errorf("%w: redis: foreign data under the record key", store.ErrCorrupt)
+var errForeign = fmt.Errorf("idemkey/store/redis: %w: foreign data under the record key", store.ErrCorrupt)
 
 func (r reply) str(i int) (string, bool) {
 	if i >= len(r) {

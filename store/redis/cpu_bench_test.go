@@ -42,7 +42,7 @@ func BenchmarkServerCPU(b *testing.B) {
 	info := goredis.NewClient(&goredis.Options{Addr: srv.Addr, PoolSize: 1})
 	b.Cleanup(func() { _, _ = c.Close(), info.Close() })
 	ctx := context.Background()
-	s := New(c, WithPrefix("cpu:"))
+	s := NewForTest(b, c, WithPrefix("cpu:"))
 	fp := store.Fingerprint{1, 2, 3}
 	resp := store.Response{Status: 201, Header: map[string][]string{"Content-Type": {"application/json"}},
 		Body: []byte(`{"balanceCents":98766,"aggregateVersion":42}`)}

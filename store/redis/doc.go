@@ -6,9 +6,9 @@
 //
 //	client := goredis.NewClient(&goredis.Options{Addr: "127.0.0.1:6379",
 //		ContextTimeoutEnabled: true}) // the store's deadlines bound socket reads too
-//	st := redis.New(client, redis.WithPrefix("payments:idem:"))
-//	err := st.CheckEvictionPolicy(ctx) // at startup: records need noeviction
-//	defer st.StopSubscriber()           // after the last request
+//	st, err := redis.New(client, redis.WithPrefix("payments:idem:"))
+//	err = st.CheckEvictionPolicy(ctx)  // at startup: records need noeviction
+//	defer st.StopWaiters()             // after the last request
 //	m, err := middleware.New(st, middleware.ScopeFromHeader("X-Client-ID", "anonymous"))
 //	err = http.ListenAndServe(addr, m.Handler(mux))
 //
@@ -45,7 +45,7 @@
 // decimal length makes the layout injective for arbitrary bytes in scope and key. The
 // braces are the Cluster hash tag, so every key of one (scope, key) lives in one slot
 // and each command and script is legal on Cluster. The prefix (WithPrefix, default
-// "idemkey:") separates applications sharing a server; it should not contain "{".
+// "idemkey:") separates applications sharing a server; New refuses one with a brace.
 // The value is either a 67-byte in-flight marker (fingerprint, fencing token and
 // the lease, the key expiring with the claim's retention) or the completed record
 // (fingerprint, token, millisecond times, status, the headers in the compact binary

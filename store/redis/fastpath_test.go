@@ -44,7 +44,7 @@ func TestPeek(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			s := redis.New(c, redis.WithPrefix(redistest.Prefix(t, c)))
+			s := redis.NewForTest(t, c, redis.WithPrefix(redistest.Prefix(t, c)))
 			id := store.ID{Scope: "tenant", Key: "k"}
 			if err := tc.setup(s, id); err != nil {
 				t.Fatal(err)
@@ -76,7 +76,7 @@ func TestPeek(t *testing.T) {
 func TestMarkIsFenced(t *testing.T) {
 	c := redistest.Shared(t)
 	ctx := t.Context()
-	s := redis.New(c, redis.WithPrefix(redistest.Prefix(t, c)))
+	s := redis.NewForTest(t, c, redis.WithPrefix(redistest.Prefix(t, c)))
 	id := store.ID{Scope: "tenant", Key: "k"}
 	holder, other := store.NewToken(), store.NewToken()
 	if err := s.Mark(ctx, id, fpA, holder, 2*time.Second); err != nil {
@@ -100,7 +100,7 @@ func TestMarkIsFenced(t *testing.T) {
 }
 
 func TestFastPathInvalid(t *testing.T) {
-	s := redis.New(nil)
+	s := redis.NewForTest(t, unconnected(t))
 	ctx := t.Context()
 	id := store.ID{Scope: "s", Key: "k"}
 	for name, err := range map[string]error{
@@ -111,10 +111,6 @@ func TestFastPathInvalid(t *testing.T) {
 		"fill bad status":     s.Fill(ctx, id, &store.Record{}, time.Second),
 		"complete zero token": s.Complete(ctx, id, store.Token{}, store.Response{Status: 200}, time.Second),
 		"renew no lease":      s.Renew(ctx, id, store.NewToken(), 0),
-		"nil client": func() error {
-			_, err := s.Claim(ctx, store.ClaimRequest{ID: id, Lease: time.Second, Retention: time.Second})
-			return err
-		}(),
 	} {
 		if !errors.Is(err, store.ErrInvalid) {
 			t.Errorf("%s: %v, want ErrInvalid", name, err)

@@ -47,7 +47,7 @@ func TestFillNeverReplacesARecord(t *testing.T) {
 		{"garbage", func(s *redis.Store, id store.ID) { c.Set(ctx, s.Key(id), "garbage", time.Minute) }, fpA, store.Completed, "old"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			s := redis.New(c, redis.WithPrefix(redistest.Prefix(t, c)))
+			s := redis.NewForTest(t, c, redis.WithPrefix(redistest.Prefix(t, c)))
 			id := store.ID{Scope: "tenant", Key: "k"}
 			tc.setup(s, id)
 			if err := s.Fill(ctx, id, old, time.Minute); err != nil {

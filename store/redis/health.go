@@ -14,7 +14,7 @@ var _ store.Pinger = (*Store)(nil)
 // client's, wrapped; store.ErrInvalid for a nil client.
 func (s *Store) Ping(ctx context.Context) error {
 	if s.client == nil {
-		return fmt.Errorf("%w: redis: nil client", store.ErrInvalid)
+		return fmt.Errorf("idemkey/store/redis: %w: nil client", store.ErrInvalid)
 	}
 	if err := s.client.Ping(ctx).Err(); err != nil {
 		return fmt.Errorf("idemkey/store/redis: ping: %w", err)

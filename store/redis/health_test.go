@@ -14,13 +14,13 @@ import (
 // stopped (a private one) or without a client.
 func TestPing(t *testing.T) {
 	ctx := t.Context()
-	if err := New(redistest.Shared(t)).Ping(ctx); err != nil {
+	if err := NewForTest(t, redistest.Shared(t)).Ping(ctx); err != nil {
 		t.Errorf("shared server: Ping = %v", err)
 	}
 	srv := redistest.StartServer(t)
 	c := goredis.NewClient(&goredis.Options{Addr: srv.Addr, MaxRetries: -1})
 	defer c.Close()
-	s := New(c)
+	s := NewForTest(t, c)
 	if err := s.Ping(ctx); err != nil {
 		t.Fatalf("private server: Ping = %v", err)
 	}
@@ -28,7 +28,7 @@ func TestPing(t *testing.T) {
 	if err := s.Ping(ctx); err == nil || errors.Is(err, store.ErrDegraded) {
 		t.Errorf("stopped server: Ping = %v, want the client's error", err)
 	}
-	if err := New(nil).Ping(ctx); !errors.Is(err, store.ErrInvalid) {
+	if err := (&Store{}).Ping(ctx); !errors.Is(err, store.ErrInvalid) {
 		t.Errorf("nil client: Ping = %v, want ErrInvalid", err)
 	}
 }

@@ -32,7 +32,7 @@ func TestHungRedisThroughMiddleware(t *testing.T) {
 	t.Cleanup(func() { _ = c.Close() })
 	const bound = 500 * time.Millisecond
 	var runs atomic.Int32
-	m, err := middleware.New(redis.New(c), middleware.GlobalScope, middleware.WithStoreFailure(policy.StoreFailureRule{Timeouts: claim.Timeouts{Claim: bound}}))
+	m, err := middleware.New(redis.NewForTest(t, c), middleware.GlobalScope, middleware.WithStoreFailure(policy.StoreFailureRule{Timeouts: claim.Timeouts{Claim: bound}}))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -129,7 +129,7 @@ func TestRedisHungWhileHandlerRuns(t *testing.T) {
 	c := goredis.NewClient(&goredis.Options{Addr: srv.Addr, ContextTimeoutEnabled: true, PoolSize: 4})
 	t.Cleanup(func() { _ = c.Close() })
 	pid := srv.Pid()
-	storetest.HungWhileHandlerRuns(t, redis.New(c),
+	storetest.HungWhileHandlerRuns(t, redis.NewForTest(t, c),
 		func() {
 			if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
 				t.Fatal(err)

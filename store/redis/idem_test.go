@@ -13,6 +13,6 @@ import (
 func TestIdem(t *testing.T) {
 	c := redistest.Shared(t)
 	idemtest.Run(t, func(t *testing.T) store.Store {
-		return redis.New(c, redis.WithPrefix(redistest.Prefix(t, c)))
+		return redis.NewForTest(t, c, redis.WithPrefix(redistest.Prefix(t, c)))
 	})
 }

@@ -34,7 +34,7 @@ func TestInspectorForeignData(t *testing.T) {
 		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			s := redis.New(c, redis.WithPrefix(redistest.Prefix(t, c)))
+			s := redis.NewForTest(t, c, redis.WithPrefix(redistest.Prefix(t, c)))
 			id := store.ID{Scope: "s", Key: "k"}
 			key := s.Key(id)
 			tc.setup(key)
@@ -62,7 +62,7 @@ func TestInspectorRoundTrips(t *testing.T) {
 	hook := &redistest.CommandCounter{}
 	c.AddHook(hook)
 	ctx := t.Context()
-	s := redis.New(c, redis.WithPrefix(redistest.Prefix(t, shared)))
+	s := redis.NewForTest(t, c, redis.WithPrefix(redistest.Prefix(t, shared)))
 	warm := store.ID{Scope: "warm", Key: "k"} // load both scripts once
 	_, _ = s.Inspect(ctx, warm)
 	_, _, _ = s.Evict(ctx, warm, store.EvictAny)

@@ -25,7 +25,7 @@ import (
 func TestMarkerWithoutExpiry(t *testing.T) {
 	c := redistest.Shared(t)
 	ctx := t.Context()
-	s := redis.New(c, redis.WithPrefix(redistest.Prefix(t, c)))
+	s := redis.NewForTest(t, c, redis.WithPrefix(redistest.Prefix(t, c)))
 	for _, end := range []string{"complete", "release"} {
 		id := store.ID{Scope: "s", Key: end}
 		req := claimReq(id, fpA)
@@ -94,7 +94,7 @@ func endLease(ctx context.Context, c *goredis.Client, key string) error {
 func TestTakeoverFencesTheStaleHolder(t *testing.T) {
 	c := redistest.Shared(t)
 	ctx := t.Context()
-	s := redis.New(c, redis.WithPrefix(redistest.Prefix(t, c)))
+	s := redis.NewForTest(t, c, redis.WithPrefix(redistest.Prefix(t, c)))
 	id := store.ID{Scope: "s{x}:\x00", Key: "}{k\x00"}
 	req := claimReq(id, fpA)
 	stale, err := s.Claim(ctx, req)

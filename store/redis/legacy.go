@@ -249,5 +249,5 @@ func claimResult(v any, fp store.Fingerprint, tok store.Token) (store.ClaimResul
 	case 4:
 		return store.ClaimResult{Outcome: store.Mismatch}, nil
 	}
-	return store.ClaimResult{}, fmt.Errorf("%w: redis: bad claim reply code", store.ErrCorrupt)
+	return store.ClaimResult{}, fmt.Errorf("idemkey/store/redis: %w: bad claim reply code", store.ErrCorrupt)
 }

@@ -52,7 +52,7 @@ func (l legacyWriter) Claim(ctx context.Context, req store.ClaimRequest) (store.
 func TestLegacyClaimOfAnExpiredHash(t *testing.T) {
 	c := redistest.Shared(t)
 	ctx := t.Context()
-	s := New(c, WithPrefix(redistest.Prefix(t, c)))
+	s := NewForTest(t, c, WithPrefix(redistest.Prefix(t, c)))
 	req := store.ClaimRequest{ID: store.ID{Scope: "s", Key: "k"}, Lease: time.Second, Retention: time.Minute}
 	tok := store.NewToken()
 	m := make([]byte, markerLen)
@@ -75,12 +75,12 @@ func TestLegacyClaimOfAnExpiredHash(t *testing.T) {
 func TestConformanceLegacyRecords(t *testing.T) {
 	c := redistest.Shared(t)
 	storetest.Run(t, func(t *testing.T) storetest.Subject {
-		s := New(c, WithPrefix(redistest.Prefix(t, c)))
-		t.Cleanup(s.StopSubscriber)
+		s := NewForTest(t, c, WithPrefix(redistest.Prefix(t, c)))
+		t.Cleanup(s.StopWaiters)
 		return storetest.Subject{Store: legacyWriter{s}}
 	})
 	// The wrapper really wrote hashes.
-	s := New(c, WithPrefix(redistest.Prefix(t, c)))
+	s := NewForTest(t, c, WithPrefix(redistest.Prefix(t, c)))
 	id := store.ID{Scope: "s", Key: "k"}
 	if _, err := (legacyWriter{s}).Claim(t.Context(), store.ClaimRequest{ID: id, Lease: storetest.Lease, Retention: storetest.Retention}); err != nil {
 		t.Fatal(err)
@@ -96,7 +96,7 @@ func TestConformanceLegacyRecords(t *testing.T) {
 func TestPreviousReleaseFailsClosed(t *testing.T) {
 	c := redistest.Shared(t)
 	ctx := t.Context()
-	s := New(c, WithPrefix(redistest.Prefix(t, c)))
+	s := NewForTest(t, c, WithPrefix(redistest.Prefix(t, c)))
 	for _, done := range []bool{false, true} {
 		req := store.ClaimRequest{ID: store.ID{Scope: "s", Key: fmt.Sprint(done)}, Lease: time.Second, Retention: time.Minute}
 		res, err := s.Claim(ctx, req)

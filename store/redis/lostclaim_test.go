@@ -26,5 +26,5 @@ func TestHungRedisLostClaimReleased(t *testing.T) {
 			}
 		}
 	}
-	storetest.LostClaimReleased(t, redis.New(c), signal(syscall.SIGSTOP), signal(syscall.SIGCONT))
+	storetest.LostClaimReleased(t, redis.NewForTest(t, c), signal(syscall.SIGSTOP), signal(syscall.SIGCONT))
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
 	"math"
 	"strings"
 	"time"
@@ -37,28 +36,37 @@ var (
 type Option func(*Store)
 
 // WithPrefix sets the prefix of every key the store writes (default DefaultPrefix).
-// Use one prefix per application or tenant database; tests use a random one. The
-// prefix should not contain "{" (see the key layout in the package doc).
+// Use one prefix per application or tenant database; tests use a random one. A
+// prefix containing "{" or "}" makes New fail: the first braces of a key are its
+// Cluster hash tag (see the key layout in the package doc).
 func WithPrefix(prefix string) Option {
 	return func(s *Store) { s.prefix = prefix }
 }
 
 // New returns a Store on client, which may be a single node (*redis.Client), a
-// Sentinel failover client or a *redis.ClusterClient. New does no I/O; scripts are
-// loaded on first use (EVALSHA, falling back to EVAL on NOSCRIPT).
-func New(client goredis.UniversalClient, opts ...Option) *Store {
+// Sentinel failover client or a *redis.ClusterClient; create it with
+// ContextTimeoutEnabled, or the store's deadlines do not bound socket reads. New
+// does no I/O; scripts are loaded on first use (EVALSHA, falling back to EVAL on
+// NOSCRIPT). Errors (store.ErrInvalid): a nil client, a prefix with a brace.
+func New(client goredis.UniversalClient, opts ...Option) (*Store, error) {
 	s := &Store{client: client, prefix: DefaultPrefix}
-	s.waiters.Idle = DefaultSubscriberIdle
+	s.waiters.Idle = DefaultWaiterIdle
 	for _, o := range opts {
 		o(s)
+	}
+	switch {
+	case client == nil:
+		return nil, fmt.Errorf("idemkey/store/redis: %w: nil client", store.ErrInvalid)
+	case strings.ContainsAny(s.prefix, "{}"):
+		return nil, fmt.Errorf("idemkey/store/redis: %w: WithPrefix %q contains a brace, which would move the Cluster hash tag", store.ErrInvalid, s.prefix)
 	}
 	s.channel = s.prefix + "waits"
 	s.chanArg = s.channel
 	s.waiters.Listen = s.subscribe
 	if s.waiters.OnError == nil {
-		WithLogger(slog.Default())(s)
+		WithLogger(nil)(s)
 	}
-	return s
+	return s, nil
 }
 
 // Key returns the Redis key holding id's record (layout in the package doc). Useful
@@ -286,7 +294,7 @@ func (s *Store) run(ctx context.Context, op string, sc *goredis.Script, key stri
 	return v, nil
 }
 
-var errNilClient = fmt.Errorf("%w: redis: nil client", store.ErrInvalid)
+var errNilClient = fmt.Errorf("idemkey/store/redis: %w: nil client", store.ErrInvalid)
 
 // millis is ms milliseconds as a Duration (go-redis then sends PX, or EX for
 // whole seconds); ms is at most maxTTL.
@@ -421,7 +429,7 @@ var ErrEvictionPolicy = errors.New("idemkey/store/redis: maxmemory-policy is not
 // client's error instead. Not needed when the store only serves store/tiered.
 func (s *Store) CheckEvictionPolicy(ctx context.Context) error {
 	if s.client == nil {
-		return fmt.Errorf("%w: redis: nil client", store.ErrInvalid)
+		return fmt.Errorf("idemkey/store/redis: %w: nil client", store.ErrInvalid)
 	}
 	m, err := s.client.ConfigGet(ctx, "maxmemory-policy").Result()
 	if err != nil {

@@ -23,8 +23,8 @@ import (
 func TestConformance(t *testing.T) {
 	c := redistest.Shared(t)
 	storetest.Run(t, func(t *testing.T) storetest.Subject {
-		s := redis.New(c, redis.WithPrefix(redistest.Prefix(t, c)))
-		t.Cleanup(s.StopSubscriber)
+		s := redis.NewForTest(t, c, redis.WithPrefix(redistest.Prefix(t, c)))
+		t.Cleanup(s.StopWaiters)
 		return storetest.Subject{Store: s}
 	})
 }
@@ -38,8 +38,8 @@ func TestConformanceCluster(t *testing.T) {
 	c := redistest.StartCluster(t)
 	t.Run("HashSlot", func(t *testing.T) { testHashSlot(t, c) })
 	storetest.Run(t, func(t *testing.T) storetest.Subject {
-		s := redis.New(c, redis.WithPrefix(redistest.Prefix(t, c)))
-		t.Cleanup(s.StopSubscriber)
+		s := redis.NewForTest(t, c, redis.WithPrefix(redistest.Prefix(t, c)))
+		t.Cleanup(s.StopWaiters)
 		return storetest.Subject{Store: s}
 	})
 	// The suite's keys really were spread over the masters.
@@ -63,8 +63,8 @@ func TestConformanceSentinel(t *testing.T) {
 	}
 	c := redistest.StartSentinel(t)
 	storetest.Run(t, func(t *testing.T) storetest.Subject {
-		s := redis.New(c, redis.WithPrefix(redistest.Prefix(t, c)))
-		t.Cleanup(s.StopSubscriber)
+		s := redis.NewForTest(t, c, redis.WithPrefix(redistest.Prefix(t, c)))
+		t.Cleanup(s.StopWaiters)
 		return storetest.Subject{Store: s}
 	})
 }
@@ -79,7 +79,7 @@ func claimReq(id store.ID, fp store.Fingerprint) store.ClaimRequest {
 }
 
 func TestKeyLayoutInjective(t *testing.T) {
-	s := redis.New(nil, redis.WithPrefix("p:"))
+	s := redis.NewForTest(t, unconnected(t), redis.WithPrefix("p:"))
 	ids := []store.ID{
 		{Scope: "", Key: "ab"}, {Scope: "a", Key: "b"}, {Scope: "ab", Key: ""},
 		{Scope: "1:a", Key: "b"}, {Scope: "1", Key: ":ab"}, {Scope: "a}", Key: "{b"},
@@ -132,7 +132,7 @@ func TestCorruptRecord(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			s := redis.New(c, redis.WithPrefix(redistest.Prefix(t, c)))
+			s := redis.NewForTest(t, c, redis.WithPrefix(redistest.Prefix(t, c)))
 			id := store.ID{Scope: "s", Key: "k"}
 			key := s.Key(id)
 			tc.setup(key)
@@ -151,7 +151,7 @@ func TestCorruptRecord(t *testing.T) {
 		})
 	}
 	// Fenced transitions on foreign data of another type are errors too, never a panic.
-	s := redis.New(c, redis.WithPrefix(redistest.Prefix(t, c)))
+	s := redis.NewForTest(t, c, redis.WithPrefix(redistest.Prefix(t, c)))
 	id := store.ID{Scope: "s", Key: "k"}
 	c.Set(ctx, s.Key(id), "garbage", time.Minute)
 	if err := s.Complete(ctx, id, tok, store.Response{Status: 200}, time.Minute); !errors.Is(err, store.ErrCorrupt) {
@@ -179,7 +179,7 @@ func record(flags byte, status, hlen int, rest string) string {
 func TestRecordLayout(t *testing.T) {
 	c := redistest.Shared(t)
 	ctx := t.Context()
-	s := redis.New(c, redis.WithPrefix(redistest.Prefix(t, c)))
+	s := redis.NewForTest(t, c, redis.WithPrefix(redistest.Prefix(t, c)))
 	id := store.ID{Scope: "tenant", Key: "k"}
 	before := time.Now().UnixMilli()
 	res, err := s.Claim(ctx, claimReq(id, fpA))
@@ -222,7 +222,7 @@ func TestRecordLayout(t *testing.T) {
 func TestRenewRaisesTTL(t *testing.T) {
 	c := redistest.Shared(t)
 	ctx := t.Context()
-	s := redis.New(c, redis.WithPrefix(redistest.Prefix(t, c)))
+	s := redis.NewForTest(t, c, redis.WithPrefix(redistest.Prefix(t, c)))
 	id := store.ID{Scope: "tenant", Key: "k"}
 	r := store.ClaimRequest{ID: id, Fingerprint: fpA, Lease: time.Second, Retention: 2 * time.Second}
 	res, err := s.Claim(ctx, r)
@@ -243,7 +243,7 @@ func TestNoScriptFallback(t *testing.T) {
 	c := goredis.NewClient(&goredis.Options{Addr: srv.Addr})
 	t.Cleanup(func() { _ = c.Close() })
 	ctx := t.Context()
-	s := redis.New(c)
+	s := redis.NewForTest(t, c)
 	id := store.ID{Scope: "tenant", Key: "k"}
 	held, err := s.Claim(ctx, claimReq(id, fpA))
 	if err != nil {
@@ -277,7 +277,7 @@ func TestOneRoundTripPerTransition(t *testing.T) {
 	hook := &redistest.CommandCounter{}
 	c.AddHook(hook)
 	ctx := t.Context()
-	s := redis.New(c, redis.WithPrefix(redistest.Prefix(t, shared)))
+	s := redis.NewForTest(t, c, redis.WithPrefix(redistest.Prefix(t, shared)))
 	warm := store.ID{Scope: "warm", Key: "k"} // load every script once
 	r, _ := s.Claim(ctx, claimReq(warm, fpA))
 	_ = s.Renew(ctx, warm, r.Token, time.Second)
@@ -332,7 +332,7 @@ func TestCheckEvictionPolicy(t *testing.T) {
 	}{{"noeviction", true}, {"volatile-lru", false}, {"allkeys-lru", false}} {
 		srv := redistest.StartServer(t, "--maxmemory-policy", tc.policy)
 		c := goredis.NewClient(&goredis.Options{Addr: srv.Addr})
-		err := redis.New(c).CheckEvictionPolicy(t.Context())
+		err := redis.NewForTest(t, c).CheckEvictionPolicy(t.Context())
 		_ = c.Close()
 		if tc.ok != (err == nil) || (!tc.ok && !errors.Is(err, redis.ErrEvictionPolicy)) {
 			t.Errorf("%s: %v", tc.policy, err)
@@ -342,7 +342,7 @@ func TestCheckEvictionPolicy(t *testing.T) {
 
 // testHashSlot checks with the server that a key's slot is the slot of its tag.
 func testHashSlot(t *testing.T, c *goredis.ClusterClient) {
-	s := redis.New(c, redis.WithPrefix("p:"))
+	s := redis.NewForTest(t, c, redis.WithPrefix("p:"))
 	for _, id := range []store.ID{{Scope: "tenant", Key: "order-42"}, {Scope: "a}b", Key: "c"}, {Scope: "", Key: "{x}"}} {
 		key := s.Key(id)
 		tag := key[strings.IndexByte(key, '{')+1:]
@@ -365,8 +365,8 @@ func TestCompletionIsOneGetOneSet(t *testing.T) {
 	c := goredis.NewClient(&goredis.Options{Addr: srv.Addr})
 	t.Cleanup(func() { _ = c.Close() })
 	ctx := t.Context()
-	s := redis.New(c)
-	t.Cleanup(s.StopSubscriber)
+	s := redis.NewForTest(t, c)
+	t.Cleanup(s.StopWaiters)
 	calls := func() map[string]int64 {
 		m := map[string]int64{}
 		for _, line := range strings.Split(c.Info(ctx, "commandstats").Val(), "\r\n") {

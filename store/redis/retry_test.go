@@ -40,7 +40,7 @@ func TestClientRetriesAreIdempotent(t *testing.T) {
 	t.Cleanup(func() { _ = c.Close() })
 	c.AddHook(redeliverHook{})
 	ctx := t.Context()
-	s := redis.New(c, redis.WithPrefix(redistest.Prefix(t, shared)))
+	s := redis.NewForTest(t, c, redis.WithPrefix(redistest.Prefix(t, shared)))
 	id := store.ID{Scope: "tenant", Key: "k"}
 
 	res, err := s.Claim(ctx, claimReq(id, fpA))

@@ -16,7 +16,7 @@ import (
 func TestForeverTTL(t *testing.T) {
 	c := redistest.Shared(t)
 	ctx := t.Context()
-	s := redis.New(c, redis.WithPrefix(redistest.Prefix(t, c)))
+	s := redis.NewForTest(t, c, redis.WithPrefix(redistest.Prefix(t, c)))
 	now := time.Now()
 	rec := &store.Record{Fingerprint: fpA, Response: store.Response{Status: 200}, CreatedAt: now, CompletedAt: now, ExpiresAt: now}
 	for _, d := range []time.Duration{math.MaxInt64, math.MaxInt64 - 1, math.MaxInt64 / 2, 100 * 365 * 24 * time.Hour} {

@@ -12,19 +12,22 @@ import (
 	"github.com/idemkey/idemkey/store/waitset"
 )
 
-// DefaultSubscriberIdle is how long the waiters' subscription stays open after
-// the last waiter left (WithSubscriberIdle).
-const DefaultSubscriberIdle = 30 * time.Second
+// DefaultWaiterIdle is how long the waiters' subscription stays open after
+// the last waiter left (WithWaiterIdle).
+const DefaultWaiterIdle = 30 * time.Second
 
-// WithSubscriberIdle sets how long the subscription Wait listens on stays open
-// after the last waiter returned (default DefaultSubscriberIdle; 0 or less:
+// WithWaiterIdle sets how long the subscription Wait listens on stays open
+// after the last waiter returned (default DefaultWaiterIdle; 0 or less:
 // closed at once).
-func WithSubscriberIdle(d time.Duration) Option { return func(s *Store) { s.waiters.Idle = d } }
+func WithWaiterIdle(d time.Duration) Option { return func(s *Store) { s.waiters.Idle = d } }
 
-// WithLogger sets the logger told of a failed waiters' subscription (default
+// WithLogger sets the logger told of a failed waiters' subscription (nil:
 // slog.Default()).
 func WithLogger(l *slog.Logger) Option {
 	return func(s *Store) {
+		if l == nil {
+			l = slog.Default()
+		}
 		s.waiters.OnError = func(err error) {
 			l.Warn("idemkey/store/redis: the waiters' subscription failed", "channel", s.channel, "err", err)
 		}
@@ -33,7 +36,7 @@ func WithLogger(l *slog.Logger) Option {
 
 // Wait implements store.Waiter with Redis pub/sub: one subscription per store,
 // to the channel "<prefix>waits", whatever the number of waiters (open while
-// anyone waits and WithSubscriberIdle after); the message of a key wakes all its
+// anyone waits and WithWaiterIdle after); the message of a key wakes all its
 // waiters in this process. It registers, makes sure the subscription is
 // confirmed, then flags the record as waited for in one script (the check): no
 // live claim returns nil at once. Complete and Release of a flagged marker
@@ -47,7 +50,7 @@ func (s *Store) Wait(ctx context.Context, id store.ID) error {
 		return err
 	}
 	if s.client == nil {
-		return fmt.Errorf("%w: redis: nil client", store.ErrInvalid)
+		return fmt.Errorf("idemkey/store/redis: %w: nil client", store.ErrInvalid)
 	}
 	key := keyFor(s.prefix, id)
 	return s.waiters.Wait(ctx, key, func(ctx context.Context) (bool, error) {
@@ -110,11 +113,22 @@ func (s *Store) subscribe(ctx context.Context, set *waitset.Set, ready func(erro
 	}
 }
 
-// StopSubscriber closes the waiters' subscription now, if open, and waits for it
+// StopWaiters closes the waiters' subscription now, if open, and waits for it
 // to end; waiters still waiting are woken (they claim again) and a later Wait
 // subscribes again. Call it when shutting down, after the last request.
-func (s *Store) StopSubscriber() { s.waiters.Stop() }
+func (s *Store) StopWaiters() { s.waiters.Stop() }
 
-// WaitStats returns the number of Wait calls in progress and whether their
-// subscription is open.
-func (s *Store) WaitStats() (waiters int, subscribed bool) { return s.waiters.Stats() }
+// Stats are the store's own counters, as postgres.Stats names them.
+type Stats struct {
+	// Waiters is the number of Wait calls in progress (duplicates waiting for a
+	// claim in flight), and Listening whether their subscription is open.
+	Waiters   int64
+	Listening bool
+}
+
+// Stats returns the counters. It is safe to call concurrently with every other
+// method and does no I/O.
+func (s *Store) Stats() Stats {
+	n, on := s.waiters.Stats()
+	return Stats{Waiters: int64(n), Listening: on}
+}

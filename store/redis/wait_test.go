@@ -18,9 +18,9 @@ import (
 func TestWaiting(t *testing.T) {
 	c := redistest.Shared(t)
 	storetest.RunWaiting(t, func(t *testing.T) storetest.WaitSubject {
-		s := redis.New(c, redis.WithPrefix(redistest.Prefix(t, c)), redis.WithSubscriberIdle(0))
-		t.Cleanup(s.StopSubscriber)
-		return storetest.WaitSubject{Store: s, Waiting: func() int { n, _ := s.WaitStats(); return n }}
+		s := redis.NewForTest(t, c, redis.WithPrefix(redistest.Prefix(t, c)), redis.WithWaiterIdle(0))
+		t.Cleanup(s.StopWaiters)
+		return storetest.WaitSubject{Store: s, Waiting: func() int { return int(s.Stats().Waiters) }}
 	})
 }
 
@@ -35,12 +35,12 @@ func numSub(t *testing.T, c *goredis.Client, channel string) int64 {
 
 // TestWaitOneSubscriptionPerStore: waiters of several keys share one
 // subscription; a key's message wakes its waiters only; the subscription ends
-// once the last waiter returned (WithSubscriberIdle(0)).
+// once the last waiter returned (WithWaiterIdle(0)).
 func TestWaitOneSubscriptionPerStore(t *testing.T) {
 	c := redistest.Shared(t)
 	prefix := redistest.Prefix(t, c)
-	s := redis.New(c, redis.WithPrefix(prefix), redis.WithSubscriberIdle(0))
-	t.Cleanup(s.StopSubscriber)
+	s := redis.NewForTest(t, c, redis.WithPrefix(prefix), redis.WithWaiterIdle(0))
+	t.Cleanup(s.StopWaiters)
 	channel := prefix + "waits"
 	const keys, per = 3, 5
 	ids := make([]store.ID, keys)
@@ -71,7 +71,7 @@ func TestWaitOneSubscriptionPerStore(t *testing.T) {
 				flagged++
 			}
 		}
-		if n, on := s.WaitStats(); flagged == keys && n == keys*per && on {
+		if st := s.Stats(); flagged == keys && st.Waiters == keys*per && st.Listening {
 			break
 		}
 		if time.Now().After(deadline) {
@@ -109,9 +109,9 @@ func TestWaitOneSubscriptionPerStore(t *testing.T) {
 			t.Fatalf("cancelled waiter: %v", err)
 		}
 	}
-	s.StopSubscriber() // the subscription already ended (idle 0): wait for its goroutine
-	if n, on := s.WaitStats(); n != 0 || on {
-		t.Fatalf("after every waiter returned: %d waiters, subscribed %v", n, on)
+	s.StopWaiters() // the subscription already ended (idle 0): wait for its goroutine
+	if st := s.Stats(); st.Waiters != 0 || st.Listening {
+		t.Fatalf("after every waiter returned: %+v", st)
 	}
 	// The server drops the subscription when it reads the close, on the
 	// subscription's own connection: nothing to synchronise on from this one.
@@ -127,8 +127,8 @@ func TestWaitOneSubscriptionPerStore(t *testing.T) {
 func TestWaitPublishesOnlyWaitedKeys(t *testing.T) {
 	c := redistest.Shared(t)
 	prefix := redistest.Prefix(t, c)
-	s := redis.New(c, redis.WithPrefix(prefix))
-	t.Cleanup(s.StopSubscriber)
+	s := redis.NewForTest(t, c, redis.WithPrefix(prefix))
+	t.Cleanup(s.StopWaiters)
 	ps := c.Subscribe(t.Context(), prefix+"waits")
 	defer ps.Close()
 	if _, err := ps.Receive(t.Context()); err != nil {
@@ -183,7 +183,7 @@ func TestWaitPublishesOnlyWaitedKeys(t *testing.T) {
 
 func BenchmarkWaiting(b *testing.B) {
 	c := redistest.Shared(b)
-	s := redis.New(c, redis.WithPrefix(redistest.Prefix(b, c)))
-	b.Cleanup(s.StopSubscriber)
+	s := redis.NewForTest(b, c, redis.WithPrefix(redistest.Prefix(b, c)))
+	b.Cleanup(s.StopWaiters)
 	storetest.BenchWaiting(b, s)
 }

@@ -37,7 +37,7 @@ import (
 // once their records on the previous shard have expired.
 func NewMigration(prev, next func(scope string) store.Store, shards ...store.Store) (*Store, error) {
 	if prev == nil {
-		return nil, fmt.Errorf("%w: sharded: nil previous route", store.ErrInvalid)
+		return nil, fmt.Errorf("idemkey/store/sharded: %w: nil previous route", store.ErrInvalid)
 	}
 	s, err := New(next, shards...)
 	if err != nil {
@@ -45,7 +45,7 @@ func NewMigration(prev, next func(scope string) store.Store, shards ...store.Sto
 	}
 	for i, sh := range s.shards {
 		if _, ok := sh.(store.Inspector); !ok {
-			return nil, fmt.Errorf("%w: sharded: shard %d (%T) is not a store.Inspector, which a migration reads", store.ErrInvalid, i, sh)
+			return nil, fmt.Errorf("idemkey/store/sharded: %w: shard %d (%T) is not a store.Inspector, which a migration reads", store.ErrInvalid, i, sh)
 		}
 	}
 	s.prev = prev
@@ -75,7 +75,7 @@ func (s *Store) claimShard(ctx context.Context, id store.ID) (store.Store, error
 	}
 	info, err := prev.(store.Inspector).Inspect(ctx, id)
 	if err != nil {
-		return nil, fmt.Errorf("idemkey/sharded: migration: reading the previous shard: %w", err)
+		return nil, fmt.Errorf("idemkey/store/sharded: migration: reading the previous shard: %w", err)
 	}
 	if info.State != store.StateAbsent {
 		return prev, nil

@@ -46,7 +46,7 @@ func (s *Store) Ping(ctx context.Context) error {
 	case len(down) == 0 && len(degraded) == 0:
 		return nil
 	case len(down) == len(s.shards):
-		return fmt.Errorf("idemkey/sharded: every shard is down: %w", errors.Join(failures...))
+		return fmt.Errorf("idemkey/store/sharded: every shard is down: %w", errors.Join(failures...))
 	}
-	return fmt.Errorf("%w: sharded: shards down %v, degraded %v: %w", store.ErrDegraded, down, degraded, errors.Join(failures...))
+	return fmt.Errorf("idemkey/store/sharded: %w: shards down %v, degraded %v: %w", store.ErrDegraded, down, degraded, errors.Join(failures...))
 }

@@ -46,7 +46,7 @@ var (
 // (nil), or a store that is not one of New's shards (a typed nil pointer from a
 // map of missing tenants, a store built on the fly): a misconfigured route. The middleware answers it with 503, as any store
 // failure.
-var ErrNoShard = errors.New("idemkey/sharded: no shard for the scope")
+var ErrNoShard = errors.New("idemkey/store/sharded: no shard for the scope")
 
 // New returns a store that sends every call for a scope to route(scope). shards
 // lists every store the route can return (Ping checks them all, InProcess asks
@@ -55,19 +55,19 @@ var ErrNoShard = errors.New("idemkey/sharded: no shard for the scope")
 // (also a nil pointer of a store type).
 func New(route func(scope string) store.Store, shards ...store.Store) (*Store, error) {
 	if route == nil {
-		return nil, fmt.Errorf("%w: sharded: nil route", store.ErrInvalid)
+		return nil, fmt.Errorf("idemkey/store/sharded: %w: nil route", store.ErrInvalid)
 	}
 	if len(shards) == 0 {
-		return nil, fmt.Errorf("%w: sharded: no shard", store.ErrInvalid)
+		return nil, fmt.Errorf("idemkey/store/sharded: %w: no shard", store.ErrInvalid)
 	}
 	for i, s := range shards {
 		if v := reflect.ValueOf(s); s == nil || v.Kind() == reflect.Pointer && v.IsNil() {
-			return nil, fmt.Errorf("%w: sharded: shard %d is nil", store.ErrInvalid, i)
+			return nil, fmt.Errorf("idemkey/store/sharded: %w: shard %d is nil", store.ErrInvalid, i)
 		}
 		if !reflect.TypeOf(s).Comparable() {
 			// Shard tells a listed store by ==, which such a value would make
 			// panic; every store of this module is a pointer.
-			return nil, fmt.Errorf("%w: sharded: shard %d is a %T, which is not comparable (use a pointer)", store.ErrInvalid, i, s)
+			return nil, fmt.Errorf("idemkey/store/sharded: %w: shard %d is a %T, which is not comparable (use a pointer)", store.ErrInvalid, i, s)
 		}
 	}
 	return &Store{route: route, shards: append([]store.Store(nil), shards...)}, nil
@@ -154,7 +154,7 @@ func (s *Store) Wait(ctx context.Context, id store.ID) error {
 	}
 	w, ok := sh.(store.Waiter)
 	if !ok {
-		return fmt.Errorf("idemkey/sharded: wait: %T cannot wait: %w", sh, errors.ErrUnsupported)
+		return fmt.Errorf("idemkey/store/sharded: wait: %T cannot wait: %w", sh, errors.ErrUnsupported)
 	}
 	return w.Wait(ctx, id)
 }
@@ -191,7 +191,7 @@ func (s *Store) inspector(ctx context.Context, id store.ID) (store.Inspector, er
 	}
 	in, ok := sh.(store.Inspector)
 	if !ok {
-		return nil, fmt.Errorf("idemkey/sharded: %T cannot inspect: %w", sh, errors.ErrUnsupported)
+		return nil, fmt.Errorf("idemkey/store/sharded: %T cannot inspect: %w", sh, errors.ErrUnsupported)
 	}
 	return in, nil
 }

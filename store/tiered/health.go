@@ -97,7 +97,7 @@ func (s *Store) Ping(ctx context.Context) error {
 	p, ok := s.fast.(store.Pinger)
 	if !ok {
 		if s.health.down.Load() {
-			return fmt.Errorf("%w: tiered: redis fast path down", store.ErrDegraded)
+			return fmt.Errorf("idemkey/store/tiered: %w: redis fast path down", store.ErrDegraded)
 		}
 		return nil
 	}
@@ -110,5 +110,5 @@ func (s *Store) Ping(ctx context.Context) error {
 		return fmt.Errorf("idemkey/store/tiered: ping: %w", ctx.Err())
 	}
 	s.event(OpPing, FastError, err)
-	return fmt.Errorf("%w: tiered: redis fast path: %w", store.ErrDegraded, err)
+	return fmt.Errorf("idemkey/store/tiered: %w: redis fast path: %w", store.ErrDegraded, err)
 }

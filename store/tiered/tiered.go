@@ -36,6 +36,7 @@
 package tiered
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -110,21 +111,18 @@ var (
 // Option configures a Store.
 type Option func(*Store)
 
-// WithTimeout bounds every cache call (default DefaultTimeout). Non-positive
-// values keep the default. A cache that answers without I/O (store.InProcess,
-// as *memory.Store) is called without it.
+// WithTimeout bounds every cache call (default DefaultTimeout; 0: the default; a
+// negative value makes New fail). A cache that answers without I/O
+// (store.InProcess, as *memory.Store) is called without it.
 func WithTimeout(d time.Duration) Option {
-	return func(s *Store) {
-		if d > 0 {
-			s.timeout = d
-		}
-	}
+	return func(s *Store) { s.timeout = cmp.Or(d, DefaultTimeout) }
 }
 
 // WithCooldown sets how long the fast path is skipped after a cache error (default
-// DefaultCooldown); 0 retries the cache on every call.
+// DefaultCooldown); 0 retries the cache on every call, a negative value makes New
+// fail.
 func WithCooldown(d time.Duration) Option {
-	return func(s *Store) { s.cooldown = max(d, 0) }
+	return func(s *Store) { s.cooldown = d }
 }
 
 // WithObserver registers f, called synchronously for every fast-path event (see
@@ -134,14 +132,14 @@ func WithObserver(f func(Event)) Option { return func(s *Store) { s.observe = f 
 // New returns a tiered store: fast answers what it holds, backstop (the
 // authoritative store, e.g. *postgres.Store) decides. New does no I/O. Both are
 // required: a nil one, or a nil pointer in the interface (say, a *redis.Store
-// variable never assigned), is an error wrapping store.ErrInvalid, never a panic or
-// a failure at the first request. Without a cache, use the backstop alone.
+// variable never assigned), or a negative WithTimeout or WithCooldown, is an error
+// wrapping store.ErrInvalid, never a panic or a failure at the first request. Without a cache, use the backstop alone.
 func New(fast Cache, backstop store.Store, opts ...Option) (*Store, error) {
 	switch {
 	case isNil(fast):
-		return nil, fmt.Errorf("%w: tiered: nil cache (use the backstop alone instead)", store.ErrInvalid)
+		return nil, fmt.Errorf("idemkey/store/tiered: %w: nil cache (use the backstop alone instead)", store.ErrInvalid)
 	case isNil(backstop):
-		return nil, fmt.Errorf("%w: tiered: nil backstop", store.ErrInvalid)
+		return nil, fmt.Errorf("idemkey/store/tiered: %w: nil backstop", store.ErrInvalid)
 	}
 	s := &Store{fast: fast, backstop: backstop, timeout: DefaultTimeout, cooldown: DefaultCooldown, start: time.Now()}
 	if ip, ok := fast.(store.InProcess); ok && ip.InProcess() {
@@ -149,6 +147,9 @@ func New(fast Cache, backstop store.Store, opts ...Option) (*Store, error) {
 	}
 	for _, o := range opts {
 		o(s)
+	}
+	if s.timeout < 0 || s.cooldown < 0 {
+		return nil, fmt.Errorf("idemkey/store/tiered: %w: WithTimeout %v, WithCooldown %v: neither may be negative", store.ErrInvalid, s.timeout, s.cooldown)
 	}
 	return s, nil
 }
@@ -532,7 +533,7 @@ func (s *Store) HoldsTx() bool {
 func (s *Store) ClaimTx(ctx context.Context, req store.ClaimRequest) (store.ClaimResult, claim.Tx, error) {
 	bs, ok := s.backstop.(claim.TxStore)
 	if !ok {
-		return store.ClaimResult{}, nil, fmt.Errorf("%w: tiered: the backstop holds no claim in a transaction", store.ErrInvalid)
+		return store.ClaimResult{}, nil, fmt.Errorf("idemkey/store/tiered: %w: the backstop holds no claim in a transaction", store.ErrInvalid)
 	}
 	if err := req.Validate(); err != nil {
 		return store.ClaimResult{}, nil, err

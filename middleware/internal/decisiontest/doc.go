@@ -127,5 +127,5 @@ func ranAfter(obs []Observation) bool {
 }
 
 func released(status int) bool {
-	return middleware.DefaultReleasePolicy(status) || status == http.StatusNotFound || status == http.StatusMethodNotAllowed
+	return middleware.DefaultRelease(status) || status == http.StatusNotFound || status == http.StatusMethodNotAllowed
 }

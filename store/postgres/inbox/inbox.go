@@ -95,7 +95,7 @@ const (
 // ErrAlreadyProcessed is returned by Insert when the message was already
 // recorded for the consumer: the caller's transaction is aborted and must be
 // rolled back (or rolled back to a savepoint), then the message acked.
-var ErrAlreadyProcessed = errors.New("idemkey/inbox: message already processed")
+var ErrAlreadyProcessed = errors.New("idemkey/store/postgres/inbox: message already processed")
 
 // Outcome says what Record and Process did with a message.
 type Outcome uint8
@@ -167,7 +167,7 @@ func WithSweepBatch(n int) Option { return func(in *Inbox) { in.sweepBatch = n }
 // name, non-positive retention or batch).
 func New(db DB, opts ...Option) (*Inbox, error) {
 	if db == nil {
-		return nil, fmt.Errorf("%w: inbox: nil DB", store.ErrInvalid)
+		return nil, fmt.Errorf("idemkey/store/postgres/inbox: %w: nil DB", store.ErrInvalid)
 	}
 	in := &Inbox{db: db, table: DefaultTable, retention: DefaultRetention, sweepBatch: DefaultSweepBatch}
 	for _, o := range opts {
@@ -175,13 +175,13 @@ func New(db DB, opts ...Option) (*Inbox, error) {
 	}
 	switch {
 	case in.table == "" || len(in.table) > maxTableName || strings.IndexByte(in.table, 0) >= 0:
-		return nil, fmt.Errorf("%w: inbox: table name %q must be 1-%d bytes without NUL", store.ErrInvalid, in.table, maxTableName)
+		return nil, fmt.Errorf("idemkey/store/postgres/inbox: %w: table name %q must be 1-%d bytes without NUL", store.ErrInvalid, in.table, maxTableName)
 	case len(in.schema) > 63 || strings.IndexByte(in.schema, 0) >= 0:
-		return nil, fmt.Errorf("%w: inbox: schema name %q must be at most 63 bytes without NUL", store.ErrInvalid, in.schema)
+		return nil, fmt.Errorf("idemkey/store/postgres/inbox: %w: schema name %q must be at most 63 bytes without NUL", store.ErrInvalid, in.schema)
 	case in.retention < time.Millisecond:
-		return nil, fmt.Errorf("%w: inbox: retention %v must be at least 1ms", store.ErrInvalid, in.retention)
+		return nil, fmt.Errorf("idemkey/store/postgres/inbox: %w: retention %v must be at least 1ms", store.ErrInvalid, in.retention)
 	case in.sweepBatch <= 0:
-		return nil, fmt.Errorf("%w: inbox: sweep batch %d must be positive", store.ErrInvalid, in.sweepBatch)
+		return nil, fmt.Errorf("idemkey/store/postgres/inbox: %w: sweep batch %d must be positive", store.ErrInvalid, in.sweepBatch)
 	}
 	in.constraint = in.table + "_pkey"
 	if in.schema == "" {
@@ -218,11 +218,11 @@ AND processed_at < now() - $1::bigint * interval '1 millisecond'`
 func checkID(consumer, messageID string) error {
 	switch {
 	case consumer == "":
-		return fmt.Errorf("%w: inbox: empty consumer name", store.ErrInvalid)
+		return fmt.Errorf("idemkey/store/postgres/inbox: %w: empty consumer name", store.ErrInvalid)
 	case messageID == "":
-		return fmt.Errorf("%w: inbox: empty message id", store.ErrInvalid)
+		return fmt.Errorf("idemkey/store/postgres/inbox: %w: empty message id", store.ErrInvalid)
 	case len(consumer)+len(messageID) > MaxIDBytes:
-		return fmt.Errorf("%w: inbox: consumer and message id are %d bytes, over %d", store.ErrInvalid, len(consumer)+len(messageID), MaxIDBytes)
+		return fmt.Errorf("idemkey/store/postgres/inbox: %w: consumer and message id are %d bytes, over %d", store.ErrInvalid, len(consumer)+len(messageID), MaxIDBytes)
 	}
 	return nil
 }
@@ -244,7 +244,7 @@ func (in *Inbox) Record(ctx context.Context, q postgres.Querier, consumer, messa
 	}
 	tag, err := q.Exec(ctx, in.recordSQL, []byte(consumer), []byte(messageID))
 	if err != nil {
-		return 0, fmt.Errorf("idemkey/inbox: record: %w", err)
+		return 0, fmt.Errorf("idemkey/store/postgres/inbox: record: %w", err)
 	}
 	if tag.RowsAffected() == 0 {
 		return AlreadyProcessed, nil
@@ -265,11 +265,11 @@ func (in *Inbox) Process(ctx context.Context, consumer, messageID string, fn fun
 		return 0, err
 	}
 	if fn == nil {
-		return 0, fmt.Errorf("%w: inbox: nil handler", store.ErrInvalid)
+		return 0, fmt.Errorf("idemkey/store/postgres/inbox: %w: nil handler", store.ErrInvalid)
 	}
 	tx, err := in.db.Begin(ctx)
 	if err != nil {
-		return 0, fmt.Errorf("idemkey/inbox: begin: %w", err)
+		return 0, fmt.Errorf("idemkey/store/postgres/inbox: begin: %w", err)
 	}
 	committed := false
 	defer func() {
@@ -288,7 +288,7 @@ func (in *Inbox) Process(ctx context.Context, consumer, messageID string, fn fun
 	}
 	committed = true // a failed Commit has ended the transaction too
 	if err = tx.Commit(ctx); err != nil {
-		return 0, fmt.Errorf("idemkey/inbox: commit: %w", err)
+		return 0, fmt.Errorf("idemkey/store/postgres/inbox: commit: %w", err)
 	}
 	return Applied, nil
 }
@@ -311,7 +311,7 @@ func (in *Inbox) Insert(ctx context.Context, q postgres.Querier, consumer, messa
 		if in.IsDuplicate(err) {
 			return fmt.Errorf("%w: %w", ErrAlreadyProcessed, err)
 		}
-		return fmt.Errorf("idemkey/inbox: insert: %w", err)
+		return fmt.Errorf("idemkey/store/postgres/inbox: insert: %w", err)
 	}
 	return nil
 }
@@ -340,7 +340,7 @@ func (in *Inbox) Sweep(ctx context.Context, limit int) (int64, error) {
 		}
 		tag, err := in.db.Exec(ctx, in.sweepSQL, ms, n)
 		if err != nil {
-			return total, fmt.Errorf("idemkey/inbox: sweep: %w", err)
+			return total, fmt.Errorf("idemkey/store/postgres/inbox: sweep: %w", err)
 		}
 		total += tag.RowsAffected()
 		if tag.RowsAffected() < n {
@@ -385,11 +385,11 @@ func (in *Inbox) MigrationSQL() string {
 func (in *Inbox) Migrate(ctx context.Context) (err error) {
 	ms, err := migrations()
 	if err != nil {
-		return fmt.Errorf("idemkey/inbox: migrate: %w", err)
+		return fmt.Errorf("idemkey/store/postgres/inbox: migrate: %w", err)
 	}
 	tx, err := in.db.Begin(ctx)
 	if err != nil {
-		return fmt.Errorf("idemkey/inbox: migrate: %w", err)
+		return fmt.Errorf("idemkey/store/postgres/inbox: migrate: %w", err)
 	}
 	defer func() {
 		if err != nil {
@@ -397,10 +397,10 @@ func (in *Inbox) Migrate(ctx context.Context) (err error) {
 		}
 	}()
 	if err = migrate.Apply(ctx, tx, true, in.target(), ms, in.render); err != nil {
-		return fmt.Errorf("idemkey/inbox: migrate: %w", err)
+		return fmt.Errorf("idemkey/store/postgres/inbox: migrate: %w", err)
 	}
 	if err = tx.Commit(ctx); err != nil {
-		return fmt.Errorf("idemkey/inbox: migrate: commit: %w", err)
+		return fmt.Errorf("idemkey/store/postgres/inbox: migrate: commit: %w", err)
 	}
 	return nil
 }

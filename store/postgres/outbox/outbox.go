@@ -166,7 +166,7 @@ func WithLogger(l *slog.Logger) Option { return func(o *Outbox) { o.logger = l }
 // non-positive batch size, poll interval or retry delay).
 func New(db DB, opts ...Option) (*Outbox, error) {
 	if db == nil {
-		return nil, fmt.Errorf("%w: outbox: nil DB", store.ErrInvalid)
+		return nil, fmt.Errorf("idemkey/store/postgres/outbox: %w: nil DB", store.ErrInvalid)
 	}
 	o := &Outbox{db: db, table: DefaultTable, batch: DefaultBatchSize, poll: DefaultPollInterval, retry: DefaultRetryDelay}
 	for _, opt := range opts {
@@ -174,11 +174,11 @@ func New(db DB, opts ...Option) (*Outbox, error) {
 	}
 	switch {
 	case o.table == "" || len(o.table) > maxTableName || strings.IndexByte(o.table, 0) >= 0:
-		return nil, fmt.Errorf("%w: outbox: table name %q must be 1-%d bytes without NUL", store.ErrInvalid, o.table, maxTableName)
+		return nil, fmt.Errorf("idemkey/store/postgres/outbox: %w: table name %q must be 1-%d bytes without NUL", store.ErrInvalid, o.table, maxTableName)
 	case len(o.schema) > 63 || strings.IndexByte(o.schema, 0) >= 0:
-		return nil, fmt.Errorf("%w: outbox: schema name %q must be at most 63 bytes without NUL", store.ErrInvalid, o.schema)
+		return nil, fmt.Errorf("idemkey/store/postgres/outbox: %w: schema name %q must be at most 63 bytes without NUL", store.ErrInvalid, o.schema)
 	case o.batch <= 0 || o.poll <= 0 || o.retry <= 0:
-		return nil, fmt.Errorf("%w: outbox: batch size %d, poll interval %v and retry delay %v must be positive", store.ErrInvalid, o.batch, o.poll, o.retry)
+		return nil, fmt.Errorf("idemkey/store/postgres/outbox: %w: batch size %d, poll interval %v and retry delay %v must be positive", store.ErrInvalid, o.batch, o.poll, o.retry)
 	}
 	if o.logger == nil {
 		o.logger = slog.Default()
@@ -204,9 +204,9 @@ func (o *Outbox) Table() string { return o.qualified }
 func (o *Outbox) Enqueue(ctx context.Context, q postgres.Querier, m Message) (enqueued bool, err error) {
 	switch {
 	case m.ID == "" || len(m.ID) > MaxIDBytes || !utf8.ValidString(m.ID) || strings.IndexByte(m.ID, 0) >= 0:
-		return false, fmt.Errorf("%w: outbox: message id must be 1-%d bytes of UTF-8 without NUL", store.ErrInvalid, MaxIDBytes)
+		return false, fmt.Errorf("idemkey/store/postgres/outbox: %w: message id must be 1-%d bytes of UTF-8 without NUL", store.ErrInvalid, MaxIDBytes)
 	case m.Topic == "" || !utf8.ValidString(m.Topic) || strings.IndexByte(m.Topic, 0) >= 0:
-		return false, fmt.Errorf("%w: outbox: message %q: topic must be non-empty UTF-8 without NUL", store.ErrInvalid, m.ID)
+		return false, fmt.Errorf("idemkey/store/postgres/outbox: %w: message %q: topic must be non-empty UTF-8 without NUL", store.ErrInvalid, m.ID)
 	}
 	payload := m.Payload
 	if payload == nil {
@@ -214,7 +214,7 @@ func (o *Outbox) Enqueue(ctx context.Context, q postgres.Querier, m Message) (en
 	}
 	tag, err := q.Exec(ctx, o.enqueueSQL, m.ID, m.Topic, payload)
 	if err != nil {
-		return false, fmt.Errorf("idemkey/outbox: enqueue: %w", err)
+		return false, fmt.Errorf("idemkey/store/postgres/outbox: enqueue: %w", err)
 	}
 	return tag.RowsAffected() == 1, nil
 }
@@ -229,11 +229,11 @@ func (o *Outbox) Enqueue(ctx context.Context, q postgres.Querier, m Message) (en
 // are published again.
 func (o *Outbox) RelayBatch(ctx context.Context, publish PublishFunc) (int, error) {
 	if publish == nil {
-		return 0, fmt.Errorf("%w: outbox: nil publish func", store.ErrInvalid)
+		return 0, fmt.Errorf("idemkey/store/postgres/outbox: %w: nil publish func", store.ErrInvalid)
 	}
 	tx, err := o.db.Begin(ctx)
 	if err != nil {
-		return 0, fmt.Errorf("idemkey/outbox: begin: %w", err)
+		return 0, fmt.Errorf("idemkey/store/postgres/outbox: begin: %w", err)
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx)) // after Commit: does nothing
 	msgs, seqs, err := o.lockBatch(ctx, tx)
@@ -244,7 +244,7 @@ func (o *Outbox) RelayBatch(ctx context.Context, publish PublishFunc) (int, erro
 	done := seqs[:0]
 	for i, m := range msgs {
 		if err := publish(ctx, m); err != nil {
-			pubErr = fmt.Errorf("idemkey/outbox: publish %q: %w", m.ID, err)
+			pubErr = fmt.Errorf("idemkey/store/postgres/outbox: publish %q: %w", m.ID, err)
 			break
 		}
 		done = append(done, seqs[i])
@@ -257,10 +257,10 @@ func (o *Outbox) RelayBatch(ctx context.Context, publish PublishFunc) (int, erro
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), finishTimeout)
 	defer cancel()
 	if _, err := tx.Exec(ctx, o.deleteSQL, done); err != nil {
-		return 0, errors.Join(pubErr, fmt.Errorf("idemkey/outbox: delete published: %w", err))
+		return 0, errors.Join(pubErr, fmt.Errorf("idemkey/store/postgres/outbox: delete published: %w", err))
 	}
 	if err := tx.Commit(ctx); err != nil {
-		return 0, errors.Join(pubErr, fmt.Errorf("idemkey/outbox: commit: %w", err))
+		return 0, errors.Join(pubErr, fmt.Errorf("idemkey/store/postgres/outbox: commit: %w", err))
 	}
 	return len(done), pubErr
 }
@@ -269,7 +269,7 @@ func (o *Outbox) RelayBatch(ctx context.Context, publish PublishFunc) (int, erro
 func (o *Outbox) lockBatch(ctx context.Context, tx pgx.Tx) ([]Message, []int64, error) {
 	rows, err := tx.Query(ctx, o.selectSQL, o.batch)
 	if err != nil {
-		return nil, nil, fmt.Errorf("idemkey/outbox: select: %w", err)
+		return nil, nil, fmt.Errorf("idemkey/store/postgres/outbox: select: %w", err)
 	}
 	defer rows.Close()
 	var (
@@ -280,12 +280,12 @@ func (o *Outbox) lockBatch(ctx context.Context, tx pgx.Tx) ([]Message, []int64, 
 		var m Message
 		var seq int64
 		if err := rows.Scan(&seq, &m.ID, &m.Topic, &m.Payload, &m.CreatedAt); err != nil {
-			return nil, nil, fmt.Errorf("idemkey/outbox: scan: %w", err)
+			return nil, nil, fmt.Errorf("idemkey/store/postgres/outbox: scan: %w", err)
 		}
 		msgs, seqs = append(msgs, m), append(seqs, seq)
 	}
 	if err := rows.Err(); err != nil {
-		return nil, nil, fmt.Errorf("idemkey/outbox: select: %w", err)
+		return nil, nil, fmt.Errorf("idemkey/store/postgres/outbox: select: %w", err)
 	}
 	return msgs, seqs, nil
 }
@@ -296,7 +296,7 @@ func (o *Outbox) lockBatch(ctx context.Context, tx pgx.Tx) ([]Message, []int64, 
 // Run one or more per outbox, in one or more processes.
 func (o *Outbox) Relay(ctx context.Context, publish PublishFunc) error {
 	if publish == nil {
-		return fmt.Errorf("%w: outbox: nil publish func", store.ErrInvalid)
+		return fmt.Errorf("idemkey/store/postgres/outbox: %w: nil publish func", store.ErrInvalid)
 	}
 	for {
 		n, err := o.RelayBatch(ctx, publish)
@@ -328,7 +328,7 @@ func (o *Outbox) Relay(ctx context.Context, publish PublishFunc) error {
 func (o *Outbox) Pending(ctx context.Context) (int64, error) {
 	var n int64
 	if err := o.db.QueryRow(ctx, o.pendingSQL).Scan(&n); err != nil {
-		return 0, fmt.Errorf("idemkey/outbox: pending: %w", err)
+		return 0, fmt.Errorf("idemkey/store/postgres/outbox: pending: %w", err)
 	}
 	return n, nil
 }
@@ -362,18 +362,18 @@ func (o *Outbox) MigrationSQL() string {
 func (o *Outbox) Migrate(ctx context.Context) (err error) {
 	ms, err := migrate.Load(migrationFiles, "migrations")
 	if err != nil {
-		return fmt.Errorf("idemkey/outbox: migrate: %w", err)
+		return fmt.Errorf("idemkey/store/postgres/outbox: migrate: %w", err)
 	}
 	tx, err := o.db.Begin(ctx)
 	if err != nil {
-		return fmt.Errorf("idemkey/outbox: migrate: %w", err)
+		return fmt.Errorf("idemkey/store/postgres/outbox: migrate: %w", err)
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx)) // after Commit: does nothing
 	if err = migrate.Apply(ctx, tx, true, o.target(), ms, o.render); err != nil {
-		return fmt.Errorf("idemkey/outbox: migrate: %w", err)
+		return fmt.Errorf("idemkey/store/postgres/outbox: migrate: %w", err)
 	}
 	if err = tx.Commit(ctx); err != nil {
-		return fmt.Errorf("idemkey/outbox: migrate: commit: %w", err)
+		return fmt.Errorf("idemkey/store/postgres/outbox: migrate: commit: %w", err)
 	}
 	return nil
 }

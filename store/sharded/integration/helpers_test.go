@@ -65,7 +65,7 @@ func shardStore(t testing.TB, pool *pgxpool.Pool, opts ...postgres.Option) (*pos
 	if err := s.Migrate(t.Context()); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(s.StopListener)
+	t.Cleanup(s.StopWaiters)
 	t.Cleanup(func() {
 		if _, err := pool.Exec(context.Background(), "DROP SCHEMA IF EXISTS "+pgx.Identifier{schema}.Sanitize()+" CASCADE"); err != nil {
 			t.Errorf("drop schema %s: %v", schema, err)

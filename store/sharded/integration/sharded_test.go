@@ -41,8 +41,8 @@ func TestConformanceTwoDatabases(t *testing.T) {
 func TestWaitingTwoDatabases(t *testing.T) {
 	dbs := databases(t)
 	storetest.RunWaiting(t, func(t *testing.T) storetest.WaitSubject {
-		a, _ := shardStore(t, dbs[0], postgres.WithListenerIdle(0))
-		b, _ := shardStore(t, dbs[1], postgres.WithListenerIdle(0))
+		a, _ := shardStore(t, dbs[0], postgres.WithWaiterIdle(0))
+		b, _ := shardStore(t, dbs[1], postgres.WithWaiterIdle(0))
 		s, err := sharded.NewHashed(a, b)
 		if err != nil {
 			t.Fatal(err)

@@ -35,7 +35,7 @@ func TestBackfillKeepsNewerMarker(t *testing.T) {
 	c := redistest.Shared(t)
 	ctx := t.Context()
 	back := &afterClaim{Store: memory.New()}
-	fast := redis.New(c, redis.WithPrefix(redistest.Prefix(t, c)))
+	fast := mustRedis(t, c, redis.WithPrefix(redistest.Prefix(t, c)))
 	s := mustTiered(t, fast, back, tiered.WithTimeout(testTimeout))
 	id := store.ID{Scope: "tenant", Key: "k"}
 	reqA := store.ClaimRequest{ID: id, Fingerprint: fingerprint("a"), Lease: time.Minute, Retention: time.Hour}

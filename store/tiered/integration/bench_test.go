@@ -8,7 +8,6 @@ import (
 	goredis "github.com/redis/go-redis/v9"
 
 	"github.com/idemkey/idemkey/store"
-	"github.com/idemkey/idemkey/store/redis"
 	"github.com/idemkey/idemkey/store/redis/redistest"
 )
 
@@ -23,7 +22,7 @@ func BenchmarkReplay(b *testing.B) {
 	srv := redistest.StartServer(b)
 	c := goredis.NewClient(&goredis.Options{Addr: srv.Addr, ContextTimeoutEnabled: true})
 	b.Cleanup(func() { _ = c.Close() })
-	tier := mustTiered(b, redis.New(c), pg)
+	tier := mustTiered(b, mustRedis(b, c), pg)
 	ctx := context.Background()
 	id := store.ID{Scope: "tenant", Key: "replayed"}
 	req := store.ClaimRequest{ID: id, Fingerprint: fingerprint("a"), Lease: 10 * time.Second, Retention: time.Hour}

@@ -21,8 +21,8 @@ func TestConformanceDynamoDB(t *testing.T) {
 	db := dynamotest.Client(t, nil)
 	table := dynamotest.Table(t, db)
 	storetest.Run(t, func(t *testing.T) storetest.Subject {
-		fast := redis.New(c, redis.WithPrefix(redistest.Prefix(t, c)))
-		t.Cleanup(fast.StopSubscriber)
+		fast := mustRedis(t, c, redis.WithPrefix(redistest.Prefix(t, c)))
+		t.Cleanup(fast.StopWaiters)
 		return storetest.Subject{Store: mustTiered(t, fast, dynamotest.Store(t, db, table), tiered.WithTimeout(testTimeout))}
 	})
 }
@@ -35,9 +35,9 @@ func TestWaitingDynamoDB(t *testing.T) {
 	db := dynamotest.Client(t, nil)
 	table := dynamotest.Table(t, db)
 	storetest.RunWaiting(t, func(t *testing.T) storetest.WaitSubject {
-		fast := redis.New(c, redis.WithPrefix(redistest.Prefix(t, c)), redis.WithSubscriberIdle(0))
-		t.Cleanup(fast.StopSubscriber)
+		fast := mustRedis(t, c, redis.WithPrefix(redistest.Prefix(t, c)), redis.WithWaiterIdle(0))
+		t.Cleanup(fast.StopWaiters)
 		return storetest.WaitSubject{Store: mustTiered(t, fast, dynamotest.Store(t, db, table), tiered.WithTimeout(testTimeout)),
-			Waiting: func() int { n, _ := fast.WaitStats(); return n }}
+			Waiting: func() int { return int(fast.Stats().Waiters) }}
 	})
 }

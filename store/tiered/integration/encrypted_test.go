@@ -47,8 +47,8 @@ func TestEncryptedConformancePostgres(t *testing.T) {
 func TestEncryptedConformanceRedis(t *testing.T) {
 	c := redistest.Shared(t)
 	storetest.Run(t, func(t *testing.T) storetest.Subject {
-		st := redis.New(c, redis.WithPrefix(redistest.Prefix(t, c)))
-		t.Cleanup(st.StopSubscriber)
+		st := mustRedis(t, c, redis.WithPrefix(redistest.Prefix(t, c)))
+		t.Cleanup(st.StopWaiters)
 		return storetest.Subject{Store: sealedStore(t, st), SealsAnew: true}
 	})
 }
@@ -58,8 +58,8 @@ func TestEncryptedConformanceRedis(t *testing.T) {
 func TestEncryptedConformanceTiered(t *testing.T) {
 	c, pool := redistest.Shared(t), pgPool(t)
 	storetest.Run(t, func(t *testing.T) storetest.Subject {
-		fast := redis.New(c, redis.WithPrefix(redistest.Prefix(t, c)))
-		t.Cleanup(fast.StopSubscriber)
+		fast := mustRedis(t, c, redis.WithPrefix(redistest.Prefix(t, c)))
+		t.Cleanup(fast.StopWaiters)
 		return storetest.Subject{Store: sealedStore(t, mustTiered(t, fast, postgresBackstop(t, pool), tiered.WithTimeout(testTimeout))), SealsAnew: true}
 	})
 }
@@ -162,8 +162,8 @@ func TestEncryptedDumpRedis(t *testing.T) {
 	c := redistest.Shared(t)
 	for _, sealed := range []bool{true, false} {
 		prefix := redistest.Prefix(t, c)
-		rs := redis.New(c, redis.WithPrefix(prefix))
-		t.Cleanup(rs.StopSubscriber)
+		rs := mustRedis(t, c, redis.WithPrefix(prefix))
+		t.Cleanup(rs.StopWaiters)
 		var st store.Store = rs
 		if sealed {
 			st = sealedStore(t, rs)

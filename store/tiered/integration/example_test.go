@@ -33,7 +33,11 @@ func Example() {
 	client := goredis.NewClient(&goredis.Options{Addr: "127.0.0.1:6379", ContextTimeoutEnabled: true})
 	defer client.Close()
 
-	s, err := tiered.New(redis.New(client, redis.WithPrefix("app:idem:")), backstop,
+	cache, err := redis.New(client, redis.WithPrefix("app:idem:"))
+	if err != nil {
+		log.Fatal(err)
+	}
+	s, err := tiered.New(cache, backstop,
 		tiered.WithObserver(func(e tiered.Event) {
 			if e.Kind == tiered.FastError {
 				slog.Warn("idempotency fast path degraded", "op", e.Op, "err", e.Err)

@@ -11,7 +11,6 @@ import (
 	"time"
 
 	"github.com/idemkey/idemkey/store"
-	"github.com/idemkey/idemkey/store/redis"
 	"github.com/idemkey/idemkey/store/redis/redistest"
 	"github.com/idemkey/idemkey/store/tiered"
 )
@@ -28,7 +27,7 @@ func TestFaultRedisRestart(t *testing.T) {
 	srv := redistest.StartServer(t)
 	c := faultClient(t, srv.Addr)
 	back := &probe{Store: anyBackstop(t)}
-	s := mustTiered(t, redis.New(c), back, tiered.WithCooldown(20*time.Millisecond), tiered.WithTimeout(testTimeout))
+	s := mustTiered(t, mustRedis(t, c), back, tiered.WithCooldown(20*time.Millisecond), tiered.WithTimeout(testTimeout))
 	ctx := t.Context()
 
 	const nKeys, workers = 300, 8
@@ -147,7 +146,7 @@ func TestFaultRedisFlushed(t *testing.T) {
 	srv := redistest.StartServer(t)
 	c := faultClient(t, srv.Addr)
 	back := &probe{Store: anyBackstop(t)}
-	fast := redis.New(c)
+	fast := mustRedis(t, c)
 	s := mustTiered(t, fast, back, tiered.WithTimeout(testTimeout))
 	ctx := t.Context()
 	a := newApp(s, 5*time.Second, []string{"k"})
@@ -193,7 +192,7 @@ func TestFaultStaleHolder(t *testing.T) {
 	srv := redistest.StartServer(t)
 	c := faultClient(t, srv.Addr)
 	backstop := anyBackstop(t)
-	fast := redis.New(c)
+	fast := mustRedis(t, c)
 	s := mustTiered(t, fast, backstop, tiered.WithTimeout(testTimeout))
 	ctx := t.Context()
 	id := store.ID{Scope: "tenant", Key: "k"}
@@ -251,7 +250,7 @@ func TestFaultRedisHung(t *testing.T) {
 		errMu    sync.Mutex
 		fastErrs []error
 	)
-	s := mustTiered(t, redis.New(c), back, tiered.WithTimeout(timeout), tiered.WithCooldown(200*time.Millisecond),
+	s := mustTiered(t, mustRedis(t, c), back, tiered.WithTimeout(timeout), tiered.WithCooldown(200*time.Millisecond),
 		tiered.WithObserver(func(e tiered.Event) {
 			if e.Kind == tiered.FastError {
 				errMu.Lock()

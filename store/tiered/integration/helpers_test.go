@@ -16,6 +16,7 @@ import (
 	"github.com/idemkey/idemkey/store"
 	"github.com/idemkey/idemkey/store/memory"
 	"github.com/idemkey/idemkey/store/postgres"
+	"github.com/idemkey/idemkey/store/redis"
 	"github.com/idemkey/idemkey/store/tiered"
 )
 
@@ -31,7 +32,7 @@ func postgresBackstop(t testing.TB, pool *pgxpool.Pool, opts ...postgres.Option)
 	if err := s.Migrate(t.Context()); err != nil {
 		t.Fatalf("Migrate: %v", err)
 	}
-	t.Cleanup(s.StopListener) // before the schema is dropped
+	t.Cleanup(s.StopWaiters) // before the schema is dropped
 	t.Cleanup(func() {
 		if _, err := pool.Exec(context.Background(), "DROP SCHEMA IF EXISTS "+pgx.Identifier{schema}.Sanitize()+" CASCADE"); err != nil {
 			t.Errorf("drop schema %s: %v", schema, err)
@@ -204,4 +205,14 @@ func (quietLogger) Printf(context.Context, string, ...any) {}
 func TestMain(m *testing.M) {
 	goredis.SetLogger(quietLogger{})
 	os.Exit(m.Run())
+}
+
+// mustRedis builds a Redis store or fails the test.
+func mustRedis(t testing.TB, c goredis.UniversalClient, opts ...redis.Option) *redis.Store {
+	t.Helper()
+	s, err := redis.New(c, opts...)
+	if err != nil {
+		t.Fatalf("redis.New: %v", err)
+	}
+	return s
 }

@@ -16,7 +16,7 @@ func TestIdem(t *testing.T) {
 	c := redistest.Shared(t)
 	pool := pgPool(t)
 	idemtest.Run(t, func(t *testing.T) store.Store {
-		fast := redis.New(c, redis.WithPrefix(redistest.Prefix(t, c)))
+		fast := mustRedis(t, c, redis.WithPrefix(redistest.Prefix(t, c)))
 		return mustTiered(t, fast, postgresBackstop(t, pool), tiered.WithTimeout(testTimeout))
 	})
 }

@@ -17,7 +17,7 @@ import (
 func TestEvictDropsAStaleRedisCopy(t *testing.T) {
 	c := redistest.Shared(t)
 	ctx := t.Context()
-	fast := redis.New(c, redis.WithPrefix(redistest.Prefix(t, c)))
+	fast := mustRedis(t, c, redis.WithPrefix(redistest.Prefix(t, c)))
 	back := postgresBackstop(t, pgPool(t))
 	s := mustTiered(t, fast, back, tiered.WithTimeout(testTimeout))
 	id := store.ID{Scope: "tenant", Key: "order-1"}

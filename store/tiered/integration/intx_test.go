@@ -30,7 +30,7 @@ func TestCompletedInTransaction(t *testing.T) {
 	pool := pgPool(t)
 	pg := postgresBackstop(t, pool)
 	back := &probe{Store: pg}
-	s := mustTiered(t, redis.New(c, redis.WithPrefix(redistest.Prefix(t, shared))), back, tiered.WithTimeout(testTimeout))
+	s := mustTiered(t, mustRedis(t, c, redis.WithPrefix(redistest.Prefix(t, shared))), back, tiered.WithTimeout(testTimeout))
 	ctx := t.Context()
 
 	req := store.ClaimRequest{ID: store.ID{Scope: "t", Key: "k"}, Fingerprint: fingerprint("a"), Lease: time.Minute, Retention: time.Hour}
@@ -72,7 +72,7 @@ func TestPanicAfterCommitResponse(t *testing.T) {
 	pool := pgPool(t)
 	pg := postgresBackstop(t, pool)
 	back := &probe{Store: pg}
-	s := mustTiered(t, redis.New(c, redis.WithPrefix(redistest.Prefix(t, shared))), back, tiered.WithTimeout(testTimeout))
+	s := mustTiered(t, mustRedis(t, c, redis.WithPrefix(redistest.Prefix(t, shared))), back, tiered.WithTimeout(testTimeout))
 	m, err := middleware.New(s, middleware.GlobalScope, middleware.WithLease(time.Minute))
 	if err != nil {
 		t.Fatal(err)
@@ -126,7 +126,7 @@ func TestOneTxTiered(t *testing.T) {
 		t.Fatal(err)
 	}
 	back := &txProbe{probe: probe{Store: ts}, ts: ts}
-	s := mustTiered(t, redis.New(c, redis.WithPrefix(redistest.Prefix(t, shared))), back, tiered.WithTimeout(testTimeout))
+	s := mustTiered(t, mustRedis(t, c, redis.WithPrefix(redistest.Prefix(t, shared))), back, tiered.WithTimeout(testTimeout))
 	m, err := middleware.New(s, middleware.GlobalScope)
 	if err != nil {
 		t.Fatal(err)

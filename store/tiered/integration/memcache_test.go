@@ -86,7 +86,7 @@ func TestIdemMemoryCachePostgres(t *testing.T) {
 func TestWaitingMemoryCachePostgres(t *testing.T) {
 	pool := pgPool(t)
 	storetest.RunWaiting(t, func(t *testing.T) storetest.WaitSubject {
-		pg := postgresBackstop(t, pool, postgres.WithListenerIdle(0))
+		pg := postgresBackstop(t, pool, postgres.WithWaiterIdle(0))
 		return storetest.WaitSubject{Store: mustTiered(t, memory.New(), pg),
 			Waiting: func() int { return int(pg.Stats().Waiters) }}
 	})

@@ -16,8 +16,8 @@ func TestConformanceMySQL(t *testing.T) {
 	c := redistest.Shared(t)
 	db := mysqltest.DB(t)
 	storetest.Run(t, func(t *testing.T) storetest.Subject {
-		fast := redis.New(c, redis.WithPrefix(redistest.Prefix(t, c)))
-		t.Cleanup(fast.StopSubscriber)
+		fast := mustRedis(t, c, redis.WithPrefix(redistest.Prefix(t, c)))
+		t.Cleanup(fast.StopWaiters)
 		return storetest.Subject{Store: mustTiered(t, fast, mysqltest.Store(t, db), tiered.WithTimeout(testTimeout))}
 	})
 }
@@ -28,9 +28,9 @@ func TestWaitingMySQL(t *testing.T) {
 	c := redistest.Shared(t)
 	db := mysqltest.DB(t)
 	storetest.RunWaiting(t, func(t *testing.T) storetest.WaitSubject {
-		fast := redis.New(c, redis.WithPrefix(redistest.Prefix(t, c)), redis.WithSubscriberIdle(0))
-		t.Cleanup(fast.StopSubscriber)
+		fast := mustRedis(t, c, redis.WithPrefix(redistest.Prefix(t, c)), redis.WithWaiterIdle(0))
+		t.Cleanup(fast.StopWaiters)
 		return storetest.WaitSubject{Store: mustTiered(t, fast, mysqltest.Store(t, db), tiered.WithTimeout(testTimeout)),
-			Waiting: func() int { n, _ := fast.WaitStats(); return n }}
+			Waiting: func() int { return int(fast.Stats().Waiters) }}
 	})
 }

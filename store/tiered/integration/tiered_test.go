@@ -22,8 +22,8 @@ func TestConformancePostgres(t *testing.T) {
 	c := redistest.Shared(t)
 	pool := pgPool(t)
 	storetest.Run(t, func(t *testing.T) storetest.Subject {
-		fast := redis.New(c, redis.WithPrefix(redistest.Prefix(t, c)))
-		t.Cleanup(fast.StopSubscriber)
+		fast := mustRedis(t, c, redis.WithPrefix(redistest.Prefix(t, c)))
+		t.Cleanup(fast.StopWaiters)
 		return storetest.Subject{Store: mustTiered(t, fast, postgresBackstop(t, pool), tiered.WithTimeout(testTimeout))}
 	})
 }
@@ -33,8 +33,8 @@ func TestConformancePostgres(t *testing.T) {
 func TestConformanceMemory(t *testing.T) {
 	c := redistest.Shared(t)
 	storetest.Run(t, func(t *testing.T) storetest.Subject {
-		fast := redis.New(c, redis.WithPrefix(redistest.Prefix(t, c)))
-		t.Cleanup(fast.StopSubscriber)
+		fast := mustRedis(t, c, redis.WithPrefix(redistest.Prefix(t, c)))
+		t.Cleanup(fast.StopWaiters)
 		return storetest.Subject{Store: mustTiered(t, fast, memory.New(), tiered.WithTimeout(testTimeout))}
 	})
 }
@@ -48,7 +48,7 @@ func TestRoundTrips(t *testing.T) {
 	hook := &redistest.CommandCounter{}
 	c.AddHook(hook)
 	back := &probe{Store: anyBackstop(t)}
-	fast := redis.New(c, redis.WithPrefix(redistest.Prefix(t, shared)))
+	fast := mustRedis(t, c, redis.WithPrefix(redistest.Prefix(t, shared)))
 	s := mustTiered(t, fast, back, tiered.WithTimeout(testTimeout))
 	ctx := t.Context()
 
@@ -121,7 +121,7 @@ func TestRoundTrips(t *testing.T) {
 func TestMissingMarkerIsNotNew(t *testing.T) {
 	c := redistest.Shared(t)
 	back := &probe{Store: memory.New()}
-	fast := redis.New(c, redis.WithPrefix(redistest.Prefix(t, c)))
+	fast := mustRedis(t, c, redis.WithPrefix(redistest.Prefix(t, c)))
 	s := mustTiered(t, fast, back, tiered.WithTimeout(testTimeout))
 	ctx := t.Context()
 	id := store.ID{Scope: "tenant", Key: "k"}
@@ -144,7 +144,7 @@ func TestMissingMarkerIsNotNew(t *testing.T) {
 func TestCorruptCacheFallsBack(t *testing.T) {
 	c := redistest.Shared(t)
 	var events []tiered.Event
-	fast := redis.New(c, redis.WithPrefix(redistest.Prefix(t, c)))
+	fast := mustRedis(t, c, redis.WithPrefix(redistest.Prefix(t, c)))
 	s := mustTiered(t, fast, memory.New(), tiered.WithTimeout(testTimeout), tiered.WithObserver(func(e tiered.Event) { events = append(events, e) }))
 	ctx := t.Context()
 	id := store.ID{Scope: "tenant", Key: "k"}
@@ -175,8 +175,8 @@ func TestNewRefusesNil(t *testing.T) {
 	}{
 		{"nil cache", nil, memory.New()},
 		{"typed-nil cache", (*redis.Store)(nil), memory.New()},
-		{"nil backstop", redis.New(goredis.NewClient(&goredis.Options{})), nil},
-		{"typed-nil backstop", redis.New(goredis.NewClient(&goredis.Options{})), (*postgres.Store)(nil)},
+		{"nil backstop", mustRedis(t, goredis.NewClient(&goredis.Options{})), nil},
+		{"typed-nil backstop", mustRedis(t, goredis.NewClient(&goredis.Options{})), (*postgres.Store)(nil)},
 		{"both nil", nil, nil},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -194,20 +194,20 @@ func TestWaiting(t *testing.T) {
 	c := redistest.Shared(t)
 	pool := pgPool(t)
 	storetest.RunWaiting(t, func(t *testing.T) storetest.WaitSubject {
-		fast := redis.New(c, redis.WithPrefix(redistest.Prefix(t, c)), redis.WithSubscriberIdle(0))
-		t.Cleanup(fast.StopSubscriber)
-		pg := postgresBackstop(t, pool, postgres.WithListenerIdle(0))
-		t.Cleanup(pg.StopListener)
+		fast := mustRedis(t, c, redis.WithPrefix(redistest.Prefix(t, c)), redis.WithWaiterIdle(0))
+		t.Cleanup(fast.StopWaiters)
+		pg := postgresBackstop(t, pool, postgres.WithWaiterIdle(0))
+		t.Cleanup(pg.StopWaiters)
 		return storetest.WaitSubject{Store: mustTiered(t, fast, pg, tiered.WithTimeout(testTimeout)),
-			Waiting: func() int { n, _ := fast.WaitStats(); return n + int(pg.Stats().Waiters) }}
+			Waiting: func() int { return int(fast.Stats().Waiters + pg.Stats().Waiters) }}
 	})
 }
 
 func BenchmarkWaiting(b *testing.B) {
 	c := redistest.Shared(b)
 	pg := postgresBackstop(b, pgPool(b))
-	b.Cleanup(pg.StopListener)
-	fast := redis.New(c, redis.WithPrefix(redistest.Prefix(b, c)))
-	b.Cleanup(fast.StopSubscriber)
+	b.Cleanup(pg.StopWaiters)
+	fast := mustRedis(b, c, redis.WithPrefix(redistest.Prefix(b, c)))
+	b.Cleanup(fast.StopWaiters)
 	storetest.BenchWaiting(b, mustTiered(b, fast, pg, tiered.WithTimeout(testTimeout)))
 }

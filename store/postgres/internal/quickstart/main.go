@@ -33,7 +33,7 @@ func main() {
 	}
 	stopSweeper := pg.StartSweeper(ctx, time.Minute) // deletes expired records in small batches
 	defer stopSweeper()                              // waits for a sweep under way
-	defer pg.StopListener()                          // closes the connection that wakes waiting duplicates
+	defer pg.StopWaiters()                           // closes the connection that wakes waiting duplicates
 
 	m, err := middleware.New(pg, middleware.ScopeFromHeader("X-Client-ID", "anonymous"))
 	if err != nil {

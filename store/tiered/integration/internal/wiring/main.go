@@ -32,12 +32,15 @@ func main() {
 		log.Fatal(err)
 	}
 	defer pg.StartSweeper(ctx, time.Minute)() // stop the sweeper at shutdown
-	defer pg.StopListener()
+	defer pg.StopWaiters()
 
 	client := goredis.NewClient(&goredis.Options{Addr: "127.0.0.1:6379", ContextTimeoutEnabled: true})
 	defer client.Close()
-	rs := redis.New(client) // the cache: replays and 409s without a Postgres round trip
-	defer rs.StopSubscriber()
+	rs, err := redis.New(client) // the cache: replays and 409s without a Postgres round trip
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer rs.StopWaiters()
 	ts, err := tiered.New(rs, pg) // redis.New(client) or pg alone work too
 	if err != nil {
 		log.Fatal(err)
