@@ -80,10 +80,11 @@ func testReplayAfterComplete(t *testing.T, s *suite) {
 
 func testInFlightDuplicate(t *testing.T, s *suite) {
 	id := newID(t)
-	s.mustClaim(t, req(id, fpA))
-	res := s.expect(t, req(id, fpA), store.InFlight)
-	if res.RetryAfter <= 0 || res.RetryAfter > Lease {
-		t.Errorf("RetryAfter %v, want within (0, %v]", res.RetryAfter, Lease)
+	r := longReq(id, fpA) // in flight at the next call, however slow the server
+	s.mustClaim(t, r)
+	res := s.expect(t, r, store.InFlight)
+	if res.RetryAfter <= 0 || res.RetryAfter > r.Lease {
+		t.Errorf("RetryAfter %v, want within (0, %v]", res.RetryAfter, r.Lease)
 	}
 }
 
