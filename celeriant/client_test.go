@@ -110,11 +110,39 @@ func TestDeadlineExceededAfterSend(t *testing.T) {
 	}
 	hold := sim.HoldNextWrite()
 	defer hold.Commit()
-	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
-	defer cancel()
+	// The deadline passes once the server holds the write, not after a fixed time
+	// that a loaded machine may spend before the write is even sent.
+	ctx := newEventDeadline()
+	go func() { <-hold.Prepared(); ctx.expire() }()
 	_, err := c.Write(ctx, simpleWrite(freshKey(), uuid.New(), 1))
 	if !errors.Is(err, celeriant.ErrOutcomeUnknown) || !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("err = %v", err)
+	}
+}
+
+// eventDeadline is a context whose deadline passes when the test says (expire),
+// not at a wall-clock time: Deadline reports an hour ahead, Done closes and Err
+// becomes context.DeadlineExceeded on expire.
+type eventDeadline struct {
+	context.Context
+	at   time.Time
+	done chan struct{}
+	once sync.Once
+}
+
+func newEventDeadline() *eventDeadline {
+	return &eventDeadline{Context: context.Background(), at: time.Now().Add(time.Hour), done: make(chan struct{})}
+}
+
+func (c *eventDeadline) expire()                     { c.once.Do(func() { close(c.done) }) }
+func (c *eventDeadline) Deadline() (time.Time, bool) { return c.at, true }
+func (c *eventDeadline) Done() <-chan struct{}       { return c.done }
+func (c *eventDeadline) Err() error {
+	select {
+	case <-c.done:
+		return context.DeadlineExceeded
+	default:
+		return nil
 	}
 }
 

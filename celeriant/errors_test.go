@@ -3,7 +3,10 @@ package celeriant_test
 import (
 	"context"
 	"errors"
+	"net"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -67,20 +70,27 @@ func TestErrorCodesRoundTrip(t *testing.T) {
 		// A not-leader answer re-routes the client: name the simulator itself.
 		tt.msg = strings.ReplaceAll(tt.msg, "LEADER", addr)
 		var err error
+		election := false
 		switch se := celeriant.NewServerError(tt.code, tt.msg); {
 		case errors.Is(se, celeriant.ErrNotLeader) && se.LeaderAddress == "":
-			// An election: the client waits it out until the request's deadline, on a
-			// simulator of its own that answers this way to every try.
+			// An election: the client tries again until the request's context ends, on a
+			// simulator of its own that answers this way to every try. The context ends
+			// as the third try is being sent (cutDial), not after a time the machine's
+			// load decides: the error is that try's, not sent, wrapping the last answer.
 			esim, eaddr := startSim(t, celeriantsim.Options{})
 			for range 1000 {
 				esim.InjectWriteError(tt.code, tt.msg)
 			}
-			short, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
-			_, err = newClient(t, celeriant.Config{Addrs: []string{eaddr}}).Write(short, req)
+			cut, cancel := context.WithCancel(ctx)
+			d := &cutDial{cancel: cancel, try: 3}
+			_, err = newClient(t, celeriant.Config{Addrs: []string{eaddr}, Dial: d.Dial}).Write(cut, req)
 			cancel()
-			elections++
-			if n := esim.Stats().Writes; n < 2 {
-				t.Errorf("code %d: %d tries during an election of 200 ms", tt.code, n)
+			election, elections = true, elections+1
+			if n := esim.Stats().Writes; n != 2 {
+				t.Errorf("code %d: %d tries answered during an election, want 2", tt.code, n)
+			}
+			if !errors.Is(err, celeriant.ErrNotSent) || !errors.Is(err, context.Canceled) {
+				t.Errorf("code %d: %v, want the cut try's error (not sent)", tt.code, err)
 			}
 		case celeriant.IsBusy(se):
 			// The client re-sends these (they had no effect) three times more.
@@ -116,13 +126,55 @@ func TestErrorCodesRoundTrip(t *testing.T) {
 				t.Errorf("code %d: errors.Is(%v) = %v", tt.code, cl, errors.Is(err, cl))
 			}
 		}
-		if errors.Is(err, celeriant.ErrOutcomeUnknown) || errors.Is(err, celeriant.ErrNotSent) {
+		if errors.Is(err, celeriant.ErrOutcomeUnknown) || !election && errors.Is(err, celeriant.ErrNotSent) {
 			t.Errorf("code %d: a server answer must not be a transport error: %v", tt.code, err)
 		}
 	}
 	if got, want := sim.Stats().Writes, len(allCodes)-elections+resent; got != want {
 		t.Fatalf("simulator saw %d writes, want %d (one per call, re-sent only after a busy answer)", got, want)
 	}
+}
+
+// cutDial is a Config.Dial whose connections end the request's context (cancel) as
+// the client sends its try-th request frame, and let that frame's write fail only
+// once the client, told by the context, has cut the connection: that try is not
+// sent, after exactly try-1 answers, however loaded the machine.
+type cutDial struct {
+	cancel context.CancelFunc
+	try    int32
+	frames atomic.Int32
+}
+
+func (d *cutDial) Dial(ctx context.Context, network, addr string) (net.Conn, error) {
+	var nd net.Dialer
+	nc, err := nd.DialContext(ctx, network, addr)
+	if err != nil {
+		return nil, err
+	}
+	return &cutConn{Conn: nc, d: d, cut: make(chan struct{})}, nil
+}
+
+type cutConn struct {
+	net.Conn
+	d    *cutDial
+	cut  chan struct{} // closed once the client set a deadline in the past
+	once sync.Once
+}
+
+func (c *cutConn) SetDeadline(t time.Time) error {
+	err := c.Conn.SetDeadline(t)
+	if !t.IsZero() && t.Before(time.Now()) {
+		c.once.Do(func() { close(c.cut) })
+	}
+	return err
+}
+
+func (c *cutConn) Write(p []byte) (int, error) {
+	if c.d.frames.Add(1) == c.d.try {
+		c.d.cancel()
+		<-c.cut
+	}
+	return c.Conn.Write(p)
 }
 
 func TestServerErrorDetail(t *testing.T) {

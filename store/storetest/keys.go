@@ -16,7 +16,7 @@ func testScopesIsolated(t *testing.T, s *suite) {
 	tricky := []store.ID{{Scope: "a", Key: "b:" + key}, {Scope: "a:b", Key: key}, {Scope: "", Key: "a:b:" + key}}
 
 	tokA := s.mustClaim(t, req(alice, fpA))
-	s.mustClaim(t, req(bob, fpB)) // another principal, another payload: no mismatch
+	s.mustClaim(t, longReq(bob, fpB)) // another principal, another payload: no mismatch
 	s.complete(t, alice, tokA, store.Response{Status: 200, Body: []byte("alice")})
 	s.expect(t, req(bob, fpB), store.InFlight)
 	for _, id := range tricky {

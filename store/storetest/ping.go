@@ -13,7 +13,7 @@ func testPing(t *testing.T, s *suite) {
 	if !ok {
 		t.Skip("the store does not implement store.Pinger")
 	}
-	r := req(newID(t), fp("a"))
+	r := longReq(newID(t), fp("a")) // in flight after the pings, however slow the server
 	tok := s.mustClaim(t, r)
 	if err := p.Ping(s.ctx); err != nil {
 		t.Fatalf("Ping of a live store = %v, want nil", err)

@@ -80,6 +80,23 @@ func waitReady(t testing.TB, s *Server) {
 	}
 }
 
+// waitOutageLogEnd keeps the readiness ping (a cache call) going until every
+// outage start logged so far has its end logged, or store.OutageQuiet plus 15 s
+// have passed (false): an end is logged only on a success once the cache has gone
+// store.OutageQuiet without a failure.
+func waitOutageLogEnd(t testing.TB, s *Server, logs *lockedBuffer) bool {
+	t.Helper()
+	deadline := time.Now().Add(store.OutageQuiet + 15*time.Second)
+	for logs.count("level=WARN", "fast path down") > logs.count("level=INFO", "fast path recovered") {
+		if time.Now().After(deadline) {
+			return false
+		}
+		waitReady(t, s)
+		time.Sleep(250 * time.Millisecond) // the server's log has no signal to wait on
+	}
+	return true
+}
+
 func fallThrough(t testing.TB, s *Server) float64 {
 	return metric(t, s, `idemkey_tiered_fall_through_total{reason="error"}`) +
 		metric(t, s, `idemkey_tiered_fall_through_total{reason="skipped"}`)
@@ -112,9 +129,14 @@ func RedisOutage(t *testing.T, wire accountsapp.Wire) {
 		t.Fatalf("deposit with Redis up: %d %s", r.Status, r.Body)
 	}
 	// A loaded machine can miss the fast path's 50 ms timeout even with Redis up,
-	// which is an outage of its own: wait for a successful ping (it ends any), then
-	// count from there. Nothing calls Redis between this and the kill.
+	// which is an outage of its own: wait for a successful ping (it ends any), and
+	// for the log to end it too (else the kill's outage is, in the log, the same
+	// one, with no warning of its own), then count from there. Nothing calls Redis
+	// between this and the kill.
 	waitReady(t, s)
+	if !waitOutageLogEnd(t, s, &logs) {
+		t.Fatalf("no recovery line within %v of an outage with Redis up", store.OutageQuiet+15*time.Second)
+	}
 	if metric(t, s, "idemkey_tiered_degraded") != 0 {
 		t.Fatal("degraded with Redis up and answering")
 	}
