@@ -145,6 +145,35 @@ func RedisOutage(t *testing.T, wire accountsapp.Wire) {
 	recoveries0 := logs.count("level=INFO", "fast path recovered")
 
 	rdb.Stop()
+	checkRedisDown(t, s, path, &logs, outages0, warnings0)
+
+	rdb.Restart(t)
+	waitReady(t, s)
+	if metric(t, s, "idemkey_tiered_degraded") != 0 {
+		t.Error("still degraded after Redis came back")
+	}
+	// The end of an outage is logged once the cache has answered for a quiet period
+	// (store.OutageQuiet) without a failure, on the first success after it: keep
+	// the readiness ping (a cache call) going until then. At least one line: a slow
+	// first call after the restart may be an outage of its own.
+	deadline := time.Now().Add(store.OutageQuiet + 15*time.Second)
+	for logs.count("level=INFO", "fast path recovered")-recoveries0 < 1 && time.Now().Before(deadline) {
+		waitReady(t, s)
+		time.Sleep(250 * time.Millisecond) // the server's log has no signal to wait on
+	}
+	if n := logs.count("level=INFO", "fast path recovered") - recoveries0; n < 1 {
+		t.Errorf("no recovery line within %v after Redis came back", store.OutageQuiet+15*time.Second)
+	}
+	if r := Do(t, "POST", path, "after", "", `{"amountCents":1}`); r.Status != 200 {
+		t.Errorf("deposit after Redis came back: %d %s", r.Status, r.Body)
+	}
+}
+
+// checkRedisDown: with the tiered store's Redis stopped, Postgres alone serves
+// and replays, the fall-through counter rises, readiness says degraded (200),
+// and the outage is one more outage and one warning in the log.
+func checkRedisDown(t *testing.T, s *Server, path string, logs *lockedBuffer, outages0 float64, warnings0 int) {
+	t.Helper()
 	before := fallThrough(t, s)
 	for i := range 10 {
 		if r := Do(t, "POST", path, "during-"+strconv.Itoa(i), "", `{"amountCents":1}`); r.Status != 200 {
@@ -171,26 +200,5 @@ func RedisOutage(t *testing.T, wire accountsapp.Wire) {
 	}
 	if n := logs.count("readiness check failed"); n != 0 {
 		t.Errorf("a degraded store was logged as a failed check %d times", n)
-	}
-
-	rdb.Restart(t)
-	waitReady(t, s)
-	if metric(t, s, "idemkey_tiered_degraded") != 0 {
-		t.Error("still degraded after Redis came back")
-	}
-	// The end of an outage is logged once the cache has answered for a quiet period
-	// (store.OutageQuiet) without a failure, on the first success after it: keep
-	// the readiness ping (a cache call) going until then. At least one line: a slow
-	// first call after the restart may be an outage of its own.
-	deadline := time.Now().Add(store.OutageQuiet + 15*time.Second)
-	for logs.count("level=INFO", "fast path recovered")-recoveries0 < 1 && time.Now().Before(deadline) {
-		waitReady(t, s)
-		time.Sleep(250 * time.Millisecond) // the server's log has no signal to wait on
-	}
-	if n := logs.count("level=INFO", "fast path recovered") - recoveries0; n < 1 {
-		t.Errorf("no recovery line within %v after Redis came back", store.OutageQuiet+15*time.Second)
-	}
-	if r := Do(t, "POST", path, "after", "", `{"amountCents":1}`); r.Status != 200 {
-		t.Errorf("deposit after Redis came back: %d %s", r.Status, r.Body)
 	}
 }
