@@ -131,7 +131,8 @@ func (s *Store) Close() error { return s.stmts.close() }
 // record must be held by token, uncompleted and within its retention, otherwise
 // store.ErrLeaseLost; after a refusal one read tells a record token completed
 // with the same status, body and omitted mark (a completion retried after its
-// reply was lost), answered nil. Bad arguments (including a body over WithMaxBody) give
+// reply was lost), answered nil. A deadlock victim (error 1213; on Galera a
+// certification conflict) is sent again, three tries in all. Bad arguments (including a body over WithMaxBody) give
 // store.ErrInvalid, driver errors are wrapped.
 func (s *Store) Complete(ctx context.Context, id store.ID, token store.Token, resp store.Response, retention time.Duration) error {
 	if err := s.checkComplete(id, token, resp, retention); err != nil {
@@ -142,6 +143,12 @@ func (s *Store) Complete(ctx context.Context, id store.ID, token store.Token, re
 		return fmt.Errorf("idemkey/store/mysql: complete: %w", err)
 	}
 	res, err := st.ExecContext(ctx, completeArgs(id, token, resp, retention)...)
+	for try := 1; isDeadlock(err) && try < 3; try++ {
+		// A deadlock victim was rolled back whole (on Galera, a certification
+		// conflict with a write set being applied): the fenced UPDATE is safe to
+		// send again, and an already applied one is answered by completedBy.
+		res, err = st.ExecContext(ctx, completeArgs(id, token, resp, retention)...)
+	}
 	if err = holderResult("complete", res, err); errors.Is(err, store.ErrLeaseLost) {
 		return s.completedBy(ctx, id, token, resp, err)
 	}
