@@ -127,16 +127,7 @@ func recordOnly(pool *pgxpool.Pool) http.HandlerFunc {
 			return
 		}
 		key := r.Header.Get("Idempotency-Key")
-		resp, err := insertOrder(ctx, conn, key)
-		if err == nil {
-			err = recordAndCommit(ctx, conn, key, resp)
-		}
-		if err != nil {
-			_, _ = conn.Exec(context.WithoutCancel(ctx), "rollback")
-			http.Error(w, err.Error(), 500)
-			return
-		}
-		write(w, resp)
+		orderAndRecord(ctx, w, conn, key)
 	}
 }
 
@@ -179,17 +170,23 @@ func decideOnly(pool *pgxpool.Pool) http.HandlerFunc {
 			http.Error(w, fmt.Sprint("decide: ", found, err), 500)
 			return
 		}
-		resp, err := insertOrder(ctx, conn, key)
-		if err == nil {
-			err = recordAndCommit(ctx, conn, key, resp)
-		}
-		if err != nil {
-			_, _ = conn.Exec(context.WithoutCancel(ctx), "rollback")
-			http.Error(w, err.Error(), 500)
-			return
-		}
-		write(w, resp)
+		orderAndRecord(ctx, w, conn, key)
 	}
+}
+
+// orderAndRecord runs the handler's insert, then the record's row and COMMIT,
+// in the transaction conn has open; any error rolls back and answers 500.
+func orderAndRecord(ctx context.Context, w http.ResponseWriter, conn *pgxpool.Conn, key string) {
+	resp, err := insertOrder(ctx, conn, key)
+	if err == nil {
+		err = recordAndCommit(ctx, conn, key, resp)
+	}
+	if err != nil {
+		_, _ = conn.Exec(context.WithoutCancel(ctx), "rollback")
+		http.Error(w, err.Error(), 500)
+		return
+	}
+	write(w, resp)
 }
 
 // recordAndCommit sends the record's row and COMMIT in one batch.
