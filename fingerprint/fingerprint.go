@@ -516,8 +516,12 @@ func FromRequest(r *http.Request, route string, opts Options) (store.Fingerprint
 
 // ContentEncoding returns h's Content-Encoding as Request.ContentEncoding takes
 // it: "" when absent, the lines joined by ',' when sent in several.
-func ContentEncoding(h http.Header) string {
-	switch v := h["Content-Encoding"]; len(v) {
+func ContentEncoding(h http.Header) string { return joinedLines(h["Content-Encoding"]) }
+
+// joinedLines is one header's lines as a single value: "" when absent, the
+// lines joined by ',' when sent in several, without allocating for one line.
+func joinedLines(v []string) string {
+	switch len(v) {
 	case 0:
 		return ""
 	case 1:

@@ -9,16 +9,7 @@ import (
 // ContentType returns h's Content-Type as Request.ContentType takes it: ""
 // when absent, the lines joined by ',' when sent in several (a handler reads
 // the first; a second line then only tells requests apart).
-func ContentType(h http.Header) string {
-	switch v := h["Content-Type"]; len(v) {
-	case 0:
-		return ""
-	case 1:
-		return v[0]
-	default:
-		return strings.Join(v, ",")
-	}
-}
+func ContentType(h http.Header) string { return joinedLines(h["Content-Type"]) }
 
 // maxMediaParams is the most parameters a normalised media type keeps apart;
 // a value with more is taken as sent.
