@@ -38,10 +38,7 @@ func (t *claimTx) hold(ctx context.Context, sqls ...string) (_ context.Context, 
 		}
 		c.use <- struct{}{}
 	}
-	c.mu.Lock()
-	closed := c.closed
-	c.mu.Unlock()
-	if closed || c.conn.Conn().PgConn().TxStatus() == 'I' {
+	if c.closed.Load() || c.conn.Conn().PgConn().TxStatus() == 'I' {
 		<-c.use
 		return nil, nil, nil, pgx.ErrTxClosed
 	}
@@ -100,9 +97,7 @@ func (t *claimTx) Begin(ctx context.Context) (pgx.Tx, error) {
 
 // Conn and LargeObjects are side doors: the commit trusts only its fence.
 func (t *claimTx) Conn() *pgx.Conn {
-	t.c.mu.Lock()
-	t.c.sideDoor = true
-	t.c.mu.Unlock()
+	t.c.sideDoor.Store(true)
 	return t.Tx.Conn()
 }
 
