@@ -144,20 +144,23 @@ func (t *claimTx) Query(ctx context.Context, sql string, args ...any) (pgx.Rows,
 func (t *claimTx) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
 	ctx, release, cancel, err := t.hold(ctx, sql)
 	if err != nil {
-		return heldRow{err: err, done: func() {}}
+		return &heldRow{err: err}
 	}
 	t.c.row.Store(true)
-	return heldRow{row: t.Tx.QueryRow(ctx, sql, args...), done: func() { t.c.row.Store(false); release(); cancel() }}
+	return &heldRow{row: t.Tx.QueryRow(ctx, sql, args...), done: func() { t.c.row.Store(false); release(); cancel() }}
 }
 
 type heldRow struct {
 	row  pgx.Row
 	err  error
-	done func()
+	done func() // the first Scan gives the transaction back
 }
 
-func (r heldRow) Scan(dest ...any) error {
-	defer r.done()
+func (r *heldRow) Scan(dest ...any) error {
+	if done := r.done; done != nil {
+		r.done = nil
+		defer done()
+	}
 	if r.err != nil {
 		return r.err
 	}

@@ -70,30 +70,29 @@ func TxFromContext(ctx context.Context) (pgx.Tx, bool) {
 }
 
 // take closes the transaction to the handler once its call under way ended
-// and reports whether it used a side door; busy when a call still held the
-// connection after useWait or a result is open: then only abandon may follow.
-func (c *txClaim) take() (sideDoor, busy bool) {
+// and reports whether it used a side door. ok is false when a call still held
+// the connection after useWait or a result is open: then the socket is closed
+// under it (the server rolls back, the key is free) and the connection
+// dropped from the pool, nothing else of it touched.
+func (c *txClaim) take() (sideDoor, ok bool) {
 	timer := time.NewTimer(useWait)
 	defer timer.Stop()
 	select {
 	case c.use <- struct{}{}:
 		defer func() { <-c.use }()
+		ok = c.open.Load() == 0
 	case <-timer.C:
-		busy = true
 	}
 	c.closed.Store(true)
-	return c.sideDoor.Load(), busy || c.open.Load() > 0
+	if !ok {
+		_ = c.conn.Conn().PgConn().Conn().Close()
+		c.conn.Hijack()
+	}
+	return c.sideDoor.Load(), ok
 }
 
 // useWait bounds how long take waits for a call of the handler's.
 var useWait = endTimeout
-
-// abandon closes the socket under the handler's call (the server rolls back,
-// the key is free) and drops the connection from the pool, touching nothing else.
-func (c *txClaim) abandon() {
-	_ = c.conn.Conn().PgConn().Conn().Close()
-	c.conn.Hijack()
-}
 
 // end rolls the transaction back, if open, and gives the connection back.
 func (c *txClaim) end() {
@@ -107,9 +106,7 @@ func (c *txClaim) end() {
 
 // Rollback implements claim.Tx.
 func (c *txClaim) Rollback(context.Context) error {
-	if _, busy := c.take(); busy {
-		c.abandon()
-	} else {
+	if _, ok := c.take(); ok {
 		c.end()
 	}
 	return nil
@@ -121,9 +118,8 @@ func (c *txClaim) Rollback(context.Context) error {
 // commit that fails is rolled back: an error wrapping store.ErrLeaseLost when
 // the server refused it, ErrCommitUnknown too when its outcome is unknown.
 func (c *txClaim) Commit(ctx context.Context, resp store.Response, retention time.Duration) (claim.TxEnd, error) {
-	sideDoor, busy := c.take()
-	if busy {
-		c.abandon()
+	sideDoor, ok := c.take()
+	if !ok {
 		return 0, errConnBusy
 	}
 	id, tok := c.req.ID, c.req.Token
