@@ -142,12 +142,13 @@ func (c *txClaim) Commit(ctx context.Context, resp store.Response, retention tim
 	}
 	b.Queue("COMMIT") // on the connection: pgx's Tx does not learn of it, and is dropped
 	err := c.conn.SendBatch(ctx, b).Close()
-	var pg *pgconn.PgError
-	switch {
-	case err == nil:
+	if err == nil {
 		c.conn.Release()
 		return claim.TxCommitted, nil
-	case errors.As(err, &pg) && pg.Code == "22012": // the fence: not the claim's transaction
+	}
+	// pg after the success path: errors.As puts it on the heap.
+	var pg *pgconn.PgError
+	if errors.As(err, &pg) && pg.Code == "22012" { // the fence: not the claim's transaction
 		return 0, c.failClosed(ctx, err)
 	}
 	c.end()
