@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"math"
 	"time"
 
@@ -214,17 +215,12 @@ func (c *txClaim) read(b *pgx.Batch, args []any, send func(*pgx.Batch) pgx.Batch
 // key; others meet it only by a collision (a needless wait). Every build must
 // compute the same (TestKeyLockIsFNV1a).
 func (t *TxStore) keyLock(id store.ID) int64 {
-	h := uint64(14695981039346656037)
-	add := func(s string) {
-		for i := range len(s) {
-			h = (h ^ uint64(s[i])) * 1099511628211
-		}
-	}
 	var n [9]byte // the zero byte, then the scope's length
 	binary.BigEndian.PutUint64(n[1:], uint64(len(id.Scope)))
-	add(t.qualified)
-	add(string(n[:]))
-	add(id.Scope)
-	add(id.Key)
-	return int64(h)
+	h := fnv.New64a() // stays on the stack: no allocation
+	h.Write([]byte(t.qualified))
+	h.Write(n[:])
+	h.Write([]byte(id.Scope))
+	h.Write([]byte(id.Key))
+	return int64(h.Sum64())
 }

@@ -159,6 +159,11 @@ func TestKeyLockIsFNV1a(t *testing.T) {
 			t.Errorf("keyLock(%q, %q) = %d, want %d", id.Scope, id.Key, got, want)
 		}
 	}
+	// A key every build since the mode's first must give (a rolling deploy's
+	// old and new processes meet on it).
+	if got := ts.keyLock(store.ID{Scope: "tenant-1", Key: "order-17"}); got != 2036135740106251232 {
+		t.Errorf("keyLock(tenant-1, order-17) = %d, want 2036135740106251232", got)
+	}
 }
 
 // TestCommitResponseRefusedInOneTx: CommitResponse inside a one-transaction
