@@ -47,11 +47,10 @@ func (t *claimTx) hold(ctx context.Context, sqls ...string) (_ context.Context, 
 }
 
 // call runs f, which sends sqls, holding the transaction.
-func call[T any](t *claimTx, ctx context.Context, f func(context.Context) (T, error), sqls ...string) (T, error) {
+func call[T any](t *claimTx, ctx context.Context, f func(context.Context) (T, error), sqls ...string) (v T, err error) {
 	ctx, release, cancel, err := t.hold(ctx, sqls...)
 	if err != nil {
-		var zero T
-		return zero, err
+		return v, err
 	}
 	defer cancel()
 	defer release()
@@ -61,17 +60,15 @@ func call[T any](t *claimTx, ctx context.Context, f func(context.Context) (T, er
 // opened runs f, which opens results (Rows, a batch), bounded and
 // counted open (take) until closer; the transaction is held only while f runs,
 // so the handler's next call meets pgx's "conn busy", not a wait.
-func opened[T any](t *claimTx, ctx context.Context, f func(context.Context) (T, error), sqls ...string) (_ T, closer func(), err error) {
+func opened[T any](t *claimTx, ctx context.Context, f func(context.Context) (T, error), sqls ...string) (v T, closer func(), err error) {
 	ctx, release, cancel, err := t.hold(ctx, sqls...)
 	if err != nil {
-		var zero T
-		return zero, func() {}, err
+		return v, func() {}, err
 	}
 	defer release()
 	t.c.open.Add(1)
-	once := sync.OnceFunc(func() { t.c.open.Add(-1); cancel() })
-	v, err := f(ctx)
-	return v, once, err
+	v, err = f(ctx)
+	return v, sync.OnceFunc(func() { t.c.open.Add(-1); cancel() }), err
 }
 
 func (t *claimTx) Commit(ctx context.Context) error   { return t.end(ctx, t.Tx.Commit) }
