@@ -29,7 +29,8 @@
 // client connections, and prints requests/s, p50 and p99 latency over all
 // requests, the answers (first executions, replays, others), and round trips,
 // statements and commits per first execution as pgx sent them (a commit is an
-// explicit COMMIT or a round trip outside a transaction block), and the CPU time
+// explicit COMMIT or a round trip outside a transaction block that is not only
+// plain SELECTs, which write no WAL), and the CPU time
 // per request of this process (client and server) and of the database's
 // client backends (read from /proc: 0 unless Postgres runs on this host), and
 // this process's heap allocations per request.

@@ -10,7 +10,9 @@ import (
 
 // counts are what pgx sent for one request: round trips, statements, and
 // commits (explicit COMMITs, plus each round trip that ran outside a
-// transaction block and so committed on its own).
+// transaction block and so committed on its own, unless it was only plain
+// SELECTs: a read, such as WithReadFirst's, writes no WAL and has nothing to
+// flush, while a SELECT around a data-modifying WITH starts with WITH).
 type counts struct {
 	trips, statements, commits atomic.Int64
 }
@@ -36,7 +38,7 @@ func (tracer) TraceQueryStart(ctx context.Context, conn *pgx.Conn, d pgx.TraceQu
 	if c := countsOf(ctx); c != nil {
 		c.trips.Add(1)
 		c.statements.Add(1)
-		if conn.PgConn().TxStatus() == 'I' && !isBegin(d.SQL) || isCommit(d.SQL) {
+		if conn.PgConn().TxStatus() == 'I' && !isBegin(d.SQL) && !isSelect(d.SQL) || isCommit(d.SQL) {
 			c.commits.Add(1)
 		}
 	}
@@ -49,7 +51,7 @@ func (tracer) TraceBatchStart(ctx context.Context, conn *pgx.Conn, d pgx.TraceBa
 	if c := countsOf(ctx); c != nil {
 		c.trips.Add(1)
 		qs := d.Batch.QueuedQueries
-		if conn.PgConn().TxStatus() == 'I' && (len(qs) == 0 || !isBegin(qs[0].SQL)) {
+		if conn.PgConn().TxStatus() == 'I' && (len(qs) == 0 || !isBegin(qs[0].SQL)) && !allSelects(qs) {
 			c.commits.Add(1)
 		}
 	}
@@ -72,3 +74,18 @@ func isBegin(sql string) bool {
 }
 
 func isCommit(sql string) bool { return strings.EqualFold(strings.TrimSpace(sql), "commit") }
+
+func isSelect(sql string) bool {
+	sql = strings.TrimSpace(sql)
+	return len(sql) >= 6 && strings.EqualFold(sql[:6], "select")
+}
+
+// allSelects reports whether a batch holds only plain SELECTs (none: false).
+func allSelects(qs []*pgx.QueuedQuery) bool {
+	for _, q := range qs {
+		if !isSelect(q.SQL) {
+			return false
+		}
+	}
+	return len(qs) > 0
+}

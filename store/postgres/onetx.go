@@ -5,8 +5,8 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"math"
-	"strconv"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -26,18 +26,17 @@ const DefaultLockWait = time.Second
 const endTimeout = 5 * time.Second
 
 // The claim's statements (docs/architecture.md section 9.1). tryLockSQL tries
-// the key's lock ($1) and marks the transaction as the claim's ($2, the token,
-// a transaction-local setting); keyLockSQL waits for the lock ($2) at most the
-// lock wait ($1: lock_timeout set, then set back), when another transaction
-// held it. recordSQL inserts the record of a claim that found no row
-// (completeSQL's arguments, $9 the fingerprint): its RETURNING fails (division
-// by zero), and the COMMIT behind it does not run, unless the transaction still
-// carries the mark ($3) and holds the lock ($10). fenceSQL puts the completion
-// of a row taken over to the same test, and fails when it matched no row.
+// the key's lock ($1) and marks the transaction as the claim's ($2, the token:
+// a transaction-local setting); keyLockSQL waits for the lock ($2) at most $1
+// milliseconds, lock_timeout set back after. recordSQL inserts the record
+// (completeSQL's arguments, $9 the fingerprint); its RETURNING fails (division
+// by zero) unless the transaction still carries the mark ($3) and the lock
+// ($10), and the COMMIT behind it does not run; fenceSQL puts a takeover's
+// completion to the same test, and fails when it matched no row.
 const (
 	tryLockSQL = `SELECT pg_try_advisory_xact_lock($1), set_config('idemkey.claim', encode($2, 'hex'), true)`
 	keyLockSQL = `WITH prev AS MATERIALIZED (SELECT current_setting('lock_timeout') AS v),
-     bound AS MATERIALIZED (SELECT v, set_config('lock_timeout', $1, true) FROM prev),
+     bound AS MATERIALIZED (SELECT v, set_config('lock_timeout', $1::bigint::text, true) FROM prev),
      held AS MATERIALIZED (SELECT v, pg_advisory_xact_lock($2) FROM bound)
 SELECT set_config('lock_timeout', v, true) FROM held`
 	recordSQL = `INSERT INTO %[1]s (scope, key, fingerprint, token, status, headers, body, body_omitted,
@@ -58,7 +57,6 @@ type TxStore struct {
 	*Store
 	pool        *pgxpool.Pool
 	wait        time.Duration // the lock wait
-	lockWait    string        // the lock wait in milliseconds, keyLockSQL's $1
 	stmtTimeout time.Duration // bound of each statement of the handler's (WithStatementTimeout)
 	// The fenced insert of a claim that found no row, the fenced completion of a
 	// row taken over, the unfenced insert of a record committed on its own.
@@ -99,88 +97,71 @@ func (s *Store) OneTx(pool *pgxpool.Pool, opts ...TxOption) (*TxStore, error) {
 	for _, o := range opts {
 		o(t)
 	}
-	ms := codec.Millis(t.wait)
-	if t.wait <= 0 || ms > math.MaxInt32 || t.stmtTimeout <= 0 {
+	if t.wait <= 0 || codec.Millis(t.wait) > math.MaxInt32 || t.stmtTimeout <= 0 {
 		return nil, fmt.Errorf("idemkey/store/postgres: %w: lock wait %v outside 1 ms to 24 days, or statement timeout %v not positive", store.ErrInvalid, t.wait, t.stmtTimeout)
 	}
-	t.lockWait = strconv.FormatInt(ms, 10)
 	t.aloneSQL = fmt.Sprintf(recordSQL, s.qualified)
 	t.recordSQL = t.aloneSQL + fmt.Sprintf(" RETURNING 1 / CASE WHEN "+fenced+" THEN 1 ELSE 0 END", nil, 10)
 	t.completeSQL = fmt.Sprintf(fenceSQL, s.completeSQL, 9)
 	return t, nil
 }
 
-// lockFor returns the lock wait of a claim on ctx, in milliseconds as text:
-// the lock wait, or half the time left before ctx's deadline when shorter (at
-// least 1 ms: 0 would mean no bound).
-func (t *TxStore) lockFor(ctx context.Context) string {
+// lockFor returns the lock wait of a claim on ctx in milliseconds: at most
+// half the time left before ctx's deadline, so the wait ends first (at least
+// 1: 0 would mean no bound).
+func (t *TxStore) lockFor(ctx context.Context) int64 {
+	d := t.wait
 	if dl, ok := ctx.Deadline(); ok {
-		if half := time.Until(dl) / 2; half < t.wait {
-			return strconv.FormatInt(max(1, half.Milliseconds()), 10)
-		}
+		d = min(d, time.Until(dl)/2)
 	}
-	return t.lockWait
+	return max(1, codec.Millis(d))
 }
 
 // ClaimTx implements claim.TxStore: one round trip when no one holds the key
-// or its record is completed (lockAndRead), two when another transaction holds
-// it; a takeover of an expired record one more (the store's claim statement).
-// With the store's WithReadFirst it first reads the key's row by primary key,
-// outside any transaction: a completed live record (a replay, a mismatch) or a
-// live lease of the default mode is answered by that read alone; anything else
-// pays it as one round trip more before the transaction.
-// Any answer but Claimed ends the transaction (a lock wait over: InFlight,
-// RetryAfter the lease). A serialization failure, a deadlock or a takeover that
-// met a newer row claims again (at most 5 times). Errors: store.ErrInvalid for
-// bad arguments, else the driver's, wrapped.
-func (t *TxStore) ClaimTx(ctx context.Context, req store.ClaimRequest) (store.ClaimResult, claim.Tx, error) {
-	var tx claim.Tx
-	read := t.readFirst
-	res, err := t.claimLoop(req, "claim in transaction", func(tok store.Token, args []any) (store.ClaimResult, bool, error) {
-		if read { // WithReadFirst: a replay, a mismatch or a held lease is one plain read, no transaction
-			read = false
-			if res, decided, err := t.readClaim(ctx, req, tok, args); decided || err != nil {
-				return res, false, err
-			}
-		}
-		res, c, again, err := t.claimOnce(ctx, req, tok, args)
-		if c != nil {
-			tx = c
-		}
-		return res, again, err
+// or its record is completed, two when another transaction holds it; a
+// takeover of an expired record one more (claimSQL in the transaction). With
+// WithReadFirst a completed live record or a live lease of the default mode is
+// answered by a read outside any transaction (claimLoop), anything else pays
+// it as one round trip more. Any answer but Claimed ends the transaction (a
+// lock wait over: InFlight, RetryAfter the lease). A serialization failure, a
+// deadlock or a takeover that met a newer row claims again (at most 5 times).
+// Errors: store.ErrInvalid for bad arguments, else the driver's, wrapped.
+func (t *TxStore) ClaimTx(ctx context.Context, req store.ClaimRequest) (res store.ClaimResult, tx claim.Tx, err error) {
+	res, err = t.claimLoop(ctx, req, "claim in transaction", func(tok store.Token, args []any) (r store.ClaimResult, again bool, err error) {
+		r, tx, again, err = t.claimOnce(ctx, req, tok, args)
+		return r, again, err
 	})
 	return res, tx, err
 }
 
-// claimOnce runs one claim transaction: the open transaction when it claimed,
-// again when the claim must run once more.
+// claimOnce runs one claim transaction: tx open when it claimed, again when
+// the claim must run once more.
 func (t *TxStore) claimOnce(ctx context.Context, req store.ClaimRequest, tok store.Token, args []any) (
-	_ store.ClaimResult, _ *txClaim, again bool, _ error) {
+	_ store.ClaimResult, tx claim.Tx, again bool, _ error) {
 	conn, err := t.pool.Acquire(ctx)
 	if err != nil {
 		return store.ClaimResult{}, nil, false, fmt.Errorf("idemkey/store/postgres: claim in transaction: %w", err)
 	}
-	c := &txClaim{t: t, conn: conn, token: tok, req: req, lock: t.keyLock(req.ID), use: make(chan struct{}, 1)}
-	found, r, err := c.lockAndRead(ctx, args)
-	c.insert = !found
+	req.Token = tok
+	c := &txClaim{t: t, conn: conn, req: req, lock: t.keyLock(req.ID), use: make(chan struct{}, 1)}
+	r, err := c.lockAndRead(ctx, args)
+	c.insert = r.claimed
 	if err == nil && r.stale { // takeable: take the row over, in this transaction
-		r, c.insert = claimRow{}, false
+		r = claimRow{}
 		err = r.scan(c.tx.QueryRow(ctx, t.claimSQL, args...))
 	}
 	if err == nil && r.claimed && !r.stale {
 		c.handler = &claimTx{Tx: c.tx, c: c}
 		return store.ClaimResult{Outcome: store.Claimed, Token: tok, Takeover: r.takeover}, c, false, nil
 	}
-	// Nothing to run: end the transaction without making the caller wait for it.
-	go c.end()
+	go c.end() // nothing to run: the caller does not wait for the ROLLBACK
 	var pg *pgconn.PgError
 	switch {
-	case errors.Is(err, pgx.ErrNoRows) || err == nil && r.stale:
-		return store.ClaimResult{}, nil, true, nil // a takeover that met a newer row: look again
+	case errors.Is(err, pgx.ErrNoRows) || err == nil && r.stale, // a takeover that met a newer row
+		errors.As(err, &pg) && (pg.Code == "40001" || pg.Code == "40P01"): // serialization failure, deadlock
+		return store.ClaimResult{}, nil, true, nil
 	case errors.As(err, &pg) && pg.Code == "55P03": // lock_not_available: the holder runs on
 		return store.ClaimResult{Outcome: store.InFlight, RetryAfter: req.Lease}, nil, false, nil
-	case errors.As(err, &pg) && (pg.Code == "40001" || pg.Code == "40P01"):
-		return store.ClaimResult{}, nil, true, nil // serialization failure, deadlock: a new transaction
 	case err != nil:
 		return store.ClaimResult{}, nil, false, fmt.Errorf("idemkey/store/postgres: claim in transaction: %w", err)
 	}
@@ -193,27 +174,28 @@ func (t *TxStore) claimOnce(ctx context.Context, req store.ClaimRequest, tok sto
 // lock's last holder committed). When another transaction holds the lock it
 // waits for it and reads again, unless the row is a completed live record,
 // which no holder changes (replays of a hot key do not queue on the lock).
-func (c *txClaim) lockAndRead(ctx context.Context, args []any) (found bool, r claimRow, err error) {
+func (c *txClaim) lockAndRead(ctx context.Context, args []any) (r claimRow, err error) {
 	held := false
 	b := &pgx.Batch{}
 	b.BeginTx(pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
 	b.Queue(tryLockSQL, c.lock, args[3]).QueryRow(func(row pgx.Row) error { return row.Scan(&held, nil) })
-	found, r, err = c.read(b, args, func(b *pgx.Batch) pgx.BatchResults {
+	r, err = c.read(b, args, func(b *pgx.Batch) pgx.BatchResults {
 		br := c.conn.SendBatch(ctx, b)
 		c.tx = br.Tx()
 		return br
 	})
-	if err == nil && !held && !(found && r.status.Valid && !r.stale) {
+	if err == nil && !held && !(r.status.Valid && !r.stale) {
 		b = &pgx.Batch{}
 		b.Queue(keyLockSQL, c.t.lockFor(ctx), c.lock)
-		found, r, err = c.read(b, args, func(b *pgx.Batch) pgx.BatchResults { return c.tx.SendBatch(ctx, b) })
+		r, err = c.read(b, args, func(b *pgx.Batch) pgx.BatchResults { return c.tx.SendBatch(ctx, b) })
 	}
-	return found, r, err
+	return r, err
 }
 
 // read sends b and the read of the key's row; r.claimed when there is none.
-func (c *txClaim) read(b *pgx.Batch, args []any, send func(*pgx.Batch) pgx.BatchResults) (found bool, r claimRow, err error) {
+func (c *txClaim) read(b *pgx.Batch, args []any, send func(*pgx.Batch) pgx.BatchResults) (r claimRow, err error) {
 	var k keyRow
+	found := false
 	b.Queue(c.t.readSQL, args[0], args[1]).QueryRow(func(row pgx.Row) error {
 		err := row.Scan(k.dest()...)
 		if found = err == nil; errors.Is(err, pgx.ErrNoRows) {
@@ -225,7 +207,7 @@ func (c *txClaim) read(b *pgx.Batch, args []any, send func(*pgx.Batch) pgx.Batch
 		r = k.judge(c.req.Fingerprint)
 	}
 	r.claimed = !found
-	return found, r, err
+	return r, err
 }
 
 // keyLock returns id's advisory lock key: FNV-1a (64 bits) of the table's quoted
@@ -233,17 +215,12 @@ func (c *txClaim) read(b *pgx.Batch, args []any, send func(*pgx.Batch) pgx.Batch
 // key; others meet it only by a collision (a needless wait). Every build must
 // compute the same (TestKeyLockIsFNV1a).
 func (t *TxStore) keyLock(id store.ID) int64 {
-	h := uint64(14695981039346656037)
-	add := func(s string) {
-		for i := range len(s) {
-			h = (h ^ uint64(s[i])) * 1099511628211
-		}
-	}
 	var n [9]byte // the zero byte, then the scope's length
 	binary.BigEndian.PutUint64(n[1:], uint64(len(id.Scope)))
-	add(t.qualified)
-	add(string(n[:]))
-	add(id.Scope)
-	add(id.Key)
-	return int64(h)
+	h := fnv.New64a() // stays on the stack: no allocation
+	h.Write([]byte(t.qualified))
+	h.Write(n[:])
+	h.Write([]byte(id.Scope))
+	h.Write([]byte(id.Key))
+	return int64(h.Sum64())
 }

@@ -3,6 +3,7 @@ package postgres
 import (
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"hash/fnv"
 	"net/http"
 	"strings"
@@ -158,4 +159,81 @@ func TestKeyLockIsFNV1a(t *testing.T) {
 			t.Errorf("keyLock(%q, %q) = %d, want %d", id.Scope, id.Key, got, want)
 		}
 	}
+	// A key every build since the mode's first must give (a rolling deploy's
+	// old and new processes meet on it).
+	if got := ts.keyLock(store.ID{Scope: "tenant-1", Key: "order-17"}); got != 2036135740106251232 {
+		t.Errorf("keyLock(tenant-1, order-17) = %d, want 2036135740106251232", got)
+	}
+}
+
+// TestCommitResponseRefusedInOneTx: CommitResponse inside a one-transaction
+// route is refused with claim.ErrOneTx before it sends a statement, whichever
+// transaction it is given (the route's, a savepoint of it, one of the pool's,
+// which it rolls back) and whether the claim will insert the record or took an
+// expired one over: nothing is written to the client, and the route commits
+// the handler's own answer, which retries replay. It used to reach CompleteTx:
+// ErrLeaseLost, or a wait on the row the route's claim had locked.
+func TestCommitResponseRefusedInOneTx(t *testing.T) {
+	errs := make(chan error, 1)
+	e := newOneTxEnv(t, nil, func(e *oneTxEnv) http.HandlerFunc {
+		inner := insertInTx(e)
+		return func(w http.ResponseWriter, r *http.Request) {
+			errs <- commitInOneTx(e, w, r)
+			inner(w, r)
+		}
+	}, nil)
+	for _, variant := range []string{"route", "savepoint", "pool"} {
+		key := variant + "-refused"
+		for _, takeover := range []bool{false, true} {
+			if takeover {
+				if _, err := e.pool.Exec(t.Context(), `UPDATE `+e.st.Table()+` SET expires_at = now() - interval '1 second' WHERE key = $1`, []byte(key)); err != nil {
+					t.Fatal(err)
+				}
+			}
+			code, _, body, err := e.post(key)
+			if cerr := <-errs; !errors.Is(cerr, claim.ErrOneTx) {
+				t.Errorf("%s, takeover %v: CommitResponse answered %v, want claim.ErrOneTx", variant, takeover, cerr)
+			}
+			if err != nil || code != 201 || strings.Contains(body, "CommitResponse") {
+				t.Errorf("%s, takeover %v: %d %q %v; want the handler's own 201", variant, takeover, code, body, err)
+			}
+			code, h, again, err := e.post(key)
+			if err != nil || code != 201 || again != body || h.Get("Idempotent-Replayed") == "" {
+				t.Errorf("%s, takeover %v: retry %d %q replayed=%q %v; want %q replayed", variant, takeover, code, again, h.Get("Idempotent-Replayed"), err, body)
+			}
+		}
+	}
+	if rows, _, records := e.counts(); rows != 6 || records != 3 {
+		t.Fatalf("%d rows, %d records; want 6 (the handler's own, none of the pool transactions') and 3", rows, records)
+	}
+}
+
+// commitInOneTx calls CommitResponse in a one-transaction route with the
+// transaction the key's first word names; a pool transaction holds a row of
+// its own and must be rolled back after.
+func commitInOneTx(e *oneTxEnv, w http.ResponseWriter, r *http.Request) error {
+	ctx := r.Context()
+	route, ok := TxFromContext(ctx)
+	if !ok {
+		return errors.New("no transaction")
+	}
+	id, _ := middleware.KeyFromContext(ctx)
+	variant, _, _ := strings.Cut(id.Key, "-")
+	tx, err := route, error(nil)
+	switch variant {
+	case "savepoint":
+		tx, err = route.Begin(ctx)
+	case "pool":
+		if tx, err = e.pool.Begin(ctx); err == nil {
+			_, err = tx.Exec(ctx, `INSERT INTO `+e.side+` (key) VALUES ('pool')`)
+		}
+	}
+	if err != nil {
+		return err
+	}
+	err = e.st.CommitResponse(ctx, tx, w, store.Response{Status: 200, Body: []byte("from CommitResponse")})
+	if _, xerr := tx.Exec(ctx, `SELECT 1`); variant == "pool" && !errors.Is(xerr, pgx.ErrTxClosed) {
+		return fmt.Errorf("the pool transaction was left open (%v); CommitResponse: %v", xerr, err)
+	}
+	return err
 }

@@ -38,10 +38,7 @@ func (t *claimTx) hold(ctx context.Context, sqls ...string) (_ context.Context, 
 		}
 		c.use <- struct{}{}
 	}
-	c.mu.Lock()
-	closed := c.closed
-	c.mu.Unlock()
-	if closed || c.conn.Conn().PgConn().TxStatus() == 'I' {
+	if c.closed.Load() || c.conn.Conn().PgConn().TxStatus() == 'I' {
 		<-c.use
 		return nil, nil, nil, pgx.ErrTxClosed
 	}
@@ -50,11 +47,10 @@ func (t *claimTx) hold(ctx context.Context, sqls ...string) (_ context.Context, 
 }
 
 // call runs f, which sends sqls, holding the transaction.
-func call[T any](t *claimTx, ctx context.Context, f func(context.Context) (T, error), sqls ...string) (T, error) {
+func call[T any](t *claimTx, ctx context.Context, f func(context.Context) (T, error), sqls ...string) (v T, err error) {
 	ctx, release, cancel, err := t.hold(ctx, sqls...)
 	if err != nil {
-		var zero T
-		return zero, err
+		return v, err
 	}
 	defer cancel()
 	defer release()
@@ -64,17 +60,15 @@ func call[T any](t *claimTx, ctx context.Context, f func(context.Context) (T, er
 // opened runs f, which opens results (Rows, a batch), bounded and
 // counted open (take) until closer; the transaction is held only while f runs,
 // so the handler's next call meets pgx's "conn busy", not a wait.
-func opened[T any](t *claimTx, ctx context.Context, f func(context.Context) (T, error), sqls ...string) (_ T, closer func(), err error) {
+func opened[T any](t *claimTx, ctx context.Context, f func(context.Context) (T, error), sqls ...string) (v T, closer func(), err error) {
 	ctx, release, cancel, err := t.hold(ctx, sqls...)
 	if err != nil {
-		var zero T
-		return zero, func() {}, err
+		return v, func() {}, err
 	}
 	defer release()
 	t.c.open.Add(1)
-	once := sync.OnceFunc(func() { t.c.open.Add(-1); cancel() })
-	v, err := f(ctx)
-	return v, once, err
+	v, err = f(ctx)
+	return v, sync.OnceFunc(func() { t.c.open.Add(-1); cancel() }), err
 }
 
 func (t *claimTx) Commit(ctx context.Context) error   { return t.end(ctx, t.Tx.Commit) }
@@ -100,9 +94,7 @@ func (t *claimTx) Begin(ctx context.Context) (pgx.Tx, error) {
 
 // Conn and LargeObjects are side doors: the commit trusts only its fence.
 func (t *claimTx) Conn() *pgx.Conn {
-	t.c.mu.Lock()
-	t.c.sideDoor = true
-	t.c.mu.Unlock()
+	t.c.sideDoor.Store(true)
 	return t.Tx.Conn()
 }
 
@@ -149,20 +141,23 @@ func (t *claimTx) Query(ctx context.Context, sql string, args ...any) (pgx.Rows,
 func (t *claimTx) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
 	ctx, release, cancel, err := t.hold(ctx, sql)
 	if err != nil {
-		return heldRow{err: err, done: func() {}}
+		return &heldRow{err: err}
 	}
 	t.c.row.Store(true)
-	return heldRow{row: t.Tx.QueryRow(ctx, sql, args...), done: func() { t.c.row.Store(false); release(); cancel() }}
+	return &heldRow{row: t.Tx.QueryRow(ctx, sql, args...), done: func() { t.c.row.Store(false); release(); cancel() }}
 }
 
 type heldRow struct {
 	row  pgx.Row
 	err  error
-	done func()
+	done func() // the first Scan gives the transaction back
 }
 
-func (r heldRow) Scan(dest ...any) error {
-	defer r.done()
+func (r *heldRow) Scan(dest ...any) error {
+	if done := r.done; done != nil {
+		r.done = nil
+		defer done()
+	}
 	if r.err != nil {
 		return r.err
 	}

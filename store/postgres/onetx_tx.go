@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -34,8 +33,7 @@ type txClaim struct {
 	t       *TxStore
 	conn    *pgxpool.Conn
 	tx      pgx.Tx
-	token   store.Token
-	req     store.ClaimRequest
+	req     store.ClaimRequest // its Token the claim's
 	lock    int64
 	insert  bool     // the claim found no row: the commit inserts the record
 	handler *claimTx // the handler's view of the transaction
@@ -43,9 +41,8 @@ type txClaim struct {
 	use      chan struct{} // holds one token while a call of the handler's runs (claimTx.hold)
 	open     atomic.Int32  // the handler's Rows and batches not yet closed
 	row      atomic.Bool   // a QueryRow of the handler's holds use until its Scan
-	mu       sync.Mutex
-	closed   bool // the library took the transaction back: the handler's calls are refused
-	sideDoor bool // the handler took the connection (Conn, LargeObjects): what it did is unknown
+	closed   atomic.Bool   // the library took the transaction back: the handler's calls are refused
+	sideDoor atomic.Bool   // the handler took the connection (Conn, LargeObjects): what it did is unknown
 }
 
 // TxFromContext returns the transaction the handler runs in, in the
@@ -73,32 +70,29 @@ func TxFromContext(ctx context.Context) (pgx.Tx, bool) {
 }
 
 // take closes the transaction to the handler once its call under way ended
-// and reports whether it used a side door; busy when a call still held the
-// connection after useWait or a result is open: then only abandon may follow.
-func (c *txClaim) take() (sideDoor, busy bool) {
+// and reports whether it used a side door. ok is false when a call still held
+// the connection after useWait or a result is open: then the socket is closed
+// under it (the server rolls back, the key is free) and the connection
+// dropped from the pool, nothing else of it touched.
+func (c *txClaim) take() (sideDoor, ok bool) {
 	timer := time.NewTimer(useWait)
 	defer timer.Stop()
 	select {
 	case c.use <- struct{}{}:
 		defer func() { <-c.use }()
+		ok = c.open.Load() == 0
 	case <-timer.C:
-		busy = true
 	}
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.closed = true
-	return c.sideDoor, busy || c.open.Load() > 0
+	c.closed.Store(true)
+	if !ok {
+		_ = c.conn.Conn().PgConn().Conn().Close()
+		c.conn.Hijack()
+	}
+	return c.sideDoor.Load(), ok
 }
 
 // useWait bounds how long take waits for a call of the handler's.
 var useWait = endTimeout
-
-// abandon closes the socket under the handler's call (the server rolls back,
-// the key is free) and drops the connection from the pool, touching nothing else.
-func (c *txClaim) abandon() {
-	_ = c.conn.Conn().PgConn().Conn().Close()
-	c.conn.Hijack()
-}
 
 // end rolls the transaction back, if open, and gives the connection back.
 func (c *txClaim) end() {
@@ -112,9 +106,7 @@ func (c *txClaim) end() {
 
 // Rollback implements claim.Tx.
 func (c *txClaim) Rollback(context.Context) error {
-	if _, busy := c.take(); busy {
-		c.abandon()
-	} else {
+	if _, ok := c.take(); ok {
 		c.end()
 	}
 	return nil
@@ -126,23 +118,24 @@ func (c *txClaim) Rollback(context.Context) error {
 // commit that fails is rolled back: an error wrapping store.ErrLeaseLost when
 // the server refused it, ErrCommitUnknown too when its outcome is unknown.
 func (c *txClaim) Commit(ctx context.Context, resp store.Response, retention time.Duration) (claim.TxEnd, error) {
-	sideDoor, busy := c.take()
-	if busy {
-		c.abandon()
+	sideDoor, ok := c.take()
+	if !ok {
 		return 0, errConnBusy
 	}
-	if err := c.t.checkComplete(c.req.ID, c.token, resp, retention); err != nil {
+	id, tok := c.req.ID, c.req.Token
+	if err := c.t.checkComplete(id, tok, resp, retention); err != nil {
 		c.end()
 		return 0, fmt.Errorf("%w (%w)", err, store.ErrLeaseLost)
 	}
+	args := c.t.completeArgs(id, tok, resp, retention)
 	switch st := c.conn.Conn().PgConn().TxStatus(); {
 	case st == 'E' && !sideDoor:
-		return c.recordAlone(ctx, resp, retention)
+		return c.recordAlone(ctx, args)
 	case st != 'T':
 		return 0, c.failClosed(ctx, fmt.Errorf("transaction status %q after the handler", st))
 	}
 	b := &pgx.Batch{}
-	if args := c.t.completeArgs(c.req.ID, c.token, resp, retention); c.insert {
+	if c.insert {
 		b.Queue(c.t.recordSQL, append(args, c.req.Fingerprint[:], c.lock)...)
 	} else {
 		b.Queue(c.t.completeSQL, append(args, c.lock)...)
@@ -153,30 +146,30 @@ func (c *txClaim) Commit(ctx context.Context, resp store.Response, retention tim
 		c.conn.Release()
 		return claim.TxCommitted, nil
 	}
+	// pg after the success path: errors.As puts it on the heap.
 	var pg *pgconn.PgError
-	switch {
-	case errors.As(err, &pg) && pg.Code == "22012": // the fence: not the claim's transaction
+	if errors.As(err, &pg) && pg.Code == "22012" { // the fence: not the claim's transaction
 		return 0, c.failClosed(ctx, err)
-	case errors.As(err, &pg): // the server refused: nothing committed
-		c.end()
-		return 0, fmt.Errorf("idemkey/store/postgres: complete in transaction: rolled back (%w): %w", store.ErrLeaseLost, err)
 	}
 	c.end()
+	if errors.As(err, &pg) { // the server refused: nothing committed
+		return 0, fmt.Errorf("idemkey/store/postgres: complete in transaction: rolled back (%w): %w", store.ErrLeaseLost, err)
+	}
 	return 0, fmt.Errorf("idemkey/store/postgres: complete in transaction: %w (%w): %w", ErrCommitUnknown, store.ErrLeaseLost, err)
 }
 
-// recordAlone commits the record of a transaction a failed statement aborted
-// on its own connection: ROLLBACK, then the record's unfenced INSERT (a
-// duplicate that meets neither lock nor record meanwhile fails on the key at
-// its commit: section 9.1). A takeover's is rolled back and answered an error.
-func (c *txClaim) recordAlone(ctx context.Context, resp store.Response, retention time.Duration) (claim.TxEnd, error) {
+// recordAlone commits the record (args, completeSQL's) of a transaction a
+// failed statement aborted, on its own connection: ROLLBACK, then the
+// record's unfenced INSERT (section 9.1 says why a duplicate meanwhile is
+// safe). A takeover's is rolled back and answered an error.
+func (c *txClaim) recordAlone(ctx context.Context, args []any) (claim.TxEnd, error) {
 	defer c.end()
 	if !c.insert {
 		return 0, errors.New("idemkey/store/postgres: complete in transaction: a failed statement aborted the transaction of a takeover; rolled back")
 	}
 	_, err := c.conn.Exec(ctx, "ROLLBACK")
 	if err == nil {
-		_, err = c.conn.Exec(ctx, c.t.aloneSQL, append(c.t.completeArgs(c.req.ID, c.token, resp, retention), c.req.Fingerprint[:])...)
+		_, err = c.conn.Exec(ctx, c.t.aloneSQL, append(args, c.req.Fingerprint[:])...)
 	}
 	if err != nil {
 		return 0, fmt.Errorf("idemkey/store/postgres: record of an aborted transaction: %w", err)
@@ -189,9 +182,7 @@ func (c *txClaim) recordAlone(ctx context.Context, resp store.Response, retentio
 // same token, on another connection (this one's state is the handler's doing),
 // and this one is closed. It returns ErrTxEnded wrapped.
 func (c *txClaim) failClosed(ctx context.Context, cause error) error {
-	req := c.req
-	req.Token = c.token
-	_, cerr := c.t.Store.Claim(ctx, req)
+	_, cerr := c.t.Store.Claim(ctx, c.req)
 	_ = c.conn.Conn().Close(ctx)
 	c.conn.Release()
 	return errors.Join(fmt.Errorf("idemkey/store/postgres: complete in transaction: %w: %w", claim.ErrTxEnded, cause), cerr)

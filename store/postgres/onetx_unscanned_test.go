@@ -108,3 +108,31 @@ func TestOneTxCallBeforeScan(t *testing.T) {
 		})
 	}
 }
+
+// TestOneTxRowScannedTwice: a second Scan of a QueryRow's row (pgx answers it
+// an error) gives nothing back twice: the handler's next call and the commit
+// run (it used to wait forever for a transaction the first Scan had given
+// back, or take the token of another call's).
+func TestOneTxRowScannedTwice(t *testing.T) {
+	e := newOneTxEnv(t, nil, func(e *oneTxEnv) http.HandlerFunc {
+		return func(w http.ResponseWriter, r *http.Request) {
+			tx, _ := TxFromContext(r.Context())
+			row := tx.QueryRow(r.Context(), `SELECT 1`)
+			var n int
+			first := row.Scan(&n)
+			_ = row.Scan(&n)
+			if _, err := tx.Exec(r.Context(), `INSERT INTO `+e.side+` (key) VALUES ('twice')`); first != nil || err != nil {
+				http.Error(w, fmt.Sprint(first, err), 500)
+				return
+			}
+			w.WriteHeader(201)
+		}
+	}, nil)
+	e.client.Timeout = 20 * time.Second // a guard against the old hang, not a wait
+	if code, _, body, err := e.post("twice"); err != nil || code != 201 {
+		t.Fatalf("answered %d %q, %v; want 201", code, body, err)
+	}
+	if rows, _, records := e.counts(); rows != 1 || records != 1 {
+		t.Fatalf("%d rows, %d records; want 1 and 1", rows, records)
+	}
+}

@@ -239,7 +239,7 @@ func (p *partitioned) missing(ctx context.Context, err error) bool {
 // partitions were created.
 func (p *partitioned) claim(ctx context.Context, req store.ClaimRequest) (store.ClaimResult, error) {
 	s := p.s
-	return s.claimLoop(req, "claim", func(tok store.Token, args []any) (store.ClaimResult, bool, error) {
+	return s.claimLoop(ctx, req, "claim", func(tok store.Token, args []any) (store.ClaimResult, bool, error) {
 		var r claimRow
 		err := r.scan(s.db.QueryRow(ctx, s.claimSQL, s.withMode(args...)...))
 		switch {

@@ -279,14 +279,7 @@ func (s *Store) Claim(ctx context.Context, req store.ClaimRequest) (store.ClaimR
 	if s.part != nil {
 		return s.part.claim(ctx, req) // partition.go
 	}
-	read := s.readFirst
-	return s.claimLoop(req, "claim", func(tok store.Token, args []any) (store.ClaimResult, bool, error) {
-		if read {
-			read = false
-			if res, decided, err := s.readClaim(ctx, req, tok, args); decided || err != nil {
-				return res, false, err
-			}
-		}
+	return s.claimLoop(ctx, req, "claim", func(tok store.Token, args []any) (store.ClaimResult, bool, error) {
 		var r claimRow
 		err := r.scan(s.db.QueryRow(ctx, s.claimSQL, s.withMode(args...)...))
 		switch {
@@ -302,16 +295,23 @@ func (s *Store) Claim(ctx context.Context, req store.ClaimRequest) (store.ClaimR
 	})
 }
 
-// claimLoop checks req and runs attempt with a new token and its claim
-// arguments until it gives a definite answer (again false), at most
-// claimAttempts times; op names the operation in the error of the last.
-func (s *Store) claimLoop(req store.ClaimRequest, op string,
+// claimLoop checks req, answers it from the key's row alone when that decides
+// it (WithReadFirst, plain layout: readClaim), else runs attempt with a new
+// token and its claim arguments until it gives a definite answer (again
+// false), at most claimAttempts times; op names the operation in the error of
+// the last.
+func (s *Store) claimLoop(ctx context.Context, req store.ClaimRequest, op string,
 	attempt func(tok store.Token, args []any) (res store.ClaimResult, again bool, err error)) (store.ClaimResult, error) {
 	if err := req.Validate(); err != nil {
 		return store.ClaimResult{}, err
 	}
 	tok := req.ClaimToken()
 	args := claimArgs(req, tok)
+	if s.readFirst && s.part == nil {
+		if res, decided, err := s.readClaim(ctx, req, tok, args); decided || err != nil {
+			return res, err
+		}
+	}
 	for n := range claimAttempts {
 		if n > 0 {
 			s.claimRetries.Add(1)

@@ -21,6 +21,9 @@ import (
 // commit is kept and replayed, and one that did not is forgotten and the retry runs.
 var ErrCommitUnknown = errors.New("idemkey/store/postgres: commit outcome unknown")
 
+// errCommitInOneTx: CommitResponse in the one-transaction mode.
+var errCommitInOneTx = fmt.Errorf("idemkey/store/postgres: CommitResponse in the one-transaction mode (the record commits with the route's transaction: answer through the ResponseWriter): %w", claim.ErrOneTx)
+
 // CompleteTx completes id's record inside the caller's transaction tx, fenced by
 // token: one UPDATE of the store's table, no other round trip. It is the
 // in-transaction form of Complete (same arguments, validation and encoding), for a
@@ -73,6 +76,10 @@ func (s *Store) CompleteTx(ctx context.Context, tx pgx.Tx, id store.ID, token st
 // tx must be the top-level transaction (commit ends it in the database). On every
 // error tx is finished (rolled back, or its commit failed) and nothing was written
 // to w:
+//   - claim.ErrOneTx (wrapped) in the one-transaction mode (TxFromContext answers
+//     a transaction): the record commits with the route's transaction, so nothing
+//     is sent or written (tx is rolled back; the route's own transaction refuses
+//     that, ErrTxOwned, and goes on); answer through w and return;
 //   - claim.ErrNoClaim when ctx carries no claim (the route is not behind the
 //     middleware, or the request passed through without a key); the one exception
 //     to "tx is finished and nothing committed": called after the handler returned
@@ -92,6 +99,10 @@ func (s *Store) CommitResponse(ctx context.Context, tx pgx.Tx, w http.ResponseWr
 	if !ok {
 		_ = tx.Rollback(context.WithoutCancel(ctx))
 		return claim.ErrNoClaim
+	}
+	if _, oneTx := claim.TxFromContext(ctx); oneTx { // as MarkCompleted refuses it, before any statement
+		_ = tx.Rollback(context.WithoutCancel(ctx))
+		return errCommitInOneTx
 	}
 	bctx, cancel := boundContext(ctx, cl)
 	defer cancel()
