@@ -403,3 +403,49 @@ func TestReviewForeignValues(t *testing.T) {
 	try("hash v=2", func() { c.HSet(ctx, key, "v", "2") })
 	try("stream", func() { c.XAdd(ctx, &goredis.XAddArgs{Stream: key, Values: []string{"a", "b"}}) })
 }
+
+// FuzzCompleteReplay (against REDIS_URL): whatever bytes a response's header
+// names, values and body hold, the completion script stores them and the
+// replay returns them as sent; the same completion again answers nil and one
+// with another body ErrLeaseLost.
+func FuzzCompleteReplay(f *testing.F) {
+	f.Add(200, "Content-Type", "\x02c\x00\r\n", []byte("\x02p\x00"), false)
+	f.Add(999, "\x00", "", []byte{}, true)
+	f.Add(100, "X", string(make([]byte, 300)), bytes.Repeat([]byte{0xff}, 97), false)
+	c := redistest.Shared(f)
+	s := redis.NewForTest(f, c, redis.WithPrefix(redistest.Prefix(f, c)))
+	f.Fuzz(func(t *testing.T, status int, name, value string, body []byte, omitted bool) {
+		resp := store.Response{Status: status, Body: body, BodyOmitted: omitted}
+		if name != "" { // empty names: TestReviewEmptyHeaderName
+			resp.Header = http.Header{name: {value, ""}}
+		}
+		if store.ValidateResponse(resp, time.Minute) != nil {
+			return
+		}
+		ctx := context.Background()
+		id := store.ID{Scope: name, Key: store.NewToken().String()}
+		req := store.ClaimRequest{ID: id, Fingerprint: store.Fingerprint{byte(len(body))}, Lease: time.Minute, Retention: time.Minute}
+		held, err := s.Claim(ctx, req)
+		if err != nil || held.Outcome != store.Claimed {
+			t.Fatalf("Claim %+v %v", held, err)
+		}
+		defer c.Del(ctx, s.Key(id))
+		if err := s.Complete(ctx, id, held.Token, resp, time.Minute); err != nil {
+			t.Fatal(err)
+		}
+		res, err := s.Claim(ctx, req)
+		if err != nil || res.Outcome != store.Completed || res.Record.Status != status || res.Record.BodyOmitted != omitted ||
+			!bytes.Equal(res.Record.Body, body) || len(resp.Header) != len(res.Record.Header) ||
+			name != "" && (len(res.Record.Header[name]) != 2 || res.Record.Header[name][0] != value) {
+			t.Fatalf("replay %+v %v of %+v", res.Record, err, resp)
+		}
+		if err := s.Complete(ctx, id, held.Token, resp, time.Minute); err != nil {
+			t.Fatalf("same completion again: %v", err)
+		}
+		other := resp
+		other.Body, other.BodyOmitted = append(bytes.Clone(body), 0), false
+		if err := s.Complete(ctx, id, held.Token, other, time.Minute); !errors.Is(err, store.ErrLeaseLost) {
+			t.Fatalf("completion with another body: %v", err)
+		}
+	})
+}
