@@ -415,6 +415,10 @@ func FuzzCompleteReplay(f *testing.F) {
 	c := redistest.Shared(f)
 	s := redis.NewForTest(f, c, redis.WithPrefix(redistest.Prefix(f, c)))
 	f.Fuzz(func(t *testing.T, status int, name, value string, body []byte, omitted bool) {
+		status = 100 + int(uint(status)%900) // every input reaches Redis
+		if omitted {
+			body = nil
+		}
 		resp := store.Response{Status: status, Body: body, BodyOmitted: omitted}
 		if name != "" { // empty names: TestReviewEmptyHeaderName
 			resp.Header = http.Header{name: {value, ""}}
@@ -423,7 +427,7 @@ func FuzzCompleteReplay(f *testing.F) {
 			return
 		}
 		ctx := context.Background()
-		id := store.ID{Scope: name, Key: store.NewToken().String()}
+		id := store.ID{Scope: name[:min(len(name), store.MaxScopeLen)], Key: store.NewToken().String()}
 		req := store.ClaimRequest{ID: id, Fingerprint: store.Fingerprint{byte(len(body))}, Lease: time.Minute, Retention: time.Minute}
 		held, err := s.Claim(ctx, req)
 		if err != nil || held.Outcome != store.Claimed {
