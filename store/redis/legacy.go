@@ -52,18 +52,11 @@ import (
 //	-1 corrupt  0 lease lost / miss  1 claimed or ok  2 completed  3 in flight  4 mismatch
 
 // legacyPrelude reads the record (r), the server time in ms (now) and returns -1 early on
-// foreign data. It leaves r == nil for an absent key. A string under the key
-// answers -2: the hash a command of the string protocol met has ended (its TTL)
-// and a claim of the string format took the key since (see legacyClaim and
-// fencedLegacy).
+// foreign data. It leaves r == nil for an absent key.
 const legacyPrelude = `
 local k = KEYS[1]
 local r = redis.pcall('HMGET', k, 'v','st','fp','tok','le','ca','cd','ex','s','h','b','o','cn','w')
-if type(r) ~= 'table' then return {-1} end
-if r['err'] then
-  if redis.call('TYPE', k)['ok'] == 'string' then return -2 end
-  return {-1}
-end
+if type(r) ~= 'table' or r['err'] then return {-1} end
 if not r[1] then
   if redis.call('EXISTS', k) == 1 then return {-1} end
   r = nil
@@ -167,26 +160,13 @@ return {0}
 `)
 
 // legacyClaim claims key, a hash of the legacy format, with legacyClaimScript.
-// When the hash ended and a string took the key since (-2), the string's claim
-// decides (contend); each such round is a change of the key's type, which takes
-// an expiry, and ctx bounds them.
 func (s *Store) legacyClaim(ctx context.Context, key string, req store.ClaimRequest, tok store.Token, m []byte) (store.ClaimResult, error) {
 	v, err := s.run(ctx, "claim", legacyClaimScript, key,
 		req.Fingerprint[:], tok[:], ttlMillis(req.Lease), ttlMillis(req.Retention), m)
 	if err != nil {
 		return store.ClaimResult{}, err
 	}
-	if isStringNow(v) {
-		return s.contend(ctx, key, req, tok, m)
-	}
 	return claimResult(v, req.Fingerprint, tok)
-}
-
-// isStringNow reports whether a legacy script answered -2: the key holds a
-// string now.
-func isStringNow(v any) bool {
-	code, ok := v.(int64)
-	return ok && code == -2
 }
 
 // legacyComplete completes key, a hash of the legacy format.
@@ -207,20 +187,15 @@ func (s *Store) legacyComplete(ctx context.Context, key string, token store.Toke
 		token[:], codec.Millis(retention), strconv.Itoa(resp.Status), head, body, omitted, nonce[:], s.channel)
 }
 
-// fencedLegacy runs a fenced script of the legacy format on key. A string
-// under the key now (-2) means the hash the caller's token was checked against
-// ended and another claim took the key: the lease is lost (a string holding
-// the caller's token would have answered the string script first).
+// fencedLegacy runs a fenced script of the legacy format on key.
 func (s *Store) fencedLegacy(ctx context.Context, op string, sc *goredis.Script, key string, args ...any) error {
-	return s.fenced(ctx, op, sc, key, func() error {
-		return fmt.Errorf("idemkey/store/redis: %s: %w", op, store.ErrLeaseLost)
-	}, args...)
+	return s.fenced(ctx, op, sc, key, func() error { return corrupt(op + " reply code") }, args...)
 }
 
 // legacyPeek is Peek on key, a hash of the legacy format.
 func (s *Store) legacyPeek(ctx context.Context, key string, fp store.Fingerprint) (res store.ClaimResult, ok bool, err error) {
 	v, err := s.run(ctx, "peek", legacyPeekScript, key, fp[:])
-	if err != nil || isStringNow(v) { // a string claim took the key: no answer
+	if err != nil {
 		return res, false, err
 	}
 	r, code, err := asReply(v)
@@ -240,7 +215,7 @@ func (s *Store) legacyPeek(ctx context.Context, key string, fp store.Fingerprint
 // legacyWait is the check of Wait on key, a hash of the legacy format.
 func (s *Store) legacyWait(ctx context.Context, key string) (bool, error) {
 	v, err := s.run(ctx, "wait", legacyWaitScript, key)
-	if err != nil || isStringNow(v) { // a string claim took the key: claim again
+	if err != nil {
 		return false, err
 	}
 	return waitReply(v)
