@@ -65,9 +65,19 @@ type marker struct {
 }
 
 // remaining is the marker's remaining lease given the key's PTTL (never beyond
-// the key's life).
+// the key's life), as the scripts judge it. Computed in whole ms: an offset
+// no claim writes (over maxTTL, from foreign or damaged bytes) overflowed as a
+// Duration and made an ended lease look live for the key's whole life, while
+// contend and wait (Lua) called it ended.
 func (m *marker) remaining(pttl time.Duration) time.Duration {
-	return min(pttl-time.Duration(m.lease)*time.Millisecond, pttl)
+	ms := pttl.Milliseconds()
+	switch {
+	case m.lease < 0:
+		return pttl
+	case m.lease >= ms:
+		return 0
+	}
+	return min(millis(ms-m.lease), pttl)
 }
 
 // putMarker writes into b (markerLen bytes) a marker for a claim of fp by tok
