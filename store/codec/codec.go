@@ -44,7 +44,8 @@ const Format = 1
 //	per name: uvarint len, name bytes, uvarint number of values,
 //	          per value: uvarint len, value bytes
 //
-// Names are written as given (the middleware passes canonical names). Map order is
+// Names are written as given (the middleware passes canonical names); an
+// empty name and a name without values are left out. Map order is
 // not significant, so two encodings of the same set may differ byte for byte.
 func EncodeHeader(h http.Header) []byte { return AppendHeader(nil, h) }
 
@@ -57,15 +58,15 @@ func AppendHeader(b []byte, h http.Header) []byte {
 	}
 	b = slices.Grow(b, size)
 	n := 0
-	for _, vals := range h {
-		if len(vals) > 0 {
+	for name, vals := range h {
+		if kept(name, vals) {
 			n++
 		}
 	}
 	b = append(b, Format)
 	b = binary.AppendUvarint(b, uint64(n))
 	for name, vals := range h {
-		if len(vals) == 0 {
+		if !kept(name, vals) {
 			continue
 		}
 		b = binary.AppendUvarint(b, uint64(len(name)))
@@ -79,11 +80,16 @@ func AppendHeader(b []byte, h http.Header) []byte {
 	return b
 }
 
+// kept reports whether the encoding keeps the header name with vals: a name
+// with no values says nothing, and net/http never sends an empty name (it
+// drops invalid names when it writes a response), so a replay keeps neither.
+func kept(name string, vals []string) bool { return name != "" && len(vals) > 0 }
+
 // headerSize bounds the size of h's encoding: 0 when h has no values.
 func headerSize(h http.Header) int {
 	size := 0
 	for name, vals := range h {
-		if len(vals) == 0 {
+		if !kept(name, vals) {
 			continue
 		}
 		size += 2*binary.MaxVarintLen64 + len(name)

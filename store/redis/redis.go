@@ -78,7 +78,9 @@ func (s *Store) Key(id store.ID) string { return keyFor(s.prefix, id) }
 // read in Go: a record (Completed or Mismatch), a marker of another request
 // (Mismatch) or of this very claim (a re-delivery: Claimed). A marker of the same
 // request held by another token takes a PTTL (InFlight while its lease is live)
-// and, when the lease ended, one script that takes it over. Errors:
+// and, when the lease ended, one script that takes it over. A server full with
+// noeviction refuses the SET even when the key exists: a GET then answers what
+// needs no write. Errors:
 // store.ErrInvalid for bad arguments, store.ErrCorrupt for foreign data under the
 // key, otherwise the client's error (connection, timeout, cancellation).
 func (s *Store) Claim(ctx context.Context, req store.ClaimRequest) (store.ClaimResult, error) {
@@ -100,9 +102,17 @@ func (s *Store) Claim(ctx context.Context, req store.ClaimRequest) (store.ClaimR
 		return store.ClaimResult{Outcome: store.Claimed, Token: tok}, nil
 	case isWrongType(err):
 		return s.legacyClaim(ctx, key, req, tok, m)
+	case isOOM(err):
+		return s.claimWhenFull(ctx, key, req, tok, m, err)
 	case err != nil:
 		return store.ClaimResult{}, fmt.Errorf("idemkey/store/redis: claim: %w", err)
 	}
+	return s.answer(ctx, key, req, tok, m, v)
+}
+
+// answer decides a claim of req (token tok, marker m) from v, the value found
+// under key.
+func (s *Store) answer(ctx context.Context, key string, req store.ClaimRequest, tok store.Token, m []byte, v string) (store.ClaimResult, error) {
 	switch kindOf(v) {
 	case kindRecord:
 		return judgeRecord(v, req.Fingerprint)
@@ -124,6 +134,20 @@ func (s *Store) Claim(ctx context.Context, req store.ClaimRequest) (store.ClaimR
 		return s.contend(ctx, key, req, tok, m)
 	}
 	return store.ClaimResult{}, corrupt("value under the record key")
+}
+
+// claimWhenFull answers a claim whose SET NX GET a full server refused (over
+// maxmemory with noeviction, Redis refuses a SET whole, even one whose NX
+// finds the key): a GET reads the key, and what it decides without a write (a
+// replay, a mismatch, a duplicate in flight) is answered as usual; a claim
+// that must write (no key; a lapsed lease, whose takeover script the server
+// refuses at its write) gets the refusal, oom.
+func (s *Store) claimWhenFull(ctx context.Context, key string, req store.ClaimRequest, tok store.Token, m []byte, oom error) (store.ClaimResult, error) {
+	v, err := s.client.Get(ctx, key).Result()
+	if err != nil { // goredis.Nil included: the claim must write
+		return store.ClaimResult{}, fmt.Errorf("idemkey/store/redis: claim: %w", oom)
+	}
+	return s.answer(ctx, key, req, tok, m, v)
 }
 
 // judgeRecord answers a claim of fp that found the record v.
@@ -316,6 +340,12 @@ func isWrongType(err error) bool {
 	}
 	var re goredis.Error
 	return errors.As(err, &re) && strings.HasPrefix(re.Error(), "WRONGTYPE")
+}
+
+// isOOM reports whether err is Redis's refusal of a write over its maxmemory.
+func isOOM(err error) bool {
+	var re goredis.Error
+	return errors.As(err, &re) && strings.HasPrefix(re.Error(), "OOM ")
 }
 
 // The operations below are the fast-path primitives of store/tiered, where Redis is a

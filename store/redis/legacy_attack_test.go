@@ -43,11 +43,11 @@ func (h *swapHook) ProcessHook(next goredis.ProcessHook) goredis.ProcessHook {
 	}
 }
 
-// TestReviewLegacyHashReplacedMidCall (skipped: defect): a store call that met a legacy hash
+// TestLegacyHashReplacedMidCall (skipped: defect): a store call that met a legacy hash
 // and runs its legacy script after the hash ended and a string claim took
 // the key must answer from what is there now (the other claim's marker:
 // InFlight, lease lost, no answer), not store.ErrCorrupt (a 503).
-func TestReviewLegacyHashReplacedMidCall(t *testing.T) {
+func TestLegacyHashReplacedMidCall(t *testing.T) {
 	shared := redistest.Shared(t)
 	ctx := t.Context()
 	c := goredis.NewClient(shared.Options())

@@ -12,11 +12,11 @@ import (
 	"github.com/idemkey/idemkey/store/tiered"
 )
 
-// TestReviewCacheFollowsBackstopLease: the cache's marker (Mark: lease offset
+// TestCacheFollowsBackstopLease: the cache's marker (Mark: lease offset
 // 0, the key expires with the lease) follows the backstop's lease through
 // Renew, longer and shorter, as Peek judges it from the key's PTTL, and
 // becomes the record on Complete.
-func TestReviewCacheFollowsBackstopLease(t *testing.T) {
+func TestCacheFollowsBackstopLease(t *testing.T) {
 	c := redistest.Shared(t)
 	ctx := t.Context()
 	back := anyBackstop(t)
@@ -68,11 +68,11 @@ func TestReviewCacheFollowsBackstopLease(t *testing.T) {
 	}
 }
 
-// TestReviewStaleCacheMarker: a release the cache missed leaves its marker
+// TestStaleCacheMarker: a release the cache missed leaves its marker
 // answering InFlight only until the marker's lease ends; then the backstop
 // decides, the new claim's marker replaces the stale one, and the stale
 // holder's late calls are refused by the backstop without touching the cache.
-func TestReviewStaleCacheMarker(t *testing.T) {
+func TestStaleCacheMarker(t *testing.T) {
 	c := redistest.Shared(t)
 	ctx := t.Context()
 	back := anyBackstop(t)

@@ -75,7 +75,7 @@ func FuzzDecodeMarker(f *testing.F) {
 // FuzzRecordRoundTrip: whatever bytes a response's headers and body hold, the
 // record encodes to a value kindOf calls a record and decodes to the same
 // response and times (header names that are empty are left to
-// TestReviewEmptyHeaderName).
+// TestEmptyHeaderName).
 func FuzzRecordRoundTrip(f *testing.F) {
 	f.Add(200, "Content-Type", "a\x00\r\nb", []byte("\x02p"), false, int64(0), int64(-1))
 	f.Add(999, "X", "", []byte{}, true, int64(-62135596800000), int64(1<<62))
