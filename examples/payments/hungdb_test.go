@@ -17,6 +17,7 @@ import (
 
 	"github.com/idemkey/idemkey/examples/internal/proctest"
 	"github.com/idemkey/idemkey/examples/payments/internal/fakegateway"
+	"github.com/idemkey/idemkey/internal/testenv"
 )
 
 // TestAnswerWithinBoundWhenPostgresHangs (issue 32 item 11): the payments
@@ -177,10 +178,7 @@ func startCluster(t testing.TB) *pgCluster {
 		_, err = os.Stat(filepath.Join(bin, "initdb"))
 	}
 	if err != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatalf("Postgres server binaries (pg_config --bindir, initdb) not found: %v", err)
-		}
-		t.Skipf("Postgres server binaries (pg_config --bindir, initdb) not found (%v); skipping the private cluster test", err)
+		testenv.Missing(t, "Postgres server binaries (pg_config --bindir, initdb) not found (%v): the private cluster test needs them", err)
 	}
 	dir, err := os.MkdirTemp("", "idemkey-payments-pg-")
 	if err != nil {

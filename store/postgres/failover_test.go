@@ -20,6 +20,7 @@ import (
 
 	"github.com/idemkey/idemkey/claim"
 	"github.com/idemkey/idemkey/idem"
+	"github.com/idemkey/idemkey/internal/testenv"
 	"github.com/idemkey/idemkey/policy"
 	"github.com/idemkey/idemkey/store"
 )
@@ -49,7 +50,7 @@ const (
 // two private clusters); CI=true always runs it.
 func failoverEnv(t *testing.T) {
 	t.Helper()
-	if os.Getenv("CI") != "true" && os.Getenv("IDEMKEY_FAILOVER") != "1" {
+	if !testenv.CI() && os.Getenv("IDEMKEY_FAILOVER") != "1" {
 		t.Skip("IDEMKEY_FAILOVER is not 1; skipping the Postgres failover suite (private primary and standby)")
 	}
 }

@@ -19,6 +19,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/idemkey/idemkey/internal/testenv"
 	"github.com/idemkey/idemkey/store"
 )
 
@@ -46,10 +47,7 @@ func startCluster(t testing.TB) *cluster {
 		_, err = os.Stat(filepath.Join(bin, "initdb"))
 	}
 	if err != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatalf("Postgres server binaries (pg_config --bindir, initdb) not found: %v", err)
-		}
-		t.Skipf("Postgres server binaries not found (%v); skipping the private cluster test", err)
+		testenv.Missing(t, "Postgres server binaries (pg_config --bindir, initdb) not found (%v): the private cluster test needs them", err)
 	}
 	dir, err := os.MkdirTemp("", "idemkey-pg-")
 	if err != nil {

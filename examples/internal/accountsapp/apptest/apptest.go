@@ -31,6 +31,7 @@ import (
 	"github.com/idemkey/idemkey/examples/accounts/httpapi"
 	"github.com/idemkey/idemkey/examples/internal/accountsapp"
 	"github.com/idemkey/idemkey/examples/internal/setup"
+	"github.com/idemkey/idemkey/internal/testenv"
 	"github.com/idemkey/idemkey/store/dynamodb/dynamotest"
 )
 
@@ -135,7 +136,7 @@ func RandomSuffix() string {
 func Backends(t *testing.T) map[string]map[string]string {
 	t.Helper()
 	out := map[string]map[string]string{"memory": {}}
-	ci := os.Getenv("CI") == "true"
+	ci := testenv.CI()
 	if url := os.Getenv("DATABASE_URL"); url != "" {
 		sfx := RandomSuffix()
 		table, prefix := "idem_app_"+sfx, "app_"+sfx+"_"
