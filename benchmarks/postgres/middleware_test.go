@@ -7,7 +7,6 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
-	"os"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -16,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/idemkey/idemkey/internal/testenv"
 	"github.com/idemkey/idemkey/middleware"
 	"github.com/idemkey/idemkey/store"
 	pgstore "github.com/idemkey/idemkey/store/postgres"
@@ -26,13 +26,7 @@ import (
 // concurrency 1 and 8: "first" runs every request with a new key (claim, handler,
 // complete: 2 statements), "replay" repeats one completed key (1 statement).
 func BenchmarkMiddleware(b *testing.B) {
-	url := os.Getenv("DATABASE_URL")
-	if url == "" {
-		if os.Getenv("CI") == "true" {
-			b.Fatal("DATABASE_URL is not set; CI=true requires a Postgres server")
-		}
-		b.Skip("DATABASE_URL is not set; skipping the Postgres benchmark")
-	}
+	url := testenv.Getenv(b, "DATABASE_URL", "a Postgres server")
 	ctx := context.Background()
 	cfg, err := pgxpool.ParseConfig(url)
 	if err != nil {

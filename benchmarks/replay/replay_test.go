@@ -2,13 +2,13 @@ package replay
 
 import (
 	"context"
-	"os"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/idemkey/idemkey/internal/testenv"
 	"github.com/idemkey/idemkey/store"
 	"github.com/idemkey/idemkey/store/memory"
 	pgstore "github.com/idemkey/idemkey/store/postgres"
@@ -87,13 +87,7 @@ func mustTiered(b *testing.B, fast tiered.Cache, back store.Store) *tiered.Store
 
 // pgPool connects to DATABASE_URL: skipped without it, a failure when CI=true.
 func pgPool(b *testing.B) *pgxpool.Pool {
-	url := os.Getenv("DATABASE_URL")
-	if url == "" {
-		if os.Getenv("CI") == "true" {
-			b.Fatal("DATABASE_URL is not set; CI=true requires a Postgres server")
-		}
-		b.Skip("DATABASE_URL is not set; skipping the replay benchmark")
-	}
+	url := testenv.Getenv(b, "DATABASE_URL", "a Postgres server")
 	pool, err := pgxpool.New(context.Background(), url)
 	if err != nil {
 		b.Fatal(err)

@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	goredis "github.com/redis/go-redis/v9"
 
+	"github.com/idemkey/idemkey/internal/testenv"
 	"github.com/idemkey/idemkey/store"
 	"github.com/idemkey/idemkey/store/mysql/mysqltest"
 	"github.com/idemkey/idemkey/store/postgres"
@@ -31,7 +32,7 @@ type side struct {
 func need(b *testing.B, name string) string {
 	v := os.Getenv(name)
 	if v == "" {
-		if os.Getenv("CI") == "true" {
+		if testenv.CI() {
 			b.Fatalf("%s is not set (required when CI=true)", name)
 		}
 		b.Logf("%s is not set: that store is left out", name)

@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/idemkey/idemkey/internal/testenv"
 	"github.com/idemkey/idemkey/store"
 	"github.com/idemkey/idemkey/store/postgres"
 	"github.com/idemkey/idemkey/store/redis"
@@ -81,14 +82,7 @@ func (r result) want(t *testing.T, code int, stdout ...string) {
 
 func mustEnv(t *testing.T, name string) string {
 	t.Helper()
-	v := os.Getenv(name)
-	if v == "" {
-		if os.Getenv("CI") == "true" {
-			t.Fatalf("%s is not set; CI=true requires the server", name)
-		}
-		t.Skipf("%s is not set", name)
-	}
-	return v
+	return testenv.Getenv(t, name, "its server")
 }
 
 // backend is one store configuration: the environment the command gets and the

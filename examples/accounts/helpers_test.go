@@ -17,6 +17,7 @@ import (
 	"github.com/idemkey/idemkey/celeriant"
 	"github.com/idemkey/idemkey/celeriant/celeriantsim"
 	"github.com/idemkey/idemkey/internal/testclock"
+	"github.com/idemkey/idemkey/internal/testenv"
 )
 
 // newFakeClock returns a settable clock shared by the simulator (server timestamps) and
@@ -110,13 +111,7 @@ func (h *hookStore) Read(ctx context.Context, req celeriant.ReadRequest) (celeri
 // pgPool returns a pool on DATABASE_URL, skipping (or failing under CI=true) when unset.
 func pgPool(t testing.TB) *pgxpool.Pool {
 	t.Helper()
-	url := os.Getenv("DATABASE_URL")
-	if url == "" {
-		if os.Getenv("CI") == "true" {
-			t.Fatal("DATABASE_URL is not set and CI=true: the Postgres projection tests must run")
-		}
-		t.Skip("DATABASE_URL not set: skipping the Postgres projection tests")
-	}
+	url := testenv.Getenv(t, "DATABASE_URL", "a Postgres server")
 	pool, err := pgxpool.New(context.Background(), url)
 	if err != nil {
 		t.Fatalf("pgxpool.New: %v", err)

@@ -3,13 +3,13 @@ package main
 import (
 	"io"
 	"net/http"
-	"os"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/idemkey/idemkey/examples/internal/proctest"
+	"github.com/idemkey/idemkey/internal/testenv"
 	"github.com/idemkey/idemkey/store"
 )
 
@@ -19,12 +19,7 @@ import (
 // live gets 409 with Retry-After; the first retry after it runs the handler once;
 // the next one replays.
 func TestKillMidRequestPostgres(t *testing.T) {
-	if os.Getenv("DATABASE_URL") == "" {
-		if os.Getenv("CI") == "true" {
-			t.Fatal("DATABASE_URL is not set; CI=true requires a Postgres server")
-		}
-		t.Skip("DATABASE_URL is not set; skipping the SIGKILL scenario on Postgres")
-	}
+	testenv.Getenv(t, "DATABASE_URL", "a Postgres server")
 	if testing.Short() {
 		t.Skip("-short: skipping the SIGKILL scenario")
 	}

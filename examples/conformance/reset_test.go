@@ -2,10 +2,10 @@ package main
 
 import (
 	"net/http"
-	"os"
 	"strconv"
 	"testing"
 
+	"github.com/idemkey/idemkey/internal/testenv"
 	"github.com/idemkey/idemkey/store"
 )
 
@@ -15,12 +15,7 @@ import (
 // second life's reset lands on the generation the first life used, and a vector
 // rerun against the same store is answered from the first run's records.
 func TestResetForgetsAcrossProcesses(t *testing.T) {
-	if os.Getenv("DATABASE_URL") == "" {
-		if os.Getenv("CI") == "true" {
-			t.Fatal("DATABASE_URL is not set; CI=true requires a Postgres server")
-		}
-		t.Skip("DATABASE_URL is not set")
-	}
+	testenv.Getenv(t, "DATABASE_URL", "a Postgres server")
 	env := storeEnv(t, "postgres")
 	key := map[string]string{"Idempotency-Key": "reset-" + store.NewToken().String()}
 	post := func(t *testing.T, base, body string, wantStatus int) {
@@ -72,12 +67,7 @@ func TestResetKeepsInstancesSharing(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			need := map[string][]string{"postgres": {"DATABASE_URL"}, "redis": {"REDIS_URL"}, "tiered": {"DATABASE_URL", "REDIS_URL"}}
 			for _, v := range need[name] {
-				if os.Getenv(v) == "" {
-					if os.Getenv("CI") == "true" {
-						t.Fatalf("%s is not set; CI=true requires it", v)
-					}
-					t.Skipf("%s is not set", v)
-				}
+				testenv.Getenv(t, v, "its server")
 			}
 			env := storeEnv(t, name)
 			a, b := startServer(t, env), startServer(t, env)

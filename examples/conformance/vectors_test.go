@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/idemkey/idemkey/examples/internal/accountsapp/apptest"
+	"github.com/idemkey/idemkey/internal/testenv"
 )
 
 // The vector format of docs/conformance.md.
@@ -304,7 +305,7 @@ func availableStores(t *testing.T) []string {
 		names = append(names, "mysql")
 	}
 	if len(names) < 5 {
-		if os.Getenv("CI") == "true" {
+		if testenv.CI() {
 			t.Fatal("CI=true but DATABASE_URL, REDIS_URL or MYSQL_DSN is unset")
 		}
 		t.Logf("running the vectors on %s only (set DATABASE_URL, REDIS_URL and MYSQL_DSN for the others)", strings.Join(names, ", "))

@@ -16,6 +16,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/idemkey/idemkey/internal/testenv"
 	"github.com/idemkey/idemkey/store"
 )
 
@@ -24,14 +25,7 @@ import (
 // otherwise, naming the variable.
 func serverURL(t testing.TB, name, what string) string {
 	t.Helper()
-	u := os.Getenv(name)
-	if u == "" {
-		if os.Getenv("CI") == "true" {
-			t.Fatalf("%s is not set; CI=true requires %s", name, what)
-		}
-		t.Skipf("%s is not set; set it to run the tests against %s", name, what)
-	}
-	return u
+	return testenv.Getenv(t, name, what)
 }
 
 // need runs check, the connection to the server at the variable name: one that
@@ -39,10 +33,7 @@ func serverURL(t testing.TB, name, what string) string {
 func need(t testing.TB, name string, check func() error) {
 	t.Helper()
 	if err := check(); err != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatalf("%s=%s unreachable; CI=true requires it: %v", name, os.Getenv(name), err)
-		}
-		t.Skipf("%s=%s unreachable, skipping: %v", name, os.Getenv(name), err)
+		testenv.Missing(t, "%s=%s unreachable: %v", name, os.Getenv(name), err)
 	}
 }
 

@@ -19,6 +19,7 @@ import (
 	"github.com/idemkey/idemkey/examples/accounts"
 	"github.com/idemkey/idemkey/examples/internal/accountsapp/apptest"
 	"github.com/idemkey/idemkey/examples/internal/proctest"
+	"github.com/idemkey/idemkey/internal/testenv"
 )
 
 // TestEndToEndStorm: cmd/celeriant-sim (or the real server at CELERIANT_ADDR) and two
@@ -40,13 +41,7 @@ func TestEndToEndStorm(t *testing.T) {
 		nAccount     = 20 // keys spread over accounts: concurrent writes to one aggregate
 		scope        = "e2e"
 	)
-	dbURL := os.Getenv("DATABASE_URL")
-	if dbURL == "" {
-		if os.Getenv("CI") == "true" {
-			t.Fatal("CI=true but DATABASE_URL is not set")
-		}
-		t.Skip("DATABASE_URL not set: skipping the two-replica storm against Postgres")
-	}
+	dbURL := testenv.Getenv(t, "DATABASE_URL", "a Postgres server")
 	sfx := apptest.RandomSuffix()
 	table, prefix := "idem_e2e_"+sfx, "e2e_"+sfx+"_"
 	t.Cleanup(func() { apptest.DropTables(t, dbURL, table, prefix) })

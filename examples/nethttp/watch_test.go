@@ -13,6 +13,7 @@ import (
 	"github.com/idemkey/idemkey/examples/accounts"
 	"github.com/idemkey/idemkey/examples/internal/accountsapp/apptest"
 	"github.com/idemkey/idemkey/examples/internal/proctest"
+	"github.com/idemkey/idemkey/internal/testenv"
 )
 
 // TestWatchAcrossReplicas: two nethttp processes share one cmd/celeriant-sim; a
@@ -27,7 +28,7 @@ func TestWatchAcrossReplicas(t *testing.T) {
 		t.Cleanup(func() { apptest.DropTables(t, url, table, prefix) })
 		projections["postgres"] = []string{"PROJECTION=postgres", "IDEM_STORE=postgres", "DATABASE_URL=" + url,
 			"IDEM_TABLE=" + table, "ACCOUNTS_TABLE_PREFIX=" + prefix}
-	} else if os.Getenv("CI") == "true" {
+	} else if testenv.CI() {
 		t.Fatal("CI=true but DATABASE_URL is not set")
 	} else {
 		t.Log("DATABASE_URL not set: the Postgres projection is skipped")

@@ -9,7 +9,6 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
-	"os"
 	"strings"
 	"sync"
 	"testing"
@@ -19,6 +18,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemkey/idemkey/examples/payments/internal/fakegateway"
+	"github.com/idemkey/idemkey/internal/testenv"
 	"github.com/idemkey/idemkey/store"
 	"github.com/idemkey/idemkey/store/postgres"
 	"github.com/idemkey/idemkey/store/postgres/outbox"
@@ -35,14 +35,7 @@ func databaseURL(t testing.TB) string {
 // otherwise, naming the variable.
 func serverURL(t testing.TB, name, what string) string {
 	t.Helper()
-	url := os.Getenv(name)
-	if url == "" {
-		if os.Getenv("CI") == "true" {
-			t.Fatalf("%s is not set; CI=true requires %s", name, what)
-		}
-		t.Skipf("%s is not set", name)
-	}
-	return url
+	return testenv.Getenv(t, name, what)
 }
 
 // testPool connects to DATABASE_URL and picks a table prefix of the test's own;

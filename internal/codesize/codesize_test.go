@@ -14,6 +14,8 @@ import (
 	"sort"
 	"strings"
 	"testing"
+
+	"github.com/idemkey/idemkey/internal/testenv"
 )
 
 // The limits, for code that is not a _test.go file and not generated: a file
@@ -66,7 +68,7 @@ func (o offender) String() string {
 func workspaceModules(t *testing.T) []string {
 	t.Helper()
 	text, err := os.ReadFile(filepath.Join(top, "go.work"))
-	if errors.Is(err, fs.ErrNotExist) && os.Getenv("CI") != "true" {
+	if errors.Is(err, fs.ErrNotExist) && !testenv.CI() {
 		t.Skipf("no go.work in %s: not run from the repository (a module cache has none)", top)
 	}
 	if err != nil {

@@ -2,12 +2,12 @@ package idemgrpc_test
 
 import (
 	"context"
-	"os"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/idemkey/idemkey/internal/testenv"
 	"github.com/idemkey/idemkey/store"
 	"github.com/idemkey/idemkey/store/postgres"
 )
@@ -24,13 +24,7 @@ func postgresStore(t *testing.T) *postgres.Store {
 // postgresStorePool is postgresStore, with the store's pool.
 func postgresStorePool(t *testing.T) (*postgres.Store, *pgxpool.Pool) {
 	t.Helper()
-	url := os.Getenv("DATABASE_URL")
-	if url == "" {
-		if os.Getenv("CI") == "true" {
-			t.Fatal("DATABASE_URL is not set (required when CI=true)")
-		}
-		t.Skip("set DATABASE_URL to run")
-	}
+	url := testenv.Getenv(t, "DATABASE_URL", "a Postgres server")
 	pool, err := pgxpool.New(context.Background(), url)
 	if err != nil {
 		t.Fatalf("DATABASE_URL: %v", err)

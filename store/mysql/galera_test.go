@@ -17,6 +17,7 @@ import (
 
 	gomysql "github.com/go-sql-driver/mysql"
 
+	"github.com/idemkey/idemkey/internal/testenv"
 	"github.com/idemkey/idemkey/store"
 	"github.com/idemkey/idemkey/store/mysql"
 	"github.com/idemkey/idemkey/store/mysql/mysqltest"
@@ -33,13 +34,7 @@ import (
 // GALERA_DSNS (failing when CI=true).
 func galeraDSNs(t *testing.T) []string {
 	t.Helper()
-	v := os.Getenv("GALERA_DSNS")
-	if v == "" {
-		if os.Getenv("CI") == "true" {
-			t.Fatal("GALERA_DSNS is not set; CI=true requires the Galera cluster of .ci/galera")
-		}
-		t.Skip("GALERA_DSNS is not set; skipping the Galera suite (start a cluster with .ci/galera)")
-	}
+	v := testenv.Getenv(t, "GALERA_DSNS", "the Galera cluster of .ci/galera")
 	dsns := strings.Split(v, ",")
 	if len(dsns) < 3 {
 		t.Fatalf("GALERA_DSNS has %d DSNs, want 3", len(dsns))

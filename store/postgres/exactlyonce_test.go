@@ -6,10 +6,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
-	"os"
-	"path/filepath"
 	"runtime"
-	"strconv"
 	"strings"
 	"sync/atomic"
 	"syscall"
@@ -131,44 +128,6 @@ func TestCompleteFailsTwiceThenSucceeds(t *testing.T) {
 	}
 }
 
-// pgProcesses returns the pids of the private cluster's postmaster and its children.
-func (c *cluster) processes(t testing.TB) []int {
-	t.Helper()
-	b, err := os.ReadFile(filepath.Join(c.data, "postmaster.pid"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	master, err := strconv.Atoi(strings.SplitN(string(b), "\n", 2)[0])
-	if err != nil {
-		t.Fatal(err)
-	}
-	pids := []int{master}
-	dirs, _ := filepath.Glob("/proc/[0-9]*/stat")
-	for _, d := range dirs {
-		st, err := os.ReadFile(d)
-		if err != nil {
-			continue
-		}
-		// pid (comm) state ppid ...
-		rest := string(st[strings.LastIndexByte(string(st), ')')+2:])
-		f := strings.Fields(rest)
-		if len(f) > 1 && f[1] == strconv.Itoa(master) {
-			pid, _ := strconv.Atoi(strings.SplitN(filepath.Base(filepath.Dir(d)), "/", 2)[0])
-			pids = append(pids, pid)
-		}
-	}
-	return pids
-}
-
-func (c *cluster) signal(t testing.TB, sig syscall.Signal) {
-	t.Helper()
-	for _, pid := range c.processes(t) {
-		if err := syscall.Kill(pid, sig); err != nil {
-			t.Logf("signal %v to %d: %v", sig, pid, err)
-		}
-	}
-}
-
 // TestHungPostgres stops the private cluster with SIGSTOP (a hung, not a dead,
 // server): every claim answers 503 store_unavailable with Retry-After within the
 // claim bound, the handler never runs, and once the requests are done no goroutine
@@ -213,11 +172,11 @@ func TestHungPostgres(t *testing.T) {
 	client.CloseIdleConnections()
 	goroutines, conns := runtime.NumGoroutine(), pool.Stat().TotalConns()
 
-	c.signal(t, syscall.SIGSTOP)
+	c.Signal(t, syscall.SIGSTOP)
 	stopped := true
 	defer func() {
 		if stopped {
-			c.signal(t, syscall.SIGCONT)
+			c.Signal(t, syscall.SIGCONT)
 		}
 	}()
 	const requests = 6
@@ -266,7 +225,7 @@ func TestHungPostgres(t *testing.T) {
 		t.Fatalf("%d connections still acquired", pool.Stat().AcquiredConns())
 	}
 
-	c.signal(t, syscall.SIGCONT)
+	c.Signal(t, syscall.SIGCONT)
 	stopped = false
 	resumeDeadline := time.Now().Add(20 * time.Second)
 	for {

@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/idemkey/idemkey/internal/testenv"
 	"github.com/idemkey/idemkey/store"
 	"github.com/idemkey/idemkey/store/postgres"
 )
@@ -86,12 +87,7 @@ func TestExampleWithPartitions(t *testing.T) {
 // go test only compiles these, and this test runs them.
 func runServerExample(t *testing.T, example func(), want string) {
 	t.Helper()
-	if os.Getenv("DATABASE_URL") == "" {
-		if os.Getenv("CI") == "true" {
-			t.Fatal("DATABASE_URL is not set; CI=true requires a Postgres server")
-		}
-		t.Skip("DATABASE_URL is not set; skipping tests that need Postgres")
-	}
+	testenv.Getenv(t, "DATABASE_URL", "a Postgres server")
 	r, w, err := os.Pipe()
 	if err != nil {
 		t.Fatal(err)

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -20,6 +19,7 @@ import (
 
 	"github.com/idemkey/idemkey/claim"
 	"github.com/idemkey/idemkey/idem"
+	"github.com/idemkey/idemkey/internal/testenv"
 	"github.com/idemkey/idemkey/policy"
 	"github.com/idemkey/idemkey/store"
 )
@@ -49,7 +49,7 @@ const (
 // two private clusters); CI=true always runs it.
 func failoverEnv(t *testing.T) {
 	t.Helper()
-	if os.Getenv("CI") != "true" && os.Getenv("IDEMKEY_FAILOVER") != "1" {
+	if !testenv.CI() && os.Getenv("IDEMKEY_FAILOVER") != "1" {
 		t.Skip("IDEMKEY_FAILOVER is not 1; skipping the Postgres failover suite (private primary and standby)")
 	}
 }
@@ -152,7 +152,7 @@ func runFailover(t *testing.T, synchronous bool) failoverResult {
 	wg.Wait()
 
 	// Phase 2: promote the standby and retry every key against it.
-	standby.run("pg_ctl", "-D", standby.data, "-w", "-t", "30", "promote")
+	standby.Run("pg_ctl", "-D", standby.Data, "-w", "-t", "30", "promote")
 	pool2 := newPool(t, standby.url(), func(c *pgxpool.Config) { c.MaxConns = failoverWorkers + 2 })
 	s2, err := New(pool2)
 	if err != nil {
@@ -333,19 +333,8 @@ func retryAll(t *testing.T, run *idem.Runner, ran func(k int)) {
 	wg.Wait()
 }
 
-// startStandby takes a base backup of c (pg_basebackup -R: streaming
-// replication configured) and starts it as a standby on a free port.
-func (c *cluster) startStandby(t *testing.T) *cluster {
-	t.Helper()
-	sb := &cluster{t: t, bin: c.bin, dir: c.dir, data: filepath.Join(c.dir, "standby"),
-		log: filepath.Join(c.dir, "standby.log"), asRoot: c.asRoot}
-	c.run("pg_basebackup", "-D", sb.data, "-h", "127.0.0.1", "-p", strconv.Itoa(c.port), "-U", "postgres",
-		"-R", "-X", "stream", "-c", "fast", "--no-sync")
-	sb.port = freePort(t)
-	t.Cleanup(sb.destroy) // before the primary's cleanup, which removes the directory
-	sb.start()
-	return sb
-}
+// startStandby starts a standby of c (pgtest's Standby).
+func (c *cluster) startStandby(t *testing.T) *cluster { return &cluster{c.Standby(t)} }
 
 // sql runs statement on c as the postgres superuser.
 func (c *cluster) sql(t *testing.T, statement string) {
@@ -396,44 +385,7 @@ func waitStreaming(t *testing.T, primary *cluster, synchronous bool) {
 
 // crash kills the postmaster and every one of its processes with SIGKILL, as a
 // machine that loses power: nothing is flushed or sent after it.
-func (c *cluster) crash(t *testing.T) {
-	t.Helper()
-	b, err := os.ReadFile(filepath.Join(c.data, "postmaster.pid"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	pm, err := strconv.Atoi(strings.SplitN(string(b), "\n", 2)[0])
-	if err != nil {
-		t.Fatal(err)
-	}
-	children := childrenOf(pm)
-	_ = syscall.Kill(pm, syscall.SIGKILL)
-	for _, p := range children {
-		_ = syscall.Kill(p, syscall.SIGKILL)
-	}
-}
-
-// childrenOf returns the processes whose parent is pid (from /proc).
-func childrenOf(pid int) []int {
-	entries, _ := os.ReadDir("/proc")
-	var out []int
-	for _, e := range entries {
-		p, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		stat, err := os.ReadFile(filepath.Join("/proc", e.Name(), "stat"))
-		if err != nil {
-			continue
-		}
-		// pid (comm) state ppid ...: comm may hold spaces, so read after the last ')'.
-		fields := strings.Fields(string(stat[strings.LastIndexByte(string(stat), ')')+1:]))
-		if len(fields) > 1 && fields[1] == strconv.Itoa(pid) {
-			out = append(out, p)
-		}
-	}
-	return out
-}
+func (c *cluster) crash(t *testing.T) { c.Signal(t, syscall.SIGKILL) }
 
 // suiteReport logs a suite's summary line and appends it to the file
 // IDEMKEY_SUITE_REPORT names, if any: .ci/run prints that file when it ends,

@@ -2,12 +2,12 @@ package postgres
 
 import (
 	"context"
-	"os"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/idemkey/idemkey/internal/testenv"
 	"github.com/idemkey/idemkey/store"
 )
 
@@ -15,13 +15,7 @@ import (
 // instead when CI=true, where a missing server is a broken setup).
 func databaseURL(t testing.TB) string {
 	t.Helper()
-	u := os.Getenv("DATABASE_URL")
-	if u == "" {
-		if os.Getenv("CI") == "true" {
-			t.Fatal("DATABASE_URL is not set; CI=true requires a Postgres server")
-		}
-		t.Skip("DATABASE_URL is not set; skipping tests that need Postgres")
-	}
+	u := testenv.Getenv(t, "DATABASE_URL", "a Postgres server")
 	return u
 }
 

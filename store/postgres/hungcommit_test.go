@@ -50,11 +50,11 @@ func TestCommitResponseBoundedOnHungServer(t *testing.T) {
 	var stopped atomic.Bool
 	resume := func() {
 		if stopped.CompareAndSwap(true, false) {
-			c.signal(t, syscall.SIGCONT)
+			c.Signal(t, syscall.SIGCONT)
 		}
 	}
 	t.Cleanup(resume) // before the cluster's destroy
-	tr := &stopBeforeCommit{stop: func() { stopped.Store(true); c.signal(t, syscall.SIGSTOP) }}
+	tr := &stopBeforeCommit{stop: func() { stopped.Store(true); c.Signal(t, syscall.SIGSTOP) }}
 	pool := newPool(t, c.url(), func(cfg *pgxpool.Config) { cfg.MaxConns = 4; cfg.ConnConfig.Tracer = tr })
 	s, err := New(pool)
 	if err != nil {

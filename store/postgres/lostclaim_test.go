@@ -23,7 +23,7 @@ func TestHungPostgresLostClaimReleased(t *testing.T) {
 	if err := s.Migrate(t.Context()); err != nil {
 		t.Fatal(err)
 	}
-	storetest.LostClaimReleased(t, s, func() { c.signal(t, syscall.SIGSTOP) }, func() { c.signal(t, syscall.SIGCONT) })
+	storetest.LostClaimReleased(t, s, func() { c.Signal(t, syscall.SIGSTOP) }, func() { c.Signal(t, syscall.SIGCONT) })
 }
 
 // TestHungPostgresWhileHandlerRuns: the private cluster is SIGSTOPped while a
@@ -40,5 +40,5 @@ func TestHungPostgresWhileHandlerRuns(t *testing.T) {
 	if err := s.Migrate(t.Context()); err != nil {
 		t.Fatal(err)
 	}
-	storetest.HungWhileHandlerRuns(t, s, func() { c.signal(t, syscall.SIGSTOP) }, func() { c.signal(t, syscall.SIGCONT) })
+	storetest.HungWhileHandlerRuns(t, s, func() { c.Signal(t, syscall.SIGSTOP) }, func() { c.Signal(t, syscall.SIGCONT) })
 }

@@ -251,7 +251,7 @@ func TestOneTxHungServerBounded(t *testing.T) {
 		select {
 		case <-resumed:
 		default:
-			c.signal(t, syscall.SIGCONT)
+			c.Signal(t, syscall.SIGCONT)
 		}
 	})
 	pool := newPool(t, c.url(), func(cfg *pgxpool.Config) { cfg.MaxConns = 4 })
@@ -280,7 +280,7 @@ func TestOneTxHungServerBounded(t *testing.T) {
 		tx, _ := TxFromContext(r.Context())
 		for i := range 2 {
 			if i == 1 {
-				stopped.Do(func() { c.signal(t, syscall.SIGSTOP) })
+				stopped.Do(func() { c.Signal(t, syscall.SIGSTOP) })
 			}
 			if _, err := tx.Exec(r.Context(), `INSERT INTO side (key) VALUES ('k')`); err != nil {
 				http.Error(w, err.Error(), 500)
@@ -293,7 +293,7 @@ func TestOneTxHungServerBounded(t *testing.T) {
 	t0 := time.Now()
 	code, _, _, err := e.post("hung-1")
 	took := time.Since(t0)
-	c.signal(t, syscall.SIGCONT)
+	c.Signal(t, syscall.SIGCONT)
 	close(resumed)
 	if err != nil || code != 500 || took > 4*bound {
 		t.Fatalf("answer %d %v after %v; want the handler's 500 within about %v (the statement bound and its connection's close)", code, err, took, 2*bound)

@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/idemkey/idemkey/internal/testenv"
 	"github.com/idemkey/idemkey/store"
 	"github.com/idemkey/idemkey/store/storetest"
 )
@@ -23,13 +24,7 @@ import (
 // PGBOUNCER_URL, unless CI=true: then it fails.
 func pgbouncerPool(t testing.TB) *pgxpool.Pool {
 	t.Helper()
-	u := os.Getenv("PGBOUNCER_URL")
-	if u == "" {
-		if os.Getenv("CI") == "true" {
-			t.Fatal("PGBOUNCER_URL is not set; CI=true requires PgBouncer in front of the test Postgres")
-		}
-		t.Skip("PGBOUNCER_URL is not set; skipping the tests through PgBouncer")
-	}
+	u := testenv.Getenv(t, "PGBOUNCER_URL", "PgBouncer in front of the test Postgres")
 	return newPool(t, u)
 }
 

@@ -5,130 +5,26 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
-	"os"
-	"os/exec"
-	"os/user"
-	"path/filepath"
-	"strconv"
-	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemkey/idemkey/store"
+	"github.com/idemkey/idemkey/store/postgres/pgtest"
 )
 
-// cluster is a private Postgres cluster in a temporary directory on a free port,
-// for tests that stop and start the server. The shared server is never touched.
-type cluster struct {
-	t         testing.TB
-	bin, dir  string
-	data, log string
-	port      int
-	asRoot    bool
-}
+// cluster is a private Postgres cluster (package pgtest) for the tests that stop,
+// hang, crash or fail over the server.
+type cluster struct{ *pgtest.Cluster }
 
-// startCluster runs initdb and pg_ctl start from $(pg_config --bindir) (as the
-// postgres user when the test runs as root) and stops and removes the cluster when
-// the test ends. Skips when the Postgres server binaries are missing, unless CI=true.
-func startCluster(t testing.TB) *cluster {
-	t.Helper()
-	if testing.Short() {
-		t.Skip("-short: skipping the private Postgres cluster")
-	}
-	out, err := exec.Command("pg_config", "--bindir").Output()
-	bin := strings.TrimSpace(string(out))
-	if err == nil {
-		_, err = os.Stat(filepath.Join(bin, "initdb"))
-	}
-	if err != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatalf("Postgres server binaries (pg_config --bindir, initdb) not found: %v", err)
-		}
-		t.Skipf("Postgres server binaries not found (%v); skipping the private cluster test", err)
-	}
-	dir, err := os.MkdirTemp("", "idemkey-pg-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	c := &cluster{t: t, bin: bin, dir: dir, data: filepath.Join(dir, "data"), log: filepath.Join(dir, "log"), asRoot: os.Geteuid() == 0}
-	t.Cleanup(c.destroy)
-	if c.asRoot {
-		u, err := user.Lookup("postgres")
-		if err != nil {
-			t.Fatalf("running as root needs a postgres user: %v", err)
-		}
-		uid, _ := strconv.Atoi(u.Uid)
-		gid, _ := strconv.Atoi(u.Gid)
-		if err := os.Chown(dir, uid, gid); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if err := os.Chmod(dir, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	c.run("initdb", "-D", c.data, "-U", "postgres", "-A", "trust", "-E", "UTF8", "--no-sync", "--no-instructions")
-	c.port = freePort(t)
-	c.start()
-	return c
-}
+// startCluster starts a private cluster (pgtest.Start: skipped with -short, and
+// without the Postgres server binaries unless CI=true).
+func startCluster(t testing.TB) *cluster { return &cluster{pgtest.Start(t)} }
 
-func freePort(t testing.TB) int {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
-}
-
-func (c *cluster) url() string {
-	return fmt.Sprintf("postgres://postgres@127.0.0.1:%d/postgres?sslmode=disable&connect_timeout=2", c.port)
-}
-
-func (c *cluster) command(tool string, args ...string) *exec.Cmd {
-	path := filepath.Join(c.bin, tool)
-	if c.asRoot {
-		return exec.Command("runuser", append([]string{"-u", "postgres", "--", path}, args...)...)
-	}
-	return exec.Command(path, args...)
-}
-
-func (c *cluster) run(tool string, args ...string) {
-	c.t.Helper()
-	if out, err := c.command(tool, args...).CombinedOutput(); err != nil {
-		logTail, _ := os.ReadFile(c.log)
-		c.t.Fatalf("%s %s: %v\n%s\nserver log:\n%s", tool, strings.Join(args, " "), err, out, logTail)
-	}
-}
-
-func (c *cluster) start() {
-	c.t.Helper()
-	opts := fmt.Sprintf("-p %d -k %s -c listen_addresses=127.0.0.1 -c fsync=off -c max_connections=40", c.port, c.dir)
-	c.run("pg_ctl", "-D", c.data, "-l", c.log, "-w", "-t", "30", "-o", opts, "start")
-}
-
-// stop stops the server; mode "immediate" is a crash (no checkpoint, clients cut).
-func (c *cluster) stop(mode string) {
-	c.t.Helper()
-	c.run("pg_ctl", "-D", c.data, "-m", mode, "-w", "-t", "30", "stop")
-}
-
-// destroy stops the server whatever its state, kills the postmaster if pg_ctl
-// could not, and removes the directory.
-func (c *cluster) destroy() {
-	_ = c.command("pg_ctl", "-D", c.data, "-m", "immediate", "-w", "-t", "10", "stop").Run()
-	if b, err := os.ReadFile(filepath.Join(c.data, "postmaster.pid")); err == nil {
-		if pid, err := strconv.Atoi(strings.SplitN(string(b), "\n", 2)[0]); err == nil && pid > 0 {
-			_ = syscall.Kill(pid, syscall.SIGKILL)
-		}
-	}
-	_ = os.RemoveAll(c.dir)
-}
+// url is the cluster's URL with a 2 s connect timeout.
+func (c *cluster) url() string { return c.URL() + "&connect_timeout=2" }
 
 // TestRestartDuringClaims runs clients through the claim/execute/complete cycle
 // while the private server is crashed (immediate stop) and restarted, then stopped
@@ -242,13 +138,13 @@ func TestRestartDuringClaims(t *testing.T) {
 	}
 
 	time.Sleep(time.Second) // let claims flow before the crash
-	c.stop("immediate")
+	c.Stop("immediate")
 	time.Sleep(300 * time.Millisecond)
-	c.start()
+	c.Start()
 	time.Sleep(time.Second)
-	c.stop("fast")
+	c.Stop("fast")
 	time.Sleep(300 * time.Millisecond)
-	c.start()
+	c.Start()
 	time.Sleep(500 * time.Millisecond)
 	close(stopIssuing)
 	wg.Wait()

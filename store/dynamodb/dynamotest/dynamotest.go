@@ -14,6 +14,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/credentials"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 
+	"github.com/idemkey/idemkey/internal/testenv"
 	"github.com/idemkey/idemkey/store"
 	idemdynamo "github.com/idemkey/idemkey/store/dynamodb"
 )
@@ -24,13 +25,7 @@ import (
 // transport, if not nil, carries the client's requests (to count them).
 func Client(t testing.TB, transport http.RoundTripper) *dynamodb.Client {
 	t.Helper()
-	endpoint := os.Getenv("DYNAMODB_ENDPOINT")
-	if endpoint == "" {
-		if os.Getenv("CI") == "true" {
-			t.Fatal("DYNAMODB_ENDPOINT is not set; CI=true requires a DynamoDB-compatible server")
-		}
-		t.Skip("DYNAMODB_ENDPOINT is not set; skipping tests that need DynamoDB (or dynalite)")
-	}
+	endpoint := testenv.Getenv(t, "DYNAMODB_ENDPOINT", "a DynamoDB-compatible server (dynalite)")
 	region := os.Getenv("AWS_REGION")
 	if region == "" {
 		region = "us-east-1"

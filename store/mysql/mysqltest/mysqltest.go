@@ -7,11 +7,11 @@ package mysqltest
 import (
 	"context"
 	"database/sql"
-	"os"
 	"testing"
 
 	driver "github.com/go-sql-driver/mysql"
 
+	"github.com/idemkey/idemkey/internal/testenv"
 	"github.com/idemkey/idemkey/store"
 	"github.com/idemkey/idemkey/store/mysql"
 )
@@ -22,13 +22,7 @@ import (
 // change the parsed DSN (driver options, session variables) first.
 func DB(t testing.TB, configure ...func(*driver.Config)) *sql.DB {
 	t.Helper()
-	dsn := os.Getenv("MYSQL_DSN")
-	if dsn == "" {
-		if os.Getenv("CI") == "true" {
-			t.Fatal("MYSQL_DSN is not set; CI=true requires a MySQL or MariaDB server")
-		}
-		t.Skip("MYSQL_DSN is not set; skipping tests that need MySQL or MariaDB")
-	}
+	dsn := testenv.Getenv(t, "MYSQL_DSN", "a MySQL or MariaDB server")
 	cfg, err := driver.ParseDSN(dsn)
 	if err != nil {
 		t.Fatalf("MYSQL_DSN: %v", err)

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
 	"sync"
 	"testing"
 	"time"
@@ -12,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/idemkey/idemkey/internal/testenv"
 	"github.com/idemkey/idemkey/store"
 	"github.com/idemkey/idemkey/store/postgres/outbox"
 )
@@ -20,13 +20,7 @@ import (
 // otherwise) and closes the pool when the test ends.
 func pool(t testing.TB) *pgxpool.Pool {
 	t.Helper()
-	u := os.Getenv("DATABASE_URL")
-	if u == "" {
-		if os.Getenv("CI") == "true" {
-			t.Fatal("DATABASE_URL is not set; CI=true requires a Postgres server")
-		}
-		t.Skip("DATABASE_URL is not set; skipping tests that need Postgres")
-	}
+	u := testenv.Getenv(t, "DATABASE_URL", "a Postgres server")
 	p, err := pgxpool.New(context.Background(), u)
 	if err != nil {
 		t.Fatalf("connect: %v", err)

@@ -20,6 +20,7 @@ import (
 
 	goredis "github.com/redis/go-redis/v9"
 
+	"github.com/idemkey/idemkey/internal/testenv"
 	"github.com/idemkey/idemkey/store"
 )
 
@@ -27,13 +28,7 @@ import (
 // skipped, or fails when CI=true.
 func Shared(t testing.TB) *goredis.Client {
 	t.Helper()
-	url := os.Getenv("REDIS_URL")
-	if url == "" {
-		if os.Getenv("CI") == "true" {
-			t.Fatal("REDIS_URL is not set (required when CI=true)")
-		}
-		t.Skip("REDIS_URL not set; skipping tests against a real Redis")
-	}
+	url := testenv.Getenv(t, "REDIS_URL", "a Redis server")
 	opt, err := goredis.ParseURL(url)
 	if err != nil {
 		t.Fatalf("REDIS_URL: %v", err)
@@ -159,10 +154,7 @@ func (s *Server) Restart(t testing.TB) {
 func startRedis(t testing.TB, dir string, extra ...string) *Server {
 	t.Helper()
 	if _, err := exec.LookPath("redis-server"); err != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatal("redis-server not installed")
-		}
-		t.Skip("redis-server not installed")
+		testenv.Missing(t, "redis-server not installed")
 	}
 	s := &Server{dir: dir}
 	t.Cleanup(s.Stop)

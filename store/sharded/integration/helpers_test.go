@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"net/url"
-	"os"
 	"strings"
 	"testing"
 
@@ -12,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/idemkey/idemkey/internal/testenv"
 	"github.com/idemkey/idemkey/store"
 	"github.com/idemkey/idemkey/store/postgres"
 )
@@ -21,13 +21,7 @@ import (
 // DATABASE_URL the test is skipped, unless CI=true: then it fails.
 func databases(t testing.TB) [2]*pgxpool.Pool {
 	t.Helper()
-	first := os.Getenv("DATABASE_URL")
-	if first == "" {
-		if os.Getenv("CI") == "true" {
-			t.Fatal("DATABASE_URL is not set; CI=true requires a Postgres server")
-		}
-		t.Skip("DATABASE_URL is not set; skipping the sharded store over two databases")
-	}
+	first := testenv.Getenv(t, "DATABASE_URL", "a Postgres server")
 	u, err := url.Parse(first)
 	if err != nil || strings.Trim(u.Path, "/") == "" {
 		t.Fatalf("DATABASE_URL %q names no database (%v)", first, err)

@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	goredis "github.com/redis/go-redis/v9"
 
+	"github.com/idemkey/idemkey/internal/testenv"
 	"github.com/idemkey/idemkey/store"
 	"github.com/idemkey/idemkey/store/memory"
 	"github.com/idemkey/idemkey/store/postgres"
@@ -54,13 +55,7 @@ func mustTiered(t testing.TB, fast tiered.Cache, back store.Store, opts ...tiere
 // pgPool connects to DATABASE_URL; skips without it (fails when CI=true).
 func pgPool(t testing.TB) *pgxpool.Pool {
 	t.Helper()
-	url := os.Getenv("DATABASE_URL")
-	if url == "" {
-		if os.Getenv("CI") == "true" {
-			t.Fatal("DATABASE_URL is not set (required when CI=true)")
-		}
-		t.Skip("DATABASE_URL not set; skipping tests against Postgres")
-	}
+	url := testenv.Getenv(t, "DATABASE_URL", "a Postgres server")
 	pool, err := pgxpool.New(context.Background(), url)
 	if err != nil {
 		t.Fatalf("DATABASE_URL: %v", err)
@@ -73,7 +68,7 @@ func pgPool(t testing.TB) *pgxpool.Pool {
 // tests are about Redis and run either way.
 func anyBackstop(t testing.TB) store.Store {
 	t.Helper()
-	if os.Getenv("DATABASE_URL") == "" && os.Getenv("CI") != "true" {
+	if os.Getenv("DATABASE_URL") == "" && !testenv.CI() {
 		t.Log("DATABASE_URL not set: memory store as the backstop")
 		return memory.New()
 	}

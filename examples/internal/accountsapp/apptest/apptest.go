@@ -31,6 +31,7 @@ import (
 	"github.com/idemkey/idemkey/examples/accounts/httpapi"
 	"github.com/idemkey/idemkey/examples/internal/accountsapp"
 	"github.com/idemkey/idemkey/examples/internal/setup"
+	"github.com/idemkey/idemkey/internal/testenv"
 	"github.com/idemkey/idemkey/store/dynamodb/dynamotest"
 )
 
@@ -126,22 +127,30 @@ func RandomSuffix() string {
 	return hex.EncodeToString(b[:])
 }
 
-// Backends returns the environments the API table runs on: always memory; with
-// DATABASE_URL a Postgres store and projection on fresh tables (dropped at
-// cleanup); with REDIS_URL a Redis store under a fresh prefix (deleted at cleanup);
-// with both, the tiered store on a fresh table and prefix.
-// Without those variables the backends are skipped with a message, unless CI=true,
-// where a missing server fails the test.
-func Backends(t *testing.T) map[string]map[string]string {
+// Backend is one store the API table runs on: the server's environment, and
+// Drop, which removes the tables or keys that server creates. The subtest that
+// starts the server registers Drop, so a subtest that a -run filter leaves out
+// drops nothing it never created.
+type Backend struct {
+	Env  map[string]string
+	Drop func(t *testing.T)
+}
+
+// Backends returns the stores the API table runs on: always memory; with
+// DATABASE_URL a Postgres store and projection on fresh tables; with REDIS_URL a
+// Redis store under a fresh prefix; with MYSQL_DSN or DYNAMODB_ENDPOINT those
+// stores on a fresh table; with both DATABASE_URL and REDIS_URL, the tiered store
+// on a fresh table and prefix. Without those variables the backends are left out
+// with a message, unless CI=true, where a missing server fails the test.
+func Backends(t *testing.T) map[string]Backend {
 	t.Helper()
-	out := map[string]map[string]string{"memory": {}}
-	ci := os.Getenv("CI") == "true"
+	out := map[string]Backend{"memory": {Env: map[string]string{}, Drop: func(*testing.T) {}}}
+	ci := testenv.CI()
 	if url := os.Getenv("DATABASE_URL"); url != "" {
 		sfx := RandomSuffix()
 		table, prefix := "idem_app_"+sfx, "app_"+sfx+"_"
-		out["postgres"] = map[string]string{"IDEM_STORE": "postgres", "DATABASE_URL": url, "IDEM_TABLE": table,
-			"PROJECTION": "postgres", "ACCOUNTS_TABLE_PREFIX": prefix}
-		t.Cleanup(func() { DropTables(t, url, table, prefix) })
+		out["postgres"] = Backend{map[string]string{"IDEM_STORE": "postgres", "DATABASE_URL": url, "IDEM_TABLE": table,
+			"PROJECTION": "postgres", "ACCOUNTS_TABLE_PREFIX": prefix}, func(t *testing.T) { DropTables(t, url, table, prefix) }}
 	} else if ci {
 		t.Error("CI=true but DATABASE_URL is not set")
 	} else {
@@ -149,8 +158,8 @@ func Backends(t *testing.T) map[string]map[string]string {
 	}
 	if url := os.Getenv("REDIS_URL"); url != "" {
 		prefix := "idemapp:" + RandomSuffix() + ":"
-		out["redis"] = map[string]string{"IDEM_STORE": "redis", "REDIS_URL": url, "IDEM_REDIS_PREFIX": prefix}
-		t.Cleanup(func() { DeleteRedisPrefix(t, url, prefix) })
+		out["redis"] = Backend{map[string]string{"IDEM_STORE": "redis", "REDIS_URL": url, "IDEM_REDIS_PREFIX": prefix},
+			func(t *testing.T) { DeleteRedisPrefix(t, url, prefix) }}
 	} else if ci {
 		t.Error("CI=true but REDIS_URL is not set")
 	} else {
@@ -158,8 +167,8 @@ func Backends(t *testing.T) map[string]map[string]string {
 	}
 	if dsn := os.Getenv("MYSQL_DSN"); dsn != "" {
 		table := "idem_app_" + RandomSuffix()
-		out["mysql"] = map[string]string{"IDEM_STORE": "mysql", "MYSQL_DSN": dsn, "IDEM_TABLE": table}
-		t.Cleanup(func() { DropMySQLTables(t, dsn, table) })
+		out["mysql"] = Backend{map[string]string{"IDEM_STORE": "mysql", "MYSQL_DSN": dsn, "IDEM_TABLE": table},
+			func(t *testing.T) { DropMySQLTables(t, dsn, table) }}
 	} else if ci {
 		t.Error("CI=true but MYSQL_DSN is not set")
 	} else {
@@ -167,8 +176,8 @@ func Backends(t *testing.T) map[string]map[string]string {
 	}
 	if ep := os.Getenv("DYNAMODB_ENDPOINT"); ep != "" {
 		table := "idem_app_" + RandomSuffix()
-		out["dynamodb"] = map[string]string{"IDEM_STORE": "dynamodb", "DYNAMODB_ENDPOINT": ep, "IDEM_TABLE": table}
-		t.Cleanup(func() { deleteDynamoTable(t, table) })
+		out["dynamodb"] = Backend{map[string]string{"IDEM_STORE": "dynamodb", "DYNAMODB_ENDPOINT": ep, "IDEM_TABLE": table},
+			func(t *testing.T) { deleteDynamoTable(t, table) }}
 	} else if ci {
 		t.Error("CI=true but DYNAMODB_ENDPOINT is not set")
 	} else {
@@ -177,9 +186,8 @@ func Backends(t *testing.T) map[string]map[string]string {
 	if db, rd := os.Getenv("DATABASE_URL"), os.Getenv("REDIS_URL"); db != "" && rd != "" {
 		sfx := RandomSuffix()
 		table, prefix := "idem_tiered_"+sfx, "idemtiered:"+sfx+":"
-		out["tiered"] = map[string]string{"IDEM_STORE": "tiered", "DATABASE_URL": db, "IDEM_TABLE": table,
-			"REDIS_URL": rd, "IDEM_REDIS_PREFIX": prefix}
-		t.Cleanup(func() { DropTables(t, db, table, table); DeleteRedisPrefix(t, rd, prefix) })
+		out["tiered"] = Backend{map[string]string{"IDEM_STORE": "tiered", "DATABASE_URL": db, "IDEM_TABLE": table,
+			"REDIS_URL": rd, "IDEM_REDIS_PREFIX": prefix}, func(t *testing.T) { DropTables(t, db, table, table); DeleteRedisPrefix(t, rd, prefix) }}
 	}
 	return out
 }

@@ -3,7 +3,6 @@ package apptest
 import (
 	"bytes"
 	"log/slog"
-	"os"
 	"regexp"
 	"strconv"
 	"strings"
@@ -14,6 +13,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/idemkey/idemkey/examples/internal/accountsapp"
+	"github.com/idemkey/idemkey/internal/testenv"
 	"github.com/idemkey/idemkey/store"
 	"github.com/idemkey/idemkey/store/redis/redistest"
 )
@@ -110,13 +110,7 @@ func fallThrough(t testing.TB, s *Server) float64 {
 // /readyz is ready again and the recovery is logged once. Needs DATABASE_URL
 // (skipped without it, failed under CI=true) and redis-server.
 func RedisOutage(t *testing.T, wire accountsapp.Wire) {
-	db := os.Getenv("DATABASE_URL")
-	if db == "" {
-		if os.Getenv("CI") == "true" {
-			t.Fatal("CI=true but DATABASE_URL is not set")
-		}
-		t.Skip("DATABASE_URL not set")
-	}
+	db := testenv.Getenv(t, "DATABASE_URL", "a Postgres server")
 	rdb := redistest.StartServer(t)
 	table := "idem_outage_" + RandomSuffix()
 	t.Cleanup(func() { DropTables(t, db, table, table) })

@@ -34,10 +34,11 @@ type step struct {
 // and the metrics, the router's own 404 and 405 releasing the key, the anonymous
 // client ID's own scope; and, from the event log, that each key wrote exactly one event.
 func Run(t *testing.T, wire accountsapp.Wire) {
-	for name, env := range Backends(t) {
+	for name, b := range Backends(t) {
 		t.Run(name, func(t *testing.T) {
-			env["IDEM_WAIT"] = waitBound.String()
-			s := Start(t, wire, env)
+			t.Cleanup(func() { b.Drop(t) }) // after the server's own cleanup: it stops first
+			b.Env["IDEM_WAIT"] = waitBound.String()
+			s := Start(t, wire, b.Env)
 			t.Run("table", func(t *testing.T) { runTable(t, s) })
 			t.Run("in flight: the retry waits, 409 past the bound", func(t *testing.T) { inFlight(t, s) })
 			t.Run("celeriant busy is 503, released, rerun", func(t *testing.T) { busy(t, s) })
