@@ -14,6 +14,7 @@ import (
 	"net/netip"
 	"net/textproto"
 	"net/url"
+	"strings"
 	"sync"
 
 	"github.com/valyala/fasthttp"
@@ -46,10 +47,14 @@ func Request(ctx context.Context, fc *fasthttp.RequestCtx) (*http.Request, error
 	*r = http.Request{Method: all[:len(method)], RequestURI: all[len(method) : len(method)+len(uri)],
 		Host: all[len(method)+len(uri) : len(method)+len(uri)+len(host)], RemoteAddr: all[len(method)+len(uri)+len(host) : head],
 		Proto: "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1, TLS: fc.TLSConnectionState()}
-	var err error
-	if r.URL, err = url.ParseRequestURI(r.RequestURI); err != nil {
-		return nil, err
+	if !parsePlainURI(&out.u, r.RequestURI) {
+		u, err := url.ParseRequestURI(r.RequestURI)
+		if err != nil {
+			return nil, err
+		}
+		out.u = *u
 	}
+	r.URL = &out.u
 	r.Header = make(http.Header, len(lines))
 	copyLines(r.Header, lines, all[head:], out.values[:0])
 	if te, ok := r.Header["Transfer-Encoding"]; ok { // a field of its own, as net/http's server does
@@ -72,8 +77,34 @@ func Request(ctx context.Context, fc *fasthttp.RequestCtx) (*http.Request, error
 // than it holds allocates them).
 type request struct {
 	r      http.Request
+	u      url.URL
 	br     bodyReader
 	values [12]string
+}
+
+// parsePlainURI sets u to what url.ParseRequestURI returns for uri, and
+// returns true, when uri is a plain request URI: a path of letters, digits,
+// "-._~/" (nothing to unescape, so no RawPath) starting with "/", then
+// optionally "?" and a query of printable ASCII without "#" (kept as sent). Any
+// other URI returns false, for url.ParseRequestURI to parse.
+func parsePlainURI(u *url.URL, uri string) bool {
+	if uri == "" || uri[0] != '/' {
+		return false
+	}
+	path, query, hasQuery := strings.Cut(uri, "?")
+	for i := range len(path) {
+		if c := path[i]; !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' ||
+			c == '-' || c == '.' || c == '_' || c == '~' || c == '/') {
+			return false
+		}
+	}
+	for i := range len(query) {
+		if c := query[i]; c <= ' ' || c >= 0x7f || c == '#' || c == '?' {
+			return false
+		}
+	}
+	*u = url.URL{Path: path, RawQuery: query, ForceQuery: hasQuery && query == ""}
+	return true
 }
 
 // appendRemoteAddr appends addr.String(), without an allocation of its own

@@ -7,6 +7,7 @@ import (
 	"math/rand/v2"
 	"net"
 	"net/http"
+	"net/url"
 	"reflect"
 	"slices"
 	"strconv"
@@ -152,5 +153,44 @@ func TestRemoteAddrIsTCPAddrString(t *testing.T) {
 	}
 	if got := string(appendRemoteAddr(nil, &net.UnixAddr{Name: "/tmp/s", Net: "unix"})); got != "/tmp/s" {
 		t.Fatalf("unix address: %q", got)
+	}
+}
+
+// TestPlainURIIsParseRequestURI: for every generated request URI the fast
+// path takes, the URL is the one url.ParseRequestURI returns; URIs of every
+// other kind are left to it. The alphabet mixes the plain characters with
+// those that need escaping, unescaping or another parse ("%", "?", "#", "//",
+// spaces, controls, non-ASCII).
+func TestPlainURIIsParseRequestURI(t *testing.T) {
+	const alphabet = "aZ09-._~/////????%%#+&=:@!$'()*,;[] \x00\x7f\xc3\xa9"
+	rng := rand.New(rand.NewPCG(3, 4))
+	taken := 0
+	fixed := []string{"/", "/api/transfers", "/p?", "/p?a=1&b=2", "//x", "/p??", "/p?a?b", "/a%2Fb", "*", "", "/p#f"}
+	for i := range 200000 {
+		var uri string
+		if i < len(fixed) {
+			uri = fixed[i]
+		} else {
+			b := []byte{'/'}
+			if rng.IntN(20) == 0 {
+				b = b[:0]
+			}
+			for range rng.IntN(12) {
+				b = append(b, alphabet[rng.IntN(len(alphabet))])
+			}
+			uri = string(b)
+		}
+		var got url.URL
+		if !parsePlainURI(&got, uri) {
+			continue
+		}
+		taken++
+		want, err := url.ParseRequestURI(uri)
+		if err != nil || !reflect.DeepEqual(&got, want) {
+			t.Fatalf("%q: fast path %#v, url.ParseRequestURI %#v, %v", uri, got, want, err)
+		}
+	}
+	if taken < 10000 {
+		t.Errorf("the fast path took %d URIs of 200000; the test exercises too few", taken)
 	}
 }
