@@ -181,7 +181,7 @@ func New(cfg Config) (*Claimer, error) {
 	cl := &Claimer{cfg: cfg, epoch: time.Now()}
 	if ip, ok := cfg.Store.(store.InProcess); !ok || !ip.InProcess() {
 		cl.bounded = true
-		cl.claimBy.init(cfg.Timeouts.Claim, cl.epoch)
+		cl.claimBy.init(cfg.Timeouts.Claim)
 	}
 	return cl, nil
 }

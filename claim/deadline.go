@@ -16,13 +16,10 @@ import (
 // deadline ends the step in which the bound runs out: each claim's deadline
 // is at most its bound and at least its bound less one step, so a store that
 // cannot answer still fails within the bound. A parent that can be cancelled
-// or has a deadline of its own gets a context of its own, as before. (A
-// Claimer is not to be shared between testing/synctest bubbles: a step
-// started in one would be used in another.)
+// or has a deadline of its own gets a context of its own, as before.
 type sharedDeadline struct {
 	bound time.Duration // the bound served; 0: none
 	step  time.Duration // bound/100, at least 1ns
-	epoch time.Time     // the Claimer's: the origin of the times below
 	cur   atomic.Pointer[deadlineStep]
 	mu    sync.Mutex // serialises starting a step
 }
@@ -35,9 +32,9 @@ type deadlineStep struct {
 	end time.Duration
 }
 
-// init sets the bound served and the clock's origin.
-func (s *sharedDeadline) init(bound time.Duration, epoch time.Time) {
-	s.bound, s.step, s.epoch = bound, max(bound/100, 1), epoch
+// init sets the bound served.
+func (s *sharedDeadline) init(bound time.Duration) {
+	s.bound, s.step = bound, max(bound/100, 1)
 }
 
 // bind returns parent bounded by s.bound from now (the Claimer's monotonic
@@ -51,26 +48,23 @@ func (s *sharedDeadline) bind(parent context.Context, now time.Duration) (contex
 		return nil, false
 	}
 	latest := now + s.bound
-	if now < 0 || latest < now { // a clock not the Claimer's (synctest), a bound too long to add
-		return nil, false
-	}
 	st := s.cur.Load()
 	if st == nil || st.end > latest || st.end <= latest-s.step {
-		st = s.next(latest)
+		st = s.next(now, latest)
 	}
 	return &boundCtx{Context: parent, deadline: st.ctx}, true
 }
 
 // next returns the step whose end is latest truncated to a whole step,
 // starting it unless another claim just did.
-func (s *sharedDeadline) next(latest time.Duration) *deadlineStep {
+func (s *sharedDeadline) next(now, latest time.Duration) *deadlineStep {
 	end := latest - latest%s.step
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if st := s.cur.Load(); st != nil && st.end == end {
 		return st
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), end-time.Since(s.epoch))
+	ctx, cancel := context.WithTimeout(context.Background(), end-now)
 	_ = cancel // its timer ends it, at most s.bound from now
 	st := &deadlineStep{ctx: ctx, end: end}
 	s.cur.Store(st)

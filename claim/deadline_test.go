@@ -3,9 +3,7 @@ package claim_test
 import (
 	"context"
 	"errors"
-	"math"
 	"math/rand/v2"
-	"strconv"
 	"sync"
 	"testing"
 	"testing/synctest"
@@ -109,21 +107,5 @@ func TestClaimDeadlineAllocs(t *testing.T) {
 	})
 	if allocs > 1 {
 		t.Errorf("a replay's claim allocates %v times, want 1", allocs)
-	}
-}
-
-// A claim bound too long to add to the clock (a "forever" configuration) is
-// not cut short by its own overflow.
-func TestClaimDeadlineForever(t *testing.T) {
-	cl, err := claim.New(claim.Config{Store: notInProcess{memory.New()}, Lease: time.Second, Retention: time.Hour,
-		Logger: quiet, Timeouts: claim.Timeouts{Claim: math.MaxInt64}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	for i := range 3 {
-		res, _, err := cl.Claim(context.Background(), store.ClaimRequest{ID: store.ID{Key: strconv.Itoa(i)}})
-		if err != nil || res.Outcome != store.Claimed {
-			t.Fatalf("claim %d: %+v, %v", i, res, err)
-		}
 	}
 }
