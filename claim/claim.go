@@ -11,9 +11,7 @@
 //   - Deadlines: every store call runs under a deadline (Timeouts): the claim,
 //     each completion attempt and the release 5 s by default, each renewal a
 //     third of the lease, at most 5 s, so one renewal ends before the next is
-//     due. Stores that never wait on I/O (store.InProcess) run without one. A
-//     claim whose context is never cancelled ends between 99% and 100% of its
-//     bound: claims sent within a hundredth of it share one deadline.
+//     due. Stores that never wait on I/O (store.InProcess) run without one.
 //   - Renewal: every third of the lease, dated from when the claim was sent (not
 //     when its answer arrived: the store counts the lease from the moment it
 //     received the claim, which is after the send), then from each renewal's
@@ -134,9 +132,8 @@ type Config struct {
 // for concurrent use; build it with New.
 type Claimer struct {
 	cfg     Config
-	bounded bool           // store calls run under deadlines (not store.InProcess)
-	claimBy sharedDeadline // the claim deadline of parents never cancelled
-	epoch   time.Time      // origin of Execution.held (monotonic)
+	bounded bool      // store calls run under deadlines (not store.InProcess)
+	epoch   time.Time // origin of Execution.held (monotonic)
 
 	releases releaser   // background releases (release.go)
 	work     background // background work, for Wait (background.go)
@@ -181,7 +178,6 @@ func New(cfg Config) (*Claimer, error) {
 	cl := &Claimer{cfg: cfg, epoch: time.Now()}
 	if ip, ok := cfg.Store.(store.InProcess); !ok || !ip.InProcess() {
 		cl.bounded = true
-		cl.claimBy.init(cfg.Timeouts.Claim)
 	}
 	return cl, nil
 }
@@ -208,16 +204,6 @@ func (cl *Claimer) Bound(parent context.Context, d time.Duration) (context.Conte
 		return parent, noCancel
 	}
 	return context.WithTimeout(parent, d)
-}
-
-// boundClaim is Bound for a claim sent at now (time since cl.epoch): a
-// parent that is never cancelled shares its deadline with the claims sent
-// about the same time (sharedDeadline).
-func (cl *Claimer) boundClaim(parent context.Context, now time.Duration) (context.Context, context.CancelFunc) {
-	if ctx, ok := cl.claimBy.bind(parent, now); ok {
-		return ctx, noCancel
-	}
-	return cl.Bound(parent, cl.cfg.Timeouts.Claim)
 }
 
 func (cl *Claimer) observe(ctx context.Context, op Op, id store.ID) (context.Context, func(error)) {
@@ -261,9 +247,8 @@ func (cl *Claimer) Claim(ctx context.Context, req store.ClaimRequest) (res store
 	if req.Token.IsZero() {
 		req.Token = store.NewToken()
 	}
-	elapsed := time.Since(cl.epoch)
-	sent = cl.epoch.Add(elapsed) // as cl.now()
-	cctx, cancel := cl.boundClaim(ctx, elapsed)
+	sent = cl.now()
+	cctx, cancel := cl.Bound(ctx, cl.cfg.Timeouts.Claim)
 	cctx, d := cl.observe(cctx, OpClaim, req.ID)
 	res, err = cl.cfg.Store.Claim(cctx, req)
 	cancel()
