@@ -73,6 +73,7 @@ func Middleware(m *middleware.Middleware) fiber.Handler {
 		defer c.SetUserContext(orig) // also on a re-raised panic
 		resp := &c.Context().Response
 		w := fasthttpbridge.NewWriter(resp)
+		defer fasthttpbridge.Release(w) // the core keeps neither it nor its header
 		m.Handler(http.HandlerFunc(func(hw http.ResponseWriter, hr *http.Request) {
 			c.SetUserContext(hr.Context())
 			route := c.Route()

@@ -74,6 +74,7 @@ func Middleware(m *middleware.Middleware) fiber.Handler {
 		defer c.SetContext(orig) // also on a re-raised panic
 		resp := &c.RequestCtx().Response
 		w := fasthttpbridge.NewWriter(resp)
+		defer fasthttpbridge.Release(w) // the core keeps neither it nor its header
 		m.Handler(http.HandlerFunc(func(hw http.ResponseWriter, hr *http.Request) {
 			c.SetContext(hr.Context())
 			route := c.Route()

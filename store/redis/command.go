@@ -40,6 +40,7 @@ func (a *intArg) String() string { return strconv.FormatInt(a.v, 10) }
 // setNXGet holds the arguments of SET key value NX PX ms GET: the claim (its
 // value a marker in marker) and Fill.
 type setNXGet struct {
+	cmd    goredis.StringCmd // in the same allocation (run)
 	args   [7]any
 	px     intArg
 	val    bytesArg
@@ -58,10 +59,10 @@ func newSetNXGet(key string, px int64) *setNXGet {
 // run sends the command: the value that was under the key, or goredis.Nil
 // when there was none (the SET wrote val).
 func (c *setNXGet) run(ctx context.Context, client goredis.UniversalClient) (string, error) {
-	cmd := goredis.NewStringCmd(ctx, c.args[:]...)
-	cmd.SetFirstKeyPos(1)
-	_ = client.Process(ctx, cmd)
-	return cmd.Result()
+	c.cmd = *goredis.NewStringCmd(ctx, c.args[:]...) // inlined: no allocation of its own
+	c.cmd.SetFirstKeyPos(1)
+	_ = client.Process(ctx, &c.cmd)
+	return c.cmd.Result()
 }
 
 // completeHash is completeScript's SHA1, boxed once.

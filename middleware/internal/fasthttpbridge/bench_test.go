@@ -41,6 +41,7 @@ func BenchmarkRequest(b *testing.B) {
 		w.Header()["Idempotent-Replayed"] = []string{"true"}
 		w.WriteHeader(http.StatusCreated)
 		w.Write(answer)
+		Release(w)
 		fc.Response.Reset()
 	}
 }

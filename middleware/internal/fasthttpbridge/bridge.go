@@ -15,6 +15,7 @@ import (
 	"net/textproto"
 	"net/url"
 	"strings"
+	"sync"
 
 	"github.com/valyala/fasthttp"
 )
@@ -26,57 +27,99 @@ import (
 // is the same bytes the handler reads. An error when the request URI does
 // not parse.
 func Request(ctx context.Context, fc *fasthttp.RequestCtx) (*http.Request, error) {
-	method, uri, host := fc.Method(), fc.RequestURI(), fc.Host()
-	head := string(method) + string(uri) + string(host) // one copy of the three
-	r := http.Request{Method: head[:len(method)], RequestURI: head[len(method) : len(method)+len(uri)],
-		Host: head[len(method)+len(uri):], Proto: "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1}
-	var err error
-	if r.URL, err = url.ParseRequestURI(r.RequestURI); err != nil {
-		return nil, err
-	}
-	var buf lineBuf
-	lines := buf[:0]
+	var lb lineBuf
+	lines := lb[:0]
 	fc.Request.Header.VisitAll(func(k, v []byte) {
 		if string(k) != "Host" {
 			lines = append(lines, line{k, v})
 		}
 	})
+	// One copy of every string: method, URI, host, remote address, then the
+	// header lines (copyLines).
+	method, uri, host := fc.Method(), fc.RequestURI(), fc.Host()
+	var buf [512]byte
+	b := append(append(append(buf[:0], method...), uri...), host...)
+	b = appendRemoteAddr(b, fc.RemoteAddr())
+	head := len(b)
+	all := string(appendLines(b, lines))
+	out := &request{}
+	r := &out.r
+	*r = http.Request{Method: all[:len(method)], RequestURI: all[len(method) : len(method)+len(uri)],
+		Host: all[len(method)+len(uri) : len(method)+len(uri)+len(host)], RemoteAddr: all[len(method)+len(uri)+len(host) : head],
+		Proto: "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1, TLS: fc.TLSConnectionState()}
+	if !parsePlainURI(&out.u, r.RequestURI) {
+		u, err := url.ParseRequestURI(r.RequestURI)
+		if err != nil {
+			return nil, err
+		}
+		out.u = *u
+	}
+	r.URL = &out.u
 	r.Header = make(http.Header, len(lines))
-	copyLines(r.Header, lines)
+	copyLines(r.Header, lines, all[head:], out.values[:0])
 	if te, ok := r.Header["Transfer-Encoding"]; ok { // a field of its own, as net/http's server does
 		r.TransferEncoding = te
 		delete(r.Header, "Transfer-Encoding")
 	}
-	// One allocation for the request and its body reader. Fiber's user context
-	// is context.Background() unless the app set one: then the request is
-	// already what WithContext would return.
-	out := &struct {
-		r  http.Request
-		br bodyReader
-	}{r: r}
 	body := fc.PostBody()
 	out.br.Reset(body)
-	out.r.ContentLength, out.r.Body = int64(len(body)), &out.br
-	out.r.RemoteAddr, out.r.TLS = remoteAddr(fc.RemoteAddr()), fc.TLSConnectionState()
+	r.ContentLength, r.Body = int64(len(body)), &out.br
+	// Fiber's user context is context.Background() unless the app set one:
+	// then the request is already what WithContext would return.
 	if ctx == context.Background() {
-		return &out.r, nil
+		return r, nil
 	}
-	return out.r.WithContext(ctx), nil
+	return r.WithContext(ctx), nil
 }
 
-// remoteAddr is addr.String(), in one allocation for the TCP address of a
-// client (net.TCPAddr.String takes two).
-func remoteAddr(addr net.Addr) string {
+// request is the request Request returns, in one allocation with its body
+// reader and the array its header values share (a request with more values
+// than it holds allocates them).
+type request struct {
+	r      http.Request
+	u      url.URL
+	br     bodyReader
+	values [12]string
+}
+
+// parsePlainURI sets u to what url.ParseRequestURI returns for uri, and
+// returns true, when uri is a plain request URI: a path of letters, digits,
+// "-._~/" (nothing to unescape, so no RawPath) starting with "/", then
+// optionally "?" and a query of printable ASCII without "#" (kept as sent). Any
+// other URI returns false, for url.ParseRequestURI to parse.
+func parsePlainURI(u *url.URL, uri string) bool {
+	if uri == "" || uri[0] != '/' {
+		return false
+	}
+	path, query, hasQuery := strings.Cut(uri, "?")
+	for i := range len(path) {
+		if c := path[i]; !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' ||
+			c == '-' || c == '.' || c == '_' || c == '~' || c == '/') {
+			return false
+		}
+	}
+	for i := range len(query) {
+		if c := query[i]; c <= ' ' || c >= 0x7f || c == '#' || c == '?' {
+			return false
+		}
+	}
+	*u = url.URL{Path: path, RawQuery: query, ForceQuery: hasQuery && query == ""}
+	return true
+}
+
+// appendRemoteAddr appends addr.String(), without an allocation of its own
+// for the TCP address of a client (net.TCPAddr.String takes two).
+func appendRemoteAddr(b []byte, addr net.Addr) []byte {
 	ta, ok := addr.(*net.TCPAddr)
 	if !ok || ta.Zone != "" || ta.Port < 0 || ta.Port > 65535 {
-		return addr.String()
+		return append(b, addr.String()...)
 	}
 	ip, ok := netip.AddrFromSlice(ta.IP)
 	if !ok {
-		return addr.String()
+		return append(b, addr.String()...)
 	}
-	var buf [64]byte // net.IP.String prints an IPv4-mapped address as IPv4
-	return string(netip.AddrPortFrom(ip.Unmap(), uint16(ta.Port)).AppendTo(buf[:0]))
+	// net.IP.String prints an IPv4-mapped address as IPv4
+	return netip.AddrPortFrom(ip.Unmap(), uint16(ta.Port)).AppendTo(b)
 }
 
 // line is a header line as fasthttp yields it: valid only during the visit.
@@ -85,23 +128,23 @@ type line struct{ k, v []byte }
 // lineBuf holds the lines of a visit; a request with more spills to the heap.
 type lineBuf [24]line
 
-// copyLines copies lines into h: names canonical, a repeated line a second
-// value. The copies share one string and the values one array (each value
-// capacity-limited, so an append to it reallocates): two allocations whatever
-// the number of lines, where a copy per line cost three each.
-func copyLines(h http.Header, lines []line) {
-	size := 0
+// appendLines appends every line's name and value, in order: the copy
+// copyLines slices.
+func appendLines(b []byte, lines []line) []byte {
 	for _, l := range lines {
-		size += len(l.k) + len(l.v)
+		b = append(append(b, l.k...), l.v...)
 	}
-	var sb strings.Builder
-	sb.Grow(size)
-	for _, l := range lines {
-		sb.Write(l.k)
-		sb.Write(l.v)
+	return b
+}
+
+// copyLines puts lines into h: names canonical, a repeated line a second
+// value. all is appendLines's copy of the lines, which the names and values
+// share; values, their array (each value capacity-limited, so an append to it
+// reallocates), from values[:0] (grown on the heap when too small).
+func copyLines(h http.Header, lines []line, all string, values []string) {
+	if cap(values) < len(lines) {
+		values = make([]string, 0, len(lines))
 	}
-	all := sb.String()
-	values := make([]string, 0, len(lines))
 	for _, l := range lines {
 		key := textproto.CanonicalMIMEHeaderKey(all[:len(l.k)]) // no copy when canonical already
 		val := all[len(l.k) : len(l.k)+len(l.v)]
@@ -113,6 +156,15 @@ func copyLines(h http.Header, lines []line) {
 		values = append(values, val)
 		h[key] = values[len(values)-1 : len(values) : len(values)]
 	}
+}
+
+// copyOf puts copies of lines into h (copyLines): two allocations whatever
+// the number of lines, where a copy per line cost three each.
+func copyOf(h http.Header, lines []line) {
+	if len(lines) == 0 {
+		return
+	}
+	copyLines(h, lines, string(appendLines(nil, lines)), nil)
 }
 
 // bodyReader is the request body: fasthttp's bytes, read once by the core.
@@ -133,7 +185,7 @@ func HandOver(resp *fasthttp.Response, w http.ResponseWriter) {
 			lines = append(lines, line{k, v})
 		}
 	})
-	copyLines(h, lines)
+	copyOf(h, lines)
 	status := resp.StatusCode()
 	// A copy: resetting the body returns fasthttp's buffer to its pool, and
 	// the handler's own c.JSON body is not ours to keep.
@@ -161,9 +213,34 @@ func NewWriter(resp *fasthttp.Response) http.ResponseWriter {
 			lines = append(lines, line{k, v})
 		}
 	})
-	h := make(http.Header, len(lines))
-	copyLines(h, lines)
-	return &responseWriter{resp: resp, h: h, outer: len(lines) > 0}
+	w, _ := writers.Get().(*responseWriter)
+	if w == nil {
+		w = &responseWriter{h: make(http.Header, len(lines))}
+	}
+	w.resp, w.outer = resp, len(lines) > 0
+	copyOf(w.h, lines)
+	return w
+}
+
+// writers keeps the writers Release gave back, with their header maps: a
+// replay sets its headers in a map that already has room for them.
+var writers sync.Pool
+
+// maxPooledHeader bounds the header names of a writer Release keeps.
+const maxPooledHeader = 32
+
+// Release gives w, from NewWriter, back for another request. Call it once the
+// core returned, and use w no more: an adapter hands the writer to the core
+// only, which keeps neither it nor its header map (a response the core stores
+// keeps the values, which Release does not change).
+func Release(w http.ResponseWriter) {
+	rw, ok := w.(*responseWriter)
+	if !ok || len(rw.h) > maxPooledHeader {
+		return
+	}
+	clear(rw.h)
+	*rw = responseWriter{h: rw.h}
+	writers.Put(rw)
 }
 
 // responseWriter puts the status and header lines into resp with the first

@@ -7,8 +7,10 @@ import (
 	"math/rand/v2"
 	"net"
 	"net/http"
+	"net/url"
 	"reflect"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 )
@@ -74,17 +76,24 @@ func TestRequestTransferEncodingAndBadURI(t *testing.T) {
 }
 
 // TestWriter: the core's lines reach the response once each; an outer line
-// the core sets again is replaced, not doubled; one it leaves stays.
+// the core sets again is replaced, not doubled; one it leaves stays. A writer
+// given back (Release) starts the next response afresh, and the values a
+// stored response kept of the last one do not change.
 func TestWriter(t *testing.T) {
-	for _, outer := range []bool{false, true} {
+	var kept [][]string
+	for i, outer := range []bool{false, true, false, true, false} {
 		fc := newCtx(t)
 		if outer {
 			fc.Response.Header.Set("X-Request-Id", "outer")
 			fc.Response.Header.Set("X-Kept", "k")
 		}
 		w := NewWriter(&fc.Response)
+		if want := map[bool]int{false: 0, true: 2}[outer]; len(w.Header()) != want {
+			t.Fatalf("response %d: the writer starts with %v, want %d outer lines", i, w.Header(), want)
+		}
 		w.Header()["X-Request-Id"] = []string{"core"}
-		w.Header()["Vary"] = []string{"a", "b"}
+		w.Header()["Vary"] = []string{"a", strconv.Itoa(i)}
+		kept = append(kept, w.Header()["Vary"])
 		w.WriteHeader(http.StatusCreated)
 		w.Write([]byte("ok"))
 		var got []string
@@ -93,19 +102,25 @@ func TestWriter(t *testing.T) {
 				got = append(got, string(k)+": "+string(v))
 			}
 		})
-		want := []string{"X-Request-Id: core", "Vary: a", "Vary: b"}
+		want := []string{"X-Request-Id: core", "Vary: a", "Vary: " + strconv.Itoa(i)}
 		if outer {
 			want = append(want, "X-Kept: k")
 		}
 		slices.Sort(got)
 		slices.Sort(want)
 		if !slices.Equal(got, want) || fc.Response.StatusCode() != 201 || string(fc.Response.Body()) != "ok" {
-			t.Errorf("outer lines %v: %d %q %q, want %q", outer, fc.Response.StatusCode(), fc.Response.Body(), got, want)
+			t.Errorf("response %d, outer lines %v: %d %q %q, want %q", i, outer, fc.Response.StatusCode(), fc.Response.Body(), got, want)
+		}
+		Release(w)
+	}
+	for i, v := range kept {
+		if !slices.Equal(v, []string{"a", strconv.Itoa(i)}) {
+			t.Errorf("response %d's stored values became %q", i, v)
 		}
 	}
 }
 
-// remoteAddr is net.TCPAddr.String for every kind of address: IPv4 in both
+// appendRemoteAddr appends net.TCPAddr.String for every kind of address: IPv4 in both
 // forms, IPv6 with and without a zone, IPv4-mapped IPv6, nil and bad IPs.
 func TestRemoteAddrIsTCPAddrString(t *testing.T) {
 	rng := rand.New(rand.NewPCG(1, 2))
@@ -132,11 +147,50 @@ func TestRemoteAddrIsTCPAddrString(t *testing.T) {
 		if rng.IntN(4) == 0 {
 			a.Zone = "eth0"
 		}
-		if got, want := remoteAddr(a), a.String(); got != want {
-			t.Fatalf("remoteAddr(%#v) = %q, want %q", a, got, want)
+		if got, want := string(appendRemoteAddr([]byte("x"), a)[1:]), a.String(); got != want {
+			t.Fatalf("appendRemoteAddr(%#v) = %q, want %q", a, got, want)
 		}
 	}
-	if got := remoteAddr(&net.UnixAddr{Name: "/tmp/s", Net: "unix"}); got != "/tmp/s" {
+	if got := string(appendRemoteAddr(nil, &net.UnixAddr{Name: "/tmp/s", Net: "unix"})); got != "/tmp/s" {
 		t.Fatalf("unix address: %q", got)
+	}
+}
+
+// TestPlainURIIsParseRequestURI: for every generated request URI the fast
+// path takes, the URL is the one url.ParseRequestURI returns; URIs of every
+// other kind are left to it. The alphabet mixes the plain characters with
+// those that need escaping, unescaping or another parse ("%", "?", "#", "//",
+// spaces, controls, non-ASCII).
+func TestPlainURIIsParseRequestURI(t *testing.T) {
+	const alphabet = "aZ09-._~/////????%%#+&=:@!$'()*,;[] \x00\x7f\xc3\xa9"
+	rng := rand.New(rand.NewPCG(3, 4))
+	taken := 0
+	fixed := []string{"/", "/api/transfers", "/p?", "/p?a=1&b=2", "//x", "/p??", "/p?a?b", "/a%2Fb", "*", "", "/p#f"}
+	for i := range 200000 {
+		var uri string
+		if i < len(fixed) {
+			uri = fixed[i]
+		} else {
+			b := []byte{'/'}
+			if rng.IntN(20) == 0 {
+				b = b[:0]
+			}
+			for range rng.IntN(12) {
+				b = append(b, alphabet[rng.IntN(len(alphabet))])
+			}
+			uri = string(b)
+		}
+		var got url.URL
+		if !parsePlainURI(&got, uri) {
+			continue
+		}
+		taken++
+		want, err := url.ParseRequestURI(uri)
+		if err != nil || !reflect.DeepEqual(&got, want) {
+			t.Fatalf("%q: fast path %#v, url.ParseRequestURI %#v, %v", uri, got, want, err)
+		}
+	}
+	if taken < 10000 {
+		t.Errorf("the fast path took %d URIs of 200000; the test exercises too few", taken)
 	}
 }
