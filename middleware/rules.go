@@ -110,7 +110,9 @@ type ReplayRule struct {
 	// headers: the application may add this request's own headers (a request id,
 	// a rate-limit header) or count a business metric. It cannot change the
 	// stored status or body, and the header it gets holds copies of the stored
-	// values, so no change reaches the record other replays get. After it, the
+	// values, so no change reaches the record other replays get. The header map
+	// is the hook's own (copied into the response's after it), so a hook may keep
+	// it past the call; no adapter reuses it for another request. After it, the
 	// replay marks are set again and a Content-Length it set is dropped (net/http
 	// sets the stored body's). The request's body has been read by the
 	// middleware; OnReplay must not read it. It runs on the request's goroutine,

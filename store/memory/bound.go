@@ -2,6 +2,7 @@ package memory
 
 import (
 	"fmt"
+	"strings"
 	"sync/atomic"
 	"unsafe"
 
@@ -124,3 +125,16 @@ func (s *Store) admit(sh *shard, need, at int64) bool {
 
 // grow counts n more bytes (negative: freed).
 func (sh *shard) grow(n int64) { sh.usage.bytes.Add(n) }
+
+// ownID returns id in memory of its own, one allocation for scope and key: a
+// caller's strings may be slices of far more (the Fiber adapters copy a
+// request's whole header block into one string), which a record would keep
+// for its retention while the bound counts only len(Scope)+len(Key).
+func ownID(id store.ID) store.ID {
+	var b strings.Builder
+	b.Grow(len(id.Scope) + len(id.Key))
+	b.WriteString(id.Scope)
+	b.WriteString(id.Key)
+	s := b.String()
+	return store.ID{Scope: s[:len(id.Scope)], Key: s[len(id.Scope):]}
+}

@@ -105,7 +105,7 @@ func (s *Store) put(ctx context.Context, id store.ID, replace bool, set func(e *
 		sh.setExpiry(e, at+int64(ttl))
 		return nil
 	}
-	rec := entry{id: id, hash: h, next: sh.records.get(sh, h), expiresAt: at + int64(ttl)}
+	rec := entry{id: ownID(id), hash: h, next: sh.records.get(sh, h), expiresAt: at + int64(ttl)}
 	set(&rec, at)
 	if !s.admit(sh, rec.size(), at) {
 		return nil

@@ -240,7 +240,7 @@ func (s *Store) Claim(ctx context.Context, req store.ClaimRequest) (store.ClaimR
 	}
 	e := sh.alloc()
 	*e = entry{
-		id:          req.ID,
+		id:          ownID(req.ID),
 		hash:        h,
 		self:        e.self,
 		next:        head,

@@ -231,7 +231,8 @@ const maxPooledHeader = 32
 
 // Release gives w, from NewWriter, back for another request. Call it once the
 // core returned, and use w no more: an adapter hands the writer to the core
-// only, which keeps neither it nor its header map (a response the core stores
+// only, which keeps neither it nor its header map and hands the map to no
+// hook (ReplayRule.OnReplay gets a map of its own; a response the core stores
 // keeps the values, which Release does not change).
 func Release(w http.ResponseWriter) {
 	rw, ok := w.(*responseWriter)
