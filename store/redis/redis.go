@@ -344,6 +344,9 @@ func isWrongType(err error) bool {
 
 // isOOM reports whether err is Redis's refusal of a write over its maxmemory.
 func isOOM(err error) bool {
+	if err == nil {
+		return false // and no allocation for errors.As
+	}
 	var re goredis.Error
 	return errors.As(err, &re) && strings.HasPrefix(re.Error(), "OOM ")
 }
