@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	goredis "github.com/redis/go-redis/v9"
+
 	"github.com/idemkey/idemkey/store"
 	"github.com/idemkey/idemkey/store/redis"
 	"github.com/idemkey/idemkey/store/redis/redistest"
@@ -17,17 +19,9 @@ import (
 // Renew, longer and shorter, as Peek judges it from the key's PTTL, and
 // becomes the record on Complete.
 func TestCacheFollowsBackstopLease(t *testing.T) {
-	c := redistest.Shared(t)
-	ctx := t.Context()
-	back := anyBackstop(t)
-	fast := mustRedis(t, c, redis.WithPrefix(redistest.Prefix(t, c)))
-	s := mustTiered(t, fast, back, tiered.WithTimeout(testTimeout))
-	id := store.ID{Scope: "t", Key: "lease"}
-	req := store.ClaimRequest{ID: id, Fingerprint: fingerprint("a"), Lease: time.Minute, Retention: time.Hour}
-	held, err := s.Claim(ctx, req)
-	if err != nil || held.Outcome != store.Claimed {
-		t.Fatalf("Claim %+v %v", held, err)
-	}
+	d := newDisagreement(t, "lease")
+	c, fast, s, req, held := d.c, d.fast, d.s, d.req, d.held
+	ctx, id := t.Context(), req.ID
 	left := func() time.Duration {
 		t.Helper()
 		r, ok, err := fast.Peek(ctx, id, req.Fingerprint)
@@ -73,17 +67,9 @@ func TestCacheFollowsBackstopLease(t *testing.T) {
 // decides, the new claim's marker replaces the stale one, and the stale
 // holder's late calls are refused by the backstop without touching the cache.
 func TestStaleCacheMarker(t *testing.T) {
-	c := redistest.Shared(t)
-	ctx := t.Context()
-	back := anyBackstop(t)
-	fast := mustRedis(t, c, redis.WithPrefix(redistest.Prefix(t, c)))
-	s := mustTiered(t, fast, back, tiered.WithTimeout(testTimeout))
-	id := store.ID{Scope: "t", Key: "stale"}
-	req := store.ClaimRequest{ID: id, Fingerprint: fingerprint("a"), Lease: time.Minute, Retention: time.Hour}
-	stale, err := s.Claim(ctx, req)
-	if err != nil || stale.Outcome != store.Claimed {
-		t.Fatalf("Claim %+v %v", stale, err)
-	}
+	d := newDisagreement(t, "stale")
+	c, back, fast, s, req, stale := d.c, d.back, d.fast, d.s, d.req, d.held
+	ctx, id := t.Context(), req.ID
 	if err := back.Release(ctx, id, stale.Token); err != nil { // the cache's Release was lost
 		t.Fatal(err)
 	}
@@ -118,4 +104,30 @@ func TestStaleCacheMarker(t *testing.T) {
 			t.Errorf("%s replay %+v %v", name, r, err)
 		}
 	}
+}
+
+// disagreement is a tiered store (Redis in front of a backstop) with one key
+// claimed through it: the setup of the cases where the two may disagree.
+type disagreement struct {
+	c    *goredis.Client
+	back store.Store
+	fast *redis.Store
+	s    *tiered.Store
+	req  store.ClaimRequest
+	held store.ClaimResult
+}
+
+func newDisagreement(t *testing.T, key string) disagreement {
+	t.Helper()
+	d := disagreement{c: redistest.Shared(t), back: anyBackstop(t)}
+	d.fast = mustRedis(t, d.c, redis.WithPrefix(redistest.Prefix(t, d.c)))
+	d.s = mustTiered(t, d.fast, d.back, tiered.WithTimeout(testTimeout))
+	d.req = store.ClaimRequest{ID: store.ID{Scope: "t", Key: key}, Fingerprint: fingerprint("a"),
+		Lease: time.Minute, Retention: time.Hour}
+	var err error
+	d.held, err = d.s.Claim(t.Context(), d.req)
+	if err != nil || d.held.Outcome != store.Claimed {
+		t.Fatalf("Claim %+v %v", d.held, err)
+	}
+	return d
 }
