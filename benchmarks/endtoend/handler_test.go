@@ -14,6 +14,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/idemkey/idemkey/benchmarks/internal/httpload"
+	"github.com/idemkey/idemkey/internal/cputime"
 	idemfiber "github.com/idemkey/idemkey/middleware/fiber"
 )
 
@@ -122,11 +123,8 @@ func (readCloser) Close() error { return nil }
 // measure runs send in b.Loop and reports this process's CPU time per op.
 func measure(b *testing.B, send func()) {
 	b.ReportAllocs()
-	cpu0 := httpload.CPUTime()
+	defer cputime.PerOp(b)()
 	for b.Loop() {
 		send()
-	}
-	if b.N > 0 {
-		b.ReportMetric(float64(httpload.CPUTime()-cpu0)/float64(b.N), "cpu-ns/op")
 	}
 }

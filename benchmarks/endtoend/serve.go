@@ -20,7 +20,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	goredis "github.com/redis/go-redis/v9"
 
-	"github.com/idemkey/idemkey/benchmarks/internal/httpload"
+	"github.com/idemkey/idemkey/internal/cputime"
 	"github.com/idemkey/idemkey/middleware"
 	idemfiber "github.com/idemkey/idemkey/middleware/fiber"
 	"github.com/idemkey/idemkey/policy"
@@ -68,7 +68,7 @@ func serve(subject string, cfg serveConfig) {
 	fl := newFloor(cfg)
 	mux.Handle("POST /floor/get", fl.handler(false, bare))
 	mux.Handle("POST /floor/getset", fl.handler(true, bare))
-	mux.HandleFunc("GET /cpu", func(w http.ResponseWriter, r *http.Request) { fmt.Fprintln(w, int64(httpload.CPUTime())) })
+	mux.HandleFunc("GET /cpu", func(w http.ResponseWriter, r *http.Request) { fmt.Fprintln(w, int64(cputime.Used())) })
 	fmt.Printf("listening on http://%s\n", ln.Addr())
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 	go func() {
@@ -223,7 +223,7 @@ func serveFiber(subject string, cfg serveConfig, ln net.Listener) {
 			return handler(c)
 		})
 	}
-	app.Get("/cpu", func(c *fiber.Ctx) error { return c.SendString(fmt.Sprintln(int64(httpload.CPUTime()))) })
+	app.Get("/cpu", func(c *fiber.Ctx) error { return c.SendString(fmt.Sprintln(int64(cputime.Used()))) })
 	fmt.Printf("listening on http://%s\n", ln.Addr())
 	go func() {
 		_, _ = io.Copy(io.Discard, os.Stdin)

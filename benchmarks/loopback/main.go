@@ -45,6 +45,7 @@ import (
 	"time"
 
 	"github.com/idemkey/idemkey/benchmarks/internal/httpload"
+	"github.com/idemkey/idemkey/internal/cputime"
 	"github.com/idemkey/idemkey/middleware"
 	"github.com/idemkey/idemkey/policy"
 	"github.com/idemkey/idemkey/store/memory"
@@ -233,7 +234,7 @@ func serve(mode string) {
 	mux := http.NewServeMux()
 	mux.Handle("POST /api/transfers", handler)
 	mux.HandleFunc("GET /cpu", func(w http.ResponseWriter, r *http.Request) {
-		fmt.Fprintln(w, int64(httpload.CPUTime()))
+		fmt.Fprintln(w, int64(cputime.Used()))
 	})
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {

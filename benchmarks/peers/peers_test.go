@@ -22,6 +22,7 @@ import (
 
 	"github.com/idemkey/idemkey/claim"
 	"github.com/idemkey/idemkey/fingerprint"
+	"github.com/idemkey/idemkey/internal/cputime"
 	"github.com/idemkey/idemkey/middleware"
 	"github.com/idemkey/idemkey/policy"
 	"github.com/idemkey/idemkey/store"
@@ -69,38 +70,17 @@ type runner interface {
 // ran the handler and a replay did not (Fiber marks no replay in its response).
 var calls int
 
-// cpuMeter reports the process's CPU time per iteration as cpu-ns/op, besides
-// the wall time of ns/op: on a machine shared with other work, wall time counts
-// the time the benchmark waited for a core, CPU time only what it ran (the
-// garbage collector's workers included).
-type cpuMeter struct {
-	b     *testing.B
-	start time.Duration
-	ok    bool
-}
-
-func startCPU(b *testing.B) cpuMeter {
-	t, ok := cpuTime()
-	return cpuMeter{b: b, start: t, ok: ok}
-}
-
-func (m cpuMeter) stop() {
-	if t, ok := cpuTime(); ok && m.ok && m.b.N > 0 {
-		m.b.ReportMetric(float64(t-m.start)/float64(m.b.N), "cpu-ns/op")
-	}
-}
-
 // bench runs the three paths of one framework: bare (the handler alone), first
 // (a new key every request) and replay (one key, completed before the loop).
 func bench(b *testing.B, bare, protected func() runner) {
 	b.Run("bare", func(b *testing.B) {
 		r := bare()
 		b.ReportAllocs()
-		cpu := startCPU(b)
+		stop := cputime.PerOp(b)
 		for b.Loop() {
 			r.serve("k")
 		}
-		cpu.stop()
+		stop()
 	})
 	b.Run("first", func(b *testing.B) {
 		r := protected()
@@ -108,13 +88,13 @@ func bench(b *testing.B, bare, protected func() runner) {
 		b.ReportAllocs()
 		b.ResetTimer()
 		before := calls
-		cpu := startCPU(b)
+		stop := cputime.PerOp(b)
 		for i := 0; i < b.N; i++ {
 			if code := r.serve(ks[i]); code != http.StatusCreated {
 				b.Fatalf("status %d", code)
 			}
 		}
-		cpu.stop()
+		stop()
 		if calls-before != b.N {
 			b.Fatalf("%d handler runs for %d new keys", calls-before, b.N)
 		}
@@ -125,13 +105,13 @@ func bench(b *testing.B, bare, protected func() runner) {
 		r.serve(key)
 		before := calls
 		b.ReportAllocs()
-		cpu := startCPU(b)
+		stop := cputime.PerOp(b)
 		for b.Loop() {
 			if code := r.serve(key); code != http.StatusCreated {
 				b.Fatalf("status %d", code)
 			}
 		}
-		cpu.stop()
+		stop()
 		if calls != before {
 			b.Fatalf("%d handler runs on replays", calls-before)
 		}
@@ -199,19 +179,19 @@ func BenchmarkHash(b *testing.B) {
 	b.Run("fingerprint", func(b *testing.B) {
 		req := fingerprint.Request{Method: http.MethodPost, Route: "/api/transfers", Body: body}
 		b.ReportAllocs()
-		cpu := startCPU(b)
+		stop := cputime.PerOp(b)
 		for b.Loop() {
 			fingerprint.Sum(req, fingerprint.Options{})
 		}
-		cpu.stop()
+		stop()
 	})
 	b.Run("sha256", func(b *testing.B) {
 		b.ReportAllocs()
-		cpu := startCPU(b)
+		stop := cputime.PerOp(b)
 		for b.Loop() {
 			sha256.Sum256(body)
 		}
-		cpu.stop()
+		stop()
 	})
 }
 
@@ -238,14 +218,14 @@ func BenchmarkParts(b *testing.B) {
 		ks := keys(b.N)
 		b.ReportAllocs()
 		b.ResetTimer()
-		cpu := startCPU(b)
+		stop := cputime.PerOp(b)
 		for i := 0; i < b.N; i++ {
 			res := claim(s, ks[i])
 			if err := s.Complete(ctx, store.ID{Scope: "tenant-1", Key: ks[i]}, res.Token, resp, lifetime); err != nil {
 				b.Fatal(err)
 			}
 		}
-		cpu.stop()
+		stop()
 	})
 	b.Run("store/replay", func(b *testing.B) {
 		s := memory.New()
@@ -255,13 +235,13 @@ func BenchmarkParts(b *testing.B) {
 			b.Fatal(err)
 		}
 		b.ReportAllocs()
-		cpu := startCPU(b)
+		stop := cputime.PerOp(b)
 		for b.Loop() {
 			if claim(s, key).Outcome != store.Completed {
 				b.Fatal("not replayed")
 			}
 		}
-		cpu.stop()
+		stop()
 	})
 	b.Run("nullstore/first", func(b *testing.B) {
 		m, err := middleware.New(nullStore{}, middleware.ScopeFromHeader("X-Client-ID", "anonymous"),
@@ -278,13 +258,13 @@ func BenchmarkParts(b *testing.B) {
 		r := newNetHTTP(m.Handler(handler))
 		key := keys(1)[0]
 		b.ReportAllocs()
-		cpu := startCPU(b)
+		stop := cputime.PerOp(b)
 		for b.Loop() {
 			if code := r.serve(key); code != http.StatusCreated {
 				b.Fatalf("status %d", code)
 			}
 		}
-		cpu.stop()
+		stop()
 	})
 }
 

@@ -6,10 +6,11 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemkey/idemkey/internal/cputime"
 )
 
 // clkTck is the kernel's clock tick of /proc/PID/stat's utime and stime
@@ -25,11 +26,9 @@ type cpuSample struct {
 }
 
 func sampleCPU(ctx context.Context, pool *pgxpool.Pool) cpuSample {
-	var ru syscall.Rusage
-	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
 	var ms runtime.MemStats
 	runtime.ReadMemStats(&ms)
-	s := cpuSample{self: time.Duration(ru.Utime.Nano() + ru.Stime.Nano()), allocs: ms.Mallocs}
+	s := cpuSample{self: cputime.Used(), allocs: ms.Mallocs}
 	rows, err := pool.Query(ctx, `SELECT pid FROM pg_stat_activity WHERE backend_type = 'client backend' AND datname = current_database()`)
 	if err != nil {
 		return s

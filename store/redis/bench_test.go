@@ -10,6 +10,7 @@ import (
 
 	goredis "github.com/redis/go-redis/v9"
 
+	"github.com/idemkey/idemkey/internal/cputime"
 	"github.com/idemkey/idemkey/store"
 	"github.com/idemkey/idemkey/store/redis/redistest"
 )
@@ -145,23 +146,10 @@ func BenchmarkReplay(b *testing.B) {
 		b.Fatal(err)
 	}
 	b.ReportAllocs()
-	defer reportCPU(b)()
+	defer cputime.PerOp(b)()
 	for b.Loop() {
 		if res, err := s.Claim(ctx, req); err != nil || res.Outcome != store.Completed {
 			b.Fatal(res, err)
-		}
-	}
-}
-
-// reportCPU starts measuring this process's CPU time (user and system, the
-// collector's workers included; redis-server is another process); the
-// function it returns reports it per op as cpu-ns/op, which load from other
-// processes on the machine does not stretch as it stretches ns/op.
-func reportCPU(b *testing.B) func() {
-	start, ok := cpuTime()
-	return func() {
-		if end, ok2 := cpuTime(); ok && ok2 && b.N > 0 {
-			b.ReportMetric(float64(end-start)/float64(b.N), "cpu-ns/op")
 		}
 	}
 }
@@ -185,7 +173,7 @@ func BenchmarkFirstExecution(b *testing.B) {
 	req.ID.Scope = "tenant-1"
 	prefix := strconv.FormatInt(time.Now().UnixNano(), 36) + "-"
 	b.ReportAllocs()
-	defer reportCPU(b)()
+	defer cputime.PerOp(b)()
 	for i := 0; b.Loop(); i++ {
 		req.ID.Key = prefix + strconv.Itoa(i)
 		r, err := s.Claim(ctx, req)

@@ -1,14 +1,15 @@
 //go:build unix
 
-package httpload
+package cputime
 
 import (
 	"syscall"
 	"time"
 )
 
-// CPUTime returns the CPU time (user and system) the process has used so far.
-func CPUTime() time.Duration {
+// Used returns the CPU time (user and system) this process has used so far;
+// 0 where the platform does not report it.
+func Used() time.Duration {
 	var ru syscall.Rusage
 	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
 		return 0
